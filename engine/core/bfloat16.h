@@ -1,0 +1,34 @@
+// bfloat16 on the host: the upper 16 bits of an IEEE float, rounded to nearest even.
+// Device code uses CUDA's __nv_bfloat16, which has the same bit layout.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace moe {
+
+struct BFloat16 {
+  uint16_t bits = 0;
+};
+
+inline BFloat16 FloatToBFloat16(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, sizeof(u));
+  BFloat16 out;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN
+    out.bits = static_cast<uint16_t>((u >> 16) | 0x40u);
+    return out;
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  out.bits = static_cast<uint16_t>((u + rounding_bias) >> 16);
+  return out;
+}
+
+inline float BFloat16ToFloat(BFloat16 value) {
+  const uint32_t u = static_cast<uint32_t>(value.bits) << 16;
+  float out;
+  std::memcpy(&out, &u, sizeof(out));
+  return out;
+}
+
+}  // namespace moe

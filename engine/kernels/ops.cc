@@ -1,0 +1,454 @@
+// The ops API front: shape and dtype checks shared by every backend, then dispatch on device.
+// Backends may assume what is checked here.
+#include "engine/kernels/ops.h"
+
+#include <initializer_list>
+
+#include <glog/logging.h>
+
+#include "engine/kernels/cpu/cpu_ops.h"
+#include "engine/runtime/device_context.h"
+#if MOE_WITH_CUDA
+#include "engine/kernels/cuda/cuda_ops.h"
+#define MOE_CUDA_OR_FAIL(call) cuda::call
+#else
+#define MOE_CUDA_OR_FAIL(call) LOG(FATAL) << "this build has no CUDA support"
+#endif
+
+#define MOE_DISPATCH(device, fn, ...)                         \
+  do {                                                        \
+    if ((device).is_cuda()) {                                 \
+      MOE_CUDA_OR_FAIL(fn(__VA_ARGS__));                      \
+    } else {                                                  \
+      cpu::fn(__VA_ARGS__);                                   \
+    }                                                         \
+  } while (0)
+
+namespace moe::ops {
+namespace {
+
+// All defined tensors on one device, in device memory; returns that device.
+Device CommonDevice(std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    CHECK(t->space() == MemorySpace::kDevice) << "op operand in host memory: " << t->DebugString();
+    if (first == nullptr) first = t;
+    CHECK(t->device() == first->device())
+        << "op operands on different devices: " << first->DebugString() << " vs "
+        << t->DebugString();
+  }
+  CHECK(first != nullptr) << "op without a defined tensor";
+  return first->device();
+}
+
+void CheckShape(const Tensor& t, const Shape& expected, const char* what) {
+  CHECK(t.shape() == expected) << what << " has shape " << ShapeString(t.shape()) << ", expected "
+                               << ShapeString(expected);
+}
+
+void CheckDType(const Tensor& t, DType expected, const char* what) {
+  CHECK(t.dtype() == expected) << what << " is " << t.DebugString() << ", expected "
+                               << DTypeName(expected);
+}
+
+void CheckFloat(const Tensor& t, const char* what) {
+  CHECK(IsFloating(t.dtype())) << what << " must be f32 or bf16: " << t.DebugString();
+}
+
+void CheckSameDType(const Tensor& a, const Tensor& b, const char* what) {
+  CHECK(a.dtype() == b.dtype()) << what << ": dtypes differ, " << a.DebugString() << " vs "
+                                << b.DebugString();
+}
+
+int64_t Rows(const Tensor& t) { return t.numel() / t.dim(-1); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- memory and transfers
+void Fill(const Tensor& t, float value) { MOE_DISPATCH(CommonDevice({&t}), Fill, t, value); }
+
+void Cast(const Tensor& src, const Tensor& dst) {
+  const Device device = CommonDevice({&src, &dst});
+  CheckShape(dst, src.shape(), "cast output");
+  CheckFloat(src, "cast input");
+  CheckFloat(dst, "cast output");
+  MOE_DISPATCH(device, Cast, src, dst);
+}
+
+void Copy(const Tensor& src, const Tensor& dst) {
+  CHECK(src.device().type == dst.device().type)
+      << "copy across backends: " << src.DebugString() << " -> " << dst.DebugString();
+  CheckShape(dst, src.shape(), "copy destination");
+  CheckSameDType(src, dst, "copy");
+  const Device device = src.space() == MemorySpace::kDevice ? src.device() : dst.device();
+  DeviceContext::Get(device).compute_stream().CopyAsync(dst.data(), src.data(), src.nbytes());
+}
+
+void CopyFromHost(const void* src, const Tensor& dst) {
+  Stream& stream = DeviceContext::Get(dst.device()).compute_stream();
+  stream.CopyAsync(dst.data(), src, dst.nbytes());
+  stream.Synchronize();
+}
+
+void CopyToHost(const Tensor& src, void* dst) {
+  Stream& stream = DeviceContext::Get(src.device()).compute_stream();
+  stream.CopyAsync(dst, src.data(), src.nbytes());
+  stream.Synchronize();
+}
+
+// ---------------------------------------------------------------- elementwise
+void Add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Device device = CommonDevice({&a, &b, &out});
+  CheckShape(b, a.shape(), "add operand b");
+  CheckShape(out, a.shape(), "add output");
+  CheckSameDType(a, b, "add");
+  CheckSameDType(a, out, "add");
+  CheckFloat(a, "add operand");
+  MOE_DISPATCH(device, Add, a, b, out);
+}
+
+void Scale(const Tensor& x, float alpha, const Tensor& out) {
+  const Device device = CommonDevice({&x, &out});
+  CheckShape(out, x.shape(), "scale output");
+  CheckSameDType(x, out, "scale");
+  CheckFloat(x, "scale input");
+  MOE_DISPATCH(device, Scale, x, alpha, out);
+}
+
+void Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CHECK_EQ(x.numel(), y.numel()) << "axpy: " << x.DebugString() << " into " << y.DebugString();
+  CheckFloat(x, "axpy x");
+  CheckFloat(y, "axpy y");
+  MOE_DISPATCH(device, Axpy, alpha, x, y);
+}
+
+// ---------------------------------------------------------------- matmul
+void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+            bool transpose_b, float beta) {
+  const Device device = CommonDevice({&a, &b, &out});
+  CHECK(a.ndim() == b.ndim() && a.ndim() == out.ndim() && (a.ndim() == 2 || a.ndim() == 3))
+      << "matmul takes three 2-D or three 3-D tensors: " << a.DebugString() << ", "
+      << b.DebugString() << ", " << out.DebugString();
+  const int r = a.ndim() - 2;  // index of the row dimension
+  const int64_t m = transpose_a ? a.dim(r + 1) : a.dim(r);
+  const int64_t k = transpose_a ? a.dim(r) : a.dim(r + 1);
+  const int64_t kb = transpose_b ? b.dim(r + 1) : b.dim(r);
+  const int64_t n = transpose_b ? b.dim(r) : b.dim(r + 1);
+  CHECK_EQ(k, kb) << "matmul inner dimensions: " << a.DebugString() << " x " << b.DebugString();
+  Shape expected = {m, n};
+  if (r == 1) {
+    CHECK(a.dim(0) == b.dim(0)) << "matmul batch sizes differ";
+    expected.insert(expected.begin(), a.dim(0));
+  }
+  CheckShape(out, expected, "matmul output");
+  CheckSameDType(a, b, "matmul");
+  CheckFloat(a, "matmul operand");
+  CHECK(out.dtype() == a.dtype() || out.dtype() == DType::kF32)
+      << "matmul output " << out.DebugString() << " for " << DTypeName(a.dtype()) << " operands";
+  MOE_DISPATCH(device, Matmul, a, b, out, transpose_a, transpose_b, beta);
+}
+
+// ---------------------------------------------------------------- normalisation
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                    const Tensor& rstd) {
+  const Device device = CommonDevice({&x, &weight, &y, &rstd});
+  CheckFloat(x, "rmsnorm input");
+  CheckFloat(weight, "rmsnorm weight");
+  CheckShape(weight, {x.dim(-1)}, "rmsnorm weight");
+  CheckShape(y, x.shape(), "rmsnorm output");
+  CheckSameDType(x, y, "rmsnorm");
+  CheckShape(rstd, {Rows(x)}, "rmsnorm rstd");
+  CheckDType(rstd, DType::kF32, "rmsnorm rstd");
+  MOE_DISPATCH(device, RmsNormForward, x, weight, eps, y, rstd);
+}
+
+void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                     const Tensor& dx, const Tensor& dweight) {
+  const Device device = CommonDevice({&dy, &x, &weight, &rstd, &dx, &dweight});
+  CheckShape(dy, x.shape(), "rmsnorm dy");
+  CheckShape(dx, x.shape(), "rmsnorm dx");
+  CheckSameDType(x, dy, "rmsnorm backward");
+  CheckSameDType(x, dx, "rmsnorm backward");
+  CheckShape(weight, {x.dim(-1)}, "rmsnorm weight");
+  CheckShape(dweight, {x.dim(-1)}, "rmsnorm dweight");
+  CheckDType(dweight, DType::kF32, "rmsnorm dweight");
+  CheckShape(rstd, {Rows(x)}, "rmsnorm rstd");
+  MOE_DISPATCH(device, RmsNormBackward, dy, x, weight, rstd, dx, dweight);
+}
+
+void SoftmaxForward(const Tensor& x, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CheckFloat(x, "softmax input");
+  CheckShape(y, x.shape(), "softmax output");
+  CheckSameDType(x, y, "softmax");
+  MOE_DISPATCH(device, SoftmaxForward, x, y);
+}
+
+void SoftmaxBackward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &y, &dx});
+  CheckShape(dy, y.shape(), "softmax dy");
+  CheckShape(dx, y.shape(), "softmax dx");
+  CheckSameDType(dy, y, "softmax backward");
+  CheckSameDType(dx, y, "softmax backward");
+  MOE_DISPATCH(device, SoftmaxBackward, dy, y, dx);
+}
+
+// ---------------------------------------------------------------- activations
+void SiluForward(const Tensor& x, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CheckFloat(x, "silu input");
+  CheckShape(y, x.shape(), "silu output");
+  CheckSameDType(x, y, "silu");
+  MOE_DISPATCH(device, SiluForward, x, y);
+}
+
+void SiluBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &x, &dx});
+  CheckShape(dy, x.shape(), "silu dy");
+  CheckShape(dx, x.shape(), "silu dx");
+  CheckSameDType(dy, x, "silu backward");
+  CheckSameDType(dx, x, "silu backward");
+  MOE_DISPATCH(device, SiluBackward, dy, x, dx);
+}
+
+namespace {
+void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
+  CheckFloat(x, what);
+  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0) << what << ": x must be (rows, 2f): " << x.DebugString();
+  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
+  CheckSameDType(x, y, what);
+  if (scale.defined()) {
+    CheckShape(scale, {x.dim(0)}, "swiglu scale");
+    CheckDType(scale, DType::kF32, "swiglu scale");
+  }
+}
+}  // namespace
+
+void SwigluForward(const Tensor& x, const Tensor& scale, const Tensor& y) {
+  const Device device = CommonDevice({&x, &scale, &y});
+  CheckSwiglu(x, scale, y, "swiglu forward");
+  MOE_DISPATCH(device, SwigluForward, x, scale, y);
+}
+
+void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& dx,
+                    const Tensor& dscale) {
+  const Device device = CommonDevice({&dy, &x, &scale, &dx, &dscale});
+  CheckSwiglu(x, scale, dy, "swiglu backward");
+  CheckShape(dx, x.shape(), "swiglu dx");
+  CheckSameDType(dx, x, "swiglu backward");
+  if (dscale.defined()) {
+    CHECK(scale.defined()) << "swiglu dscale without scale";
+    CheckShape(dscale, {x.dim(0)}, "swiglu dscale");
+    CheckDType(dscale, DType::kF32, "swiglu dscale");
+  }
+  MOE_DISPATCH(device, SwigluBackward, dy, x, scale, dx, dscale);
+}
+
+// ---------------------------------------------------------------- rotary position embedding
+namespace {
+void CheckRope(const Tensor& x, int64_t seq_len, const Tensor& y) {
+  CheckFloat(x, "rope input");
+  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0) << "rope takes (tokens, heads, even head_dim): "
+                                             << x.DebugString();
+  CHECK(seq_len > 0 && x.dim(0) % seq_len == 0) << "rope: tokens " << x.dim(0)
+                                                 << " not a multiple of seq_len " << seq_len;
+  CheckShape(y, x.shape(), "rope output");
+  CheckSameDType(x, y, "rope");
+}
+}  // namespace
+
+void RopeForward(const Tensor& x, int64_t seq_len, float base, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CheckRope(x, seq_len, y);
+  MOE_DISPATCH(device, RopeForward, x, seq_len, base, y);
+}
+
+void RopeBackward(const Tensor& dy, int64_t seq_len, float base, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &dx});
+  CheckRope(dy, seq_len, dx);
+  MOE_DISPATCH(device, RopeBackward, dy, seq_len, base, dx);
+}
+
+// ---------------------------------------------------------------- attention
+namespace {
+void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor& lse) {
+  CheckFloat(q, "attention q");
+  CHECK(q.ndim() == 4) << "attention q must be (batch, seq, heads, d): " << q.DebugString();
+  const int64_t batch = q.dim(0), seq = q.dim(1), heads = q.dim(2), d = q.dim(3);
+  CHECK(k.ndim() == 4 && k.dim(0) == batch && k.dim(1) == seq && k.dim(3) == d)
+      << "attention k " << k.DebugString() << " for q " << q.DebugString();
+  CHECK(k.dim(2) > 0 && heads % k.dim(2) == 0) << "attention heads " << heads
+                                                << " not a multiple of kv heads " << k.dim(2);
+  CheckShape(v, k.shape(), "attention v");
+  CheckShape(out, q.shape(), "attention out");
+  CheckSameDType(q, k, "attention");
+  CheckSameDType(q, v, "attention");
+  CheckSameDType(q, out, "attention");
+  CheckShape(lse, {batch, heads, seq}, "attention lse");
+  CheckDType(lse, DType::kF32, "attention lse");
+}
+}  // namespace
+
+void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse) {
+  const Device device = CommonDevice({&q, &k, &v, &out, &lse});
+  CheckAttention(q, k, v, out, lse);
+  MOE_DISPATCH(device, AttentionForward, q, k, v, out, lse);
+}
+
+void AttentionBackward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                       const Tensor& dv) {
+  const Device device = CommonDevice({&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
+  CheckAttention(q, k, v, out, lse);
+  CheckShape(dout, q.shape(), "attention dout");
+  CheckShape(dq, q.shape(), "attention dq");
+  CheckShape(dk, k.shape(), "attention dk");
+  CheckShape(dv, v.shape(), "attention dv");
+  for (const Tensor* t : {&dout, &dq, &dk, &dv}) CheckSameDType(*t, q, "attention backward");
+  MOE_DISPATCH(device, AttentionBackward, dout, q, k, v, out, lse, dq, dk, dv);
+}
+
+// ---------------------------------------------------------------- embedding
+void EmbeddingForward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const Device device = CommonDevice({&ids, &table, &out});
+  CheckDType(ids, DType::kI32, "embedding ids");
+  CHECK(ids.ndim() == 1 && table.ndim() == 2) << "embedding ids (tokens), table (vocab, h)";
+  CheckShape(out, {ids.dim(0), table.dim(1)}, "embedding output");
+  CheckFloat(table, "embedding table");
+  CheckSameDType(table, out, "embedding");
+  MOE_DISPATCH(device, EmbeddingForward, ids, table, out);
+}
+
+void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  const Device device = CommonDevice({&ids, &dout, &dtable});
+  CheckDType(ids, DType::kI32, "embedding ids");
+  CHECK(ids.ndim() == 1 && dtable.ndim() == 2) << "embedding ids (tokens), dtable (vocab, h)";
+  CheckShape(dout, {ids.dim(0), dtable.dim(1)}, "embedding dout");
+  CheckFloat(dout, "embedding dout");
+  CheckDType(dtable, DType::kF32, "embedding dtable");
+  MOE_DISPATCH(device, EmbeddingBackward, ids, dout, dtable);
+}
+
+// ---------------------------------------------------------------- loss
+void CrossEntropyForward(const Tensor& logits, const Tensor& targets, const Tensor& losses,
+                         const Tensor& lse) {
+  const Device device = CommonDevice({&logits, &targets, &losses, &lse});
+  CheckFloat(logits, "cross-entropy logits");
+  CHECK_EQ(logits.ndim(), 2) << "cross-entropy logits (tokens, vocab)";
+  CheckShape(targets, {logits.dim(0)}, "cross-entropy targets");
+  CheckDType(targets, DType::kI32, "cross-entropy targets");
+  CheckShape(losses, {logits.dim(0)}, "cross-entropy losses");
+  CheckDType(losses, DType::kF32, "cross-entropy losses");
+  CheckShape(lse, {logits.dim(0)}, "cross-entropy lse");
+  CheckDType(lse, DType::kF32, "cross-entropy lse");
+  MOE_DISPATCH(device, CrossEntropyForward, logits, targets, losses, lse);
+}
+
+void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                          float grad_scale, const Tensor& dlogits) {
+  const Device device = CommonDevice({&logits, &targets, &lse, &dlogits});
+  CHECK_EQ(logits.ndim(), 2) << "cross-entropy logits (tokens, vocab)";
+  CheckShape(targets, {logits.dim(0)}, "cross-entropy targets");
+  CheckDType(targets, DType::kI32, "cross-entropy targets");
+  CheckShape(lse, {logits.dim(0)}, "cross-entropy lse");
+  CheckShape(dlogits, logits.shape(), "cross-entropy dlogits");
+  CheckSameDType(logits, dlogits, "cross-entropy backward");
+  MOE_DISPATCH(device, CrossEntropyBackward, logits, targets, lse, grad_scale, dlogits);
+}
+
+// ---------------------------------------------------------------- routing
+void TopK(const Tensor& x, const Tensor& values, const Tensor& indices) {
+  const Device device = CommonDevice({&x, &values, &indices});
+  CheckDType(x, DType::kF32, "topk input");
+  CHECK_EQ(x.ndim(), 2) << "topk input (rows, cols)";
+  CHECK(values.ndim() == 2 && values.dim(0) == x.dim(0) && values.dim(1) >= 1 &&
+        values.dim(1) <= x.dim(1))
+      << "topk values " << values.DebugString() << " for " << x.DebugString();
+  CheckDType(values, DType::kF32, "topk values");
+  CheckShape(indices, values.shape(), "topk indices");
+  CheckDType(indices, DType::kI32, "topk indices");
+  MOE_DISPATCH(device, TopK, x, values, indices);
+}
+
+void TopKBackward(const Tensor& dvalues, const Tensor& indices, const Tensor& dx) {
+  const Device device = CommonDevice({&dvalues, &indices, &dx});
+  CheckDType(dvalues, DType::kF32, "topk dvalues");
+  CheckShape(indices, dvalues.shape(), "topk indices");
+  CheckDType(indices, DType::kI32, "topk indices");
+  CHECK(dx.ndim() == 2 && dx.dim(0) == dvalues.dim(0)) << "topk dx " << dx.DebugString();
+  CheckDType(dx, DType::kF32, "topk dx");
+  MOE_DISPATCH(device, TopKBackward, dvalues, indices, dx);
+}
+
+void SortByKey(const Tensor& keys, int64_t num_keys, const Tensor& order, const Tensor& offsets) {
+  const Device device = CommonDevice({&keys, &order, &offsets});
+  CheckDType(keys, DType::kI32, "sort keys");
+  CHECK_EQ(keys.ndim(), 1) << "sort keys (n)";
+  CHECK_GT(num_keys, 0);
+  CheckShape(order, keys.shape(), "sort order");
+  CheckDType(order, DType::kI32, "sort order");
+  CheckShape(offsets, {num_keys + 1}, "sort offsets");
+  CheckDType(offsets, DType::kI32, "sort offsets");
+  MOE_DISPATCH(device, SortByKey, keys, num_keys, order, offsets);
+}
+
+void GatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const Device device = CommonDevice({&x, &index, &out});
+  CHECK(x.ndim() == 2 && index.ndim() == 1) << "gather x (n, h), index (m)";
+  CheckDType(index, DType::kI32, "gather index");
+  CheckShape(out, {index.dim(0), x.dim(1)}, "gather output");
+  CheckSameDType(x, out, "gather");
+  MOE_DISPATCH(device, GatherRows, x, index, out);
+}
+
+void GatherSumRows(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const Device device = CommonDevice({&x, &index, &out});
+  CHECK(x.ndim() == 2 && index.ndim() == 2) << "gather-sum x (n, h), index (m, k)";
+  CheckDType(index, DType::kI32, "gather-sum index");
+  CheckShape(out, {index.dim(0), x.dim(1)}, "gather-sum output");
+  CheckSameDType(x, out, "gather-sum");
+  CheckFloat(x, "gather-sum input");
+  MOE_DISPATCH(device, GatherSumRows, x, index, out);
+}
+
+// ---------------------------------------------------------------- reductions
+void Sum(const Tensor& x, const Tensor& out) {
+  const Device device = CommonDevice({&x, &out});
+  CheckFloat(x, "sum input");
+  CheckShape(out, {1}, "sum output");
+  CheckDType(out, DType::kF32, "sum output");
+  MOE_DISPATCH(device, Sum, x, out);
+}
+
+void GlobalL2Norm(std::span<const Tensor> xs, const Tensor& out) {
+  const Device device = CommonDevice({&out});
+  for (const Tensor& x : xs) {
+    CHECK(x.device() == device) << "l2 norm over devices: " << x.DebugString();
+    CheckFloat(x, "l2 norm input");
+  }
+  CheckShape(out, {1}, "l2 norm output");
+  CheckDType(out, DType::kF32, "l2 norm output");
+  MOE_DISPATCH(device, GlobalL2Norm, xs, out);
+}
+
+// ---------------------------------------------------------------- optimizer
+void AdamWUpdate(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                 const AdamWConfig& config, const Tensor& model) {
+  const Device device = CommonDevice({&master, &grad, &m, &v, &model});
+  for (const Tensor* t : {&master, &grad, &m, &v}) {
+    CheckDType(*t, DType::kF32, "adamw state");
+    CHECK_EQ(t->numel(), master.numel()) << "adamw sizes differ";
+  }
+  CHECK_GE(config.step, 1) << "adamw step is 1-based";
+  if (model.defined()) {
+    CheckFloat(model, "adamw model copy");
+    CHECK_EQ(model.numel(), master.numel()) << "adamw model copy size";
+  }
+  MOE_DISPATCH(device, AdamWUpdate, master, grad, m, v, config, model);
+}
+
+}  // namespace moe::ops

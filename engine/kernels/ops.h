@@ -1,0 +1,43 @@
+// The ops API: every numerical operation the trainer needs, forward and backward, on both
+// backends. Modules call only these. Each op dispatches on its tensors' device; all tensors of
+// one call live on the same device (Copy excepted). Shapes and dtypes are checked (CHECK: a
+// mismatch is a programmer error). Ops run on the device's compute stream.
+//
+// Backends:
+// - CPU (Eigen and plain loops): the reference. Float tensors must be f32. Deterministic.
+// - CUDA (cuBLAS and kernels in cuda/): float tensors may be f32 or bf16 (each op says which may
+//   mix); arithmetic accumulates in fp32. Results are deterministic run to run (no float atomics).
+//
+// Conventions: `out`, `y`, `dx`... are written (=) unless the comment says += (accumulated).
+// Statistics saved for backward (rstd, lse) are always f32. Index tensors are i32.
+// Shapes in comments: (rows, cols) etc.; "rows" is any leading size.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "engine/core/tensor.h"
+
+namespace moe::ops {
+
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: master -= lr * wd * master
+  int64_t step = 1;           // 1-based, for bias correction
+  float grad_scale = 1.0f;    // gradients are multiplied by this first (clipping)
+};
+
+#include "engine/kernels/op_declarations.inc"
+
+// Transfers, the same on every backend (Stream::CopyAsync):
+// dst = src, same shape and dtype. Either side may be another device or pinned host memory of
+// the same backend; ordered on the compute stream of the device side.
+void Copy(const Tensor& src, const Tensor& dst);
+// Synchronous transfers between a tensor and ordinary host memory of t.nbytes() bytes.
+void CopyFromHost(const void* src, const Tensor& dst);
+void CopyToHost(const Tensor& src, void* dst);
+
+}  // namespace moe::ops

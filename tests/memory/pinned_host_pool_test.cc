@@ -1,0 +1,63 @@
+// Pinned host pool: size classes, reuse (hits), misses, and the unpooled path.
+#include "engine/memory/pinned_host_pool.h"
+
+#include <gtest/gtest.h>
+
+namespace moe {
+namespace {
+
+TEST(PinnedHostPoolTest, SizeClassesArePowersOfTwoFromFourKiB) {
+  EXPECT_EQ(PinnedHostPool::SizeClass(1), 4096u);
+  EXPECT_EQ(PinnedHostPool::SizeClass(4096), 4096u);
+  EXPECT_EQ(PinnedHostPool::SizeClass(4097), 8192u);
+  EXPECT_EQ(PinnedHostPool::SizeClass(3u << 20), 4u << 20);
+}
+
+TEST(PinnedHostPoolTest, ReleasedBlocksAreReusedWithinTheirClass) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  void* first;
+  {
+    auto a = pool.Allocate(5000);
+    first = a->data();
+    EXPECT_EQ(pool.stats().pooled_in_use_bytes, 8192);
+  }
+  auto b = pool.Allocate(6000);  // same 8 KiB class
+  EXPECT_EQ(b->data(), first);
+  auto c = pool.Allocate(6000);  // class empty again: a miss
+  EXPECT_NE(c->data(), first);
+  const PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.hits, 1);
+  EXPECT_EQ(stats.misses, 2);
+  EXPECT_EQ(stats.pooled_reserved_bytes, 2 * 8192);
+  EXPECT_EQ(stats.pooled_in_use_bytes, 2 * 8192);
+  EXPECT_EQ(b->space(), MemorySpace::kPinnedHost);
+}
+
+TEST(PinnedHostPoolTest, RepeatedStepsDoNotGrowThePool) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  for (int step = 0; step < 50; ++step) {
+    auto a = pool.Allocate(100000);
+    auto b = pool.Allocate(3000);
+  }
+  const PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.misses, 2);
+  EXPECT_EQ(stats.hits, 98);
+  EXPECT_EQ(stats.pooled_reserved_bytes, 131072 + 4096);
+}
+
+TEST(PinnedHostPoolTest, UnpooledMemoryBypassesTheFreeLists) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  {
+    auto a = pool.AllocateUnpooled(12345);
+    EXPECT_EQ(pool.stats().unpooled_in_use_bytes, 12345);
+  }
+  const PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.unpooled_in_use_bytes, 0);
+  EXPECT_EQ(stats.peak_unpooled_in_use_bytes, 12345);
+  EXPECT_EQ(stats.unpooled_allocations, 1);
+  EXPECT_EQ(stats.hits + stats.misses, 0);
+  EXPECT_EQ(stats.pooled_reserved_bytes, 0);
+}
+
+}  // namespace
+}  // namespace moe

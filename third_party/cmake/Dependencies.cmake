@@ -1,0 +1,27 @@
+# Finds every external dependency. Required: Eigen, gflags, glog, GoogleTest, Threads.
+# Optional: CUDA (nvcc + cuBLAS), NCCL, MPI. Sets MOE_WITH_CUDA / MOE_WITH_MPI.
+find_package(Threads REQUIRED)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(gflags REQUIRED)
+find_package(glog REQUIRED)
+find_package(GTest REQUIRED)
+
+include(CheckLanguage)
+check_language(CUDA)
+set(MOE_WITH_CUDA OFF)
+if(CMAKE_CUDA_COMPILER AND NOT MOE_DISABLE_CUDA)
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  # Hopper (H100/H200). A plain variable, so it wins over the toolkit default in the cache.
+  set(MOE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures to build for")
+  set(CMAKE_CUDA_ARCHITECTURES ${MOE_CUDA_ARCHITECTURES})
+  find_package(CUDAToolkit REQUIRED)
+  find_package(NCCL REQUIRED)
+  set(MOE_WITH_CUDA ON)
+endif()
+
+find_package(MPI COMPONENTS CXX)
+set(MOE_WITH_MPI ${MPI_CXX_FOUND})
+
+message(STATUS "moe: CUDA ${MOE_WITH_CUDA} (arch ${CMAKE_CUDA_ARCHITECTURES}), MPI ${MOE_WITH_MPI}")
