@@ -7,6 +7,10 @@ find_package(glog REQUIRED)
 find_package(GTest REQUIRED)
 
 include(CheckLanguage)
+# CI machines keep nvcc in /usr/local/cuda without putting it on PATH.
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
 check_language(CUDA)
 set(MOE_WITH_CUDA OFF)
 if(CMAKE_CUDA_COMPILER AND NOT MOE_DISABLE_CUDA)

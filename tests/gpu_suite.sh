@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU-machine suite, one command: unpack the carried gflags/glog packages (.device-deps/, see
+# third_party/device/fetch_debs.sh), configure, build with all cores, run the ctest labels given
+# (default: cuda). Logs go to $OUT when the device tool sets it.
+#   usage: tests/gpu_suite.sh [ctest label regex]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+labels=${1:-cuda}
+prefix=/tmp/moe-prefix
+build=/tmp/moe-build
+out=${OUT:-/tmp/moe-out}
+mkdir -p "$prefix" "$out"
+for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
+export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
+  -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" > "$out/configure.log" 2>&1 ||
+  { tail -50 "$out/configure.log"; exit 1; }
+cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -50; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+ctest --test-dir "$build" -L "$labels" --output-on-failure 2>&1 | tee "$out/ctest.log"

@@ -1,0 +1,343 @@
+// The op harness: every op runs on the CPU reference and on CUDA from the same fresh random
+// inputs, with every output poisoned first, and each output (values and gradients) is compared
+// by relative error ||cuda - cpu|| / ||cpu||: about 1e-5 when CUDA computes in f32, about 1e-2
+// when it stores bf16 (then the CPU gets the same bf16-rounded inputs, in f32). NaN never passes.
+// At the end the largest error seen per op and dtype is printed as a table.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <numeric>
+
+#include "engine/kernels/ops.h"
+#include "engine/runtime/device_context.h"
+#include "tests/testing/tensor_testing.h"
+
+namespace moe {
+namespace {
+
+using testing::FromFloats;
+using testing::FromInts;
+using testing::PoisonedTensor;
+using testing::RandomFloats;
+
+using Outputs = std::vector<std::pair<std::string, std::vector<float>>>;
+
+// Inputs for one run of a case: the same seed gives the same values on every device. Float
+// tensors are `dtype` on CUDA and f32 on the CPU, holding values already rounded to `dtype`.
+class OpRun {
+ public:
+  OpRun(Device device, DType dtype, uint32_t seed) : device_(device), dtype_(dtype), rng_(seed) {}
+
+  Device device() const { return device_; }
+  // A float tensor in the run's dtype (f32 on the CPU).
+  Tensor In(const Shape& shape, float scale = 1.0f) { return Make(shape, scale, storage_dtype()); }
+  // Always f32 (routing probabilities, statistics, optimizer state).
+  Tensor InF32(const Shape& shape, float scale = 1.0f) { return Make(shape, scale, DType::kF32); }
+  Tensor Ints(const std::vector<int32_t>& values, const Shape& shape) {
+    return FromInts(values, shape, device_);
+  }
+  std::vector<int32_t> RandomInts(int64_t n, int32_t bound) {
+    std::uniform_int_distribution<int32_t> uniform(0, bound - 1);
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = uniform(rng_);
+    return v;
+  }
+  Tensor Out(const Shape& shape) { return PoisonedTensor(shape, storage_dtype(), device_); }
+  Tensor OutF32(const Shape& shape) { return PoisonedTensor(shape, DType::kF32, device_); }
+  Tensor OutI32(const Shape& shape) { return PoisonedTensor(shape, DType::kI32, device_); }
+
+  void Read(const std::string& name, const Tensor& t) {
+    if (t.dtype() == DType::kI32) {
+      std::vector<int32_t> ints = testing::ToInts(t);
+      outputs_.emplace_back(name, std::vector<float>(ints.begin(), ints.end()));
+    } else {
+      outputs_.emplace_back(name, testing::ToFloats(t));
+    }
+  }
+  Outputs TakeOutputs() { return std::move(outputs_); }
+
+ private:
+  DType storage_dtype() const { return device_.is_cuda() ? dtype_ : DType::kF32; }
+  Tensor Make(const Shape& shape, float scale, DType storage) {
+    std::vector<float> values = RandomFloats(NumElements(shape), rng_, scale);
+    if (dtype_ == DType::kBF16 && storage != DType::kF32) {
+      for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));
+    }
+    return FromFloats(values, shape, storage, device_);
+  }
+
+  Device device_;
+  DType dtype_;
+  std::mt19937 rng_;
+  Outputs outputs_;
+};
+
+struct OpCase {
+  std::string name;
+  std::function<void(OpRun&)> body;
+  double f32_tolerance = 1e-5;
+  double bf16_tolerance = 1e-2;
+};
+
+std::vector<OpCase> Cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
+                 double bf16 = 1e-2) { cases.push_back({std::move(name), std::move(body), f32, bf16}); };
+
+  add("cast", [](OpRun& r) {
+    Tensor x = r.InF32({1000}, 3.0f);
+    Tensor y = r.Out({1000});
+    ops::Cast(x, y);
+    r.Read("y", y);
+  }, 1e-7, 4e-3);
+  add("fill", [](OpRun& r) {
+    Tensor y = r.Out({333});
+    ops::Fill(y, 1.5f);
+    Tensor i = r.OutI32({77});
+    ops::Fill(i, 7.0f);
+    r.Read("y", y);
+    r.Read("i", i);
+  }, 0, 0);
+  add("add_scale_axpy", [](OpRun& r) {
+    Tensor a = r.In({129, 65}), b = r.In({129, 65});
+    Tensor sum = r.Out({129, 65}), scaled = r.Out({129, 65});
+    ops::Add(a, b, sum);
+    ops::Scale(a, -0.75f, scaled);
+    Tensor acc = r.InF32({129, 65});
+    ops::Axpy(0.5f, b, acc);  // f32 += alpha * (run dtype)
+    r.Read("sum", sum);
+    r.Read("scaled", scaled);
+    r.Read("axpy", acc);
+  });
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      add(std::string("matmul_") + (ta ? "t" : "n") + (tb ? "t" : "n"), [ta, tb](OpRun& r) {
+        const int64_t m = 37, k = 64, n = 50;
+        Tensor a = ta ? r.In({k, m}) : r.In({m, k});
+        Tensor b = tb ? r.In({n, k}) : r.In({k, n});
+        Tensor out = r.Out({m, n});
+        ops::Matmul(a, b, out, ta, tb);
+        Tensor acc = r.InF32({m, n});  // f32 accumulation: out += a b
+        ops::Matmul(a, b, acc, ta, tb, 1.0f);
+        r.Read("out", out);
+        r.Read("acc", acc);
+      });
+    }
+  }
+  add("matmul_batched", [](OpRun& r) {
+    Tensor a = r.In({3, 17, 32}), b = r.In({3, 24, 32});
+    Tensor out = r.Out({3, 17, 24});
+    ops::Matmul(a, b, out, false, true);
+    r.Read("out", out);
+  });
+  add("rmsnorm", [](OpRun& r) {
+    const int64_t rows = 67, h = 384;
+    Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
+    Tensor y = r.Out({rows, h}), rstd = r.OutF32({rows});
+    ops::RmsNormForward(x, w, 1e-5f, y, rstd);
+    Tensor dx = r.Out({rows, h}), dw = r.InF32({h});  // dweight accumulates
+    ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
+    r.Read("y", y);
+    r.Read("rstd", rstd);
+    r.Read("dx", dx);
+    r.Read("dweight", dw);
+  });
+  for (int64_t cols : {128, 1000}) {
+    add("softmax_" + std::to_string(cols), [cols](OpRun& r) {
+      Tensor x = r.In({33, cols}, 2.0f), dy = r.In({33, cols});
+      Tensor y = r.Out({33, cols}), dx = r.Out({33, cols});
+      ops::SoftmaxForward(x, y);
+      ops::SoftmaxBackward(dy, y, dx);
+      r.Read("y", y);
+      r.Read("dx", dx);
+    });
+  }
+  add("silu", [](OpRun& r) {
+    Tensor x = r.In({50, 70}, 3.0f), dy = r.In({50, 70});
+    Tensor y = r.Out({50, 70}), dx = r.Out({50, 70});
+    ops::SiluForward(x, y);
+    ops::SiluBackward(dy, x, dx);
+    r.Read("y", y);
+    r.Read("dx", dx);
+  });
+  for (bool scaled : {false, true}) {
+    add(scaled ? "swiglu_scaled" : "swiglu", [scaled](OpRun& r) {
+      const int64_t rows = 45, f = 96;
+      Tensor x = r.In({rows, 2 * f}, 2.0f), dy = r.In({rows, f});
+      Tensor scale = scaled ? r.InF32({rows}) : Tensor();
+      Tensor y = r.Out({rows, f}), dx = r.Out({rows, 2 * f});
+      Tensor dscale = scaled ? r.OutF32({rows}) : Tensor();
+      ops::SwigluForward(x, scale, y);
+      ops::SwigluBackward(dy, x, scale, dx, dscale);
+      r.Read("y", y);
+      r.Read("dx", dx);
+      if (scaled) r.Read("dscale", dscale);
+    });
+  }
+  add("rope", [](OpRun& r) {
+    const int64_t batch = 2, seq = 300, heads = 3, d = 64;
+    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
+    Tensor y = r.Out({batch * seq, heads, d}), dx = r.Out({batch * seq, heads, d});
+    ops::RopeForward(x, seq, 10000.0f, y);
+    ops::RopeBackward(dy, seq, 10000.0f, dx);
+    r.Read("y", y);
+    r.Read("dx", dx);
+  });
+  struct AttentionShape { int64_t batch, seq, heads, kv_heads, d; };
+  for (AttentionShape s : {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{1, 256, 2, 1, 128},
+                           AttentionShape{2, 130, 4, 4, 64}}) {
+    add("attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
+            std::to_string(s.kv_heads) + "_d" + std::to_string(s.d),
+        [s](OpRun& r) {
+          Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
+          Tensor k = r.In({s.batch, s.seq, s.kv_heads, s.d});
+          Tensor v = r.In({s.batch, s.seq, s.kv_heads, s.d});
+          Tensor dout = r.In({s.batch, s.seq, s.heads, s.d});
+          Tensor out = r.Out(q.shape()), lse = r.OutF32({s.batch, s.heads, s.seq});
+          ops::AttentionForward(q, k, v, out, lse);
+          Tensor dq = r.Out(q.shape()), dk = r.Out(k.shape()), dv = r.Out(v.shape());
+          ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
+          r.Read("out", out);
+          r.Read("lse", lse);
+          r.Read("dq", dq);
+          r.Read("dk", dk);
+          r.Read("dv", dv);
+        },
+        2e-5, 2e-2);
+  }
+  add("embedding", [](OpRun& r) {
+    const int64_t vocab = 50, tokens = 300, h = 96;
+    Tensor ids = r.Ints(r.RandomInts(tokens, vocab), {tokens});
+    Tensor table = r.In({vocab, h}), dout = r.In({tokens, h});
+    Tensor out = r.Out({tokens, h}), dtable = r.InF32({vocab, h});
+    ops::EmbeddingForward(ids, table, out);
+    ops::EmbeddingBackward(ids, dout, dtable);
+    r.Read("out", out);
+    r.Read("dtable", dtable);
+  });
+  add("cross_entropy", [](OpRun& r) {
+    const int64_t tokens = 19, vocab = 1000;
+    std::vector<int32_t> targets = r.RandomInts(tokens, vocab);
+    targets[5] = -1;  // ignored
+    Tensor logits = r.In({tokens, vocab}, 3.0f), t = r.Ints(targets, {tokens});
+    Tensor losses = r.OutF32({tokens}), lse = r.OutF32({tokens}), dlogits = r.Out({tokens, vocab});
+    ops::CrossEntropyForward(logits, t, losses, lse);
+    ops::CrossEntropyBackward(logits, t, lse, 0.25f, dlogits);
+    r.Read("losses", losses);
+    r.Read("lse", lse);
+    r.Read("dlogits", dlogits);
+  });
+  add("topk", [](OpRun& r) {
+    Tensor x = r.InF32({100, 64}), dvalues = r.InF32({100, 8});
+    Tensor values = r.OutF32({100, 8}), indices = r.OutI32({100, 8}), dx = r.OutF32({100, 64});
+    ops::TopK(x, values, indices);
+    ops::TopKBackward(dvalues, indices, dx);
+    r.Read("values", values);
+    r.Read("indices", indices);
+    r.Read("dx", dx);
+  }, 0, 0);
+  add("sort_gather", [](OpRun& r) {
+    const int64_t n = 5000, keys = 128, h = 40;
+    std::vector<int32_t> key_values = r.RandomInts(n, keys - 3);  // the last buckets stay empty
+    Tensor k = r.Ints(key_values, {n});
+    Tensor order = r.OutI32({n}), offsets = r.OutI32({keys + 1});
+    ops::SortByKey(k, keys, order, offsets);
+    Tensor x = r.In({n, h});
+    Tensor permuted = r.Out({n, h});
+    ops::GatherRows(x, order, permuted);
+    Tensor pairs = r.Ints(r.RandomInts(2 * (n / 2), n), {n / 2, 2});
+    Tensor summed = r.Out({n / 2, h});
+    ops::GatherSumRows(x, pairs, summed);
+    r.Read("order", order);
+    r.Read("offsets", offsets);
+    r.Read("permuted", permuted);
+    r.Read("summed", summed);
+  }, 1e-7, 4e-3);
+  add("sum_l2norm", [](OpRun& r) {
+    Tensor a = r.In({100003}), b = r.In({317, 5});
+    Tensor sum = r.OutF32({1}), norm = r.OutF32({1});
+    ops::Sum(a, sum);
+    std::vector<Tensor> both = {a, b};
+    ops::GlobalL2Norm(both, norm);
+    r.Read("sum", sum);
+    r.Read("norm", norm);
+  });
+  add("adamw", [](OpRun& r) {
+    const int64_t n = 10000;
+    Tensor master = r.InF32({n}), grad = r.InF32({n}), m = r.InF32({n}, 0.1f);
+    std::vector<float> v_host = testing::ToFloats(r.InF32({n}, 0.1f));
+    for (float& x : v_host) x = x * x;  // second moments are non-negative
+    Tensor v_sq = FromFloats(v_host, {n}, DType::kF32, r.device());
+    Tensor model = r.Out({n});
+    ops::AdamWConfig config;
+    config.lr = 1e-2f;
+    config.weight_decay = 0.1f;
+    config.step = 3;
+    config.grad_scale = 0.5f;
+    ops::AdamWUpdate(master, grad, m, v_sq, config, model);
+    r.Read("master", master);
+    r.Read("m", m);
+    r.Read("v", v_sq);
+    r.Read("model", model);
+  });
+  return cases;
+}
+
+// Largest relative error per (op, dtype), printed after all tests.
+std::map<std::string, double>& WorstErrors() {
+  static std::map<std::string, double> worst;
+  return worst;
+}
+
+class ErrorTable : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    printf("\n%-28s %-5s %s\n", "op", "dtype", "max relative error (over outputs)");
+    for (const auto& [key, error] : WorstErrors()) printf("%-34s %.3g\n", key.c_str(), error);
+  }
+};
+const auto* const kErrorTable = ::testing::AddGlobalTestEnvironment(new ErrorTable);
+
+class OpParityTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(OpParityTest, CudaMatchesCpu) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const auto& [name, dtype] = GetParam();
+  const std::vector<OpCase> cases = Cases();
+  const auto it = std::find_if(cases.begin(), cases.end(), [&](const OpCase& c) { return c.name == name; });
+  ASSERT_NE(it, cases.end());
+  for (int trial = 0; trial < 2; ++trial) {  // fresh inputs each trial
+    const uint32_t seed = testing::TestSeed() + 7919u * trial;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    OpRun cpu(Device::CPU(), dtype, seed), gpu(Device::CUDA(0), dtype, seed);
+    it->body(cpu);
+    it->body(gpu);
+    const Outputs want = cpu.TakeOutputs(), got = gpu.TakeOutputs();
+    ASSERT_EQ(want.size(), got.size());
+    const double tolerance = dtype == DType::kF32 ? it->f32_tolerance : it->bf16_tolerance;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double error = testing::RelativeError(got[i].second, want[i].second);
+      double& worst = WorstErrors()[name + " " + DTypeName(dtype)];
+      worst = std::max(worst, error);
+      EXPECT_LE(error, tolerance) << name << " output " << want[i].first << " (" << DTypeName(dtype)
+                                  << ")";
+    }
+  }
+}
+
+std::vector<std::string> CaseNames() {
+  std::vector<std::string> names;
+  for (const OpCase& c : Cases()) names.push_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, OpParityTest,
+                         ::testing::Combine(::testing::ValuesIn(CaseNames()),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + DTypeName(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace moe
