@@ -5,6 +5,7 @@ find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(gflags REQUIRED)
 find_package(glog REQUIRED)
 find_package(GTest REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
 
 include(CheckLanguage)
 # CI machines keep nvcc in /usr/local/cuda without putting it on PATH.

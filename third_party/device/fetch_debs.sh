@@ -6,4 +6,4 @@ cd "$(git rev-parse --show-toplevel)"
 mkdir -p .device-deps
 cd .device-deps
 apt-get download libgflags2.2 libgflags-dev libgoogle-glog0v6 libgoogle-glog-dev libunwind8 \
-  libunwind-dev
+  libunwind-dev nlohmann-json3-dev
