@@ -16,6 +16,9 @@ check_language(CUDA)
 set(MOE_WITH_CUDA OFF)
 if(CMAKE_CUDA_COMPILER AND NOT MOE_DISABLE_CUDA)
   enable_language(CUDA)
+  # CMake 3.25 does not know nvcc's C++20 flag (nvcc has it since 12.0): tell it.
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   # Hopper (H100/H200). A plain variable, so it wins over the toolkit default in the cache.

@@ -1,0 +1,65 @@
+// Parameters and their optimizer state.
+//
+// A Parameter has
+//   value   what compute reads: bf16 on CUDA, f32 on the CPU (flagged is_parameter);
+//   master  the f32 weights the optimizer updates (on the CPU the same tensor as value);
+//   grad    f32, accumulated (+=) by backward over micro-batches, zeroed after each step;
+//   exp_avg, exp_avg_sq   AdamW moments, f32.
+// Initial values are drawn on the host from (seed, name), so they do not depend on the order of
+// creation or on the device: CPU and CUDA runs of one seed start from the same weights.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace moe {
+
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Tensor master;
+  Tensor grad;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  bool weight_decay = true;
+};
+
+enum class Init { kNormal, kOnes, kZeros };
+
+struct ParameterSpec {
+  std::string name;
+  Shape shape;
+  Init init = Init::kNormal;
+  float init_std = 0.02f;     // for kNormal
+  bool weight_decay = true;   // false for norms
+};
+
+class ParameterSet {
+ public:
+  // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
+  ParameterSet(Device device, DType compute_dtype, uint64_t seed);
+
+  Parameter& Create(const ParameterSpec& spec);
+  const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
+  Parameter& Get(const std::string& name);
+  int64_t NumElements() const;
+
+  // grad = 0 for every parameter.
+  void ZeroGrads();
+  // value = master (after loading master weights from a checkpoint).
+  void SyncValuesFromMasters();
+
+  Device device() const { return device_; }
+  DType compute_dtype() const { return compute_dtype_; }
+
+ private:
+  Device device_;
+  DType compute_dtype_;
+  uint64_t seed_;
+  std::vector<std::unique_ptr<Parameter>> parameters_;
+};
+
+}  // namespace moe

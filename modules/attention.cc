@@ -1,0 +1,84 @@
+#include "modules/attention.h"
+
+#include <cmath>
+
+#include "engine/kernels/ops.h"
+#include "modules/linear.h"
+
+namespace moe {
+
+SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
+                             const GptConfig& config, int layer)
+    : name_(name),
+      config_(config),
+      layer_(layer),
+      q_proj_(parameters.Create({name + ".q_proj.weight", {config.hidden_size, config.hidden_size},
+                                 Init::kNormal, config.init_std})),
+      k_proj_(parameters.Create({name + ".k_proj.weight", {config.kv_dim(), config.hidden_size},
+                                 Init::kNormal, config.init_std})),
+      v_proj_(parameters.Create({name + ".v_proj.weight", {config.kv_dim(), config.hidden_size},
+                                 Init::kNormal, config.init_std})),
+      o_proj_(parameters.Create(
+          {name + ".o_proj.weight", {config.hidden_size, config.hidden_size}, Init::kNormal,
+           config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
+
+Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
+  const int64_t tokens = x.dim(0), seq = config_.seq_length, batch = tokens / seq;
+  const int64_t heads = config_.num_attention_heads, groups = config_.num_query_groups;
+  const int64_t d = config_.head_dim();
+  Tensor q, k, v;
+  {
+    ScopedSaveGroup group(saved, "qkv_linear", layer_);
+    q = LinearForward(x, q_proj_).View({tokens, heads, d});
+    k = LinearForward(x, k_proj_).View({tokens, groups, d});
+    v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
+    saved.Save(name_ + ".x", x);
+  }
+  ops::RopeForward(q, seq, config_.rope_base, q);
+  ops::RopeForward(k, seq, config_.rope_base, k);
+  q = q.View({batch, seq, heads, d});
+  k = k.View({batch, seq, groups, d});
+  Tensor out = Tensor::Empty(q.shape(), x.dtype(), x.device());
+  {
+    ScopedSaveGroup group(saved, "core_attn", layer_);
+    Tensor lse = Tensor::Empty({batch, heads, seq}, DType::kF32, x.device());
+    ops::AttentionForward(q, k, v, out, lse);
+    saved.Save(name_ + ".q", q);
+    saved.Save(name_ + ".k", k);
+    saved.Save(name_ + ".v", v);
+    saved.Save(name_ + ".lse", lse);
+  }
+  ScopedSaveGroup group(saved, "attn_proj", layer_);
+  out = out.View({tokens, heads * d});
+  saved.Save(name_ + ".out", out);
+  return LinearForward(out, o_proj_);
+}
+
+Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
+  const Tensor out = saved.Load(name_ + ".out");
+  const Tensor dout = LinearBackward(dy, out, o_proj_);
+
+  const Tensor q = saved.Load(name_ + ".q");
+  const Tensor k = saved.Load(name_ + ".k");
+  const Tensor v = saved.Load(name_ + ".v");
+  const Tensor lse = saved.Load(name_ + ".lse");
+  Tensor dq = Tensor::Empty(q.shape(), q.dtype(), q.device());
+  Tensor dk = Tensor::Empty(k.shape(), k.dtype(), k.device());
+  Tensor dv = Tensor::Empty(v.shape(), v.dtype(), v.device());
+  ops::AttentionBackward(dout.View(q.shape()), q, k, v, out.View(q.shape()), lse, dq, dk, dv);
+
+  const int64_t tokens = dy.dim(0), seq = config_.seq_length;
+  dq = dq.View({tokens, config_.num_attention_heads, config_.head_dim()});
+  dk = dk.View({tokens, config_.num_query_groups, config_.head_dim()});
+  ops::RopeBackward(dq, seq, config_.rope_base, dq);
+  ops::RopeBackward(dk, seq, config_.rope_base, dk);
+
+  const Tensor x = saved.Load(name_ + ".x");
+  Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  LinearBackward(dq.View({tokens, config_.hidden_size}), x, q_proj_.value, q_proj_.grad, dx, false);
+  LinearBackward(dk.View({tokens, config_.kv_dim()}), x, k_proj_.value, k_proj_.grad, dx, true);
+  LinearBackward(dv.View({tokens, config_.kv_dim()}), x, v_proj_.value, v_proj_.grad, dx, true);
+  return dx;
+}
+
+}  // namespace moe

@@ -1,0 +1,36 @@
+// Causal self-attention with RoPE and grouped KV heads.
+//   x (tokens = batch * seq, hidden) -> y (tokens, hidden).
+//   Weights (PyTorch layout): q_proj (hidden, hidden), k_proj and v_proj (kv_dim, hidden),
+//   o_proj (hidden, hidden); o_proj initialised with std / sqrt(2 * num_layers).
+// Saved tensors, each in its offload group for `layer`:
+//   qkv_linear: x;   core_attn: q, k (after RoPE), v, lse;   attn_proj: out (the input of o_proj,
+//   which core attention's backward also reads).
+// Backward: dx =; every weight grad +=.
+#pragma once
+
+#include <string>
+
+#include "engine/autograd/saved_tensors.h"
+#include "engine/optim/parameters.h"
+#include "modules/gpt_config.h"
+
+namespace moe {
+
+class SelfAttention {
+ public:
+  SelfAttention(ParameterSet& parameters, const std::string& name, const GptConfig& config,
+                int layer);
+  Tensor Forward(SavedTensors& saved, const Tensor& x);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy);
+
+ private:
+  std::string name_;
+  const GptConfig& config_;
+  int layer_;
+  Parameter& q_proj_;
+  Parameter& k_proj_;
+  Parameter& v_proj_;
+  Parameter& o_proj_;
+};
+
+}  // namespace moe

@@ -1,0 +1,44 @@
+// The model's shape: a decoder-only transformer whose first `first_dense_layers` layers have a
+// dense SwiGLU MLP and the rest a Mixture-of-Experts MLP. Field names match the moe_train flags.
+// Derived sizes are computed here and nowhere else.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace moe {
+
+struct GptConfig {
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t num_attention_heads = 4;
+  int64_t num_query_groups = 2;      // KV heads
+  int64_t ffn_hidden_size = 128;     // dense layers
+  int64_t num_experts = 4;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 64;  // per expert
+  float moe_aux_loss_coeff = 1e-2f;
+  float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
+  int64_t first_dense_layers = 1;
+  int64_t seq_length = 64;
+  int64_t vocab_size = 256;
+  float rope_base = 10000.0f;
+  float norm_eps = 1e-5f;
+  float init_std = 0.02f;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t kv_dim() const { return num_query_groups * head_dim(); }
+  bool is_moe_layer(int64_t layer) const { return layer >= first_dense_layers; }
+  int64_t num_moe_layers() const { return num_layers - std::min(num_layers, first_dense_layers); }
+
+  // Parameter counts: all of them, and those one token's forward touches (top-k experts only).
+  int64_t attention_parameters() const;
+  int64_t dense_mlp_parameters() const { return 3 * hidden_size * ffn_hidden_size; }
+  int64_t expert_parameters() const { return 3 * hidden_size * moe_ffn_hidden_size; }
+  int64_t total_parameters() const;
+  int64_t active_parameters() const;
+  // Training FLOPs per token: 6 x active matmul parameters + causal attention (fwd + bwd).
+  double train_flops_per_token() const;
+};
+
+}  // namespace moe

@@ -1,0 +1,19 @@
+// A bias-free linear map, as free functions: modules decide what to save.
+//   x (rows, in); weight (out, in) (PyTorch layout); y (rows, out) = x weight^T.
+//   Backward: dx (=, or += when accumulate_dx) = dy weight; dweight (f32) += dy^T x.
+#pragma once
+
+#include "engine/core/tensor.h"
+#include "engine/optim/parameters.h"
+
+namespace moe {
+
+Tensor LinearForward(const Tensor& x, const Parameter& weight);
+// Into an existing output (e.g. f32 router logits from bf16 inputs).
+void LinearForwardInto(const Tensor& x, const Tensor& weight, const Tensor& y);
+void LinearBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dweight,
+                    const Tensor& dx, bool accumulate_dx);
+// The same for a Parameter, returning a new dx.
+Tensor LinearBackward(const Tensor& dy, const Tensor& x, Parameter& weight);
+
+}  // namespace moe

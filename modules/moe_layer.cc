@@ -1,0 +1,55 @@
+#include "modules/moe_layer.h"
+
+#include "engine/kernels/ops.h"
+
+namespace moe {
+
+MoeLayer::MoeLayer(ParameterSet& parameters, const std::string& name, const GptConfig& config,
+                   int layer)
+    : name_(name),
+      config_(config),
+      router_(parameters, name + ".router", config),
+      experts_(parameters, name + ".experts", config, layer) {}
+
+Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
+  const int64_t tokens = x.dim(0), k = config_.moe_router_topk, rows = tokens * k;
+  const Device device = x.device();
+  const Routing routing = router_.Forward(saved, x);
+  ops::Add(aux_loss, routing.aux_loss, aux_loss);
+
+  Tensor source_rows = Tensor::Empty({rows}, DType::kI32, device);
+  Tensor inverse = Tensor::Empty({rows}, DType::kI32, device);
+  ops::InvertPermutation(routing.order, k, source_rows, inverse);
+  Tensor permuted = Tensor::Empty({rows, x.dim(1)}, x.dtype(), device);
+  ops::GatherRows(x, source_rows, permuted);
+  Tensor weights = Tensor::Empty({rows, 1}, DType::kF32, device);
+  ops::GatherRows(routing.weights.View({rows, 1}), routing.order, weights);
+  saved.Save(name_ + ".source_rows", source_rows);
+  saved.Save(name_ + ".inverse", inverse);
+
+  const Tensor expert_out = experts_.Forward(saved, permuted, routing.offsets, weights.View({rows}));
+  Tensor y = Tensor::Empty(x.shape(), x.dtype(), device);
+  ops::GatherSumRows(expert_out, inverse.View({tokens, k}), y);
+  return y;
+}
+
+Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+  const int64_t tokens = dy.dim(0), k = config_.moe_router_topk, rows = tokens * k;
+  const Device device = dy.device();
+  const Tensor source_rows = saved.Load(name_ + ".source_rows");
+  const Tensor inverse = saved.Load(name_ + ".inverse");
+
+  Tensor dexpert_out = Tensor::Empty({rows, dy.dim(1)}, dy.dtype(), device);
+  ops::GatherRows(dy, source_rows, dexpert_out);
+  const GroupedMlp::Grads grads = experts_.Backward(saved, dexpert_out);
+
+  Tensor dx = Tensor::Empty(dy.shape(), dy.dtype(), device);
+  ops::GatherSumRows(grads.dx, inverse.View({tokens, k}), dx);
+  Tensor dweights = Tensor::Empty({rows, 1}, DType::kF32, device);
+  ops::GatherRows(grads.dweights.View({rows, 1}), inverse, dweights);
+  const Tensor drouter_x = router_.Backward(saved, dweights.View({tokens, k}), aux_grad);
+  ops::Add(dx, drouter_x, dx);
+  return dx;
+}
+
+}  // namespace moe

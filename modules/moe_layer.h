@@ -1,0 +1,33 @@
+// Mixture-of-Experts MLP: route, permute, run the experts, unpermute and sum over the top-k.
+//   x (tokens, hidden) -> y (tokens, hidden); dropless (every choice is computed).
+// Permutation: the (tokens, k) choices sorted stably by expert; row i of the permuted batch is
+// token source_rows[i] = order[i] / k, and choice (t, j) lands at row inverse[t * k + j].
+// Saves (no group): source_rows and inverse; the router and the grouped MLP save their own.
+// Backward: dx =; returns nothing else (router and expert weight grads +=).
+#pragma once
+
+#include <string>
+
+#include "engine/autograd/saved_tensors.h"
+#include "engine/optim/parameters.h"
+#include "modules/gpt_config.h"
+#include "modules/grouped_mlp.h"
+#include "modules/router.h"
+
+namespace moe {
+
+class MoeLayer {
+ public:
+  MoeLayer(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer);
+  // Returns y; adds the coefficient-weighted aux loss to `aux_loss` (1) f32.
+  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
+
+ private:
+  std::string name_;
+  const GptConfig& config_;
+  Router router_;
+  GroupedMlp experts_;
+};
+
+}  // namespace moe

@@ -1,0 +1,24 @@
+// RMSNorm module. x, y (tokens, hidden); weight (hidden), initialised to 1, no weight decay.
+// Saves under `name`: x and rstd (tokens) f32. Backward: dx =, weight.grad +=.
+#pragma once
+
+#include <string>
+
+#include "engine/autograd/saved_tensors.h"
+#include "engine/optim/parameters.h"
+
+namespace moe {
+
+class RmsNorm {
+ public:
+  RmsNorm(ParameterSet& parameters, const std::string& name, int64_t hidden, float eps);
+  Tensor Forward(SavedTensors& saved, const Tensor& x);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy);
+
+ private:
+  std::string name_;
+  Parameter& weight_;
+  float eps_;
+};
+
+}  // namespace moe

@@ -1,0 +1,49 @@
+#include "modules/transformer_layer.h"
+
+#include "engine/kernels/ops.h"
+
+namespace moe {
+namespace {
+std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
+}  // namespace
+
+TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
+    : layer_(layer),
+      attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_eps),
+      attention_(parameters, LayerName(layer) + ".attention", config, layer),
+      mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_eps) {
+  if (config.is_moe_layer(layer)) {
+    moe_mlp_ = std::make_unique<MoeLayer>(parameters, LayerName(layer) + ".moe", config, layer);
+  } else {
+    dense_mlp_ = std::make_unique<DenseMlp>(parameters, LayerName(layer) + ".mlp", config);
+  }
+}
+
+Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
+  const size_t attn_norm_group = saved.OpenGroup("attn_norm", layer_);
+  const Tensor normed = attn_norm_.Forward(saved, x);
+  saved.CloseGroup(attn_norm_group);
+  Tensor h = attention_.Forward(saved, normed);
+  ops::Add(x, h, h);
+  saved.CommitGroup(attn_norm_group);
+
+  const size_t mlp_norm_group = saved.OpenGroup("mlp_norm", layer_);
+  const Tensor mlp_in = mlp_norm_.Forward(saved, h);
+  saved.CloseGroup(mlp_norm_group);
+  Tensor y = moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);
+  ops::Add(h, y, y);
+  saved.CommitGroup(mlp_norm_group);
+  return y;
+}
+
+Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+  const Tensor dmlp_in = moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
+  Tensor dh = mlp_norm_.Backward(saved, dmlp_in);
+  ops::Add(dh, dy, dh);  // residual
+  const Tensor dnormed = attention_.Backward(saved, dh);
+  Tensor dx = attn_norm_.Backward(saved, dnormed);
+  ops::Add(dx, dh, dx);  // residual
+  return dx;
+}
+
+}  // namespace moe

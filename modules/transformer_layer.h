@@ -1,0 +1,35 @@
+// Pre-norm transformer layer:
+//   h = x + attention(attn_norm(x));  y = h + mlp(mlp_norm(h)),  mlp dense or MoE.
+// x, y (tokens, hidden). The norms' offload groups (attn_norm, mlp_norm) hold the norm's saved
+// tensors and commit after their residual add.
+// Backward: dx =; every weight grad +=.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/autograd/saved_tensors.h"
+#include "modules/attention.h"
+#include "modules/dense_mlp.h"
+#include "modules/moe_layer.h"
+#include "modules/rms_norm.h"
+
+namespace moe {
+
+class TransformerLayer {
+ public:
+  TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer);
+  // aux_loss (1) f32 accumulates the MoE aux loss.
+  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
+
+ private:
+  int layer_;
+  RmsNorm attn_norm_;
+  SelfAttention attention_;
+  RmsNorm mlp_norm_;
+  std::unique_ptr<DenseMlp> dense_mlp_;  // exactly one of these two
+  std::unique_ptr<MoeLayer> moe_mlp_;
+};
+
+}  // namespace moe
