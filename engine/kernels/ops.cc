@@ -451,4 +451,82 @@ void AdamWUpdate(const Tensor& master, const Tensor& grad, const Tensor& m, cons
   MOE_DISPATCH(device, AdamWUpdate, master, grad, m, v, config, model);
 }
 
+// ---------------------------------------------------------------- MoE router
+namespace {
+void CheckRouterMatrix(const Tensor& t, const char* what) {
+  CHECK_EQ(t.ndim(), 2) << what << " must be (rows, cols): " << t.DebugString();
+  CheckDType(t, DType::kF32, what);
+}
+}  // namespace
+
+void NormalizeRowsForward(const Tensor& x, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CheckRouterMatrix(x, "normalize input");
+  CheckShape(y, x.shape(), "normalize output");
+  CheckDType(y, DType::kF32, "normalize output");
+  MOE_DISPATCH(device, NormalizeRowsForward, x, y);
+}
+
+void NormalizeRowsBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &x, &dx});
+  CheckRouterMatrix(x, "normalize input");
+  CheckShape(dy, x.shape(), "normalize dy");
+  CheckShape(dx, x.shape(), "normalize dx");
+  CheckDType(dy, DType::kF32, "normalize dy");
+  CheckDType(dx, DType::kF32, "normalize dx");
+  MOE_DISPATCH(device, NormalizeRowsBackward, dy, x, dx);
+}
+
+void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_t topk,
+                              const Tensor& loss) {
+  const Device device = CommonDevice({&probs, &offsets, &loss});
+  CheckRouterMatrix(probs, "load-balancing probs");
+  CheckShape(offsets, {probs.dim(1) + 1}, "load-balancing offsets");
+  CheckDType(offsets, DType::kI32, "load-balancing offsets");
+  CheckShape(loss, {1}, "load-balancing loss");
+  CheckDType(loss, DType::kF32, "load-balancing loss");
+  CHECK_GE(topk, 1);
+  MOE_DISPATCH(device, LoadBalancingLossForward, probs, offsets, topk, loss);
+}
+
+void LoadBalancingLossBackward(const Tensor& offsets, int64_t topk, float grad,
+                               const Tensor& dprobs) {
+  const Device device = CommonDevice({&offsets, &dprobs});
+  CheckRouterMatrix(dprobs, "load-balancing dprobs");
+  CheckShape(offsets, {dprobs.dim(1) + 1}, "load-balancing offsets");
+  CheckDType(offsets, DType::kI32, "load-balancing offsets");
+  CHECK_GE(topk, 1);
+  MOE_DISPATCH(device, LoadBalancingLossBackward, offsets, topk, grad, dprobs);
+}
+
+void ZLossForward(const Tensor& logits, const Tensor& loss) {
+  const Device device = CommonDevice({&logits, &loss});
+  CheckRouterMatrix(logits, "z-loss logits");
+  CheckShape(loss, {1}, "z-loss output");
+  CheckDType(loss, DType::kF32, "z-loss output");
+  MOE_DISPATCH(device, ZLossForward, logits, loss);
+}
+
+void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
+  const Device device = CommonDevice({&logits, &dlogits});
+  CheckRouterMatrix(logits, "z-loss logits");
+  CheckShape(dlogits, logits.shape(), "z-loss dlogits");
+  CheckDType(dlogits, DType::kF32, "z-loss dlogits");
+  MOE_DISPATCH(device, ZLossBackward, logits, grad, dlogits);
+}
+
+void InvertPermutation(const Tensor& order, int64_t topk, const Tensor& source_rows,
+                       const Tensor& inverse) {
+  const Device device = CommonDevice({&order, &source_rows, &inverse});
+  CheckDType(order, DType::kI32, "permutation");
+  CHECK_EQ(order.ndim(), 1) << "permutation (n)";
+  CHECK(topk >= 1 && order.dim(0) % topk == 0) << "permutation of " << order.dim(0)
+                                                << " entries with topk " << topk;
+  CheckShape(source_rows, order.shape(), "permutation source rows");
+  CheckShape(inverse, order.shape(), "permutation inverse");
+  CheckDType(source_rows, DType::kI32, "permutation source rows");
+  CheckDType(inverse, DType::kI32, "permutation inverse");
+  MOE_DISPATCH(device, InvertPermutation, order, topk, source_rows, inverse);
+}
+
 }  // namespace moe::ops

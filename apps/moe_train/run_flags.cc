@@ -1,0 +1,200 @@
+#include "apps/moe_train/run_flags.h"
+
+#include <fstream>
+#include <set>
+
+#include "engine/runtime/device_context.h"
+
+// Model shape.
+DEFINE_int64(num_layers, 2, "transformer layers");
+DEFINE_int64(hidden_size, 64, "model width");
+DEFINE_int64(num_attention_heads, 4, "query heads");
+DEFINE_int64(num_query_groups, 2, "key/value heads (grouped-query attention)");
+DEFINE_int64(ffn_hidden_size, 128, "dense MLP width");
+DEFINE_int64(num_experts, 4, "experts per MoE layer");
+DEFINE_int64(moe_router_topk, 2, "experts per token");
+DEFINE_int64(moe_ffn_hidden_size, 64, "expert MLP width");
+DEFINE_double(moe_aux_loss_coeff, 1e-2, "load-balancing loss coefficient");
+DEFINE_double(moe_z_loss_coeff, 0.0, "router z-loss coefficient (0: off)");
+DEFINE_int64(first_dense_layers, 1, "leading layers with a dense MLP; the rest are MoE");
+DEFINE_int64(seq_length, 64, "tokens per sequence");
+DEFINE_int64(vocab_size, 256, "vocabulary size");
+// Training.
+DEFINE_int64(micro_batch_size, 8, "sequences per forward/backward");
+DEFINE_int64(global_batch_size, 16, "sequences per optimizer step (micro x accumulation)");
+DEFINE_int64(train_steps, 300, "optimizer steps");
+DEFINE_double(lr, 3e-3, "peak learning rate");
+DEFINE_double(min_lr, 3e-4, "final learning rate of the cosine decay");
+DEFINE_int64(warmup_steps, 20, "linear warmup steps");
+DEFINE_double(weight_decay, 0.1, "AdamW decoupled weight decay (not on norms)");
+DEFINE_double(clip_grad, 1.0, "global gradient-norm clip (0: off)");
+DEFINE_int64(seed, 1234, "seed of the initial weights and the data order");
+// Data.
+DEFINE_string(data_format, "synthetic", "synthetic | megatron | flat_u16 | flat_u32");
+DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the token file");
+// Evaluation, checkpoints, output.
+DEFINE_int64(eval_interval, 100, "evaluate every N steps (0: only at the end)");
+DEFINE_int64(eval_steps, 8, "validation batches per evaluation");
+DEFINE_string(save, "", "checkpoint root directory (empty: no checkpoints)");
+DEFINE_int64(save_interval, 0, "checkpoint every N steps (0: only at the end)");
+DEFINE_string(load, "", "resume from a checkpoint root or step directory");
+DEFINE_string(metrics_file, "", "append one JSON object per log line to this file");
+DEFINE_int64(log_interval, 10, "log every N steps");
+DEFINE_string(device, "auto", "cpu | cuda | cuda:N | auto (cuda when a GPU is present)");
+DEFINE_double(peak_flops, 989e12, "peak FLOP/s of one device, for MFU");
+
+namespace moe {
+namespace {
+
+Status Positive(const char* flag, int64_t value) {
+  if (value > 0) return Status::Ok();
+  return InvalidArgument("--" + std::string(flag) + "=" + std::to_string(value) + " must be positive");
+}
+
+Status NonNegative(const char* flag, double value) {
+  if (value >= 0) return Status::Ok();
+  return InvalidArgument("--" + std::string(flag) + "=" + std::to_string(value) +
+                         " must not be negative");
+}
+
+StatusOr<Device> ParseDevice(const std::string& text) {
+  if (text == "cpu") return Device::CPU();
+  if (text == "auto") return CudaDeviceCount() > 0 ? Device::CUDA(0) : Device::CPU();
+  if (text == "cuda") return Device::CUDA(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos) {
+    return Device::CUDA(std::stoi(text.substr(5)));
+  }
+  return InvalidArgument("--device=" + text + " must be cpu, cuda, cuda:N or auto");
+}
+
+Status CheckModel(const GptConfig& m) {
+  for (auto [flag, value] : {std::pair{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
+                             {"num_attention_heads", m.num_attention_heads},
+                             {"num_query_groups", m.num_query_groups},
+                             {"ffn_hidden_size", m.ffn_hidden_size}, {"num_experts", m.num_experts},
+                             {"moe_router_topk", m.moe_router_topk},
+                             {"moe_ffn_hidden_size", m.moe_ffn_hidden_size},
+                             {"seq_length", m.seq_length}, {"vocab_size", m.vocab_size}}) {
+    RETURN_IF_ERROR(Positive(flag, value));
+  }
+  if (m.hidden_size % m.num_attention_heads != 0) {
+    return InvalidArgument("--hidden_size=" + std::to_string(m.hidden_size) +
+                           " is not a multiple of --num_attention_heads=" +
+                           std::to_string(m.num_attention_heads));
+  }
+  if (m.num_attention_heads % m.num_query_groups != 0) {
+    return InvalidArgument("--num_attention_heads=" + std::to_string(m.num_attention_heads) +
+                           " is not a multiple of --num_query_groups=" +
+                           std::to_string(m.num_query_groups));
+  }
+  if (m.head_dim() % 2 != 0) {
+    return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
+                           " must be even for rotary embeddings");
+  }
+  if (m.moe_router_topk > m.num_experts) {
+    return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
+                           " exceeds --num_experts=" + std::to_string(m.num_experts));
+  }
+  if (m.first_dense_layers < 0 || m.first_dense_layers > m.num_layers) {
+    return InvalidArgument("--first_dense_layers=" + std::to_string(m.first_dense_layers) +
+                           " must be in [0, --num_layers=" + std::to_string(m.num_layers) + "]");
+  }
+  if (m.vocab_size > (int64_t{1} << 31) - 1) {
+    return InvalidArgument("--vocab_size=" + std::to_string(m.vocab_size) + " does not fit int32 token ids");
+  }
+  RETURN_IF_ERROR(NonNegative("moe_aux_loss_coeff", m.moe_aux_loss_coeff));
+  return NonNegative("moe_z_loss_coeff", m.moe_z_loss_coeff);
+}
+
+Status CheckTraining(const TrainerOptions& t) {
+  RETURN_IF_ERROR(Positive("micro_batch_size", t.micro_batch_size));
+  RETURN_IF_ERROR(Positive("global_batch_size", t.global_batch_size));
+  RETURN_IF_ERROR(Positive("train_steps", t.train_steps));
+  RETURN_IF_ERROR(Positive("eval_steps", t.eval_steps));
+  if (t.global_batch_size % t.micro_batch_size != 0) {
+    return InvalidArgument("--global_batch_size=" + std::to_string(t.global_batch_size) +
+                           " is not a multiple of --micro_batch_size=" +
+                           std::to_string(t.micro_batch_size));
+  }
+  if (!(t.lr > 0)) return InvalidArgument("--lr=" + std::to_string(t.lr) + " must be positive");
+  if (!(t.min_lr >= 0 && t.min_lr <= t.lr)) {
+    return InvalidArgument("--min_lr=" + std::to_string(t.min_lr) + " must be in [0, --lr]");
+  }
+  if (t.warmup_steps < 0 || t.warmup_steps > t.train_steps) {
+    return InvalidArgument("--warmup_steps=" + std::to_string(t.warmup_steps) +
+                           " must be in [0, --train_steps]");
+  }
+  RETURN_IF_ERROR(NonNegative("weight_decay", t.adamw.weight_decay));
+  return NonNegative("clip_grad", t.adamw.clip_grad);
+}
+
+Status CheckOutputs() {
+  RETURN_IF_ERROR(Positive("log_interval", FLAGS_log_interval));
+  RETURN_IF_ERROR(NonNegative("eval_interval", static_cast<double>(FLAGS_eval_interval)));
+  RETURN_IF_ERROR(NonNegative("save_interval", static_cast<double>(FLAGS_save_interval)));
+  if (FLAGS_save_interval > 0 && FLAGS_save.empty()) {
+    return InvalidArgument("--save_interval needs --save");
+  }
+  if (!(FLAGS_peak_flops > 0)) return InvalidArgument("--peak_flops must be positive");
+  if (!FLAGS_metrics_file.empty()) {
+    std::ofstream probe(FLAGS_metrics_file, std::ios::app);
+    if (!probe) return InvalidArgument("--metrics_file " + FLAGS_metrics_file + ": cannot open for writing");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<RunConfig> ValidateFlags() {
+  RunConfig run;
+  GptConfig& m = run.model;
+  m.num_layers = FLAGS_num_layers;
+  m.hidden_size = FLAGS_hidden_size;
+  m.num_attention_heads = FLAGS_num_attention_heads;
+  m.num_query_groups = FLAGS_num_query_groups;
+  m.ffn_hidden_size = FLAGS_ffn_hidden_size;
+  m.num_experts = FLAGS_num_experts;
+  m.moe_router_topk = FLAGS_moe_router_topk;
+  m.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
+  m.moe_aux_loss_coeff = static_cast<float>(FLAGS_moe_aux_loss_coeff);
+  m.moe_z_loss_coeff = static_cast<float>(FLAGS_moe_z_loss_coeff);
+  m.first_dense_layers = FLAGS_first_dense_layers;
+  m.seq_length = FLAGS_seq_length;
+  m.vocab_size = FLAGS_vocab_size;
+  RETURN_IF_ERROR(CheckModel(m));
+
+  TrainerOptions& t = run.trainer;
+  t.micro_batch_size = FLAGS_micro_batch_size;
+  t.global_batch_size = FLAGS_global_batch_size;
+  t.train_steps = FLAGS_train_steps;
+  t.lr = static_cast<float>(FLAGS_lr);
+  t.min_lr = static_cast<float>(FLAGS_min_lr);
+  t.warmup_steps = FLAGS_warmup_steps;
+  t.adamw.weight_decay = static_cast<float>(FLAGS_weight_decay);
+  t.adamw.clip_grad = static_cast<float>(FLAGS_clip_grad);
+  t.eval_steps = FLAGS_eval_steps;
+  t.seed = static_cast<uint64_t>(FLAGS_seed);
+  RETURN_IF_ERROR(CheckTraining(t));
+  RETURN_IF_ERROR(CheckOutputs());
+
+  static const std::set<std::string> kFormats = {"synthetic", "megatron", "flat_u16", "flat_u32"};
+  if (!kFormats.count(FLAGS_data_format)) {
+    return InvalidArgument("--data_format=" + FLAGS_data_format +
+                           " must be synthetic, megatron, flat_u16 or flat_u32");
+  }
+  if (FLAGS_data_format != "synthetic" && FLAGS_data_path.empty()) {
+    return InvalidArgument("--data_format=" + FLAGS_data_format + " needs --data_path");
+  }
+  run.data.format = FLAGS_data_format;
+  run.data.path = FLAGS_data_path;
+  run.data.vocab_size = m.vocab_size;
+  run.data.synthetic.seed = t.seed;
+
+  ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
+  const Status available = CheckDeviceAvailable(run.device);
+  if (!available.ok()) return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
+  return run;
+}
+
+}  // namespace moe

@@ -1,0 +1,34 @@
+// moe_train's flags: defined in run_flags.cc, checked all together before any work.
+// ValidateFlags returns the first problem as one line naming the flag(s).
+#pragma once
+
+#include <string>
+
+#include <gflags/gflags.h>
+
+#include "engine/core/device.h"
+#include "engine/core/status.h"
+#include "engine/io/dataset.h"
+#include "modules/gpt_config.h"
+#include "modules/trainer.h"
+
+DECLARE_int64(log_interval);
+DECLARE_int64(eval_interval);
+DECLARE_int64(save_interval);
+DECLARE_string(save);
+DECLARE_string(load);
+DECLARE_string(metrics_file);
+DECLARE_double(peak_flops);
+
+namespace moe {
+
+struct RunConfig {
+  GptConfig model;
+  TrainerOptions trainer;
+  DataOptions data;
+  Device device;
+};
+
+StatusOr<RunConfig> ValidateFlags();
+
+}  // namespace moe

@@ -1,0 +1,103 @@
+#include "apps/moe_train/run_log.h"
+
+#include <cstdio>
+
+#include "engine/runtime/device_context.h"
+
+namespace moe {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string Millions(int64_t n) {
+  char buffer[32];
+  snprintf(buffer, sizeof(buffer), "%.2fM", n / 1e6);
+  return buffer;
+}
+
+// Weights + grads + AdamW state (f32 master, grad, two moments, plus the bf16 copy on CUDA).
+double StateBytes(const RunConfig& run) {
+  const double per_parameter = run.device.is_cuda() ? 18.0 : 16.0;
+  return per_parameter * static_cast<double>(run.model.total_parameters());
+}
+
+}  // namespace
+
+RunLog::RunLog(const RunConfig& run) : run_(run) {
+  if (!FLAGS_metrics_file.empty()) metrics_.open(FLAGS_metrics_file, std::ios::app);
+}
+
+void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
+  const GptConfig& m = run_.model;
+  const TrainerOptions& t = run_.trainer;
+  printf("moe_train: %s, %s compute\n", run_.device.ToString().c_str(),
+         run_.device.is_cuda() ? "bf16 (f32 master weights and grads)" : "f32");
+  printf("model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
+         "experts %lld top-%lld, expert ffn %lld, seq %lld, vocab %lld\n",
+         (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
+         (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
+         (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
+         (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
+  printf("parameters: %s total, %s active per token; weights+grads+optimizer %.1f MiB\n",
+         Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
+         StateBytes(run_) / kMiB);
+  printf("data: %s\n", data.Describe().c_str());
+  if (auto floor = data.CrossEntropyFloor(m.seq_length)) {
+    printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);
+  }
+  printf("batch: micro %lld x accumulation %lld x data-parallel 1 = %lld sequences, %lld tokens/step\n",
+         (long long)t.micro_batch_size, (long long)(t.global_batch_size / t.micro_batch_size),
+         (long long)t.global_batch_size, (long long)(t.global_batch_size * m.seq_length));
+  printf("schedule: steps %lld from %lld, lr %.3g -> %.3g (warmup %lld, cosine)\n",
+         (long long)t.train_steps, (long long)start_step, t.lr, t.min_lr, (long long)t.warmup_steps);
+  fflush(stdout);
+}
+
+void RunLog::Step(int64_t step, const StepStats& stats) {
+  seconds_ += stats.seconds;
+  tokens_ += stats.tokens;
+  ++steps_;
+  if (step % FLAGS_log_interval != 0 && step != run_.trainer.train_steps) return;
+  const double ms_per_step = 1e3 * seconds_ / steps_;
+  const double tokens_per_second = tokens_ / seconds_;
+  const double peak_mib =
+      DeviceContext::Get(run_.device).allocator().stats().peak_allocated_bytes / kMiB;
+  printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | "
+         "%.0f tokens/s",
+         (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step,
+         tokens_per_second);
+  nlohmann::json record = {{"step", step},           {"loss", stats.loss},
+                           {"aux_loss", stats.aux_loss}, {"lr", stats.lr},
+                           {"grad_norm", stats.grad_norm}, {"ms_per_step", ms_per_step},
+                           {"tokens_per_second", tokens_per_second},
+                           {"peak_device_mib", peak_mib}};
+  if (run_.device.is_cuda()) {
+    const double mfu = tokens_per_second * run_.model.train_flops_per_token() / FLAGS_peak_flops;
+    printf(" | MFU %.1f%%", 100 * mfu);
+    record["mfu"] = mfu;
+  }
+  printf(" | peak mem %.0f MiB\n", peak_mib);
+  fflush(stdout);
+  Metrics(record);
+  seconds_ = 0;
+  tokens_ = 0;
+  steps_ = 0;
+}
+
+void RunLog::Eval(int64_t step, double loss, std::optional<double> floor) {
+  printf("eval step %6lld | validation loss %.4f", (long long)step, loss);
+  nlohmann::json record = {{"step", step}, {"val_loss", loss}};
+  if (floor) {
+    printf(" | floor %.4f | gap %.4f", *floor, loss - *floor);
+    record["entropy_floor"] = *floor;
+  }
+  printf("\n");
+  fflush(stdout);
+  Metrics(record);
+}
+
+void RunLog::Metrics(const nlohmann::json& record) {
+  if (metrics_.is_open()) metrics_ << record.dump() << "\n" << std::flush;
+}
+
+}  // namespace moe

@@ -1,0 +1,32 @@
+// What moe_train prints: the start-up summary, one line per log interval (and the same as one
+// JSON object per line in --metrics_file), evaluation results.
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include "apps/moe_train/run_flags.h"
+#include "engine/io/token_source.h"
+
+namespace moe {
+
+class RunLog {
+ public:
+  explicit RunLog(const RunConfig& run);
+
+  void Summary(const TokenSource& data, int64_t start_step) const;
+  // Averages over the steps since the last call.
+  void Step(int64_t step, const StepStats& stats);
+  void Eval(int64_t step, double loss, std::optional<double> floor);
+
+ private:
+  void Metrics(const nlohmann::json& record);
+
+  const RunConfig& run_;
+  std::ofstream metrics_;
+  double seconds_ = 0;
+  int64_t tokens_ = 0;
+  int steps_ = 0;
+};
+
+}  // namespace moe

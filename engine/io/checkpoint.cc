@@ -1,0 +1,192 @@
+#include "engine/io/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>  // renameat2
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <glog/logging.h>
+
+#include "engine/io/safetensors.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLatest = "latest";
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+
+std::string Quoted(const fs::path& path) { return std::string("'") + path.string() + "'"; }
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+std::string StepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// Writes `content` to `path` (replacing it) and fsyncs it.
+Status WriteFileDurably(const fs::path& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
+  const char* p = content.data();
+  size_t left = content.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  bool ok = left == 0 && ::fsync(fd) == 0;
+  std::string error = ok ? "" : ErrnoText();
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    error = ErrnoText();
+  }
+  if (!ok) return Internal("cannot write " + Quoted(path) + ": " + error);
+  return Status::Ok();
+}
+
+// Makes the directory's entries (creations, renames) durable.
+Status SyncDirectory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Internal("cannot open directory " + Quoted(dir) + ": " + ErrnoText());
+  const bool ok = ::fsync(fd) == 0;
+  const std::string error = ok ? "" : ErrnoText();
+  ::close(fd);
+  if (!ok) return Internal("cannot sync directory " + Quoted(dir) + ": " + error);
+  return Status::Ok();
+}
+
+Status Rename(const fs::path& from, const fs::path& to, unsigned int flags) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) != 0) {
+    return Internal("cannot rename " + Quoted(from) + " to " + Quoted(to) + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+// Fills `dir` (which exists and is empty) with the checkpoint files and makes them durable.
+Status WriteStepFiles(const fs::path& dir, int64_t step, const std::vector<NamedTensor>& model,
+                      const std::vector<NamedTensor>& optimizer, const nlohmann::json& state) {
+  const SafetensorsMetadata metadata = {{"format", "pt"}, {"step", std::to_string(step)}};
+  RETURN_IF_ERROR(WriteSafetensors((dir / kModelFile).string(), model, metadata));
+  RETURN_IF_ERROR(WriteSafetensors((dir / kOptimizerFile).string(), optimizer, metadata));
+  RETURN_IF_ERROR(WriteFileDurably(dir / kStateFile, state.dump(2) + "\n"));
+  return SyncDirectory(dir);
+}
+
+// Moves the finished `tmp` directory to `final_dir`. An existing `final_dir` is exchanged
+// atomically with `tmp` (renameat2 RENAME_EXCHANGE) and then removed, so `final_dir` is complete
+// at every instant.
+Status PublishDirectory(const fs::path& tmp, const fs::path& final_dir, bool replace) {
+  if (!replace) return Rename(tmp, final_dir, 0);
+  RETURN_IF_ERROR(Rename(tmp, final_dir, RENAME_EXCHANGE));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) {
+    return Internal("saved " + Quoted(final_dir) + " but cannot remove the replaced copy " +
+                    Quoted(tmp) + ": " + ec.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
+                      const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
+                      bool overwrite) {
+  CHECK_GE(step, 0) << "checkpoint step";
+  const fs::path root_dir(root);
+  std::error_code ec;
+  if (fs::exists(root_dir, ec) && !fs::is_directory(root_dir, ec)) {
+    return FailedPrecondition("checkpoint root " + Quoted(root_dir) + " is not a directory");
+  }
+  fs::create_directories(root_dir, ec);
+  if (ec) {
+    return FailedPrecondition("cannot create checkpoint root " + Quoted(root_dir) + ": " +
+                              ec.message());
+  }
+  const std::string name = StepDirName(step);
+  const fs::path final_dir = root_dir / name;
+  const bool exists = fs::exists(final_dir, ec);
+  if (exists && !overwrite) {
+    return FailedPrecondition("checkpoint " + Quoted(final_dir) +
+                              " already exists; refusing to overwrite it");
+  }
+
+  const fs::path tmp = root_dir / (std::string(".") + name + ".tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);  // our own leftover from an earlier failed save, if any
+  if (!fs::create_directory(tmp, ec)) {
+    return FailedPrecondition("cannot write to checkpoint root " + Quoted(root_dir) + ": " +
+                              (ec ? ec.message() : Quoted(tmp) + " exists"));
+  }
+  Status status = WriteStepFiles(tmp, step, model, optimizer, state);
+  if (status.ok()) status = PublishDirectory(tmp, final_dir, exists);
+  if (!status.ok()) {
+    fs::remove_all(tmp, ec);
+    return status;
+  }
+  RETURN_IF_ERROR(SyncDirectory(root_dir));
+
+  const fs::path latest_tmp = root_dir / (std::string(kLatest) + ".tmp");
+  RETURN_IF_ERROR(WriteFileDurably(latest_tmp, name + "\n"));
+  RETURN_IF_ERROR(Rename(latest_tmp, root_dir / kLatest, 0));
+  return SyncDirectory(root_dir);
+}
+
+StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+  const fs::path dir(path);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return NotFound("checkpoint " + Quoted(dir) + " does not exist");
+  if (fs::is_regular_file(dir / kLatest, ec)) {
+    std::ifstream in(dir / kLatest);
+    std::string name;
+    std::getline(in, name);
+    const bool plain =
+        !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+    if (!plain) {
+      return DataLoss("checkpoint root " + Quoted(dir) +
+                      ": 'latest' does not hold a directory name");
+    }
+    if (!fs::is_directory(dir / name, ec)) {
+      return NotFound("checkpoint root " + Quoted(dir) + ": 'latest' names '" + name +
+                      "', which is not a directory");
+    }
+    return (dir / name).string();
+  }
+  if (fs::is_regular_file(dir / kStateFile, ec)) return dir.string();
+  return FailedPrecondition(Quoted(dir) + " is neither a checkpoint root (no 'latest') nor a " +
+                            "step directory (no 'state.json')");
+}
+
+StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
+                                        const std::vector<NamedTensor>& model,
+                                        const std::vector<NamedTensor>& optimizer) {
+  ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpointDir(path));
+  std::ifstream in(dir / kStateFile);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return DataLoss("cannot read " + Quoted(dir / kStateFile));
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
+  }
+  RETURN_IF_ERROR(LoadSafetensors((dir / kModelFile).string(), model));
+  RETURN_IF_ERROR(LoadSafetensors((dir / kOptimizerFile).string(), optimizer));
+  return state;
+}
+
+}  // namespace moe

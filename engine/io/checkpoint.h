@@ -1,0 +1,52 @@
+// Checkpoint directories: named tensors plus a JSON document, saved so that a crash at any point
+// never leaves a half-written checkpoint as the latest one.
+//
+//   root/
+//     latest                  one line: the name of the step directory saved last
+//     step_00000100/
+//       model.safetensors     the `model` tensors      (safetensors.h; metadata step, format=pt)
+//       optimizer.safetensors the `optimizer` tensors
+//       state.json            the caller's JSON document, verbatim
+//
+// Save writes everything into root/.step_00000100.tmp-<pid>, fsyncs the files and the directory,
+// renames it into place, fsyncs root, then replaces `latest` the same way (latest.tmp, fsync,
+// rename). With `overwrite`, an existing step directory is swapped out atomically by
+// renameat2(RENAME_EXCHANGE) (a local Linux filesystem: ext4, xfs, btrfs, tmpfs, overlayfs) and
+// then removed. `latest` always names the checkpoint saved last. Leftover .tmp directories of
+// crashed saves are never followed; a later save by the same pid removes its own. One process
+// (e.g. rank 0) saves to a root at a time.
+//
+// Load accepts a root (follows `latest`) or a step directory. Every expected tensor must be in the
+// file with the expected shape, and the file must hold no others (LoadSafetensors' rules,
+// including f32 <-> bf16 conversion). On error, destinations loaded before the failing file may
+// already be written.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/status.h"
+#include "engine/io/named_tensor.h"
+
+namespace moe {
+
+// Creates `root` if missing. Refuses (FailedPrecondition) if root/step_<step> exists, unless
+// `overwrite`. `step` >= 0.
+Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
+                      const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
+                      bool overwrite = false);
+
+// The step directory that `path` denotes: a root's `latest`, or `path` itself if it holds a
+// state.json.
+StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
+
+// Loads model.safetensors and optimizer.safetensors of the resolved step directory into the
+// given tensors and returns its state.json.
+StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
+                                        const std::vector<NamedTensor>& model,
+                                        const std::vector<NamedTensor>& optimizer);
+
+}  // namespace moe

@@ -1,0 +1,412 @@
+#include "engine/io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/core/bfloat16.h"
+#include "engine/kernels/ops.h"
+
+namespace moe {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors stores little-endian bytes; tensors are written as they lie in memory");
+
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DTypeCode {
+  DType dtype;
+  const char* code;
+};
+constexpr DTypeCode kDTypeCodes[] = {{DType::kF32, "F32"},
+                                     {DType::kBF16, "BF16"},
+                                     {DType::kI32, "I32"},
+                                     {DType::kI64, "I64"},
+                                     {DType::kU8, "U8"}};
+
+const char* DTypeCodeOf(DType dtype) {
+  for (const DTypeCode& c : kDTypeCodes) {
+    if (c.dtype == dtype) return c.code;
+  }
+  LOG(FATAL) << "no safetensors code for dtype " << DTypeName(dtype);
+}
+
+std::string Quoted(const std::string& path) { return std::string("'") + path + "'"; }
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// Strings from the file go into one-line messages: control characters become '?'.
+std::string OneLine(std::string text) {
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return text;
+}
+
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ScopedFd& operator=(ScopedFd&&) = delete;
+  ~ScopedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now and reports the error (a delayed write failure can surface here).
+  int Close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Internal("cannot write " + Quoted(path) + ": " + ErrnoText());
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status ReadAt(int fd, uint64_t offset, void* data, size_t bytes, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return DataLoss("cannot read " + Quoted(path) + ": " + ErrnoText());
+    if (n == 0) {
+      return DataLoss(Quoted(path) + " ended at byte " + std::to_string(offset) +
+                      " while reading (file truncated?)");
+    }
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// One tensor as the header describes it; [begin, end) are offsets into the data buffer.
+struct Entry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+std::string RangeString(uint64_t begin, uint64_t end) {
+  return std::string("[") + std::to_string(begin) + ", " + std::to_string(end) + "]";
+}
+
+std::string EntryString(const Entry& e) {
+  return std::string(DTypeName(e.dtype)) + ShapeString(e.shape);
+}
+
+// An open, validated file: entries sorted by offset, tiling [0, data_size) exactly.
+struct ParsedFile {
+  std::string path;
+  ScopedFd fd;
+  uint64_t data_start = 0;
+  std::vector<Entry> entries;
+  SafetensorsMetadata metadata;
+
+  Status Read(const Entry& e, void* dst) const {
+    return ReadAt(fd.get(), data_start + e.begin, dst, e.end - e.begin, path);
+  }
+};
+
+bool IsNonNegativeInteger(const nlohmann::json& j) {
+  return j.is_number_unsigned() || (j.is_number_integer() && j.get<int64_t>() >= 0);
+}
+
+// Fills `entry` from a header value; false if it does not have the required form.
+bool ParseEntryFields(const nlohmann::json& value, Entry* entry, std::string* dtype_code) {
+  if (!value.is_object()) return false;
+  const auto dtype = value.find("dtype");
+  const auto shape = value.find("shape");
+  const auto offsets = value.find("data_offsets");
+  if (dtype == value.end() || shape == value.end() || offsets == value.end()) return false;
+  if (!dtype->is_string() || !shape->is_array() || !offsets->is_array() || offsets->size() != 2) {
+    return false;
+  }
+  for (const nlohmann::json& d : *shape) {
+    if (!IsNonNegativeInteger(d) || d.get<uint64_t>() > INT64_MAX) return false;
+    entry->shape.push_back(d.get<int64_t>());
+  }
+  if (!IsNonNegativeInteger((*offsets)[0]) || !IsNonNegativeInteger((*offsets)[1])) return false;
+  entry->begin = (*offsets)[0].get<uint64_t>();
+  entry->end = (*offsets)[1].get<uint64_t>();
+  *dtype_code = dtype->get<std::string>();
+  return true;
+}
+
+Status ParseEntry(const std::string& path, const std::string& name, const nlohmann::json& value,
+                  Entry* entry) {
+  entry->name = name;
+  std::string code;
+  if (!ParseEntryFields(value, entry, &code)) {
+    return DataLoss(Quoted(path) + ": header entry '" + name +
+                    "' is malformed (needs \"dtype\": string, \"shape\": [non-negative integers], "
+                    "\"data_offsets\": [begin, end])");
+  }
+  const DTypeCode* known = nullptr;
+  for (const DTypeCode& c : kDTypeCodes) {
+    if (code == c.code) known = &c;
+  }
+  if (known == nullptr) {
+    return DataLoss(Quoted(path) + ": tensor '" + name + "' has unsupported dtype '" +
+                    OneLine(code) + "' (supported: F32, BF16, I32, I64, U8)");
+  }
+  entry->dtype = known->dtype;
+  uint64_t nbytes = DTypeSize(entry->dtype);
+  for (int64_t d : entry->shape) {
+    if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes)) {
+      return DataLoss(Quoted(path) + ": tensor '" + name + "' has an impossibly large shape " +
+                      ShapeString(entry->shape));
+    }
+  }
+  if (entry->end < entry->begin || entry->end - entry->begin != nbytes) {
+    return DataLoss(Quoted(path) + ": tensor '" + name + "' has data_offsets " +
+                    RangeString(entry->begin, entry->end) + ", but " + EntryString(*entry) +
+                    " needs " + std::to_string(nbytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
+// Sorted by offset, the entries must tile [0, data_size) exactly.
+Status CheckLayout(const std::string& path, std::vector<Entry>& entries, uint64_t data_size) {
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t position = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    const std::string range = RangeString(e.begin, e.end);
+    if (e.end > data_size) {
+      return DataLoss(Quoted(path) + ": tensor '" + e.name + "' data_offsets " + range +
+                      " run past the end of the data buffer (" + std::to_string(data_size) +
+                      " bytes; file truncated?)");
+    }
+    if (e.begin < position) {
+      return DataLoss(Quoted(path) + ": tensors '" + previous->name + "' " +
+                      RangeString(previous->begin, previous->end) + " and '" + e.name + "' " +
+                      range + " overlap");
+    }
+    if (e.begin > position) {
+      return DataLoss(Quoted(path) + ": " + std::to_string(e.begin - position) +
+                      " unused bytes before tensor '" + e.name +
+                      "' (data_offsets must pack the tensors without gaps)");
+    }
+    position = e.end;
+    previous = &e;
+  }
+  if (position != data_size) {
+    return DataLoss(Quoted(path) + ": " + std::to_string(data_size - position) +
+                    " bytes after the last tensor (data_offsets must cover the data exactly)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const std::string message = "cannot open " + Quoted(path) + ": " + ErrnoText();
+    return errno == ENOENT ? NotFound(message) : FailedPrecondition(message);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return Internal("cannot stat " + Quoted(path) + ": " + ErrnoText());
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    return DataLoss(Quoted(path) + " is not a safetensors file: " + std::to_string(file_size) +
+                    " bytes, too short for the 8-byte header length");
+  }
+  uint8_t length_bytes[8];
+  RETURN_IF_ERROR(ReadAt(fd.get(), 0, length_bytes, 8, path));
+  uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
+  if (header_length > file_size - 8) {
+    return DataLoss(Quoted(path) + ": header length " + std::to_string(header_length) +
+                    " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
+  }
+  std::string text(header_length, '\0');
+  RETURN_IF_ERROR(ReadAt(fd.get(), 8, text.data(), text.size(), path));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(Quoted(path) + ": header is not valid JSON: " + e.what());
+  }
+  if (!header.is_object()) return DataLoss(Quoted(path) + ": header is not a JSON object");
+
+  ParsedFile file{.path = path, .fd = std::move(fd), .data_start = 8 + header_length};
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey) {
+      const bool strings =
+          value.is_object() &&
+          std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_string(); });
+      if (!strings) return DataLoss(Quoted(path) + ": __metadata__ must map strings to strings");
+      for (const auto& [k, v] : value.items()) file.metadata[k] = v.template get<std::string>();
+      continue;
+    }
+    Entry entry;
+    RETURN_IF_ERROR(ParseEntry(path, key, value, &entry));
+    file.entries.push_back(std::move(entry));
+  }
+  RETURN_IF_ERROR(CheckLayout(path, file.entries, file_size - file.data_start));
+  return file;
+}
+
+// The destination's bytes for `e`: read directly, or converted f32 <-> bf16 on the host.
+Status LoadEntry(const ParsedFile& file, const Entry& e, const Tensor& dst) {
+  std::vector<uint8_t> bytes(e.end - e.begin);
+  RETURN_IF_ERROR(file.Read(e, bytes.data()));
+  if (e.dtype == dst.dtype()) {
+    ops::CopyFromHost(bytes.data(), dst);
+    return Status::Ok();
+  }
+  const size_t n = static_cast<size_t>(dst.numel());
+  if (e.dtype == DType::kF32) {  // to bf16
+    std::vector<BFloat16> narrow(n);
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      narrow[i] = FloatToBFloat16(v);
+    }
+    ops::CopyFromHost(narrow.data(), dst);
+  } else {  // bf16 to f32
+    std::vector<float> wide(n);
+    for (size_t i = 0; i < n; ++i) {
+      BFloat16 v;
+      std::memcpy(&v.bits, bytes.data() + 2 * i, 2);
+      wide[i] = BFloat16ToFloat(v);
+    }
+    ops::CopyFromHost(wide.data(), dst);
+  }
+  return Status::Ok();
+}
+
+bool Convertible(DType from, DType to) {
+  return from == to || (IsFloating(from) && IsFloating(to));
+}
+
+}  // namespace
+
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                        const SafetensorsMetadata& metadata) {
+  std::set<std::string> names;
+  for (const NamedTensor& t : tensors) {
+    CHECK(!t.name.empty() && t.name != kMetadataKey) << "bad tensor name '" << t.name << "'";
+    CHECK(names.insert(t.name).second) << "tensor name '" << t.name << "' appears twice";
+    CHECK(t.tensor.defined()) << "tensor '" << t.name << "' is undefined";
+  }
+  std::vector<const NamedTensor*> order;
+  for (const NamedTensor& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
+    return DTypeSize(a->tensor.dtype()) > DTypeSize(b->tensor.dtype());
+  });
+
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header[kMetadataKey] = metadata;
+  uint64_t offset = 0;
+  for (const NamedTensor* t : order) {
+    const uint64_t end = offset + t->tensor.nbytes();
+    header[t->name] = {{"dtype", DTypeCodeOf(t->tensor.dtype())},
+                       {"shape", t->tensor.shape()},
+                       {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  uint8_t length_bytes[8];
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+
+  ScopedFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
+  RETURN_IF_ERROR(WriteAll(fd.get(), length_bytes, 8, path));
+  RETURN_IF_ERROR(WriteAll(fd.get(), text.data(), text.size(), path));
+  std::vector<uint8_t> buffer;
+  for (const NamedTensor* t : order) {
+    buffer.resize(t->tensor.nbytes());
+    ops::CopyToHost(t->tensor, buffer.data());
+    RETURN_IF_ERROR(WriteAll(fd.get(), buffer.data(), buffer.size(), path));
+  }
+  if (::fsync(fd.get()) != 0 || fd.Close() != 0) {
+    return Internal("cannot write " + Quoted(path) + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations) {
+  ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
+  std::unordered_map<std::string, const Entry*> by_name;
+  for (const Entry& e : file.entries) by_name[e.name] = &e;
+
+  std::vector<const Entry*> sources;
+  std::set<std::string> expected;
+  for (const NamedTensor& d : destinations) {
+    CHECK(d.tensor.defined()) << "destination '" << d.name << "' is undefined";
+    CHECK(expected.insert(d.name).second) << "destination name '" << d.name << "' appears twice";
+    const std::string want =
+        std::string(DTypeName(d.tensor.dtype())) + ShapeString(d.tensor.shape());
+    const auto it = by_name.find(d.name);
+    if (it == by_name.end()) {
+      return NotFound(Quoted(path) + " has no tensor '" + d.name + "' (expected " + want + ")");
+    }
+    const Entry& e = *it->second;
+    if (e.shape != d.tensor.shape()) {
+      return InvalidArgument("tensor '" + d.name + "' in " + Quoted(path) + " has shape " +
+                             ShapeString(e.shape) + ", expected " + ShapeString(d.tensor.shape()));
+    }
+    if (!Convertible(e.dtype, d.tensor.dtype())) {
+      return InvalidArgument("tensor '" + d.name + "' in " + Quoted(path) + " has dtype " +
+                             DTypeName(e.dtype) + ", expected " + DTypeName(d.tensor.dtype()) +
+                             " (only f32 and bf16 convert into each other)");
+    }
+    sources.push_back(&e);
+  }
+  for (const Entry& e : file.entries) {
+    if (!expected.count(e.name)) {
+      return InvalidArgument(Quoted(path) + " holds unexpected tensor '" + e.name + "' (" +
+                             EntryString(e) + "; " + std::to_string(file.entries.size()) +
+                             " tensors in the file, " + std::to_string(destinations.size()) +
+                             " expected)");
+    }
+  }
+  for (size_t i = 0; i < destinations.size(); ++i) {
+    RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor));
+  }
+  return Status::Ok();
+}
+
+StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
+  ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
+  SafetensorsContents contents;
+  contents.metadata = file.metadata;
+  for (const Entry& e : file.entries) {
+    HostTensor& t = contents.tensors[e.name];
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.bytes.resize(e.end - e.begin);
+    RETURN_IF_ERROR(file.Read(e, t.bytes.data()));
+  }
+  return contents;
+}
+
+}  // namespace moe

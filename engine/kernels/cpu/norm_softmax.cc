@@ -1,0 +1,76 @@
+// CPU RMSNorm and row softmax, f32 with double row sums.
+//   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved.
+//   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows
+//     dy * x * rstd.
+//   SoftmaxForward: y = exp(x - max) / sum (rows, cols). SoftmaxBackward: dx = y * (dy - <dy, y>).
+#include <algorithm>
+#include <cmath>
+
+#include "engine/kernels/cpu/cpu_ops.h"
+
+namespace moe::cpu {
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                    const Tensor& rstd) {
+  const int64_t h = x.dim(-1), rows = x.numel() / h;
+  const float* w = weight.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data<float>() + r * h;
+    float* yr = y.data<float>() + r * h;
+    double sum_sq = 0;
+    for (int64_t j = 0; j < h; ++j) sum_sq += static_cast<double>(xr[j]) * xr[j];
+    const float s = static_cast<float>(1.0 / std::sqrt(sum_sq / h + eps));
+    for (int64_t j = 0; j < h; ++j) yr[j] = xr[j] * s * w[j];
+    rstd.data<float>()[r] = s;
+  }
+}
+
+void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                     const Tensor& dx, const Tensor& dweight) {
+  const int64_t h = x.dim(-1), rows = x.numel() / h;
+  const float* w = weight.data<float>();
+  float* dw = dweight.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data<float>() + r * h;
+    const float* dyr = dy.data<float>() + r * h;
+    float* dxr = dx.data<float>() + r * h;
+    const float s = rstd.data<float>()[r];
+    double dot = 0;  // sum_j w dy x
+    for (int64_t j = 0; j < h; ++j) dot += static_cast<double>(w[j]) * dyr[j] * xr[j];
+    const float c = static_cast<float>(dot / h) * s * s;
+    for (int64_t j = 0; j < h; ++j) {
+      dw[j] += dyr[j] * xr[j] * s;
+      dxr[j] = s * (w[j] * dyr[j] - xr[j] * c);
+    }
+  }
+}
+
+void SoftmaxForward(const Tensor& x, const Tensor& y) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data<float>() + r * cols;
+    float* yr = y.data<float>() + r * cols;
+    const float max = *std::max_element(xr, xr + cols);
+    double sum = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      yr[j] = std::exp(xr[j] - max);
+      sum += yr[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < cols; ++j) yr[j] *= inv;
+  }
+}
+
+void SoftmaxBackward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
+  const int64_t cols = y.dim(-1), rows = y.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy.data<float>() + r * cols;
+    const float* yr = y.data<float>() + r * cols;
+    float* dxr = dx.data<float>() + r * cols;
+    double dot = 0;
+    for (int64_t j = 0; j < cols; ++j) dot += static_cast<double>(dyr[j]) * yr[j];
+    for (int64_t j = 0; j < cols; ++j) dxr[j] = yr[j] * (dyr[j] - static_cast<float>(dot));
+  }
+}
+
+}  // namespace moe::cpu

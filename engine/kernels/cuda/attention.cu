@@ -1,0 +1,131 @@
+// Causal attention with grouped KV heads on CUDA: AttentionForward / AttentionBackward (contract
+// in op_declarations.inc; ops.cc has already checked shapes and dtypes).
+//
+// Design (flash-attention 2 style; the (seq, seq) score matrix never exists in device memory):
+//   Forward: one thread block per (query tile, batch, head), tiles launched longest-first. It
+//     keeps its query tile resident and streams key/value tiles 0 .. diagonal, keeping per row
+//     the running max m and sum l of an online softmax in fp32 and rescaling the output
+//     accumulator when m grows. Scores are scaled by log2(e) / sqrt(d) so exp2f does the
+//     exponentials; lse = (m + log2 l) * ln 2 is stored in natural log, as the contract says.
+//     Only tiles that cross the diagonal are masked; rows and keys past seq load as zeros and
+//     are never stored, so seq need not be a multiple of the tile.
+//   Backward, three kernels on the compute stream:
+//     1. delta (batch, heads, seq) f32 = rowsum(dout * out), one warp per row (temporary).
+//     2. dk, dv: one block per (key tile, batch, kv head). It owns those rows of dk and dv
+//        outright: it loops over every query head of the GQA group and every query tile at or
+//        after the key tile, recomputing P = exp(s - lse) from the saved lse.
+//     3. dq: one block per (query tile, batch, head), looping over key tiles up to the diagonal.
+//   Determinism: no atomics. Every output element is produced by a single thread that
+//   accumulates in a fixed order, so results are bitwise identical run to run.
+// Paths (attention_internal.cuh): f32 runs exact fp32 FMA kernels on CUDA cores
+// (attention_fma.cu); bf16 runs mma.sync m16n8k16 tensor-core kernels with fp32 accumulation
+// (attention_mma_*.cu). Head dims 64 and 128.
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/core/tensor.h"
+#include "engine/kernels/cuda/attention_internal.cuh"
+#include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+
+namespace moe::cuda {
+namespace {
+
+using attention::BackwardParams;
+using attention::ForwardParams;
+
+constexpr int kDeltaWarpsPerBlock = 8;
+
+// delta[b, h, s] = sum_d dout[b, s, h, d] * out[b, s, h, d]; one warp per (b, s, h) row.
+template <typename T>
+__global__ void __launch_bounds__(kDeltaWarpsPerBlock * 32)
+    AttentionDeltaKernel(const T* dout, const T* out, float* delta, int64_t rows, int seq,
+                         int heads, int head_dim) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDeltaWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
+  float sum = 0.0f;
+  for (int c = lane; c < head_dim; c += 32)
+    sum = fmaf(ToFloat(dout[row * head_dim + c]), ToFloat(out[row * head_dim + c]), sum);
+  sum = WarpReduce(sum, SumOp{});
+  if (lane == 0) {
+    const int64_t h = row % heads, bs = row / heads;  // bs = b * seq + s
+    delta[(bs / seq * heads + h) * seq + bs % seq] = sum;
+  }
+}
+
+int HeadDim(const Tensor& q) {
+  const int64_t d = q.dim(3);
+  CHECK(d == 64 || d == 128) << "CUDA attention supports head_dim 64 and 128, got " << d << " ("
+                             << q.DebugString() << ")";
+  return static_cast<int>(d);
+}
+
+attention::Dims MakeDims(const Tensor& q, const Tensor& k) {
+  CHECK(q.dim(0) * q.dim(2) <= 65535)
+      << "CUDA attention: batch * heads must fit a grid dimension: " << q.DebugString();
+  attention::Dims dims;
+  dims.batch = static_cast<int>(q.dim(0));
+  dims.seq = static_cast<int>(q.dim(1));
+  dims.heads = static_cast<int>(q.dim(2));
+  dims.kv_heads = static_cast<int>(k.dim(2));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.dim(3)));
+  dims.scale = static_cast<float>(scale);
+  dims.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return dims;
+}
+
+// The tensor-core path moves 16-byte pieces.
+void CheckAligned(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    CHECK(Aligned16(t->data())) << "CUDA attention needs 16-byte aligned tensors: "
+                                << t->DebugString();
+}
+
+}  // namespace
+
+void AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& lse) {
+  if (q.numel() == 0) return;
+  CheckAligned({&q, &k, &v, &out});
+  const int head_dim = HeadDim(q);
+  DispatchFloat(q.dtype(), [&]<typename T>(TypeTag<T>) {
+    const ForwardParams<T> params{Ptr<const T>(q), Ptr<const T>(k), Ptr<const T>(v),
+                                  Ptr<T>(out),     Ptr<float>(lse), MakeDims(q, k)};
+    attention::LaunchAttentionForward(params, head_dim, StreamOf(q));
+  });
+}
+
+void AttentionBackward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                       const Tensor& dv) {
+  if (q.numel() == 0) return;
+  CheckAligned({&dout, &q, &k, &v, &out, &dq, &dk, &dv});
+  const int head_dim = HeadDim(q);
+  const attention::Dims dims = MakeDims(q, k);
+  cudaStream_t stream = StreamOf(q);
+  // Dropped on return; the stream-ordered allocator keeps it until the kernels are done.
+  const Tensor delta = Tensor::Empty({q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, q.device());
+  DispatchFloat(q.dtype(), [&]<typename T>(TypeTag<T>) {
+    const int64_t rows = q.dim(0) * q.dim(1) * q.dim(2);
+    const int64_t blocks = (rows + kDeltaWarpsPerBlock - 1) / kDeltaWarpsPerBlock;
+    AttentionDeltaKernel<T><<<static_cast<unsigned>(blocks), kDeltaWarpsPerBlock * 32, 0, stream>>>(
+        Ptr<const T>(dout), Ptr<const T>(out), Ptr<float>(delta), rows, dims.seq, dims.heads,
+        head_dim);
+    CUDA_CHECK_LAUNCH();
+    const BackwardParams<T> params{Ptr<const T>(dout),
+                                   Ptr<const T>(q),
+                                   Ptr<const T>(k),
+                                   Ptr<const T>(v),
+                                   Ptr<const float>(lse),
+                                   Ptr<const float>(delta),
+                                   Ptr<T>(dq),
+                                   Ptr<T>(dk),
+                                   Ptr<T>(dv),
+                                   dims};
+    attention::LaunchAttentionBackward(params, head_dim, stream);
+  });
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,111 @@
+// CUDA per-token cross-entropy (contracts: engine/kernels/op_declarations.inc). logits (tokens,
+// vocab) f32 or bf16; targets (tokens) i32, negative = ignored; losses, lse (tokens) f32.
+//   Forward: lse = log sum exp(logits row) in fp32 with an online max and rescaled sum (one pass
+//   over the row); losses = lse - logit[target], 0 where ignored (lse is still written).
+//   Backward: dlogits = grad_scale * (exp(logit - lse) - onehot(target)) (=), 0 where ignored.
+// One block per row (grid-stride over rows). Targets >= vocab trap (DEVICE_CHECK).
+#include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+
+namespace moe::cuda {
+namespace {
+
+// A running max and the sum of exp(x - max) over the elements seen.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+struct CombineMaxSum {
+  __device__ MaxSum operator()(MaxSum a, MaxSum b) const {
+    if (a.max == -INFINITY && b.max == -INFINITY) return a;  // nothing but -inf so far
+    const float max = fmaxf(a.max, b.max);  // a NaN max still makes the sum NaN below
+    return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+  }
+};
+
+template <int kVec, typename T>
+__global__ void CrossEntropyForwardKernel(const T* logits, const int32_t* targets, int64_t rows,
+                                          int64_t vocab, float* losses, float* lse) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = logits + row * vocab;
+    MaxSum acc = {-INFINITY, 0.0f};
+    for (int64_t c = threadIdx.x * kVec; c < vocab; c += blockDim.x * kVec) {
+      const Floats<kVec> v = LoadFloats<kVec>(xr + c);
+      float chunk_max = v.v[0];
+#pragma unroll
+      for (int j = 1; j < kVec; ++j) chunk_max = fmaxf(chunk_max, v.v[j]);
+      if (!(chunk_max <= acc.max)) {  // a larger max, or NaN (which then propagates)
+        acc.sum *= expf(acc.max - chunk_max);
+        acc.max = chunk_max;
+      }
+      if (acc.max != -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc.sum += expf(v.v[j] - acc.max);
+      }
+    }
+    const MaxSum total = BlockReduce(acc, CombineMaxSum{}, MaxSum{-INFINITY, 0.0f});
+    if (threadIdx.x == 0) {
+      const float row_lse = total.max + logf(total.sum);
+      const int64_t target = targets[row];
+      DEVICE_CHECK(target < vocab);
+      lse[row] = row_lse;
+      losses[row] = target < 0 ? 0.0f : row_lse - ToFloat(xr[target]);
+    }
+  }
+}
+
+template <int kVec, typename T>
+__global__ void CrossEntropyBackwardKernel(const T* logits, const int32_t* targets,
+                                           const float* lse, float grad_scale, int64_t rows,
+                                           int64_t vocab, T* dlogits) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t target = targets[row];
+    DEVICE_CHECK(target < vocab);
+    const float row_lse = lse[row];
+    for (int64_t c = threadIdx.x * kVec; c < vocab; c += blockDim.x * kVec) {
+      const Floats<kVec> v = LoadFloats<kVec>(logits + row * vocab + c);
+      Floats<kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float onehot = c + j == target ? 1.0f : 0.0f;
+        out.v[j] = target < 0 ? 0.0f : grad_scale * (expf(v.v[j] - row_lse) - onehot);
+      }
+      StoreFloats(dlogits + row * vocab + c, out);
+    }
+  }
+}
+
+}  // namespace
+
+void CrossEntropyForward(const Tensor& logits, const Tensor& targets, const Tensor& losses,
+                         const Tensor& lse) {
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  if (rows == 0) return;
+  DispatchFloat(logits.dtype(), [&]<typename T>(TypeTag<T>) {
+    DispatchVec(vocab, {logits.data()}, [&]<int kVec>(VecTag<kVec>) {
+      CrossEntropyForwardKernel<kVec, T>
+          <<<BlocksFor(rows, 1), RowThreads(vocab / kVec), 0, StreamOf(logits)>>>(
+              Ptr<const T>(logits), Ptr<const int32_t>(targets), rows, vocab, Ptr<float>(losses),
+              Ptr<float>(lse));
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                          float grad_scale, const Tensor& dlogits) {
+  if (logits.numel() == 0) return;
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  DispatchFloat(logits.dtype(), [&]<typename T>(TypeTag<T>) {
+    DispatchVec(vocab, {logits.data(), dlogits.data()}, [&]<int kVec>(VecTag<kVec>) {
+      CrossEntropyBackwardKernel<kVec, T>
+          <<<BlocksFor(rows, 1), RowThreads(vocab / kVec), 0, StreamOf(logits)>>>(
+              Ptr<const T>(logits), Ptr<const int32_t>(targets), Ptr<const float>(lse), grad_scale,
+              rows, vocab, Ptr<T>(dlogits));
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace moe::cuda

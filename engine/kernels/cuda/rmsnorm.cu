@@ -1,0 +1,145 @@
+// CUDA RMSNorm (contracts: engine/kernels/op_declarations.inc). x, y, dy, dx f32 or bf16 (one
+// dtype); weight f32 or bf16; rstd and dweight f32; fp32 arithmetic.
+//   Forward: rstd = 1 / sqrt(mean(x^2) + eps); y = x * rstd * weight. One block per row.
+//   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows dy*x*rstd.
+// dweight is deterministic without float atomics: a fixed number of blocks (kPartialBlocks, or
+// fewer rows) each walk rows b, b + grid, ... and keep per-column sums in shared memory, written
+// to a (blocks, h) scratch; a second kernel adds each column's partials in a fixed order.
+#include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+
+namespace moe::cuda {
+namespace {
+
+constexpr int64_t kPartialBlocks = 512;
+
+template <int kVec, typename T, typename W>
+__global__ void RmsNormForwardKernel(const T* x, const W* weight, float eps, int64_t rows,
+                                     int64_t h, T* y, float* rstd) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * h;
+    float sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+      const Floats<kVec> v = LoadFloats<kVec>(xr + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum_sq += v.v[j] * v.v[j];
+    }
+    const float s = 1.0f / sqrtf(BlockSum(sum_sq) / static_cast<float>(h) + eps);
+    if (threadIdx.x == 0) rstd[row] = s;
+    for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+      const Floats<kVec> v = LoadFloats<kVec>(xr + c), w = LoadFloats<kVec>(weight + c);
+      Floats<kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out.v[j] = v.v[j] * s * w.v[j];
+      StoreFloats(y + row * h + c, out);
+    }
+  }
+}
+
+// Writes dx for rows blockIdx.x, blockIdx.x + gridDim.x, ... and this block's column sums of
+// dy * x * rstd over those rows to partials[blockIdx.x] (h). Dynamic shared memory: h floats.
+template <int kVec, typename T, typename W>
+__global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, const float* rstd,
+                                      int64_t rows, int64_t h, T* dx, float* partials) {
+  extern __shared__ float column_sums[];  // each thread owns the columns it walks: no races
+  for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) column_sums[c + j] = 0.0f;
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* dyr = dy + row * h;
+    const T* xr = x + row * h;
+    const float s = rstd[row];
+    float dot = 0.0f;  // sum_j w dy x
+    for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+      const Floats<kVec> d = LoadFloats<kVec>(dyr + c), v = LoadFloats<kVec>(xr + c);
+      const Floats<kVec> w = LoadFloats<kVec>(weight + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dot += w.v[j] * d.v[j] * v.v[j];
+    }
+    const float k = BlockSum(dot) / static_cast<float>(h) * s * s;
+    for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+      const Floats<kVec> d = LoadFloats<kVec>(dyr + c), v = LoadFloats<kVec>(xr + c);
+      const Floats<kVec> w = LoadFloats<kVec>(weight + c);
+      Floats<kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        out.v[j] = s * (w.v[j] * d.v[j] - v.v[j] * k);
+        column_sums[c + j] += d.v[j] * v.v[j] * s;
+      }
+      StoreFloats(dx + row * h + c, out);
+    }
+  }
+  for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) partials[blockIdx.x * h + c + j] = column_sums[c + j];
+  }
+}
+
+// dweight[c] += sum over b of partials[b][c] in a fixed order: a block covers 32 columns with
+// kAddGroups warps; warp g sums b = g, g + kAddGroups, ... and the groups are then added in order.
+constexpr int kAddGroups = 8;
+__global__ void AddPartialsKernel(const float* partials, int64_t num_partials, int64_t h,
+                                  float* dweight) {
+  __shared__ float group_sums[kAddGroups][32];
+  const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (c < h) {
+    for (int64_t b = threadIdx.y; b < num_partials; b += kAddGroups) sum += partials[b * h + c];
+  }
+  group_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < h) {
+    float total = 0.0f;
+    for (int g = 0; g < kAddGroups; ++g) total += group_sums[g][threadIdx.x];
+    dweight[c] += total;
+  }
+}
+
+}  // namespace
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
+                    const Tensor& rstd) {
+  if (x.numel() == 0) return;
+  const int64_t h = x.dim(-1), rows = x.numel() / h;
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    DispatchFloat(weight.dtype(), [&]<typename W>(TypeTag<W>) {
+      DispatchVec(h, {x.data(), weight.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
+        RmsNormForwardKernel<kVec, T, W>
+            <<<BlocksFor(rows, 1), RowThreads(h / kVec), 0, StreamOf(x)>>>(
+                Ptr<const T>(x), Ptr<const W>(weight), eps, rows, h, Ptr<T>(y), Ptr<float>(rstd));
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+}
+
+void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                     const Tensor& dx, const Tensor& dweight) {
+  if (x.numel() == 0) return;
+  const int64_t h = x.dim(-1), rows = x.numel() / h;
+  const cudaStream_t stream = StreamOf(x);
+  const int64_t blocks = std::min(rows, kPartialBlocks);
+  Tensor partials = Tensor::Empty({blocks, h}, DType::kF32, x.device());
+  const size_t shared_bytes = static_cast<size_t>(h) * sizeof(float);
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    DispatchFloat(weight.dtype(), [&]<typename W>(TypeTag<W>) {
+      DispatchVec(h, {dy.data(), x.data(), weight.data(), dx.data()}, [&]<int kVec>(VecTag<kVec>) {
+        const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
+        if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
+          CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared_bytes)));
+        }
+        kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
+            Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd), rows,
+            h, Ptr<T>(dx), Ptr<float>(partials));
+        CUDA_CHECK_LAUNCH();
+      });
+    });
+  });
+  AddPartialsKernel<<<static_cast<int>((h + 31) / 32), dim3(32, kAddGroups), 0, stream>>>(
+      Ptr<const float>(partials), blocks, h, Ptr<float>(dweight));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moe::cuda

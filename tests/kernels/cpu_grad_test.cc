@@ -1,0 +1,264 @@
+// Every backward op of the CPU backend against central finite differences (grad_check.h) of a
+// scalar loss L = sum(forward output * R), R random: the backward op gets dout = R, and each
+// input's analytic gradient must match the numeric one to kGradTolerance (1e-3) in relative
+// error over up to 48 sampled elements, with eps = 1e-2 on inputs of scale ~1. Outputs written
+// with = are poisoned first; outputs accumulated with += start from random values and the
+// increment is what is checked, so an op that overwrites fails. Fresh random inputs each run
+// (seed in the failure trace, MOE_TEST_SEED repeats it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "engine/kernels/ops.h"
+#include "tests/testing/grad_check.h"
+#include "tests/testing/tensor_testing.h"
+
+namespace moe {
+namespace {
+
+using testing::RelativeError;
+using testing::ToFloats;
+using testing::WeightedSum;
+
+class CpuGradTest : public testing::OpTest {
+ protected:
+  // Elementwise after - before: what a += output received.
+  static std::vector<float> Increment(const Tensor& after, const std::vector<float>& before) {
+    std::vector<float> out = ToFloats(after);
+    for (size_t i = 0; i < out.size(); ++i) out[i] -= before[i];
+    return out;
+  }
+};
+
+TEST_F(CpuGradTest, MatmulGradientsAreTransposedMatmuls) {
+  const int64_t m = 5, k = 4, n = 6;
+  for (int64_t batches : {0, 3}) {  // 0: plain 2-D
+    SCOPED_TRACE("batches " + std::to_string(batches));
+    auto shape = [&](int64_t rows, int64_t cols) {
+      return batches ? Shape{batches, rows, cols} : Shape{rows, cols};
+    };
+    Tensor a = Random(shape(m, k)), b = Random(shape(k, n)), dout = Random(shape(m, n));
+    Tensor out = Poisoned(shape(m, n));
+    const std::vector<float> r = ToFloats(dout);
+    auto loss = [&] {
+      ops::Matmul(a, b, out, false, false);
+      return WeightedSum(out, r);
+    };
+    Tensor da = Poisoned(shape(m, k)), db = Poisoned(shape(k, n));
+    ops::Matmul(dout, b, da, false, true);  // da = dout b^T
+    ops::Matmul(a, dout, db, true, false);  // db = a^T dout
+    ExpectGradient("da", a, ToFloats(da), loss);
+    ExpectGradient("db", b, ToFloats(db), loss);
+  }
+}
+
+TEST_F(CpuGradTest, RmsNormDxAndAccumulatedDweight) {
+  const int64_t rows = 6, h = 16;
+  const float eps = 1e-5f;
+  Tensor x = Random({rows, h}), w = Random({h}), dy = Random({rows, h});
+  Tensor y = Poisoned({rows, h}), rstd = Poisoned({rows});
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::RmsNormForward(x, w, eps, y, rstd);
+    return WeightedSum(y, r);
+  };
+  loss();
+  Tensor dx = Poisoned({rows, h}), dw = Random({h});
+  const std::vector<float> dw_before = ToFloats(dw);
+  ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+  ExpectGradient("dweight increment", w, Increment(dw, dw_before), loss);
+}
+
+TEST_F(CpuGradTest, Softmax) {
+  const int64_t rows = 4, cols = 7;
+  Tensor x = Random({rows, cols}, 2.0f), dy = Random({rows, cols}), y = Poisoned({rows, cols});
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::SoftmaxForward(x, y);
+    return WeightedSum(y, r);
+  };
+  loss();
+  Tensor dx = Poisoned({rows, cols});
+  ops::SoftmaxBackward(dy, y, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+}
+
+TEST_F(CpuGradTest, Silu) {
+  Tensor x = Random({5, 9}, 2.0f), dy = Random({5, 9}), y = Poisoned({5, 9});
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::SiluForward(x, y);
+    return WeightedSum(y, r);
+  };
+  Tensor dx = Poisoned({5, 9});
+  ops::SiluBackward(dy, x, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+}
+
+TEST_F(CpuGradTest, SwigluWithAndWithoutScale) {
+  const int64_t rows = 5, f = 6;
+  for (bool scaled : {false, true}) {
+    SCOPED_TRACE(scaled ? "scaled" : "unscaled");
+    Tensor x = Random({rows, 2 * f}, 1.5f), dy = Random({rows, f}), y = Poisoned({rows, f});
+    Tensor scale = scaled ? Random({rows}) : Tensor();
+    const std::vector<float> r = ToFloats(dy);
+    auto loss = [&] {
+      ops::SwigluForward(x, scale, y);
+      return WeightedSum(y, r);
+    };
+    Tensor dx = Poisoned({rows, 2 * f});
+    Tensor dscale = scaled ? Poisoned({rows}) : Tensor();
+    ops::SwigluBackward(dy, x, scale, dx, dscale);
+    ExpectGradient("dx", x, ToFloats(dx), loss);
+    if (scaled) ExpectGradient("dscale", scale, ToFloats(dscale), loss);
+  }
+}
+
+TEST_F(CpuGradTest, RopeBackwardIsTheInverseRotation) {
+  const int64_t seq = 4, tokens = 2 * seq, heads = 2, d = 8;
+  const float base = 100.0f;  // large angles within a short sequence
+  const Shape shape = {tokens, heads, d};
+  Tensor x = Random(shape), dy = Random(shape), y = Poisoned(shape);
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::RopeForward(x, seq, base, y);
+    return WeightedSum(y, r);
+  };
+  Tensor dx = Poisoned(shape);
+  ops::RopeBackward(dy, seq, base, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+
+  ops::RopeBackward(dy, seq, base, dy);  // in place
+  EXPECT_EQ(ToFloats(dy), ToFloats(dx));
+  loss();
+  Tensor back = Poisoned(shape);
+  ops::RopeBackward(y, seq, base, back);
+  EXPECT_LT(RelativeError(ToFloats(back), ToFloats(x)), 1e-6);
+}
+
+TEST_F(CpuGradTest, AttentionWithGroupedKvHeads) {
+  const int64_t batch = 2, seq = 5, heads = 4, kv_heads = 2, d = 8;
+  const Shape q_shape = {batch, seq, heads, d}, kv_shape = {batch, seq, kv_heads, d};
+  Tensor q = Random(q_shape), k = Random(kv_shape), v = Random(kv_shape), dout = Random(q_shape);
+  Tensor out = Poisoned(q_shape), lse = Poisoned({batch, heads, seq});
+  const std::vector<float> r = ToFloats(dout);
+  auto loss = [&] {
+    ops::AttentionForward(q, k, v, out, lse);
+    return WeightedSum(out, r);
+  };
+  loss();
+  Tensor dq = Poisoned(q_shape), dk = Poisoned(kv_shape), dv = Poisoned(kv_shape);
+  ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
+  ExpectGradient("dq", q, ToFloats(dq), loss);
+  ExpectGradient("dk", k, ToFloats(dk), loss);
+  ExpectGradient("dv", v, ToFloats(dv), loss);
+}
+
+TEST_F(CpuGradTest, EmbeddingAccumulatesRepeatedIds) {
+  const int64_t vocab = 4, h = 5, tokens = 10;
+  std::vector<int32_t> id_values = RandomInts(tokens, vocab);
+  id_values[1] = id_values[0];  // a repeat for sure
+  Tensor ids = Ints(id_values, {tokens}), table = Random({vocab, h}), dout = Random({tokens, h});
+  Tensor out = Poisoned({tokens, h});
+  const std::vector<float> r = ToFloats(dout);
+  auto loss = [&] {
+    ops::EmbeddingForward(ids, table, out);
+    return WeightedSum(out, r);
+  };
+  Tensor dtable = Random({vocab, h});
+  const std::vector<float> before = ToFloats(dtable);
+  ops::EmbeddingBackward(ids, dout, dtable);
+  ExpectGradient("dtable increment", table, Increment(dtable, before), loss);
+}
+
+TEST_F(CpuGradTest, CrossEntropyWithAnIgnoredTarget) {
+  const int64_t tokens = 5, vocab = 7;
+  const float grad_scale = 0.37f;
+  std::vector<int32_t> target_values = RandomInts(tokens, vocab);
+  target_values[1] = -1;
+  Tensor logits = Random({tokens, vocab}, 2.0f), targets = Ints(target_values, {tokens});
+  Tensor losses = Poisoned({tokens}), lse = Poisoned({tokens});
+  // L = grad_scale * sum(losses): the loss the backward's grad_scale belongs to.
+  auto loss = [&] {
+    ops::CrossEntropyForward(logits, targets, losses, lse);
+    return WeightedSum(losses, std::vector<float>(tokens, grad_scale));
+  };
+  loss();
+  Tensor dlogits = Poisoned({tokens, vocab});
+  ops::CrossEntropyBackward(logits, targets, lse, grad_scale, dlogits);
+  const std::vector<float> got = ToFloats(dlogits);
+  ExpectGradient("dlogits", logits, got, loss);
+  EXPECT_EQ(std::vector<float>(got.begin() + vocab, got.begin() + 2 * vocab),
+            std::vector<float>(vocab, 0.0f));
+}
+
+TEST_F(CpuGradTest, TopKBackwardScattersToTheChosenColumns) {
+  const int64_t rows = 4, cols = 8, k = 3;
+  // Distinct values 0.1 apart: a perturbation of eps = 1e-2 never changes the selection.
+  std::vector<float> values(rows * cols);
+  for (int64_t row = 0; row < rows; ++row) {
+    std::vector<int> rank(cols);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), rng_);
+    for (int64_t c = 0; c < cols; ++c) values[row * cols + c] = 0.1f * rank[c];
+  }
+  Tensor x = Floats(values, {rows, cols});
+  Tensor dvalues = Random({rows, k});
+  Tensor top = Poisoned({rows, k}), indices = Poisoned({rows, k}, DType::kI32);
+  const std::vector<float> r = ToFloats(dvalues);
+  auto loss = [&] {
+    ops::TopK(x, top, indices);
+    return WeightedSum(top, r);
+  };
+  loss();
+  Tensor dx = Poisoned({rows, cols});
+  ops::TopKBackward(dvalues, indices, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+}
+
+TEST_F(CpuGradTest, GatherRowsAndGatherSumRowsAreEachOthersAdjoint) {
+  const int64_t n = 6, h = 3, copies = 2;
+  // Each of n rows gathered `copies` times, in shuffled order.
+  std::vector<int32_t> index(n * copies);
+  for (size_t i = 0; i < index.size(); ++i) index[i] = static_cast<int32_t>(i % n);
+  std::shuffle(index.begin(), index.end(), rng_);
+  std::vector<int32_t> sources;  // (n, copies): where row r went
+  for (int32_t row = 0; row < n; ++row) {
+    for (size_t i = 0; i < index.size(); ++i) {
+      if (index[i] == row) sources.push_back(static_cast<int32_t>(i));
+    }
+  }
+  {
+    SCOPED_TRACE("gather, backward by gather-sum");
+    Tensor x = Random({n, h}), dout = Random({n * copies, h}), out = Poisoned({n * copies, h});
+    const std::vector<float> r = ToFloats(dout);
+    auto loss = [&] {
+      ops::GatherRows(x, Ints(index, {n * copies}), out);
+      return WeightedSum(out, r);
+    };
+    Tensor dx = Poisoned({n, h});
+    ops::GatherSumRows(dout, Ints(sources, {n, copies}), dx);
+    ExpectGradient("dx", x, ToFloats(dx), loss);
+  }
+  {
+    SCOPED_TRACE("gather-sum, backward by gather");
+    // out[r] = sum of x rows sources[r, :]; each x row feeds exactly one output row, index[i].
+    Tensor x = Random({n * copies, h}), dout = Random({n, h}), out = Poisoned({n, h});
+    const std::vector<float> r = ToFloats(dout);
+    auto loss = [&] {
+      ops::GatherSumRows(x, Ints(sources, {n, copies}), out);
+      return WeightedSum(out, r);
+    };
+    Tensor dx = Poisoned({n * copies, h});
+    ops::GatherRows(dout, Ints(index, {n * copies}), dx);
+    ExpectGradient("dx", x, ToFloats(dx), loss);
+  }
+}
+
+}  // namespace
+}  // namespace moe

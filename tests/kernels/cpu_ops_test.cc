@@ -1,0 +1,543 @@
+// The CPU backend's forward ops against independent references, and the properties of the
+// routing, reduction and optimizer ops. Every test draws fresh random inputs (the seed is in the
+// failure trace; MOE_TEST_SEED repeats it) and poisons its outputs first, so an element an op
+// forgets to write is NaN and fails. Float references are computed in double on the host; f32
+// results must match them to kTolerance in relative error (RelativeError fails on NaN).
+// Gradients are checked in device_grad_test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/kernels/ops.h"
+#include "tests/testing/grad_check.h"
+#include "tests/testing/tensor_testing.h"
+
+namespace moe {
+namespace {
+
+using testing::FromFloats;
+using testing::RelativeError;
+using testing::ToFloats;
+using testing::ToInts;
+
+constexpr double kTolerance = 1e-5;  // f32 op vs double reference
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+class CpuOpsTest : public testing::OpTest {};
+
+// ---------------------------------------------------------------- memory and elementwise
+
+TEST_F(CpuOpsTest, FillWritesEveryDTypeAndOnlyTheView) {
+  Tensor f = Poisoned({3, 4});
+  ops::Fill(f, 1.5f);
+  EXPECT_EQ(ToFloats(f), std::vector<float>(12, 1.5f));
+  Tensor b = Poisoned({5}, DType::kBF16);
+  ops::Fill(b, -2.25f);
+  EXPECT_EQ(ToFloats(b), std::vector<float>(5, -2.25f));
+  Tensor i = Poisoned({4}, DType::kI32);
+  ops::Fill(i, -3.7f);  // truncated
+  EXPECT_EQ(ToInts(i), std::vector<int32_t>(4, -3));
+
+  Tensor whole = Zeros({4, 3});
+  ops::Fill(whole.Rows(1, 3), 7.0f);
+  EXPECT_EQ(ToFloats(whole), (std::vector<float>{0, 0, 0, 7, 7, 7, 7, 7, 7, 0, 0, 0}));
+}
+
+TEST_F(CpuOpsTest, CastRoundTripIsWithinHalfAnUlpOfBf16) {
+  const std::vector<float> x = testing::RandomFloats(257, rng_, 100.0f);
+  Tensor narrow = Poisoned({257}, DType::kBF16);
+  Tensor back = Poisoned({257});
+  ops::Cast(Floats(x, {257}), narrow);
+  ops::Cast(narrow, back);
+  const std::vector<float> got = ToFloats(back);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // 8 significant bits: round to nearest is within 2^-8 relative (half of 2^-7).
+    EXPECT_LE(std::abs(got[i] - x[i]), std::ldexp(std::abs(x[i]), -8)) << "at " << i;
+  }
+  // f32 -> f32 is a copy.
+  Tensor same = Poisoned({257});
+  ops::Cast(back, same);
+  EXPECT_EQ(ToFloats(same), got);
+}
+
+TEST_F(CpuOpsTest, CastRoundsToNearestEven) {
+  const float ulp = std::ldexp(1.0f, -7);  // spacing of bf16 in [1, 2)
+  const float inf = std::numeric_limits<float>::infinity();
+  const float tiny = std::ldexp(1.0f, -20);
+  // (input, its bf16 rounding): ties go to the even mantissa.
+  const std::vector<std::pair<float, float>> cases = {
+      {1.0f + ulp / 2, 1.0f},                // tie, 1 is even: down
+      {1.0f + 3 * ulp / 2, 1.0f + 2 * ulp},  // tie, 1 + 2ulp is even: up
+      {1.0f + ulp / 2 + tiny, 1.0f + ulp},   // past the tie: up
+      {1.0f + ulp / 2 - tiny, 1.0f},         // short of the tie: down
+      {-(1.0f + ulp / 2), -1.0f},            // sign symmetric
+      {3.0f, 3.0f},
+      {inf, inf},
+      {-inf, -inf}};
+  std::vector<float> x, want;
+  for (const auto& [in, rounded] : cases) {
+    x.push_back(in);
+    want.push_back(rounded);
+  }
+  const int64_t n = x.size();
+  Tensor narrow = Poisoned({n}, DType::kBF16);
+  ops::Cast(Floats(x, {n}), narrow);
+  EXPECT_EQ(ToFloats(narrow), want);
+
+  Tensor nan_narrow = FromFloats({0.0f}, {1}, DType::kBF16, device_);  // not NaN poison
+  ops::Cast(Floats({kNaN}, {1}), nan_narrow);
+  EXPECT_TRUE(std::isnan(ToFloats(nan_narrow)[0]));
+}
+
+TEST_F(CpuOpsTest, AddScaleAxpyMatchLoops) {
+  Tensor a = Random({6, 5}), b = Random({6, 5});
+  const std::vector<float> ha = ToFloats(a), hb = ToFloats(b);
+  std::vector<float> sum(30), scaled(30), axpy(30);
+  for (int i = 0; i < 30; ++i) {
+    sum[i] = ha[i] + hb[i];
+    scaled[i] = -0.75f * ha[i];
+    axpy[i] = hb[i] + 0.5f * ha[i];
+  }
+  Tensor out = Poisoned({6, 5});
+  ops::Add(a, b, out);
+  EXPECT_EQ(ToFloats(out), sum);
+  ops::Scale(a, -0.75f, out);
+  EXPECT_EQ(ToFloats(out), scaled);
+  ops::Axpy(0.5f, a, b);  // b += 0.5 a
+  EXPECT_EQ(ToFloats(b), axpy);
+  ops::Add(a, a, a);  // aliased output
+  for (int i = 0; i < 30; ++i) sum[i] = ha[i] + ha[i];
+  EXPECT_EQ(ToFloats(a), sum);
+}
+
+// ---------------------------------------------------------------- matmul
+
+// op(a) op(b) + beta * c for each batch, in double.
+std::vector<float> MatmulReference(const std::vector<float>& a, const std::vector<float>& b,
+                                   const std::vector<float>& c, int64_t batches, int64_t m,
+                                   int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+                                   float beta) {
+  std::vector<float> out(batches * m * n);
+  for (int64_t z = 0; z < batches; ++z) {
+    const float* pa = a.data() + z * m * k;
+    const float* pb = b.data() + z * k * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c[(z * m + i) * n + j];
+        for (int64_t p = 0; p < k; ++p) {
+          const float x = transpose_a ? pa[p * m + i] : pa[i * k + p];
+          const float y = transpose_b ? pb[j * k + p] : pb[p * n + j];
+          sum += static_cast<double>(x) * y;
+        }
+        out[(z * m + i) * n + j] = static_cast<float>(sum);
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(CpuOpsTest, MatmulAllTransposesBatchesAndBeta) {
+  const int64_t m = 6, n = 4, k = 5;
+  for (int64_t batches : {0, 3}) {  // 0: plain 2-D
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool transpose_a = variant & 1, transpose_b = variant & 2;
+      const float beta = (variant & 4) ? 0.5f : 0.0f;
+      SCOPED_TRACE("batches " + std::to_string(batches) + " variant " + std::to_string(variant));
+      auto shape = [&](int64_t rows, int64_t cols) {
+        return batches ? Shape{batches, rows, cols} : Shape{rows, cols};
+      };
+      Tensor a = Random(transpose_a ? shape(k, m) : shape(m, k));
+      Tensor b = Random(transpose_b ? shape(n, k) : shape(k, n));
+      // beta = 0 must not read out, so it starts poisoned; otherwise random.
+      Tensor out = beta == 0.0f ? Poisoned(shape(m, n)) : Random(shape(m, n));
+      const std::vector<float> c = ToFloats(out);
+      ops::Matmul(a, b, out, transpose_a, transpose_b, beta);
+      const std::vector<float> want =
+          MatmulReference(ToFloats(a), ToFloats(b), c, std::max<int64_t>(batches, 1), m, n, k,
+                          transpose_a, transpose_b, beta);
+      EXPECT_LT(RelativeError(ToFloats(out), want), kTolerance);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- normalisation, softmax
+
+TEST_F(CpuOpsTest, RmsNormForwardMatchesReference) {
+  const int64_t rows = 7, h = 16;
+  const float eps = 1e-5f;
+  Tensor x = Random({rows, h}), w = Random({h});
+  Tensor y = Poisoned({rows, h}), rstd = Poisoned({rows});
+  ops::RmsNormForward(x, w, eps, y, rstd);
+  const std::vector<float> hx = ToFloats(x), hw = ToFloats(w);
+  std::vector<float> want_y(rows * h), want_rstd(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t j = 0; j < h; ++j) ms += static_cast<double>(hx[r * h + j]) * hx[r * h + j] / h;
+    const double s = 1.0 / std::sqrt(ms + eps);
+    want_rstd[r] = static_cast<float>(s);
+    for (int64_t j = 0; j < h; ++j)
+      want_y[r * h + j] = static_cast<float>(hx[r * h + j] * s * hw[j]);
+  }
+  EXPECT_LT(RelativeError(ToFloats(y), want_y), kTolerance);
+  EXPECT_LT(RelativeError(ToFloats(rstd), want_rstd), kTolerance);
+}
+
+TEST_F(CpuOpsTest, SoftmaxForwardMatchesReference) {
+  const int64_t rows = 5, cols = 9;
+  Tensor x = Random({rows, cols}, 4.0f), y = Poisoned({rows, cols});
+  ops::SoftmaxForward(x, y);
+  const std::vector<float> hx = ToFloats(x);
+  std::vector<float> want(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t j = 0; j < cols; ++j) sum += std::exp(static_cast<double>(hx[r * cols + j]));
+    for (int64_t j = 0; j < cols; ++j) {
+      want[r * cols + j] =
+          static_cast<float>(std::exp(static_cast<double>(hx[r * cols + j])) / sum);
+    }
+  }
+  EXPECT_LT(RelativeError(ToFloats(y), want), kTolerance);
+}
+
+// ---------------------------------------------------------------- activations
+
+double SiluReference(double x) { return x / (1.0 + std::exp(-x)); }
+
+TEST_F(CpuOpsTest, SiluForwardMatchesReference) {
+  Tensor x = Random({4, 11}, 3.0f), y = Poisoned({4, 11});
+  ops::SiluForward(x, y);
+  std::vector<float> want = ToFloats(x);
+  for (float& v : want) v = static_cast<float>(SiluReference(v));
+  EXPECT_LT(RelativeError(ToFloats(y), want), kTolerance);
+}
+
+TEST_F(CpuOpsTest, SwigluForwardWithAndWithoutScale) {
+  const int64_t rows = 5, f = 6;
+  Tensor x = Random({rows, 2 * f}, 2.0f), scale = Random({rows});
+  const std::vector<float> hx = ToFloats(x), hs = ToFloats(scale);
+  for (bool scaled : {false, true}) {
+    SCOPED_TRACE(scaled ? "scaled" : "unscaled");
+    Tensor y = Poisoned({rows, f});
+    ops::SwigluForward(x, scaled ? scale : Tensor(), y);
+    std::vector<float> want(rows * f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < f; ++j) {
+        want[r * f + j] = static_cast<float>(SiluReference(hx[r * 2 * f + j]) *
+                                             hx[r * 2 * f + f + j] * (scaled ? hs[r] : 1.0));
+      }
+    }
+    EXPECT_LT(RelativeError(ToFloats(y), want), kTolerance);
+  }
+}
+
+// ---------------------------------------------------------------- rope
+
+TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
+  const int64_t batch = 2, seq = 5, heads = 3, d = 8;
+  const float base = 10000.0f;
+  Tensor x = Random({batch * seq, heads, d}), y = Poisoned({batch * seq, heads, d});
+  ops::RopeForward(x, seq, base, y);
+  const std::vector<float> hx = ToFloats(x);
+  std::vector<float> want(hx.size());
+  for (int64_t r = 0; r < batch * seq; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* in = &hx[(r * heads + h) * d];
+      float* out = &want[(r * heads + h) * d];
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double angle = (r % seq) * std::pow(base, -2.0 * i / d);
+        out[i] = static_cast<float>(in[i] * std::cos(angle) - in[i + d / 2] * std::sin(angle));
+        out[i + d / 2] =
+            static_cast<float>(in[i + d / 2] * std::cos(angle) + in[i] * std::sin(angle));
+      }
+    }
+  }
+  const std::vector<float> got = ToFloats(y);
+  EXPECT_LT(RelativeError(got, want), kTolerance);
+  ops::RopeForward(x, seq, base, x);  // in place
+  EXPECT_EQ(ToFloats(x), got);
+}
+
+// ---------------------------------------------------------------- attention
+
+// Causal GQA attention through an explicit masked (seq, seq) score matrix, in double.
+struct AttentionReference {
+  std::vector<float> out, lse;
+};
+
+AttentionReference ReferenceAttention(const std::vector<float>& q, const std::vector<float>& k,
+                                      const std::vector<float>& v, int64_t batch, int64_t seq,
+                                      int64_t heads, int64_t kv_heads, int64_t d) {
+  AttentionReference ref{std::vector<float>(q.size()), std::vector<float>(batch * heads * seq)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  std::vector<double> s(seq * seq);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kv_heads);
+      auto qv = [&](int64_t i, int64_t c) { return q[((b * seq + i) * heads + h) * d + c]; };
+      auto kv = [&](const std::vector<float>& t, int64_t j, int64_t c) {
+        return t[((b * seq + j) * kv_heads + g) * d + c];
+      };
+      for (int64_t i = 0; i < seq; ++i) {
+        for (int64_t j = 0; j < seq; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(qv(i, c)) * kv(k, j, c);
+          s[i * seq + j] = j <= i ? dot * scale : minus_inf;
+        }
+      }
+      for (int64_t i = 0; i < seq; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < seq; ++j) sum += std::exp(s[i * seq + j]);  // exp(-inf) = 0
+        ref.lse[(b * heads + h) * seq + i] = static_cast<float>(std::log(sum));
+        for (int64_t c = 0; c < d; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j < seq; ++j) o += std::exp(s[i * seq + j]) / sum * kv(v, j, c);
+          ref.out[((b * seq + i) * heads + h) * d + c] = static_cast<float>(o);
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+TEST_F(CpuOpsTest, AttentionForwardMatchesExplicitScores) {
+  const int64_t batch = 2, seq = 6, d = 8;
+  for (int64_t kv_heads : {4, 2, 1}) {
+    const int64_t heads = 4;
+    SCOPED_TRACE("kv_heads " + std::to_string(kv_heads));
+    Tensor q = Random({batch, seq, heads, d}), k = Random({batch, seq, kv_heads, d});
+    Tensor v = Random({batch, seq, kv_heads, d});
+    Tensor out = Poisoned({batch, seq, heads, d}), lse = Poisoned({batch, heads, seq});
+    ops::AttentionForward(q, k, v, out, lse);
+    const AttentionReference ref =
+        ReferenceAttention(ToFloats(q), ToFloats(k), ToFloats(v), batch, seq, heads, kv_heads, d);
+    EXPECT_LT(RelativeError(ToFloats(out), ref.out), kTolerance);
+    EXPECT_LT(RelativeError(ToFloats(lse), ref.lse), kTolerance);
+  }
+}
+
+// ---------------------------------------------------------------- embedding, loss
+
+TEST_F(CpuOpsTest, EmbeddingForwardCopiesRows) {
+  const int64_t vocab = 7, h = 5, tokens = 9;
+  Tensor table = Random({vocab, h}), out = Poisoned({tokens, h});
+  const std::vector<int32_t> ids = RandomInts(tokens, vocab);
+  ops::EmbeddingForward(Ints(ids, {tokens}), table, out);
+  const std::vector<float> ht = ToFloats(table);
+  std::vector<float> want;
+  for (int32_t id : ids) want.insert(want.end(), &ht[id * h], &ht[id * h + h]);
+  EXPECT_EQ(ToFloats(out), want);
+}
+
+TEST_F(CpuOpsTest, CrossEntropyForwardMatchesReferenceAndIgnoresNegativeTargets) {
+  const int64_t tokens = 6, vocab = 11;
+  Tensor logits = Random({tokens, vocab}, 3.0f);
+  std::vector<int32_t> targets = RandomInts(tokens, vocab);
+  targets[2] = -1;
+  Tensor losses = Poisoned({tokens}), lse = Poisoned({tokens});
+  ops::CrossEntropyForward(logits, Ints(targets, {tokens}), losses, lse);
+  const std::vector<float> hl = ToFloats(logits);
+  std::vector<float> want_loss(tokens), want_lse(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(hl[t * vocab + j]));
+    want_lse[t] = static_cast<float>(std::log(sum));
+    want_loss[t] =
+        targets[t] < 0 ? 0.0f : static_cast<float>(std::log(sum) - hl[t * vocab + targets[t]]);
+  }
+  const std::vector<float> got_loss = ToFloats(losses);
+  EXPECT_LT(RelativeError(got_loss, want_loss), kTolerance);
+  EXPECT_LT(RelativeError(ToFloats(lse), want_lse), kTolerance);  // written for row 2 too
+  EXPECT_EQ(got_loss[2], 0.0f);
+}
+
+// ---------------------------------------------------------------- routing
+
+TEST_F(CpuOpsTest, TopKMatchesStableSortDescending) {
+  const int64_t rows = 8, cols = 10, k = 3;
+  // Values on a coarse grid so ties are common.
+  std::vector<float> x(rows * cols);
+  const std::vector<int32_t> grid = RandomInts(rows * cols, 4);
+  std::transform(grid.begin(), grid.end(), x.begin(), [](int32_t g) { return 0.5f * g; });
+  Tensor values = Poisoned({rows, k}), indices = Poisoned({rows, k}, DType::kI32);
+  ops::TopK(Floats(x, {rows, cols}), values, indices);
+  std::vector<float> want_values;
+  std::vector<int32_t> want_indices;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int32_t> order(cols);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return x[r * cols + a] > x[r * cols + b]; });
+    for (int64_t j = 0; j < k; ++j) {
+      want_indices.push_back(order[j]);
+      want_values.push_back(x[r * cols + order[j]]);
+    }
+  }
+  EXPECT_EQ(ToFloats(values), want_values);
+  EXPECT_EQ(ToInts(indices), want_indices);
+}
+
+TEST_F(CpuOpsTest, TopKTiesGoToTheLowerColumn) {
+  Tensor values = Poisoned({2, 2}), indices = Poisoned({2, 2}, DType::kI32);
+  ops::TopK(Floats({1, 3, 3, 2, 5, 5, 5, 5}, {2, 4}), values, indices);
+  EXPECT_EQ(ToFloats(values), (std::vector<float>{3, 3, 5, 5}));
+  EXPECT_EQ(ToInts(indices), (std::vector<int32_t>{1, 2, 0, 1}));
+}
+
+// order and offsets of SortByKey against its definition: a stable sort by key, and bucket
+// starts = the number of smaller keys.
+TEST_F(CpuOpsTest, SortByKeyIsStableWithEmptyBuckets) {
+  const std::vector<std::pair<std::vector<int32_t>, int64_t>> cases = {
+      {RandomInts(40, 5), 8},            // keys 5..7 never occur
+      {{2, 0, 2, 2, 0, 1}, 4},           // hand-made: bucket 3 empty
+      {std::vector<int32_t>(13, 3), 5},  // all equal
+  };
+  for (const auto& [keys, num_keys] : cases) {
+    const int64_t n = keys.size();
+    Tensor order = Poisoned({n}, DType::kI32), offsets = Poisoned({num_keys + 1}, DType::kI32);
+    ops::SortByKey(Ints(keys, {n}), num_keys, order, offsets);
+    std::vector<int32_t> want_order(n);
+    std::iota(want_order.begin(), want_order.end(), 0);
+    std::stable_sort(want_order.begin(), want_order.end(),
+                     [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
+    std::vector<int32_t> want_offsets(num_keys + 1);
+    for (int64_t e = 0; e <= num_keys; ++e) {
+      want_offsets[e] =
+          std::count_if(keys.begin(), keys.end(), [&](int32_t key) { return key < e; });
+    }
+    EXPECT_EQ(ToInts(order), want_order);
+    EXPECT_EQ(ToInts(offsets), want_offsets);
+  }
+}
+
+TEST_F(CpuOpsTest, GatherRowsAndGatherSumRowsMatchLoops) {
+  const int64_t n = 7, h = 4, m = 5, k = 3;
+  Tensor x = Random({n, h});
+  const std::vector<float> hx = ToFloats(x);
+  const std::vector<int32_t> index = RandomInts(m * k, n);
+
+  Tensor gathered = Poisoned({m * k, h});
+  ops::GatherRows(x, Ints(index, {m * k}), gathered);
+  std::vector<float> want_gathered;
+  for (int32_t i : index) want_gathered.insert(want_gathered.end(), &hx[i * h], &hx[i * h + h]);
+  EXPECT_EQ(ToFloats(gathered), want_gathered);
+
+  Tensor summed = Poisoned({m, h});
+  ops::GatherSumRows(x, Ints(index, {m, k}), summed);
+  std::vector<float> want_summed(m * h);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < h; ++c) {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += hx[index[i * k + j] * h + c];
+      want_summed[i * h + c] = static_cast<float>(sum);
+    }
+  }
+  EXPECT_LT(RelativeError(ToFloats(summed), want_summed), kTolerance);
+}
+
+TEST_F(CpuOpsTest, GatherSumRowsExactlyInvertsAPermutation) {
+  const int64_t n = 9, h = 3;
+  Tensor x = Random({n, h});
+  std::vector<int32_t> perm(n), inverse(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng_);
+  for (int64_t i = 0; i < n; ++i) inverse[perm[i]] = static_cast<int32_t>(i);
+  Tensor permuted = Poisoned({n, h}), restored = Poisoned({n, h});
+  ops::GatherRows(x, Ints(perm, {n}), permuted);
+  ops::GatherSumRows(permuted, Ints(inverse, {n, 1}), restored);
+  EXPECT_EQ(ToFloats(restored), ToFloats(x));
+}
+
+// ---------------------------------------------------------------- reductions, optimizer, NaN
+
+TEST_F(CpuOpsTest, SumAndGlobalL2NormMatchDoubleReference) {
+  std::vector<Tensor> xs = {Random({37}), Random({5, 8}, 10.0f), Random({1})};
+  double sum = 0, sum_sq = 0;
+  for (const Tensor& x : xs) {
+    for (float v : ToFloats(x)) sum_sq += static_cast<double>(v) * v;
+  }
+  for (float v : ToFloats(xs[1])) sum += v;
+  Tensor out = Poisoned({1});
+  ops::Sum(xs[1], out);
+  EXPECT_LT(RelativeError(ToFloats(out), {static_cast<float>(sum)}), kTolerance);
+  ops::GlobalL2Norm(xs, out);
+  EXPECT_LT(RelativeError(ToFloats(out), {static_cast<float>(std::sqrt(sum_sq))}), kTolerance);
+}
+
+// Outputs start at zero here, not NaN poison, so a NaN seen is one the op produced.
+TEST_F(CpuOpsTest, NaNPropagatesAndNeverPassesAComparison) {
+  std::vector<float> values = testing::RandomFloats(12, rng_);
+  values[5] = kNaN;  // row 1 of (3, 4)
+  Tensor x = Floats(values, {3, 4});
+  Tensor sum = Zeros({1}), norm = Zeros({1}), y = Zeros({3, 4}), top = Zeros({3, 1});
+  Tensor indices = Poisoned({3, 1}, DType::kI32);
+  ops::Sum(x, sum);
+  ops::GlobalL2Norm(std::vector<Tensor>{x}, norm);
+  ops::SoftmaxForward(x, y);
+  ops::TopK(x, top, indices);
+  EXPECT_TRUE(std::isnan(ToFloats(sum)[0]));
+  EXPECT_TRUE(std::isnan(ToFloats(norm)[0]));
+  EXPECT_TRUE(std::isnan(ToFloats(y)[4]));    // the row holding the NaN
+  EXPECT_TRUE(std::isnan(ToFloats(top)[1]));  // NaN outranks every number
+  EXPECT_EQ(ToInts(indices)[1], 1);
+  // The comparison every test uses rejects NaN however close the rest is.
+  EXPECT_FALSE(RelativeError({1.0f, kNaN}, {1.0f, 0.0f}) < 1e30);
+}
+
+// AdamW in double, written out from its definition.
+void AdamWReference(std::vector<double>& w, std::vector<double>& m, std::vector<double>& v,
+                    const std::vector<float>& grad, const ops::AdamWConfig& c) {
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double g = static_cast<double>(c.grad_scale) * grad[i];
+    m[i] = c.beta1 * m[i] + (1 - static_cast<double>(c.beta1)) * g;
+    v[i] = c.beta2 * v[i] + (1 - static_cast<double>(c.beta2)) * g * g;
+    const double m_hat = m[i] / (1 - std::pow(static_cast<double>(c.beta1), c.step));
+    const double v_hat = v[i] / (1 - std::pow(static_cast<double>(c.beta2), c.step));
+    w[i] -= c.lr * (c.weight_decay * w[i] + m_hat / (std::sqrt(v_hat) + c.eps));
+  }
+}
+
+TEST_F(CpuOpsTest, AdamWTwoStepsMatchHandComputedReference) {
+  const int64_t n = 10;
+  ops::AdamWConfig config;
+  config.lr = 0.1f;
+  config.weight_decay = 0.5f;
+  config.grad_scale = 0.25f;
+  Tensor master = Random({n}), m = Zeros({n}), v = Zeros({n});
+  Tensor model = Poisoned({n}, DType::kBF16);
+  const std::vector<float> w0 = ToFloats(master);
+  std::vector<double> w(w0.begin(), w0.end()), rm(n, 0.0), rv(n, 0.0);
+
+  // Step 1 by hand: with zero moments m_hat = g and v_hat = g^2, so the step is
+  // lr * (wd * w + sign(g)) up to eps.
+  const std::vector<float> g1 = testing::RandomFloats(n, rng_);
+  ops::AdamWUpdate(master, Floats(g1, {n}), m, v, config, model);
+  std::vector<float> by_hand(n);
+  for (int64_t i = 0; i < n; ++i) {
+    by_hand[i] = w0[i] - config.lr * (config.weight_decay * w0[i] + (g1[i] > 0 ? 1.0f : -1.0f));
+  }
+  EXPECT_LT(RelativeError(ToFloats(master), by_hand), 1e-5);
+  AdamWReference(w, rm, rv, g1, config);
+
+  config.step = 2;
+  const std::vector<float> g2 = testing::RandomFloats(n, rng_);
+  ops::AdamWUpdate(master, Floats(g2, {n}), m, v, config, model);
+  AdamWReference(w, rm, rv, g2, config);
+  auto narrow = [](const std::vector<double>& d) { return std::vector<float>(d.begin(), d.end()); };
+  EXPECT_LT(RelativeError(ToFloats(master), narrow(w)), kTolerance);
+  EXPECT_LT(RelativeError(ToFloats(m), narrow(rm)), kTolerance);
+  EXPECT_LT(RelativeError(ToFloats(v), narrow(rv)), kTolerance);
+  // The bf16 model copy is the new master, rounded.
+  std::vector<float> rounded = ToFloats(master);
+  for (float& x : rounded) x = BFloat16ToFloat(FloatToBFloat16(x));
+  EXPECT_EQ(ToFloats(model), rounded);
+}
+
+}  // namespace
+}  // namespace moe
