@@ -1,9 +1,11 @@
 #include "modules/trainer.h"
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 
 #include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
 
 namespace moe {
@@ -110,6 +112,15 @@ nlohmann::json Trainer::ModelShape() const {
           {"vocab_size", config_.vocab_size}};
 }
 
+nlohmann::json Trainer::ModelConfig() const {
+  nlohmann::json config = ModelShape();
+  config["moe_aux_loss_coeff"] = config_.moe_aux_loss_coeff;
+  config["moe_z_loss_coeff"] = config_.moe_z_loss_coeff;
+  config["rope_base"] = config_.rope_base;
+  config["norm_eps"] = config_.norm_eps;
+  return config;
+}
+
 namespace {
 void CollectTensors(const ParameterSet& parameters, std::vector<NamedTensor>* model,
                     std::vector<NamedTensor>* optimizer) {
@@ -156,6 +167,35 @@ Status Trainer::Load(const std::string& path) {
   step_ = state.at("step").get<int64_t>();
   optimizer_.set_step(state.at("optimizer_step").get<int64_t>());
   return sampler_.RestoreConsumedTrainSamples(state.at("consumed_train_samples").get<int64_t>());
+}
+
+Status Trainer::DumpReferenceCase(const std::string& dir) {
+  std::vector<int32_t> windows(options_.micro_batch_size * sampler_.window_length());
+  sampler_.ReadSamples(Split::kTrain, 0, windows);
+  Tensor ids, targets;
+  Upload(windows, options_.micro_batch_size, &ids, &targets);
+  parameters_.ZeroGrads();
+  SavedTensors saved(/*training=*/true);
+  const ForwardResult result = model_.Forward(saved, ids, targets);
+  model_.Backward(saved, 1.0f / static_cast<float>(ids.numel()), 1.0f);
+  Tensor loss = Tensor::Empty({1}, DType::kF32, device_);
+  ops::Scale(result.loss_sum, 1.0f / static_cast<float>(ids.numel()), loss);
+
+  std::vector<NamedTensor> tensors = {
+      {"ids", ids}, {"targets", targets}, {"loss", loss}, {"aux_loss", result.aux_loss}};
+  for (const auto& p : parameters_.all()) {
+    tensors.push_back({p->name, p->master});
+    tensors.push_back({"grad." + p->name, p->grad});
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  RETURN_IF_ERROR(WriteSafetensors(dir + "/reference.safetensors", tensors,
+                                   {{"device", device_.ToString()}}));
+  std::ofstream config(dir + "/config.json");
+  config << ModelConfig().dump(2) << "\n";
+  const bool written = static_cast<bool>(config);
+  parameters_.ZeroGrads();
+  return written ? Status::Ok() : Internal("cannot write " + dir + "/config.json");
 }
 
 }  // namespace moe

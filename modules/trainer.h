@@ -69,12 +69,20 @@ class Trainer {
   // must equal this trainer's.
   Status Load(const std::string& path);
 
+  // For reference checks against another implementation: one forward and backward of the
+  // first training micro-batch, written to dir/reference.safetensors (the f32 master weights
+  // under their names, "grad.<name>" for each gradient of loss = mean cross-entropy + aux
+  // losses, "ids", "targets", "loss", "aux_loss") and dir/config.json (the model shape and
+  // hyper-parameters). Changes no trainer state.
+  Status DumpReferenceCase(const std::string& dir);
+
  private:
   Trainer(const GptConfig& config, const TrainerOptions& options, Device device,
           BatchSampler sampler);
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
   void Upload(const std::vector<int32_t>& windows, int64_t rows, Tensor* ids, Tensor* targets) const;
   nlohmann::json ModelShape() const;
+  nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;
   TrainerOptions options_;

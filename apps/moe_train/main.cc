@@ -43,6 +43,13 @@ int Run() {
     if (!loaded.ok()) return Fail(loaded, 1);
   }
 
+  if (!FLAGS_dump_reference_case.empty()) {
+    const Status dumped = trainer.DumpReferenceCase(FLAGS_dump_reference_case);
+    if (!dumped.ok()) return Fail(dumped, 1);
+    printf("wrote %s/reference.safetensors and config.json\n", FLAGS_dump_reference_case.c_str());
+    return 0;
+  }
+
   RunLog log(run);
   log.Summary(**data, trainer.step());
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);

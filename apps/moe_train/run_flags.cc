@@ -7,13 +7,13 @@
 
 // Model shape.
 DEFINE_int64(num_layers, 2, "transformer layers");
-DEFINE_int64(hidden_size, 64, "model width");
-DEFINE_int64(num_attention_heads, 4, "query heads");
-DEFINE_int64(num_query_groups, 2, "key/value heads (grouped-query attention)");
-DEFINE_int64(ffn_hidden_size, 128, "dense MLP width");
+DEFINE_int64(hidden_size, 128, "model width");
+DEFINE_int64(num_attention_heads, 2, "query heads");
+DEFINE_int64(num_query_groups, 1, "key/value heads (grouped-query attention)");
+DEFINE_int64(ffn_hidden_size, 256, "dense MLP width");
 DEFINE_int64(num_experts, 4, "experts per MoE layer");
 DEFINE_int64(moe_router_topk, 2, "experts per token");
-DEFINE_int64(moe_ffn_hidden_size, 64, "expert MLP width");
+DEFINE_int64(moe_ffn_hidden_size, 128, "expert MLP width");
 DEFINE_double(moe_aux_loss_coeff, 1e-2, "load-balancing loss coefficient");
 DEFINE_double(moe_z_loss_coeff, 0.0, "router z-loss coefficient (0: off)");
 DEFINE_int64(first_dense_layers, 1, "leading layers with a dense MLP; the rest are MoE");
@@ -38,6 +38,9 @@ DEFINE_int64(eval_steps, 8, "validation batches per evaluation");
 DEFINE_string(save, "", "checkpoint root directory (empty: no checkpoints)");
 DEFINE_int64(save_interval, 0, "checkpoint every N steps (0: only at the end)");
 DEFINE_string(load, "", "resume from a checkpoint root or step directory");
+DEFINE_string(dump_reference_case, "",
+              "write one micro-batch's weights, loss and gradients to this directory and exit "
+              "(for tests/reference/torch_reference.py)");
 DEFINE_string(metrics_file, "", "append one JSON object per log line to this file");
 DEFINE_int64(log_interval, 10, "log every N steps");
 DEFINE_string(device, "auto", "cpu | cuda | cuda:N | auto (cuda when a GPU is present)");
@@ -194,6 +197,10 @@ StatusOr<RunConfig> ValidateFlags() {
   ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
   const Status available = CheckDeviceAvailable(run.device);
   if (!available.ok()) return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
+  if (run.device.is_cuda() && m.head_dim() != 64 && m.head_dim() != 128) {
+    return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
+                           ": the CUDA attention kernels take head dims 64 and 128");
+  }
   return run;
 }
 

@@ -17,6 +17,7 @@ DECLARE_int64(eval_interval);
 DECLARE_int64(save_interval);
 DECLARE_string(save);
 DECLARE_string(load);
+DECLARE_string(dump_reference_case);
 DECLARE_string(metrics_file);
 DECLARE_double(peak_flops);
 

@@ -175,6 +175,7 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
   CheckShape(dweight, {x.dim(-1)}, "rmsnorm dweight");
   CheckDType(dweight, DType::kF32, "rmsnorm dweight");
   CheckShape(rstd, {Rows(x)}, "rmsnorm rstd");
+  CheckDType(rstd, DType::kF32, "rmsnorm rstd");
   MOE_DISPATCH(device, RmsNormBackward, dy, x, weight, rstd, dx, dweight);
 }
 
@@ -354,7 +355,9 @@ void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Ten
   CHECK_EQ(logits.ndim(), 2) << "cross-entropy logits (tokens, vocab)";
   CheckShape(targets, {logits.dim(0)}, "cross-entropy targets");
   CheckDType(targets, DType::kI32, "cross-entropy targets");
+  CheckFloat(logits, "cross-entropy logits");
   CheckShape(lse, {logits.dim(0)}, "cross-entropy lse");
+  CheckDType(lse, DType::kF32, "cross-entropy lse");
   CheckShape(dlogits, logits.shape(), "cross-entropy dlogits");
   CheckSameDType(logits, dlogits, "cross-entropy backward");
   MOE_DISPATCH(device, CrossEntropyBackward, logits, targets, lse, grad_scale, dlogits);

@@ -59,7 +59,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadInput{"--hidden_size=0", "--hidden_size=0 must be positive"},
         BadInput{"--hidden_size=66 --num_attention_heads=4", "--hidden_size=66 is not a multiple of --num_attention_heads=4"},
-        BadInput{"--num_query_groups=3", "--num_attention_heads=4 is not a multiple of --num_query_groups=3"},
+        BadInput{"--num_attention_heads=4 --num_query_groups=3", "--num_attention_heads=4 is not a multiple of --num_query_groups=3"},
         BadInput{"--moe_router_topk=5", "--moe_router_topk=5 exceeds --num_experts=4"},
         BadInput{"--first_dense_layers=3", "--first_dense_layers=3 must be in [0, --num_layers=2]"},
         BadInput{"--global_batch_size=12", "--global_batch_size=12 is not a multiple of --micro_batch_size=8"},

@@ -254,6 +254,38 @@ std::vector<OpCase> Cases() {
     r.Read("permuted", permuted);
     r.Read("summed", summed);
   }, 1e-7, 4e-3);
+  add("router_ops", [](OpRun& r) {
+    const int64_t tokens = 300, experts = 16, k = 4;
+    std::vector<float> positive = testing::ToFloats(r.InF32({tokens, k}));
+    for (float& v : positive) v = std::abs(v) + 0.1f;
+    Tensor values = FromFloats(positive, {tokens, k}, DType::kF32, r.device());
+    Tensor dweights = r.InF32({tokens, k});
+    Tensor normalized = r.OutF32({tokens, k}), dvalues = r.OutF32({tokens, k});
+    ops::NormalizeRowsForward(values, normalized);
+    ops::NormalizeRowsBackward(dweights, values, dvalues);
+    Tensor logits = r.InF32({tokens, experts}, 2.0f), probs = r.OutF32({tokens, experts});
+    ops::SoftmaxForward(logits, probs);
+    Tensor experts_chosen = r.Ints(r.RandomInts(tokens * k, experts), {tokens * k});
+    Tensor order = r.OutI32({tokens * k}), offsets = r.OutI32({experts + 1});
+    ops::SortByKey(experts_chosen, experts, order, offsets);
+    Tensor balance = r.OutF32({1}), z = r.OutF32({1});
+    ops::LoadBalancingLossForward(probs, offsets, k, balance);
+    ops::ZLossForward(logits, z);
+    Tensor dprobs = r.InF32({tokens, experts});
+    ops::LoadBalancingLossBackward(offsets, k, 0.3f, dprobs);
+    Tensor dlogits = r.InF32({tokens, experts});
+    ops::ZLossBackward(logits, 0.2f, dlogits);
+    Tensor source_rows = r.OutI32({tokens * k}), inverse = r.OutI32({tokens * k});
+    ops::InvertPermutation(order, k, source_rows, inverse);
+    r.Read("normalized", normalized);
+    r.Read("dvalues", dvalues);
+    r.Read("balance", balance);
+    r.Read("z", z);
+    r.Read("dprobs", dprobs);
+    r.Read("dlogits", dlogits);
+    r.Read("source_rows", source_rows);
+    r.Read("inverse", inverse);
+  });
   add("sum_l2norm", [](OpRun& r) {
     Tensor a = r.In({100003}), b = r.In({317, 5});
     Tensor sum = r.OutF32({1}), norm = r.OutF32({1});
