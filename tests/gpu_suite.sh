@@ -17,6 +17,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" > "$out/configure.log" 2>&1 ||
   { tail -50 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -50; exit 1; }
+cmake --build "$build" -j"$(nproc)" -- -k 0 > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -50; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ctest --test-dir "$build" -L "$labels" --output-on-failure 2>&1 | tee "$out/ctest.log"

@@ -2,6 +2,7 @@
 // On the CPU backend "device" memory is a separate arena so tests can measure it like GPU memory.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace moe {

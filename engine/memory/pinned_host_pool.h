@@ -10,6 +10,7 @@
 // Thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>

@@ -5,6 +5,7 @@
 // stream blocks the caller; from a worker it blocks the worker, exactly like a device queue.
 #pragma once
 
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <functional>
