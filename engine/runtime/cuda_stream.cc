@@ -52,6 +52,7 @@ void CudaEvent::Synchronize() const { CUDA_CALL(cudaEventSynchronize(event_)); }
 
 float CudaEvent::ElapsedMillisecondsSince(const Event& start) const {
   float ms = 0;
+  CUDA_CALL(cudaEventSynchronize(event_));
   CUDA_CALL(cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).get(), event_));
   return ms;
 }

@@ -45,7 +45,8 @@ class Event {
   // True once the work before the last Record has finished (or if never recorded).
   virtual bool Query() const = 0;
   virtual void Synchronize() const = 0;
-  // Milliseconds between `start` and this event; both recorded with timing enabled.
+  // Milliseconds between `start` and this event, both recorded with timing enabled; waits for
+  // this event to complete.
   virtual float ElapsedMillisecondsSince(const Event& start) const = 0;
 };
 

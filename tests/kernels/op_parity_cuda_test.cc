@@ -30,10 +30,14 @@ class OpRun {
   OpRun(Device device, DType dtype, uint32_t seed) : device_(device), dtype_(dtype), rng_(seed) {}
 
   Device device() const { return device_; }
-  // A float tensor in the run's dtype (f32 on the CPU).
-  Tensor In(const Shape& shape, float scale = 1.0f) { return Make(shape, scale, storage_dtype()); }
+  // A float tensor in the run's dtype (f32 on the CPU, holding the same rounded values).
+  Tensor In(const Shape& shape, float scale = 1.0f) {
+    return Make(shape, scale, storage_dtype(), /*round_to_run_dtype=*/true);
+  }
   // Always f32 (routing probabilities, statistics, optimizer state).
-  Tensor InF32(const Shape& shape, float scale = 1.0f) { return Make(shape, scale, DType::kF32); }
+  Tensor InF32(const Shape& shape, float scale = 1.0f) {
+    return Make(shape, scale, DType::kF32, /*round_to_run_dtype=*/false);
+  }
   Tensor Ints(const std::vector<int32_t>& values, const Shape& shape) {
     return FromInts(values, shape, device_);
   }
@@ -59,9 +63,9 @@ class OpRun {
 
  private:
   DType storage_dtype() const { return device_.is_cuda() ? dtype_ : DType::kF32; }
-  Tensor Make(const Shape& shape, float scale, DType storage) {
+  Tensor Make(const Shape& shape, float scale, DType storage, bool round_to_run_dtype) {
     std::vector<float> values = RandomFloats(NumElements(shape), rng_, scale);
-    if (dtype_ == DType::kBF16 && storage != DType::kF32) {
+    if (dtype_ == DType::kBF16 && round_to_run_dtype) {
       for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));
     }
     return FromFloats(values, shape, storage, device_);
