@@ -8,6 +8,8 @@
 
 namespace moe {
 
+enum class GroupedMlpKind { kFused, kUnfused };
+
 struct GptConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -19,6 +21,7 @@ struct GptConfig {
   int64_t moe_ffn_hidden_size = 64;  // per expert
   float moe_aux_loss_coeff = 1e-2f;
   float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
+  GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kUnfused;
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;

@@ -9,7 +9,7 @@ MoeLayer::MoeLayer(ParameterSet& parameters, const std::string& name, const GptC
     : name_(name),
       config_(config),
       router_(parameters, name + ".router", config),
-      experts_(parameters, name + ".experts", config, layer) {}
+      experts_(MakeGroupedMlp(parameters, name + ".experts", config, layer)) {}
 
 Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
   const int64_t tokens = x.dim(0), k = config_.moe_router_topk, rows = tokens * k;
@@ -27,7 +27,7 @@ Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux
   saved.Save(name_ + ".source_rows", source_rows);
   saved.Save(name_ + ".inverse", inverse);
 
-  const Tensor expert_out = experts_.Forward(saved, permuted, routing.offsets, weights.View({rows}));
+  const Tensor expert_out = experts_->Forward(saved, permuted, routing.offsets, weights.View({rows}));
   Tensor y = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GatherSumRows(expert_out, inverse.View({tokens, k}), y);
   return y;
@@ -41,7 +41,7 @@ Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad)
 
   Tensor dexpert_out = Tensor::Empty({rows, dy.dim(1)}, dy.dtype(), device);
   ops::GatherRows(dy, source_rows, dexpert_out);
-  const GroupedMlp::Grads grads = experts_.Backward(saved, dexpert_out);
+  const GroupedMlp::Grads grads = experts_->Backward(saved, dexpert_out);
 
   Tensor dx = Tensor::Empty(dy.shape(), dy.dtype(), device);
   ops::GatherSumRows(grads.dx, inverse.View({tokens, k}), dx);

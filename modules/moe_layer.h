@@ -27,7 +27,7 @@ class MoeLayer {
   std::string name_;
   const GptConfig& config_;
   Router router_;
-  GroupedMlp experts_;
+  std::unique_ptr<GroupedMlp> experts_;
 };
 
 }  // namespace moe

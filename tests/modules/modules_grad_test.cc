@@ -10,7 +10,7 @@
 #include "modules/attention.h"
 #include "modules/dense_mlp.h"
 #include "modules/gpt_model.h"
-#include "modules/grouped_mlp.h"
+#include "modules/unfused_grouped_mlp.h"
 #include "modules/moe_layer.h"
 #include "modules/rms_norm.h"
 #include "modules/transformer_layer.h"
@@ -101,7 +101,7 @@ TEST_F(ModuleGradTest, DenseMlp) {
 }
 
 TEST_F(ModuleGradTest, GroupedMlpWithEmptyAndCrowdedExperts) {
-  GroupedMlp experts(parameters_, "experts", config_, 0);
+  UnfusedGroupedMlp experts(parameters_, "experts", config_, 0);
   // 9 rows: expert 0 has 5, expert 1 none, expert 2 has 4, expert 3 none.
   const Tensor offsets = Ints({0, 5, 5, 9, 9}, {5});
   const Tensor weights = Floats({0.9f, 0.2f, 0.5f, 0.7f, 0.1f, 0.3f, 0.6f, 0.8f, 0.4f}, {9});
