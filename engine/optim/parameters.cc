@@ -1,5 +1,9 @@
 #include "engine/optim/parameters.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
 #include <glog/logging.h>
 
 #include "engine/core/random.h"
@@ -7,8 +11,38 @@
 
 namespace moe {
 
-ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed)
-    : device_(device), compute_dtype_(compute_dtype), seed_(seed) {
+namespace {
+
+// Fills `out` with the initial values of parameter `name`: chunk c of 2^20 elements is drawn from
+// its own stream (seed, name, c), so chunks can be generated in any order on any thread.
+void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>& out) {
+  if (spec.init != Init::kNormal) {
+    std::fill(out.begin(), out.end(), spec.init == Init::kOnes ? 1.0f : 0.0f);
+    return;
+  }
+  constexpr size_t kChunk = size_t{1} << 20;
+  const size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  const uint64_t stream = StableHash(spec.name);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t c = next++; c < chunks; c = next++) {
+      Rng rng(seed, stream + 0x9e3779b97f4a7c15ull * c);
+      for (size_t i = c * kChunk; i < std::min(out.size(), (c + 1) * kChunk); ++i) {
+        out[i] = static_cast<float>(rng.Normal() * spec.init_std);
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& thread : pool) thread.join();
+}
+
+}  // namespace
+
+ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state)
+    : device_(device), compute_dtype_(compute_dtype), seed_(seed), optimizer_state_(optimizer_state) {
   CHECK(IsFloating(compute_dtype));
   CHECK(device.is_cuda() || compute_dtype == DType::kF32) << "the CPU backend computes in f32";
 }
@@ -20,11 +54,7 @@ Parameter& ParameterSet::Create(const ParameterSpec& spec) {
   p->weight_decay = spec.weight_decay;
 
   std::vector<float> host(moe::NumElements(spec.shape));
-  Rng rng(seed_, StableHash(spec.name));
-  for (float& v : host) {
-    v = spec.init == Init::kNormal ? static_cast<float>(rng.Normal() * spec.init_std)
-                                   : (spec.init == Init::kOnes ? 1.0f : 0.0f);
-  }
+  InitialValues(spec, seed_, host);
   p->master = Tensor::Empty(spec.shape, DType::kF32, device_);
   ops::CopyFromHost(host.data(), p->master);
   if (compute_dtype_ == DType::kF32) {
@@ -32,12 +62,17 @@ Parameter& ParameterSet::Create(const ParameterSpec& spec) {
   } else {
     p->value = Tensor::Empty(spec.shape, compute_dtype_, device_);
     ops::Cast(p->master, p->value);
+    if (!optimizer_state_) p->master = Tensor();
   }
   p->value.set_is_parameter(true);
   p->grad = Tensor::Empty(spec.shape, DType::kF32, device_);
-  p->exp_avg = Tensor::Empty(spec.shape, DType::kF32, device_);
-  p->exp_avg_sq = Tensor::Empty(spec.shape, DType::kF32, device_);
-  for (const Tensor* t : {&p->grad, &p->exp_avg, &p->exp_avg_sq}) ops::Fill(*t, 0.0f);
+  ops::Fill(p->grad, 0.0f);
+  if (optimizer_state_) {
+    p->exp_avg = Tensor::Empty(spec.shape, DType::kF32, device_);
+    p->exp_avg_sq = Tensor::Empty(spec.shape, DType::kF32, device_);
+    ops::Fill(p->exp_avg, 0.0f);
+    ops::Fill(p->exp_avg_sq, 0.0f);
+  }
   parameters_.push_back(std::move(p));
   return *parameters_.back();
 }
@@ -51,7 +86,7 @@ Parameter& ParameterSet::Get(const std::string& name) {
 
 int64_t ParameterSet::NumElements() const {
   int64_t n = 0;
-  for (const auto& p : parameters_) n += p->master.numel();
+  for (const auto& p : parameters_) n += p->value.numel();
   return n;
 }
 

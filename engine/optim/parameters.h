@@ -5,8 +5,10 @@
 //   master  the f32 weights the optimizer updates (on the CPU the same tensor as value);
 //   grad    f32, accumulated (+=) by backward over micro-batches, zeroed after each step;
 //   exp_avg, exp_avg_sq   AdamW moments, f32.
-// Initial values are drawn on the host from (seed, name), so they do not depend on the order of
-// creation or on the device: CPU and CUDA runs of one seed start from the same weights.
+// Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
+// generated in parallel, so they depend neither on the order of creation, nor on the device,
+// nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
+// Without optimizer state (benchmarks, evaluation) only value and grad exist.
 #pragma once
 
 #include <memory>
@@ -40,7 +42,7 @@ struct ParameterSpec {
 class ParameterSet {
  public:
   // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
-  ParameterSet(Device device, DType compute_dtype, uint64_t seed);
+  ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state = true);
 
   Parameter& Create(const ParameterSpec& spec);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
@@ -59,6 +61,7 @@ class ParameterSet {
   Device device_;
   DType compute_dtype_;
   uint64_t seed_;
+  bool optimizer_state_;
   std::vector<std::unique_ptr<Parameter>> parameters_;
 };
 
