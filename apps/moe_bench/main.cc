@@ -1,0 +1,228 @@
+// moe_bench: times one MoE block (router, permutation, grouped expert MLP, unpermutation) on
+// real layer shapes, forward and forward + backward, for the fused and the unfused grouped MLP.
+// Before timing it checks the two paths against each other on the same weights and inputs
+// (outputs, input gradients, router and expert weight gradients). Prints a table and writes
+// JSON (--json_out). TFLOP/s counts only the expert GEMMs: 6 * rows * hidden * ffn forward
+// (fc1 to 2 * ffn, fc2 back), three times that forward + backward; rows = tokens * topk.
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/core/bfloat16.h"
+#include "engine/kernels/ops.h"
+#include "engine/runtime/device_context.h"
+#include "modules/moe_layer.h"
+
+DEFINE_string(shapes, "qwen3,mixtral,deepseek", "layer shapes: qwen3, mixtral, deepseek, tiny");
+DEFINE_string(tokens, "4096,16384", "token counts per block");
+DEFINE_string(paths, "fused,unfused", "grouped MLP paths to time");
+DEFINE_int32(warmup, 3, "untimed iterations");
+DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
+DEFINE_string(device, "cuda", "cpu | cuda");
+DEFINE_string(json_out, "", "write the results here as JSON");
+
+namespace moe {
+namespace {
+
+struct Shape {
+  std::string name;
+  int64_t hidden, experts, topk, ffn;
+};
+
+const std::vector<Shape> kShapes = {{"qwen3", 2048, 128, 8, 768},
+                                    {"mixtral", 4096, 8, 2, 14336},
+                                    {"deepseek", 7168, 256, 8, 2048},
+                                    {"tiny", 64, 8, 2, 32}};
+
+std::vector<std::string> Split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
+  return out;
+}
+
+GptConfig LayerConfig(const Shape& shape, GroupedMlpKind kind) {
+  GptConfig c;
+  c.num_layers = 1;
+  c.first_dense_layers = 0;
+  c.hidden_size = shape.hidden;
+  c.num_experts = shape.experts;
+  c.moe_router_topk = shape.topk;
+  c.moe_ffn_hidden_size = shape.ffn;
+  c.moe_grouped_mlp = kind;
+  return c;
+}
+
+Tensor RandomInput(const Shape& shape, int64_t tokens, DType dtype, Device device, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(tokens * shape.hidden);
+  for (float& v : values) v = normal(rng);
+  Tensor f32 = Tensor::Empty({tokens, shape.hidden}, DType::kF32, device);
+  ops::CopyFromHost(values.data(), f32);
+  if (dtype == DType::kF32) return f32;
+  Tensor out = Tensor::Empty(f32.shape(), dtype, device);
+  ops::Cast(f32, out);
+  return out;
+}
+
+std::vector<float> HostFloats(const Tensor& t) {
+  Tensor f32 = t;
+  if (t.dtype() != DType::kF32) {
+    f32 = Tensor::Empty(t.shape(), DType::kF32, t.device());
+    ops::Cast(t, f32);
+  }
+  std::vector<float> out(f32.numel());
+  ops::CopyToHost(f32, out.data());
+  return out;
+}
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+// What the check compares between the paths.
+struct Outputs {
+  std::map<std::string, std::vector<float>> values;
+};
+
+struct PathResult {
+  std::string path;
+  double forward_ms = 0, forward_backward_ms = 0, peak_mib = 0;
+  Outputs outputs;
+};
+
+double MedianMs(Device device, int iters, const std::function<void()>& body) {
+  Stream& stream = DeviceContext::Get(device).compute_stream();
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    auto start = stream.CreateEvent(true), stop = stream.CreateEvent(true);
+    start->Record(stream);
+    body();
+    stop->Record(stream);
+    times.push_back(stop->ElapsedMillisecondsSince(*start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Device device,
+                   DType dtype) {
+  PathResult result;
+  result.path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
+  const GptConfig config = LayerConfig(shape, kind);
+  ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false);
+  MoeLayer layer(parameters, "moe", config, 0);
+  const Tensor x = RandomInput(shape, tokens, dtype, device, 11);
+  const Tensor dy = RandomInput(shape, tokens, dtype, device, 13);
+  Tensor aux = Tensor::Empty({1}, DType::kF32, device);
+  auto forward_backward = [&](bool backward) {
+    SavedTensors saved;
+    ops::Fill(aux, 0.0f);
+    Tensor y = layer.Forward(saved, x, aux);
+    if (!backward) return std::make_pair(y, Tensor());
+    return std::make_pair(y, layer.Backward(saved, dy, 1.0f));
+  };
+
+  {  // outputs for the cross-path check (grads from exactly one backward)
+    parameters.ZeroGrads();
+    auto [y, dx] = forward_backward(true);
+    result.outputs.values["y"] = HostFloats(y);
+    result.outputs.values["dx"] = HostFloats(dx);
+    for (const auto& p : parameters.all()) {
+      const int64_t rows = std::min<int64_t>(p->grad.dim(0), 2);  // router rows or two experts
+      result.outputs.values[p->name] = HostFloats(p->grad.Rows(0, rows));
+    }
+  }
+  for (int i = 0; i < FLAGS_warmup; ++i) forward_backward(true);
+  result.forward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(false); });
+  CachingAllocator& allocator = DeviceContext::Get(device).allocator();
+  const int64_t base = allocator.stats().allocated_bytes;
+  allocator.ResetPeakStats();
+  result.forward_backward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(true); });
+  result.peak_mib = (allocator.stats().peak_allocated_bytes - base) / 1048576.0;
+  return result;
+}
+
+int Run() {
+  const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
+  const Status available = CheckDeviceAvailable(device);
+  if (!available.ok()) {
+    fprintf(stderr, "moe_bench: --device=%s: %s\n", FLAGS_device.c_str(), available.message().c_str());
+    return 2;
+  }
+  const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
+  const double tolerance = device.is_cuda() ? 2e-2 : 1e-5;
+  nlohmann::json results = nlohmann::json::array();
+  bool all_ok = true;
+  printf("%-9s %6s %-8s %9s %8s %10s %8s %10s %s\n", "shape", "tokens", "path", "fwd ms", "TFLOP/s",
+         "fwd+bwd ms", "TFLOP/s", "peak MiB", "check vs other path");
+  for (const std::string& name : Split(FLAGS_shapes)) {
+    auto shape = std::find_if(kShapes.begin(), kShapes.end(), [&](const Shape& s) { return s.name == name; });
+    if (shape == kShapes.end()) {
+      fprintf(stderr, "moe_bench: --shapes: unknown shape '%s'\n", name.c_str());
+      return 2;
+    }
+    for (const std::string& token_text : Split(FLAGS_tokens)) {
+      const int64_t tokens = std::stoll(token_text);
+      std::vector<PathResult> paths;
+      for (const std::string& path : Split(FLAGS_paths)) {
+        paths.push_back(RunPath(*shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused
+                                                                  : GroupedMlpKind::kFused,
+                                device, dtype));
+      }
+      const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
+      for (const PathResult& r : paths) {
+        double worst = 0;
+        std::string worst_name;
+        for (const PathResult& other : paths) {
+          if (&other == &r) continue;
+          for (const auto& [key, want] : other.outputs.values) {
+            const double error = RelativeError(r.outputs.values.at(key), want);
+            if (error > worst) worst = error, worst_name = key;
+          }
+        }
+        const bool ok = worst <= tolerance;
+        all_ok = all_ok && ok;
+        printf("%-9s %6lld %-8s %9.3f %8.1f %10.3f %8.1f %10.0f %s (max rel err %.2e %s)\n",
+               shape->name.c_str(), (long long)tokens, r.path.c_str(), r.forward_ms,
+               gemm_flops / r.forward_ms / 1e9, r.forward_backward_ms,
+               3 * gemm_flops / r.forward_backward_ms / 1e9, r.peak_mib, ok ? "ok" : "FAIL", worst,
+               worst_name.c_str());
+        results.push_back({{"shape", shape->name}, {"tokens", tokens}, {"path", r.path},
+                           {"hidden", shape->hidden}, {"experts", shape->experts},
+                           {"topk", shape->topk}, {"ffn", shape->ffn},
+                           {"forward_ms", r.forward_ms}, {"forward_backward_ms", r.forward_backward_ms},
+                           {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
+                           {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
+                           {"peak_mib", r.peak_mib}, {"max_rel_err_vs_other_path", worst}});
+      }
+      fflush(stdout);
+    }
+  }
+  if (!FLAGS_json_out.empty()) std::ofstream(FLAGS_json_out) << results.dump(2) << "\n";
+  if (!all_ok) fprintf(stderr, "moe_bench: the paths disagree (see the check column)\n");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("times one MoE block, fused vs unfused grouped MLP (see README.md)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  return moe::Run();
+}
