@@ -2,14 +2,23 @@
 
 #include <cmath>
 
+#include <glog/logging.h>
+
 #include "engine/kernels/ops.h"
+#include "modules/fused_grouped_mlp.h"
 #include "modules/unfused_grouped_mlp.h"
 
 namespace moe {
 
 std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::string& name,
                                            const GptConfig& config, int layer) {
-  return std::make_unique<UnfusedGroupedMlp>(parameters, name, config, layer);
+  switch (config.moe_grouped_mlp) {
+    case GroupedMlpKind::kFused:
+      return std::make_unique<FusedGroupedMlp>(parameters, name, config, layer);
+    case GroupedMlpKind::kUnfused:
+      return std::make_unique<UnfusedGroupedMlp>(parameters, name, config, layer);
+  }
+  LOG(FATAL) << "unknown grouped MLP kind " << static_cast<int>(config.moe_grouped_mlp);
 }
 
 ExpertWeights CreateExpertWeights(ParameterSet& parameters, const std::string& name,
@@ -24,7 +33,7 @@ ExpertWeights CreateExpertWeights(ParameterSet& parameters, const std::string& n
 }
 
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert) {
-  return stacked.Rows(expert, expert + 1).View({p.master.dim(1), p.master.dim(2)});
+  return stacked.Rows(expert, expert + 1).View({p.value.dim(1), p.value.dim(2)});
 }
 
 std::vector<int32_t> HostOffsets(const Tensor& offsets) {

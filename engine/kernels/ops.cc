@@ -3,6 +3,7 @@
 #include "engine/kernels/ops.h"
 
 #include <initializer_list>
+#include <span>
 
 #include <glog/logging.h>
 
@@ -148,6 +149,53 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
   CHECK(out.dtype() == a.dtype() || out.dtype() == DType::kF32)
       << "matmul output " << out.DebugString() << " for " << DTypeName(a.dtype()) << " operands";
   MOE_DISPATCH(device, Matmul, a, b, out, transpose_a, transpose_b, beta);
+}
+
+// ---------------------------------------------------------------- grouped GEMM
+namespace {
+void CheckGroupOffsets(std::span<const int32_t> offsets, int64_t groups, int64_t rows,
+                       const char* what) {
+  CHECK_EQ(static_cast<int64_t>(offsets.size()), groups + 1) << what << ": offsets for " << groups
+                                                             << " groups";
+  CHECK(offsets.front() == 0 && offsets.back() == rows)
+      << what << ": offsets run from " << offsets.front() << " to " << offsets.back()
+      << ", expected 0 to " << rows;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    CHECK_LE(offsets[g], offsets[g + 1]) << what << ": offsets decrease after group " << g;
+  }
+}
+}  // namespace
+
+void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
+                   const Tensor& y, bool transpose_w) {
+  const Device device = CommonDevice({&x, &w, &y});
+  CHECK(x.ndim() == 2 && w.ndim() == 3 && y.ndim() == 2)
+      << "grouped matmul takes x (rows, k), w (groups, ., .), y (rows, n): " << x.DebugString()
+      << ", " << w.DebugString() << ", " << y.DebugString();
+  const int64_t k = transpose_w ? w.dim(2) : w.dim(1);
+  const int64_t n = transpose_w ? w.dim(1) : w.dim(2);
+  CHECK_EQ(x.dim(1), k) << "grouped matmul inner dimensions: " << x.DebugString() << " x "
+                        << w.DebugString();
+  CheckShape(y, {x.dim(0), n}, "grouped matmul output");
+  CheckFloat(x, "grouped matmul input");
+  CheckSameDType(x, w, "grouped matmul");
+  CheckSameDType(x, y, "grouped matmul");
+  CheckGroupOffsets(offsets, w.dim(0), x.dim(0), "grouped matmul");
+  MOE_DISPATCH(device, GroupedMatmul, x, w, offsets, y, transpose_w);
+}
+
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
+                             const Tensor& dw) {
+  const Device device = CommonDevice({&dy, &x, &dw});
+  CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
+      << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
+      << dy.DebugString() << ", " << x.DebugString() << ", " << dw.DebugString();
+  CheckShape(dw, {dw.dim(0), dy.dim(1), x.dim(1)}, "grouped weight gradient dw");
+  CheckFloat(dy, "grouped weight gradient dy");
+  CheckSameDType(dy, x, "grouped weight gradient");
+  CheckDType(dw, DType::kF32, "grouped weight gradient dw");
+  CheckGroupOffsets(offsets, dw.dim(0), x.dim(0), "grouped weight gradient");
+  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, dw);
 }
 
 // ---------------------------------------------------------------- normalisation

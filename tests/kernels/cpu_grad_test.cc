@@ -56,6 +56,34 @@ TEST_F(CpuGradTest, MatmulGradientsAreTransposedMatmuls) {
   }
 }
 
+TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
+  // 4 groups over 9 rows, one of them empty.
+  const std::vector<int32_t> offsets = {0, 4, 4, 5, 9};
+  const int64_t rows = 9, groups = 4, k = 4, n = 6;
+  for (bool transpose_w : {false, true}) {
+    SCOPED_TRACE(transpose_w ? "y = x w^T" : "y = x w");
+    const Shape w_shape = transpose_w ? Shape{groups, n, k} : Shape{groups, k, n};
+    Tensor x = Random({rows, k}), w = Random(w_shape), dy = Random({rows, n});
+    Tensor y = Poisoned({rows, n});
+    const std::vector<float> r = ToFloats(dy);
+    auto loss = [&] {
+      ops::GroupedMatmul(x, w, offsets, y, transpose_w);
+      return WeightedSum(y, r);
+    };
+    // dx = dy op(w_g)^T; dw_g += dy_g^T x_g for (n, k) matrices, x_g^T dy_g for (k, n) ones.
+    Tensor dx = Poisoned({rows, k}), dw = Random(w_shape);
+    const std::vector<float> dw_before = ToFloats(dw);
+    ops::GroupedMatmul(dy, w, offsets, dx, !transpose_w);
+    if (transpose_w) {
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, dw);
+    } else {
+      ops::GroupedMatmulWeightGrad(x, dy, offsets, dw);
+    }
+    ExpectGradient("dx", x, ToFloats(dx), loss);
+    ExpectGradient("dw increment", w, Increment(dw, dw_before), loss);
+  }
+}
+
 TEST_F(CpuGradTest, RmsNormDxAndAccumulatedDweight) {
   const int64_t rows = 6, h = 16;
   const float eps = 1e-5f;

@@ -166,6 +166,67 @@ TEST_F(CpuOpsTest, MatmulAllTransposesBatchesAndBeta) {
   }
 }
 
+// ---------------------------------------------------------------- grouped GEMM
+
+// 7 groups over 20 rows: empty ones first, inside and last, a crowded one and a single row.
+const std::vector<int32_t> kGroupOffsets = {0, 0, 3, 3, 17, 18, 20, 20};
+constexpr int64_t kGroups = 7, kGroupedRows = 20;
+
+int64_t GroupOfRow(int64_t row) {
+  int64_t g = 0;
+  while (kGroupOffsets[g + 1] <= row) ++g;
+  return g;
+}
+
+TEST_F(CpuOpsTest, GroupedMatmulIsAMatmulPerGroup) {
+  const int64_t k = 5, n = 4;
+  for (bool transpose_w : {false, true}) {
+    SCOPED_TRACE(transpose_w ? "y = x w^T" : "y = x w");
+    Tensor x = Random({kGroupedRows, k});
+    Tensor w = Random(transpose_w ? Shape{kGroups, n, k} : Shape{kGroups, k, n});
+    Tensor y = Poisoned({kGroupedRows, n});
+    ops::GroupedMatmul(x, w, kGroupOffsets, y, transpose_w);
+    const std::vector<float> hx = ToFloats(x), hw = ToFloats(w);
+    std::vector<float> want(kGroupedRows * n);
+    for (int64_t row = 0; row < kGroupedRows; ++row) {
+      const float* wg = hw.data() + GroupOfRow(row) * n * k;
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          sum += static_cast<double>(hx[row * k + p]) * (transpose_w ? wg[j * k + p] : wg[p * n + j]);
+        }
+        want[row * n + j] = static_cast<float>(sum);
+      }
+    }
+    EXPECT_LT(RelativeError(ToFloats(y), want), kTolerance);
+  }
+}
+
+TEST_F(CpuOpsTest, GroupedMatmulWeightGradAccumulatesAndLeavesEmptyGroups) {
+  const int64_t k = 5, n = 4;
+  Tensor dy = Random({kGroupedRows, n}), x = Random({kGroupedRows, k});
+  Tensor dw = Random({kGroups, n, k});
+  const std::vector<float> before = ToFloats(dw), hdy = ToFloats(dy), hx = ToFloats(x);
+  ops::GroupedMatmulWeightGrad(dy, x, kGroupOffsets, dw);
+  std::vector<double> sums(before.begin(), before.end());
+  for (int64_t row = 0; row < kGroupedRows; ++row) {
+    double* dwg = sums.data() + GroupOfRow(row) * n * k;
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t p = 0; p < k; ++p) {
+        dwg[i * k + p] += static_cast<double>(hdy[row * n + i]) * hx[row * k + p];
+      }
+    }
+  }
+  const std::vector<float> got = ToFloats(dw);
+  EXPECT_LT(RelativeError(got, std::vector<float>(sums.begin(), sums.end())), kTolerance);
+  for (int64_t g = 0; g < kGroups; ++g) {
+    if (kGroupOffsets[g] != kGroupOffsets[g + 1]) continue;
+    EXPECT_TRUE(std::equal(got.begin() + g * n * k, got.begin() + (g + 1) * n * k,
+                           before.begin() + g * n * k))
+        << "empty group " << g << " changed";
+  }
+}
+
 // ---------------------------------------------------------------- normalisation, softmax
 
 TEST_F(CpuOpsTest, RmsNormForwardMatchesReference) {

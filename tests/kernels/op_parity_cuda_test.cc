@@ -135,6 +135,20 @@ std::vector<OpCase> Cases() {
     ops::Matmul(a, b, out, false, true);
     r.Read("out", out);
   });
+  add("grouped_matmul", [](OpRun& r) {
+    // 6 groups over 300 rows: empty ones, one holding most rows, a single row.
+    const std::vector<int32_t> offsets = {0, 0, 1, 261, 261, 290, 300};
+    const int64_t rows = 300, groups = 6, k = 72, n = 40;
+    Tensor x = r.In({rows, k}), w = r.In({groups, n, k}), dy = r.In({rows, n});
+    Tensor y = r.Out({rows, n}), dx = r.Out({rows, k});
+    ops::GroupedMatmul(x, w, offsets, y, /*transpose_w=*/true);
+    ops::GroupedMatmul(dy, w, offsets, dx, /*transpose_w=*/false);
+    Tensor dw = r.InF32({groups, n, k});  // f32 accumulation: dw_g += dy_g^T x_g
+    ops::GroupedMatmulWeightGrad(dy, x, offsets, dw);
+    r.Read("y", y);
+    r.Read("dx", dx);
+    r.Read("dw", dw);
+  });
   add("rmsnorm", [](OpRun& r) {
     const int64_t rows = 67, h = 384;
     Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});

@@ -5,12 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 
 #include "engine/kernels/ops.h"
 #include "modules/attention.h"
 #include "modules/dense_mlp.h"
 #include "modules/gpt_model.h"
-#include "modules/unfused_grouped_mlp.h"
+#include "modules/grouped_mlp.h"
 #include "modules/moe_layer.h"
 #include "modules/rms_norm.h"
 #include "modules/transformer_layer.h"
@@ -74,6 +75,17 @@ class ModuleGradTest : public testing::OpTest {
     return aux_;
   }
 
+  void CheckGroupedMlp(GroupedMlpKind kind) {
+    config_.moe_grouped_mlp = kind;
+    std::unique_ptr<GroupedMlp> experts = MakeGroupedMlp(parameters_, "experts", config_, 0);
+    // 9 rows: expert 0 has 5, expert 1 none, expert 2 has 4, expert 3 none.
+    const Tensor offsets = Ints({0, 5, 5, 9, 9}, {5});
+    const Tensor weights = Floats({0.9f, 0.2f, 0.5f, 0.7f, 0.1f, 0.3f, 0.6f, 0.8f, 0.4f}, {9});
+    Check(parameters_, Random({9, config_.hidden_size}),
+          [&](SavedTensors& s, const Tensor& x) { return experts->Forward(s, x, offsets, weights); },
+          [&](SavedTensors& s, const Tensor& dy) { return experts->Backward(s, dy).dx; });
+  }
+
   GptConfig config_ = TinyConfig();
   ParameterSet parameters_{Device::CPU(), DType::kF32, testing::TestSeed()};
 };
@@ -100,14 +112,12 @@ TEST_F(ModuleGradTest, DenseMlp) {
         [&](SavedTensors& s, const Tensor& dy) { return mlp.Backward(s, dy); });
 }
 
-TEST_F(ModuleGradTest, GroupedMlpWithEmptyAndCrowdedExperts) {
-  UnfusedGroupedMlp experts(parameters_, "experts", config_, 0);
-  // 9 rows: expert 0 has 5, expert 1 none, expert 2 has 4, expert 3 none.
-  const Tensor offsets = Ints({0, 5, 5, 9, 9}, {5});
-  const Tensor weights = Floats({0.9f, 0.2f, 0.5f, 0.7f, 0.1f, 0.3f, 0.6f, 0.8f, 0.4f}, {9});
-  Check(parameters_, Random({9, config_.hidden_size}),
-        [&](SavedTensors& s, const Tensor& x) { return experts.Forward(s, x, offsets, weights); },
-        [&](SavedTensors& s, const Tensor& dy) { return experts.Backward(s, dy).dx; });
+TEST_F(ModuleGradTest, UnfusedGroupedMlpWithEmptyAndCrowdedExperts) {
+  CheckGroupedMlp(GroupedMlpKind::kUnfused);
+}
+
+TEST_F(ModuleGradTest, FusedGroupedMlpWithEmptyAndCrowdedExperts) {
+  CheckGroupedMlp(GroupedMlpKind::kFused);
 }
 
 TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {

@@ -2,25 +2,13 @@
 // column-major cuBLAS: a row-major (r, c) matrix is a column-major (c, r) one, so the call
 // computes out^T (n, m) = op(b)^T · op(a)^T, i.e. passes b first. 2-D is a batch of one;
 // 3-D uses the strided batch. a, b f32 or bf16 (the same); out f32 or that dtype.
-// Precision: f32 uses CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, whatever NVIDIA_TF32_OVERRIDE
-// says), bf16 CUBLAS_COMPUTE_32F (fp32 accumulation on tensor cores). beta == 0 never reads out.
-#include <climits>
-
+// Precision: CublasComputeType (f32 without TF32, bf16 on tensor cores, fp32 accumulation).
+// beta == 0 never reads out.
 #include "engine/kernels/cuda/cublas_handle.h"
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
 namespace moe::cuda {
-namespace {
-
-cudaDataType_t CudaDataType(DType dtype) { return dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; }
-
-int CheckedInt(int64_t v) {
-  CHECK_LE(v, INT_MAX) << "matmul dimension too large for cuBLAS";
-  return static_cast<int>(v);
-}
-
-}  // namespace
 
 void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a, bool transpose_b,
             float beta) {
@@ -38,15 +26,13 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
     return;
   }
   const float alpha = 1.0f;
-  const cudaDataType_t ab_type = CudaDataType(a.dtype());
-  const cublasComputeType_t compute =
-      a.dtype() == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t ab_type = CublasDataType(a.dtype());
   CUBLAS_CALL(cublasGemmStridedBatchedEx(
       CublasHandle(out.device()), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-      transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, CheckedInt(n), CheckedInt(m), CheckedInt(k), &alpha,
-      b.data(), ab_type, CheckedInt(b.dim(-1)), b.numel() / batches, a.data(), ab_type,
-      CheckedInt(a.dim(-1)), a.numel() / batches, &beta, out.data(), CudaDataType(out.dtype()),
-      CheckedInt(n), m * n, CheckedInt(batches), compute, CUBLAS_GEMM_DEFAULT));
+      transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, CublasInt(n), CublasInt(m), CublasInt(k), &alpha,
+      b.data(), ab_type, CublasInt(b.dim(-1)), b.numel() / batches, a.data(), ab_type,
+      CublasInt(a.dim(-1)), a.numel() / batches, &beta, out.data(), CublasDataType(out.dtype()),
+      CublasInt(n), m * n, CublasInt(batches), CublasComputeType(a.dtype()), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace moe::cuda

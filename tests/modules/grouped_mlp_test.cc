@@ -1,0 +1,193 @@
+// The fused and the unfused grouped MLP on the CPU (f32): the same function and gradients to fp32
+// rounding on routings with empty experts, all rows on one expert and heavy imbalance; the
+// saved-tensor groups each registers for offloading; and a whole tiny model trains to the same
+// loss curve on either path.
+#include "modules/grouped_mlp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "modules/trainer.h"
+#include "tests/testing/tensor_testing.h"
+
+namespace moe {
+namespace {
+
+using testing::RelativeError;
+using testing::ToFloats;
+
+constexpr double kFp32Rounding = 1e-6;
+constexpr int kLayer = 3;
+
+GptConfig MlpConfig() {
+  GptConfig c;
+  c.hidden_size = 24;
+  c.num_experts = 6;
+  c.moe_ffn_hidden_size = 20;
+  c.init_std = 0.2f;
+  return c;
+}
+
+// Offsets for expert row counts.
+std::vector<int32_t> OffsetsOf(const std::vector<int32_t>& counts) {
+  std::vector<int32_t> offsets = {0};
+  for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+struct Routing {
+  std::string name;
+  std::vector<int32_t> counts;  // rows per expert
+};
+
+// Random counts over `experts` where about half the experts get no rows.
+std::vector<int32_t> RandomCounts(int64_t experts, std::mt19937& rng) {
+  std::vector<int32_t> counts(experts);
+  std::uniform_int_distribution<int32_t> rows(1, 12), coin(0, 1);
+  for (int32_t& c : counts) c = coin(rng) ? rows(rng) : 0;
+  counts[rng() % experts] += 1;  // never all empty
+  return counts;
+}
+
+std::vector<Routing> Routings(std::mt19937& rng) {
+  return {{"random with empty experts", RandomCounts(6, rng)},
+          {"all rows on one expert", {0, 0, 0, 37, 0, 0}},
+          {"heavy imbalance", {1, 60, 0, 2, 1, 0}},
+          {"every expert", {5, 3, 8, 2, 7, 4}}};
+}
+
+// One forward and backward of a grouped MLP, everything it produced read back.
+struct PathRun {
+  std::vector<float> y, dx, dweights, fc1_grad, fc2_grad;
+  std::vector<SavedGroup> groups;
+  std::vector<std::string> keys;  // saved after forward
+};
+
+PathRun RunPath(GroupedMlpKind kind, const GptConfig& base, const std::vector<int32_t>& offsets,
+                const std::vector<float>& x, const std::vector<float>& weights,
+                const std::vector<float>& dy) {
+  GptConfig config = base;
+  config.moe_grouped_mlp = kind;
+  ParameterSet parameters(Device::CPU(), DType::kF32, /*seed=*/7);
+  std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, kLayer);
+  const int64_t rows = offsets.back(), hidden = config.hidden_size;
+  const Device cpu = Device::CPU();
+  SavedTensors saved;
+  const Tensor y = mlp->Forward(saved, testing::FromFloats(x, {rows, hidden}, DType::kF32, cpu),
+                                testing::FromInts(offsets, {config.num_experts + 1}, cpu),
+                                testing::FromFloats(weights, {rows}, DType::kF32, cpu));
+  PathRun run;
+  run.groups = saved.groups();
+  run.keys = saved.keys();
+  parameters.ZeroGrads();
+  const GroupedMlp::Grads grads =
+      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, DType::kF32, cpu));
+  EXPECT_TRUE(saved.empty()) << "backward left saved tensors";
+  run.y = ToFloats(y);
+  run.dx = ToFloats(grads.dx);
+  run.dweights = ToFloats(grads.dweights);
+  run.fc1_grad = ToFloats(parameters.Get("experts.fc1.weight").grad);
+  run.fc2_grad = ToFloats(parameters.Get("experts.fc2.weight").grad);
+  return run;
+}
+
+TEST(GroupedMlpTest, FusedMatchesUnfusedToFp32Rounding) {
+  const GptConfig config = MlpConfig();
+  std::mt19937 rng(testing::TestSeed());
+  SCOPED_TRACE("seed " + std::to_string(testing::TestSeed()));
+  for (const Routing& routing : Routings(rng)) {
+    SCOPED_TRACE(routing.name);
+    const std::vector<int32_t> offsets = OffsetsOf(routing.counts);
+    const int64_t rows = offsets.back();
+    const std::vector<float> x = testing::RandomFloats(rows * config.hidden_size, rng);
+    const std::vector<float> dy = testing::RandomFloats(rows * config.hidden_size, rng);
+    std::vector<float> weights = testing::RandomFloats(rows, rng);
+    for (float& w : weights) w = std::abs(w) + 0.05f;
+    const PathRun unfused = RunPath(GroupedMlpKind::kUnfused, config, offsets, x, weights, dy);
+    const PathRun fused = RunPath(GroupedMlpKind::kFused, config, offsets, x, weights, dy);
+    EXPECT_LE(RelativeError(fused.y, unfused.y), kFp32Rounding) << "y";
+    EXPECT_LE(RelativeError(fused.dx, unfused.dx), kFp32Rounding) << "dx";
+    EXPECT_LE(RelativeError(fused.dweights, unfused.dweights), kFp32Rounding) << "dweights";
+    EXPECT_LE(RelativeError(fused.fc1_grad, unfused.fc1_grad), kFp32Rounding) << "fc1 grad";
+    EXPECT_LE(RelativeError(fused.fc2_grad, unfused.fc2_grad), kFp32Rounding) << "fc2 grad";
+  }
+}
+
+void ExpectGroup(const SavedGroup& group, const std::string& name,
+                 const std::vector<std::string>& keys) {
+  EXPECT_EQ(group.name, name);
+  EXPECT_EQ(group.layer, kLayer) << name;
+  EXPECT_EQ(group.keys, keys) << name;
+  EXPECT_TRUE(group.committed) << name;
+}
+
+TEST(GroupedMlpTest, EachPathSavesItsOffloadGroups) {
+  const GptConfig config = MlpConfig();
+  std::mt19937 rng(testing::TestSeed());
+  const std::vector<int32_t> offsets = OffsetsOf({4, 0, 9, 1, 0, 6});
+  const int64_t rows = offsets.back();
+  const std::vector<float> x = testing::RandomFloats(rows * config.hidden_size, rng);
+  const std::vector<float> weights(rows, 0.5f);
+
+  const PathRun unfused = RunPath(GroupedMlpKind::kUnfused, config, offsets, x, weights, x);
+  ASSERT_EQ(unfused.groups.size(), 2u);
+  ExpectGroup(unfused.groups[0], "expert_fc1", {"experts.x"});
+  ExpectGroup(unfused.groups[1], "moe_act", {"experts.h", "experts.weights"});
+  EXPECT_EQ(unfused.keys, (std::vector<std::string>{"experts.h", "experts.offsets",
+                                                    "experts.weights", "experts.x"}));
+
+  // The fused path keeps the routing weights and the host offsets outside its group.
+  const PathRun fused = RunPath(GroupedMlpKind::kFused, config, offsets, x, weights, x);
+  ASSERT_EQ(fused.groups.size(), 1u);
+  ExpectGroup(fused.groups[0], "fused_group_mlp", {"experts.x", "experts.h", "experts.a"});
+  EXPECT_EQ(fused.keys, (std::vector<std::string>{"experts.a", "experts.h", "experts.offsets",
+                                                  "experts.weights", "experts.x"}));
+}
+
+TEST(GroupedMlpTest, TinyModelTrainsToTheSameLossCurveOnEitherPath) {
+  GptConfig config;
+  config.num_layers = 2;
+  config.hidden_size = 32;
+  config.num_attention_heads = 4;
+  config.num_query_groups = 2;
+  config.ffn_hidden_size = 64;
+  config.num_experts = 4;
+  config.moe_router_topk = 2;
+  config.moe_ffn_hidden_size = 32;
+  config.seq_length = 16;
+  config.vocab_size = 64;
+  TrainerOptions options;
+  options.micro_batch_size = 4;
+  options.global_batch_size = 8;
+  options.train_steps = 20;
+  options.warmup_steps = 3;
+  options.lr = 1e-2f;
+  options.min_lr = 1e-3f;
+  DataOptions data;
+  data.vocab_size = config.vocab_size;
+  const std::unique_ptr<TokenSource> source = std::move(OpenTokenSource(data)).value();
+
+  auto loss_curve = [&](GroupedMlpKind kind) {
+    config.moe_grouped_mlp = kind;
+    auto trainer = std::move(Trainer::Create(config, options, Device::CPU(), source.get())).value();
+    std::vector<double> losses;
+    for (int step = 0; step < options.train_steps; ++step) {
+      losses.push_back(trainer->TrainStep().loss);
+    }
+    return losses;
+  };
+  const std::vector<double> unfused = loss_curve(GroupedMlpKind::kUnfused);
+  const std::vector<double> fused = loss_curve(GroupedMlpKind::kFused);
+  for (int step = 0; step < options.train_steps; ++step) {
+    EXPECT_NEAR(fused[step], unfused[step], 1e-4 * unfused[step]) << "step " << step;
+  }
+  EXPECT_LT(fused.back(), fused.front()) << "the loss did not fall";
+}
+
+}  // namespace
+}  // namespace moe
