@@ -26,7 +26,9 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       parameters_(device, device.is_cuda() ? DType::kBF16 : DType::kF32, options.seed),
       model_(config_, parameters_),
       optimizer_(options.adamw),
-      sampler_(std::move(sampler)) {}
+      sampler_(std::move(sampler)) {
+  if (options_.offload) offload_ = std::make_unique<OffloadManager>(device_, *options_.offload);
+}
 
 void Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows, Tensor* ids,
                      Tensor* targets) const {
@@ -57,7 +59,7 @@ StepStats Trainer::TrainStep() {
     sampler_.NextTrainBatch(windows);
     Tensor ids, targets;
     Upload(windows, options_.micro_batch_size, &ids, &targets);
-    SavedTensors saved(/*training=*/true);
+    SavedTensors saved(/*training=*/true, offload_.get());
     const ForwardResult result = model_.Forward(saved, ids, targets);
     model_.Backward(saved, 1.0f / static_cast<float>(tokens), 1.0f / static_cast<float>(micro_batches));
     CHECK(saved.empty()) << "backward left saved tensors behind, e.g. " << saved.keys().front();
@@ -73,6 +75,7 @@ StepStats Trainer::TrainStep() {
   float loss_sum = 0, aux_sum = 0;
   ops::CopyToHost(loss_total, &loss_sum);
   ops::CopyToHost(aux_total, &aux_sum);
+  if (offload_) stats.offload = offload_->EndStep();
   stats.loss = loss_sum / static_cast<double>(tokens);
   stats.aux_loss = aux_sum / static_cast<double>(micro_batches);
   stats.tokens = tokens;

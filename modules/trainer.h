@@ -7,6 +7,10 @@
 // over the micro-batches. Evaluation runs forward-only passes (nothing saved) over a fixed set of
 // validation batches.
 //
+// With TrainerOptions::offload set, the trainer owns an OffloadManager and passes it to each
+// micro-batch's saved-tensor context (evaluation passes none); StepStats::offload reports what a
+// step moved, and the manager's policy table exists after the first step.
+//
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
 // moments (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq") and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
@@ -15,12 +19,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/core/status.h"
 #include "engine/io/dataset.h"
+#include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/parameters.h"
 #include "modules/gpt_config.h"
@@ -38,6 +44,7 @@ struct TrainerOptions {
   AdamWOptions adamw;
   int64_t eval_steps = 4;  // validation batches (of micro_batch_size) per evaluation
   uint64_t seed = 1234;
+  std::optional<OffloadOptions> offload;  // fine-grained activation offloading (off if unset)
 };
 
 struct StepStats {
@@ -47,6 +54,7 @@ struct StepStats {
   float grad_norm = 0;
   int64_t tokens = 0;
   double seconds = 0;   // wall time of the step, device work included
+  OffloadStepStats offload;  // zero without offloading
 };
 
 class Trainer {
@@ -62,6 +70,8 @@ class Trainer {
   int64_t step() const { return step_; }
   const ParameterSet& parameters() const { return parameters_; }
   const GptModel& model() const { return model_; }
+  // nullptr unless TrainerOptions::offload is set.
+  const OffloadManager* offload_manager() const { return offload_.get(); }
 
   // Writes root/step_<step>; `description` is stored in state.json under "run".
   Status Save(const std::string& root, const nlohmann::json& description);
@@ -91,6 +101,7 @@ class Trainer {
   GptModel model_;
   AdamW optimizer_;
   BatchSampler sampler_;
+  std::unique_ptr<OffloadManager> offload_;
   int64_t step_ = 0;
 };
 

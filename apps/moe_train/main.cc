@@ -58,6 +58,7 @@ int Run() {
     const StepStats stats = trainer.TrainStep();
     const int64_t step = trainer.step();
     log.Step(step, stats);
+    log.OffloadPolicy(trainer.offload_manager());
     const bool last = step == run.trainer.train_steps;
     if (last || (FLAGS_eval_interval > 0 && step % FLAGS_eval_interval == 0)) {
       log.Eval(step, trainer.Evaluate(), floor);

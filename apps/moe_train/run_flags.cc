@@ -3,6 +3,7 @@
 #include <fstream>
 #include <set>
 
+#include "apps/moe_train/offload_flags.h"
 #include "engine/runtime/device_context.h"
 
 // Model shape.
@@ -16,6 +17,9 @@ DEFINE_int64(moe_router_topk, 2, "experts per token");
 DEFINE_int64(moe_ffn_hidden_size, 128, "expert MLP width");
 DEFINE_double(moe_aux_loss_coeff, 1e-2, "load-balancing loss coefficient");
 DEFINE_double(moe_z_loss_coeff, 0.0, "router z-loss coefficient (0: off)");
+DEFINE_string(moe_grouped_mlp, "fused",
+              "the experts' grouped MLP: fused (grouped GEMMs over all experts) | unfused "
+              "(per-expert GEMMs)");
 DEFINE_int64(first_dense_layers, 1, "leading layers with a dense MLP; the rest are MoE");
 DEFINE_int64(seq_length, 64, "tokens per sequence");
 DEFINE_int64(vocab_size, 256, "vocabulary size");
@@ -58,6 +62,12 @@ Status NonNegative(const char* flag, double value) {
   if (value >= 0) return Status::Ok();
   return InvalidArgument("--" + std::string(flag) + "=" + std::to_string(value) +
                          " must not be negative");
+}
+
+StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
+  if (text == "fused") return GroupedMlpKind::kFused;
+  if (text == "unfused") return GroupedMlpKind::kUnfused;
+  return InvalidArgument("--moe_grouped_mlp=" + text + " must be fused or unfused");
 }
 
 StatusOr<Device> ParseDevice(const std::string& text) {
@@ -162,6 +172,7 @@ StatusOr<RunConfig> ValidateFlags() {
   m.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   m.moe_aux_loss_coeff = static_cast<float>(FLAGS_moe_aux_loss_coeff);
   m.moe_z_loss_coeff = static_cast<float>(FLAGS_moe_z_loss_coeff);
+  ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
   m.first_dense_layers = FLAGS_first_dense_layers;
   m.seq_length = FLAGS_seq_length;
   m.vocab_size = FLAGS_vocab_size;
@@ -201,6 +212,7 @@ StatusOr<RunConfig> ValidateFlags() {
     return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
                            ": the CUDA attention kernels take head dims 64 and 128");
   }
+  ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m));
   return run;
 }
 

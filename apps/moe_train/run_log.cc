@@ -33,10 +33,11 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   printf("moe_train: %s, %s compute\n", run_.device.ToString().c_str(),
          run_.device.is_cuda() ? "bf16 (f32 master weights and grads)" : "f32");
   printf("model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
-         "experts %lld top-%lld, expert ffn %lld, seq %lld, vocab %lld\n",
+         "experts %lld top-%lld (%s grouped MLP), expert ffn %lld, seq %lld, vocab %lld\n",
          (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
          (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
          (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
+         m.moe_grouped_mlp == GroupedMlpKind::kFused ? "fused" : "unfused",
          (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
   printf("parameters: %s total, %s active per token; weights+grads+optimizer %.1f MiB\n",
          Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
@@ -50,6 +51,14 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
          (long long)t.global_batch_size, (long long)(t.global_batch_size * m.seq_length));
   printf("schedule: steps %lld from %lld, lr %.3g -> %.3g (warmup %lld, cosine)\n",
          (long long)t.train_steps, (long long)start_step, t.lr, t.min_lr, (long long)t.warmup_steps);
+  if (t.offload) {
+    std::string groups;
+    for (const std::string& name : t.offload->groups) groups += (groups.empty() ? "" : ", ") + name;
+    printf("offload: %s (tensors >= %lld bytes, fraction %g, prefetch %d layer(s), pp delta %lld "
+           "bytes)\n",
+           groups.c_str(), (long long)t.offload->min_tensor_bytes, t.offload->fraction,
+           t.offload->prefetch_layers, (long long)t.offload->pp_delta_bytes);
+  }
   fflush(stdout);
 }
 
@@ -57,6 +66,7 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   seconds_ += stats.seconds;
   tokens_ += stats.tokens;
   ++steps_;
+  offload_ += stats.offload;
   if (step % FLAGS_log_interval != 0 && step != run_.trainer.train_steps) return;
   const double ms_per_step = 1e3 * seconds_ / steps_;
   const double tokens_per_second = tokens_ / seconds_;
@@ -77,8 +87,23 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["mfu"] = mfu;
   }
   printf(" | peak mem %.0f MiB\n", peak_mib);
+  if (run_.trainer.offload) {
+    const double out_mib = offload_.offloaded_bytes / kMiB / steps_;
+    const double in_mib = offload_.reloaded_bytes / kMiB / steps_;
+    const double wait_ms = offload_.wait_ms / steps_;
+    printf("            offload | out %.1f MiB/step (%lld tensors) | in %.1f MiB/step | D2H %.2f GB/s "
+           "| H2D %.2f GB/s | reload wait %.2f ms/step\n",
+           out_mib, (long long)(offload_.offloaded_tensors / steps_), in_mib, offload_.d2h_gbps(),
+           offload_.h2d_gbps(), wait_ms);
+    record["offload_bytes_per_step"] = offload_.offloaded_bytes / steps_;
+    record["reload_bytes_per_step"] = offload_.reloaded_bytes / steps_;
+    record["offload_d2h_gbps"] = offload_.d2h_gbps();
+    record["offload_h2d_gbps"] = offload_.h2d_gbps();
+    record["offload_wait_ms_per_step"] = wait_ms;
+  }
   fflush(stdout);
   Metrics(record);
+  offload_ = {};
   seconds_ = 0;
   tokens_ = 0;
   steps_ = 0;
@@ -94,6 +119,13 @@ void RunLog::Eval(int64_t step, double loss, std::optional<double> floor) {
   printf("\n");
   fflush(stdout);
   Metrics(record);
+}
+
+void RunLog::OffloadPolicy(const OffloadManager* manager) {
+  if (manager == nullptr || !manager->policy_fixed() || offload_policy_printed_) return;
+  printf("%s", manager->SummaryTable().c_str());
+  fflush(stdout);
+  offload_policy_printed_ = true;
 }
 
 void RunLog::Metrics(const nlohmann::json& record) {

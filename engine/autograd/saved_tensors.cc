@@ -4,6 +4,10 @@
 
 namespace moe {
 
+SavedTensors::~SavedTensors() {
+  if (hooks_ && training_) hooks_->OnDestroy(*this);
+}
+
 void SavedTensors::Save(const std::string& key, const Tensor& t) {
   if (!training_) return;
   CHECK(t.defined()) << "saving an undefined tensor as " << key;

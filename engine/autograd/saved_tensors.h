@@ -38,12 +38,15 @@ class SavedTensorHooks {
   virtual void OnCommit(SavedTensors& saved, const SavedGroup& group) = 0;
   // Backward is about to read `key`, which belongs to `group` (nullptr if none).
   virtual void BeforeLoad(SavedTensors& saved, const SavedGroup* group, const std::string& key) = 0;
+  // `saved` is being destroyed (its backward is over, or it was abandoned).
+  virtual void OnDestroy(SavedTensors& /*saved*/) {}
 };
 
 class SavedTensors {
  public:
   explicit SavedTensors(bool training = true, SavedTensorHooks* hooks = nullptr)
       : training_(training), hooks_(hooks) {}
+  ~SavedTensors();
   SavedTensors(const SavedTensors&) = delete;
   SavedTensors& operator=(const SavedTensors&) = delete;
 

@@ -64,7 +64,7 @@ std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream
       stats_.reserved_bytes += size;
       stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     }
-    stats_.allocated_bytes += size;
+    stats_.allocated_bytes += block->size;  // what Free subtracts: a cached block may be larger
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   }
   return std::make_shared<Storage>(

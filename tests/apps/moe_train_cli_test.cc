@@ -61,6 +61,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"--hidden_size=66 --num_attention_heads=4", "--hidden_size=66 is not a multiple of --num_attention_heads=4"},
         BadInput{"--num_attention_heads=4 --num_query_groups=3", "--num_attention_heads=4 is not a multiple of --num_query_groups=3"},
         BadInput{"--moe_router_topk=5", "--moe_router_topk=5 exceeds --num_experts=4"},
+        BadInput{"--moe_grouped_mlp=cutlass", "--moe_grouped_mlp=cutlass must be fused or unfused"},
         BadInput{"--first_dense_layers=3", "--first_dense_layers=3 must be in [0, --num_layers=2]"},
         BadInput{"--global_batch_size=12", "--global_batch_size=12 is not a multiple of --micro_batch_size=8"},
         BadInput{"--lr=-1", "--lr="},
@@ -98,6 +99,7 @@ TEST(MoeTrainTest, RunsLogsWritesMetricsAndResumes) {
   const Result first = RunMoeTrain(common + " --train_steps=4");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("parameters:"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("(fused grouped MLP)"), std::string::npos) << first.output;
   EXPECT_NE(first.output.find("entropy floor"), std::string::npos) << first.output;
   EXPECT_NE(first.output.find("tokens/s"), std::string::npos) << first.output;
   EXPECT_NE(first.output.find("validation loss"), std::string::npos) << first.output;
