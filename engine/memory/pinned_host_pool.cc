@@ -12,6 +12,7 @@ PinnedHostPool::PinnedHostPool(Device device, std::unique_ptr<RawMemory> raw)
 
 PinnedHostPool::~PinnedHostPool() {
   for (void* ptr : owned_) raw_->Free(ptr);
+  for (auto& [capacity, ptr] : unpooled_free_) raw_->Free(ptr);
 }
 
 size_t PinnedHostPool::SizeClass(size_t bytes) {
@@ -46,21 +47,39 @@ std::shared_ptr<Storage> PinnedHostPool::Allocate(size_t bytes) {
 }
 
 std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
-  void* ptr = raw_->Allocate(std::max<size_t>(bytes, 1));
-  CHECK(ptr != nullptr) << "out of pinned host memory allocating " << bytes << " bytes";
-  const auto size = static_cast<int64_t>(bytes);
+  bytes = std::max<size_t>(bytes, 1);
+  void* ptr = nullptr;
+  size_t capacity = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.unpooled_allocations;
-    stats_.unpooled_in_use_bytes += size;
+    auto fit = unpooled_free_.lower_bound(bytes);
+    if (fit != unpooled_free_.end() && fit->first <= 2 * bytes) {
+      capacity = fit->first;
+      ptr = fit->second;
+      unpooled_free_.erase(fit);
+    } else {
+      for (auto it = unpooled_free_.begin(); it != unpooled_free_.end() && it->first < bytes;) {
+        raw_->Free(it->second);
+        stats_.unpooled_reserved_bytes -= static_cast<int64_t>(it->first);
+        it = unpooled_free_.erase(it);
+      }
+      constexpr size_t kGranule = 64 * 1024;
+      capacity = (bytes + bytes / 4 + kGranule - 1) / kGranule * kGranule;
+      ptr = raw_->Allocate(capacity);
+      CHECK(ptr != nullptr) << "out of pinned host memory allocating " << capacity << " bytes";
+      ++stats_.unpooled_pins;
+      stats_.unpooled_reserved_bytes += static_cast<int64_t>(capacity);
+    }
+    stats_.unpooled_in_use_bytes += static_cast<int64_t>(bytes);
     stats_.peak_unpooled_in_use_bytes =
         std::max(stats_.peak_unpooled_in_use_bytes, stats_.unpooled_in_use_bytes);
   }
   return std::make_shared<Storage>(ptr, bytes, device_, MemorySpace::kPinnedHost,
-                                   [this, ptr, size] {
-                                     raw_->Free(ptr);
+                                   [this, ptr, bytes, capacity] {
                                      std::lock_guard<std::mutex> lock(mutex_);
-                                     stats_.unpooled_in_use_bytes -= size;
+                                     unpooled_free_.emplace(capacity, ptr);
+                                     stats_.unpooled_in_use_bytes -= static_cast<int64_t>(bytes);
                                    });
 }
 

@@ -45,7 +45,7 @@ TEST(PinnedHostPoolTest, RepeatedStepsDoNotGrowThePool) {
   EXPECT_EQ(stats.pooled_reserved_bytes, 131072 + 4096);
 }
 
-TEST(PinnedHostPoolTest, UnpooledMemoryBypassesTheFreeLists) {
+TEST(PinnedHostPoolTest, UnpooledMemoryBypassesTheSizeClasses) {
   PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
   {
     auto a = pool.AllocateUnpooled(12345);
@@ -55,8 +55,39 @@ TEST(PinnedHostPoolTest, UnpooledMemoryBypassesTheFreeLists) {
   EXPECT_EQ(stats.unpooled_in_use_bytes, 0);
   EXPECT_EQ(stats.peak_unpooled_in_use_bytes, 12345);
   EXPECT_EQ(stats.unpooled_allocations, 1);
+  EXPECT_EQ(stats.unpooled_pins, 1);
   EXPECT_EQ(stats.hits + stats.misses, 0);
   EXPECT_EQ(stats.pooled_reserved_bytes, 0);
+}
+
+// Routed sizes change every step: buffers are reused while they fit, and the cache follows
+// growing sizes without keeping the outgrown buffers.
+TEST(PinnedHostPoolTest, UnpooledBuffersFollowChangingSizes) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  void* first;
+  {
+    auto a = pool.AllocateUnpooled(100000);
+    first = a->data();
+  }
+  {
+    auto b = pool.AllocateUnpooled(110000);  // within the 25% margin: the same buffer
+    EXPECT_EQ(b->data(), first);
+    auto c = pool.AllocateUnpooled(90000);   // the cached one is busy: a new pin
+    EXPECT_NE(c->data(), first);
+  }
+  EXPECT_EQ(pool.stats().unpooled_pins, 2);
+  for (int step = 0; step < 50; ++step) {
+    auto a = pool.AllocateUnpooled(95000 + 300 * step);
+    auto b = pool.AllocateUnpooled(105000 - 200 * step);
+  }
+  const PinnedPoolStats stats = pool.stats();
+  EXPECT_EQ(stats.unpooled_in_use_bytes, 0);
+  EXPECT_LE(stats.unpooled_pins, 4) << "pinned anew although cached buffers fit";
+  EXPECT_LE(stats.unpooled_reserved_bytes, 2 * 160 * 1024) << "outgrown buffers were kept";
+  {
+    auto big = pool.AllocateUnpooled(1 << 20);  // fits nothing: the smaller buffers are unpinned
+  }
+  EXPECT_EQ(pool.stats().unpooled_reserved_bytes, (((1 << 20) * 5 / 4) + 65535) / 65536 * 65536);
 }
 
 }  // namespace
