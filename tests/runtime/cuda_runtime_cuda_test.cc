@@ -82,19 +82,17 @@ TEST_F(CudaRuntimeTest, EventsOrderStreamsAndMeasureTime) {
 TEST_F(CudaRuntimeTest, BlockUsedOnAnotherStreamIsNotReusedEarly) {
   DeviceContext& context = DeviceContext::Get(Device::CUDA(0));
   auto side = context.CreateSideStream();
-  void* first;
-  {
-    Tensor t = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));
-    first = t.data();
-    StreamBlocker blocker(*side);
-    side->CopyAsync(t.data(), t.data(), 16);  // queued behind the blocker: still "reading"
-    t.RecordStream(*side);
-    t = Tensor();  // freed on the compute stream while the side stream still needs it
-    Tensor during = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));
-    EXPECT_NE(during.data(), first) << "block reused before the side stream finished";
-    blocker.Release();
-    side->Synchronize();
-  }
+  Tensor t = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));
+  void* first = t.data();
+  StreamBlocker blocker(*side);
+  side->CopyAsync(t.data(), t.data(), 16);  // queued behind the blocker: still "reading"
+  t.RecordStream(*side);
+  t = Tensor();  // freed on the compute stream while the side stream still needs it
+  Tensor during = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));
+  EXPECT_NE(during.data(), first) << "block reused before the side stream finished";
+  blocker.Release();
+  side->Synchronize();
+  // `during` is still alive, so only the first block can serve a request of this size.
   Tensor after = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));
   EXPECT_EQ(after.data(), first) << "block not reused after the side stream finished";
 }
