@@ -51,6 +51,7 @@ void CpuStream::WorkerLoop() {
     tasks_.pop_front();
     lock.unlock();
     task();
+    task = nullptr;  // release what the task holds (it may free memory that enqueues) unlocked
     lock.lock();
     ++finished_;
     cv_.notify_all();

@@ -1,0 +1,203 @@
+#include "engine/dist/mpi_communicator.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "engine/core/bfloat16.h"
+#include "engine/core/mpi_check.h"
+
+namespace moe {
+namespace {
+
+constexpr int kTransferTag = 0;
+constexpr int kReduceTag = 1;
+// MPI counts are ints: larger messages go in chunks of this many bytes.
+constexpr size_t kChunkBytes = size_t{1} << 30;
+
+int CommRank(MPI_Comm comm) {
+  int rank = 0;
+  MPI_CALL(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+
+int CommSize(MPI_Comm comm) {
+  int size = 0;
+  MPI_CALL(MPI_Comm_size(comm, &size));
+  return size;
+}
+
+CpuStream& AsCpuStream(Stream& stream) {
+  auto* cpu_stream = dynamic_cast<CpuStream*>(&stream);
+  CHECK(cpu_stream != nullptr) << "an MPI communicator runs on a CPU stream";
+  return *cpu_stream;
+}
+
+// Nonblocking transfers in chunks, completed together.
+class Requests {
+ public:
+  explicit Requests(MPI_Comm comm) : comm_(comm) {}
+
+  void Send(const void* data, size_t bytes, int peer, int tag) {
+    const auto* base = static_cast<const uint8_t*>(data);
+    size_t offset = 0;
+    do {  // an empty message still goes, so both sides match the same number
+      const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
+      requests_.emplace_back();
+      expected_bytes_.push_back(-1);
+      MPI_CALL(MPI_Isend(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
+      offset += count;
+    } while (offset < bytes);
+  }
+
+  void Recv(void* data, size_t bytes, int peer, int tag) {
+    auto* base = static_cast<uint8_t*>(data);
+    size_t offset = 0;
+    do {
+      const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
+      requests_.emplace_back();
+      expected_bytes_.push_back(count);
+      MPI_CALL(MPI_Irecv(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
+      offset += count;
+    } while (offset < bytes);
+  }
+
+  // Waits for every request; a receive must get exactly the bytes it asked for (a larger message
+  // already fails in MPI with a truncation error).
+  void WaitAll() {
+    std::vector<MPI_Status> statuses(requests_.size());
+    MPI_CALL(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data()));
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      if (expected_bytes_[i] < 0) continue;
+      int count = 0;
+      MPI_CALL(MPI_Get_count(&statuses[i], MPI_BYTE, &count));
+      CHECK_EQ(count, expected_bytes_[i])
+          << "a receive from rank " << statuses[i].MPI_SOURCE
+          << " got a message of another size: the peers' tensors differ";
+    }
+  }
+
+ private:
+  MPI_Comm comm_;
+  std::vector<MPI_Request> requests_;
+  std::vector<int> expected_bytes_;  // per request; -1 for sends
+};
+
+void BroadcastBytes(void* data, size_t bytes, int root, MPI_Comm comm) {
+  auto* base = static_cast<uint8_t*>(data);
+  for (size_t offset = 0; offset < bytes; offset += kChunkBytes) {
+    const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
+    MPI_CALL(MPI_Bcast(base + offset, count, MPI_BYTE, root, comm));
+  }
+}
+
+float ToFloat(float value) { return value; }
+float ToFloat(BFloat16 value) { return BFloat16ToFloat(value); }
+template <typename T>
+T FromFloat(float value);
+template <>
+float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+BFloat16 FromFloat<BFloat16>(float value) {
+  return FloatToBFloat16(value);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::milliseconds timeout)
+    : Communicator(CommRank(comm), CommSize(comm), stream, timeout),
+      comm_(comm),
+      cpu_stream_(AsCpuStream(stream)),
+      watchdog_("MPI rank " + std::to_string(rank()) + "/" + std::to_string(size()), timeout) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  cpu_stream_.Synchronize();
+  int finalized = 0;
+  MPI_CALL(MPI_Finalized(&finalized));
+  CHECK(!finalized) << "a communicator outlived the World: MPI is already finalized";
+  MPI_CALL(MPI_Comm_free(&comm_));
+}
+
+void MpiCommunicator::Run(std::string description, std::function<void()> work) {
+  cpu_stream_.Enqueue(
+      [this, description = std::move(description), work = std::move(work)]() mutable {
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        watchdog_.Track(std::move(description), [done] { return done->load(); });
+        work();
+        // Drop the captured tensors here: the worker destroys a finished task under its queue lock,
+        // and freeing a tensor may enqueue on this very stream.
+        work = nullptr;
+        done->store(true);
+      });
+}
+
+template <typename T>
+void MpiCommunicator::ReduceAtRoot(T* data, int64_t count) {
+  std::vector<float> sum(count);
+  for (int64_t i = 0; i < count; ++i) sum[i] = ToFloat(data[i]);
+  std::vector<T> received(count);
+  for (int source = 1; source < size(); ++source) {
+    Requests requests(comm_);
+    requests.Recv(received.data(), count * sizeof(T), source, kReduceTag);
+    requests.WaitAll();
+    for (int64_t i = 0; i < count; ++i) sum[i] += ToFloat(received[i]);
+  }
+  for (int64_t i = 0; i < count; ++i) data[i] = FromFloat<T>(sum[i]);
+}
+
+void MpiCommunicator::DoAllReduceSum(const Tensor& tensor) {
+  Run(Describe("AllReduceSum", tensor), [this, tensor] {
+    if (size() == 1) return;
+    if (rank() == 0) {
+      if (tensor.dtype() == DType::kF32) {
+        ReduceAtRoot(tensor.data<float>(), tensor.numel());
+      } else {
+        ReduceAtRoot(tensor.data<BFloat16>(), tensor.numel());
+      }
+    } else {
+      Requests requests(comm_);
+      requests.Send(tensor.data(), tensor.nbytes(), 0, kReduceTag);
+      requests.WaitAll();
+    }
+    BroadcastBytes(tensor.data(), tensor.nbytes(), 0, comm_);
+  });
+}
+
+void MpiCommunicator::DoBroadcast(const Tensor& tensor, int root) {
+  Run(Describe("Broadcast", tensor) + " from rank " + std::to_string(root),
+      [this, tensor, root] { BroadcastBytes(tensor.data(), tensor.nbytes(), root, comm_); });
+}
+
+void MpiCommunicator::DoTransfers(std::vector<Transfer> transfers) {
+  std::string description;
+  for (const Transfer& t : transfers) {
+    if (!description.empty()) description += ", ";
+    description += Describe(t.is_send ? "Send" : "Recv", t.tensor) +
+                   (t.is_send ? " to rank " : " from rank ") + std::to_string(t.peer);
+  }
+  Run(description, [this, transfers = std::move(transfers)] {
+    Requests requests(comm_);
+    for (const Transfer& t : transfers) {
+      if (!t.is_send) requests.Recv(t.tensor.data(), t.tensor.nbytes(), t.peer, kTransferTag);
+    }
+    for (const Transfer& t : transfers) {
+      if (t.is_send) requests.Send(t.tensor.data(), t.tensor.nbytes(), t.peer, kTransferTag);
+    }
+    requests.WaitAll();
+  });
+}
+
+void MpiCommunicator::DoBarrier() {
+  Run("Barrier", [this] { MPI_CALL(MPI_Barrier(comm_)); });
+  cpu_stream_.Synchronize();
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::DoSplit(int color, int key, Stream& stream) {
+  MPI_Comm split = MPI_COMM_NULL;
+  Run("Split", [this, color, key, &split] { MPI_CALL(MPI_Comm_split(comm_, color, key, &split)); });
+  cpu_stream_.Synchronize();
+  return std::make_unique<MpiCommunicator>(split, stream, timeout());
+}
+
+}  // namespace moe

@@ -1,0 +1,58 @@
+// The CPU backend's Communicator: MPI, on a CpuStream (include only from MPI translation units).
+//
+// Every operation is one task on the stream, so communication runs on the comm stream's worker
+// thread beside compute, as a GPU comm stream would. Inside a task the calls block: a transfer
+// group posts all its MPI_Isend/MPI_Irecv before one MPI_Waitall, which is why paired send/recv
+// cannot deadlock; a collective waits for its peers like a device kernel would.
+//
+// AllReduceSum is an explicit ordered reduction (not MPI_Allreduce, whose float result may differ
+// between ranks and runs): ranks 1..n-1 send to rank 0, which adds them in rank order,
+// ((x0 + x1) + x2) + ..., then broadcasts the bytes of the sum. bf16 is accumulated in f32 and
+// rounded once. Rank 0 receives n-1 tensors, which is fine at the sizes the CPU backend runs.
+//
+// Threads: every communicator's worker and the host thread call MPI at the same time, each on its
+// own MPI communicator, so MPI must provide MPI_THREAD_MULTIPLE (World::Init checks it). Messages
+// larger than MPI's int counts are sent in chunks.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/dist/comm_watchdog.h"
+#include "engine/dist/communicator.h"
+#include "engine/runtime/cpu_stream.h"
+
+namespace moe {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed by the destructor after the stream has drained). `stream`
+  // must be a CpuStream.
+  MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::milliseconds timeout);
+  ~MpiCommunicator() override;
+
+ private:
+  void DoAllReduceSum(const Tensor& tensor) override;
+  void DoBroadcast(const Tensor& tensor, int root) override;
+  void DoTransfers(std::vector<Transfer> transfers) override;
+  void DoBarrier() override;
+  std::unique_ptr<Communicator> DoSplit(int color, int key, Stream& stream) override;
+
+  // Enqueues `work` on the stream; the watchdog watches it from when it starts until it returns.
+  void Run(std::string description, std::function<void()> work);
+  // Rank 0's side of AllReduceSum: receives and adds the other ranks' tensors in rank order.
+  template <typename T>
+  void ReduceAtRoot(T* data, int64_t count);
+
+  MPI_Comm comm_;
+  CpuStream& cpu_stream_;
+  CommWatchdog watchdog_;
+};
+
+}  // namespace moe
