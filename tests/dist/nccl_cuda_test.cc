@@ -27,7 +27,10 @@ class NcclTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_GE(world_.size(), 2) << "run under mpirun -np 2 (or more), one rank per GPU";
     StatusOr<Device> device = world_.SelectDevice(DeviceType::kCUDA);
-    ASSERT_TRUE(device.ok()) << device.status().message();
+    // Every rank must have its GPU before any of them starts NCCL, or the others would wait in
+    // the communicator's creation (e.g. two ranks on a 1-GPU machine).
+    const Status agreed = world_.AllAgree(device.ok() ? Status::Ok() : device.status());
+    ASSERT_TRUE(agreed.ok()) << agreed.message() << " (this test needs one GPU per rank)";
     device_ = *device;
     stream_ = DeviceContext::Get(device_).CreateSideStream();
     comm_ = world_.NewCommunicator(*stream_, std::chrono::seconds(60));
