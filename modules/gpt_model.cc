@@ -1,35 +1,56 @@
 #include "modules/gpt_model.h"
 
+#include <glog/logging.h>
+
 #include "engine/kernels/ops.h"
 #include "modules/linear.h"
 
 namespace moe {
 
 GptModel::GptModel(const GptConfig& config, ParameterSet& parameters)
-    : config_(config),
-      embedding_(parameters.Create({"embedding.weight", {config.vocab_size, config.hidden_size},
-                                    Init::kNormal, config.init_std})),
-      final_norm_(parameters, "final_norm", config.hidden_size, config.norm_eps),
-      lm_head_(parameters.Create({"lm_head.weight", {config.vocab_size, config.hidden_size},
-                                  Init::kNormal, config.init_std})) {
-  for (int layer = 0; layer < config.num_layers; ++layer) {
+    : GptModel(config, parameters, GptStage{0, config.num_layers, true, true}) {}
+
+GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage)
+    : config_(config), stage_(stage) {
+  CHECK(0 <= stage.layer_begin && stage.layer_begin <= stage.layer_end &&
+        stage.layer_end <= config.num_layers)
+      << "stage layers [" << stage.layer_begin << ", " << stage.layer_end << ") of "
+      << config.num_layers;
+  if (stage.first) {
+    embedding_ = &parameters.Create({"embedding.weight", {config.vocab_size, config.hidden_size},
+                                     Init::kNormal, config.init_std});
+  }
+  for (int64_t layer = stage.layer_begin; layer < stage.layer_end; ++layer) {
     layers_.push_back(std::make_unique<TransformerLayer>(parameters, config_, layer));
+  }
+  if (stage.last) {
+    final_norm_ = std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size,
+                                            config.norm_eps);
+    lm_head_ = &parameters.Create({"lm_head.weight", {config.vocab_size, config.hidden_size},
+                                   Init::kNormal, config.init_std});
   }
 }
 
-ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& ids, const Tensor& targets) {
-  const int64_t tokens = ids.dim(0);
-  const Device device = ids.device();
-  const DType dtype = embedding_.value.dtype();
+ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets) {
+  const int64_t tokens = input.dim(0);
+  const Device device = input.device();
   ForwardResult result;
   result.aux_loss = Tensor::Empty({1}, DType::kF32, device);
   ops::Fill(result.aux_loss, 0.0f);
 
-  Tensor x = Tensor::Empty({tokens, config_.hidden_size}, dtype, device);
-  ops::EmbeddingForward(ids, embedding_.value, x);
+  Tensor x = input;
+  if (stage_.first) {
+    x = Tensor::Empty({tokens, config_.hidden_size}, embedding_->value.dtype(), device);
+    ops::EmbeddingForward(input, embedding_->value, x);
+    saved.Save("ids", input);
+  }
   for (auto& layer : layers_) x = layer->Forward(saved, x, result.aux_loss);
-  const Tensor normed = final_norm_.Forward(saved, x);
-  const Tensor logits = LinearForward(normed, lm_head_);
+  if (!stage_.last) {
+    result.output = x;
+    return result;
+  }
+  const Tensor normed = final_norm_->Forward(saved, x);
+  const Tensor logits = LinearForward(normed, *lm_head_);
 
   Tensor losses = Tensor::Empty({tokens}, DType::kF32, device);
   Tensor lse = Tensor::Empty({tokens}, DType::kF32, device);
@@ -37,7 +58,6 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& ids, const Te
   result.loss_sum = Tensor::Empty({1}, DType::kF32, device);
   ops::Sum(losses, result.loss_sum);
 
-  saved.Save("ids", ids);
   saved.Save("targets", targets);
   saved.Save("lm_head.x", normed);
   saved.Save("logits", logits);
@@ -45,14 +65,23 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& ids, const Te
   return result;
 }
 
-void GptModel::Backward(SavedTensors& saved, float loss_grad, float aux_grad) {
-  const Tensor logits = saved.Load("logits");
-  Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
-  ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad, dlogits);
-  Tensor dx = LinearBackward(dlogits, saved.Load("lm_head.x"), lm_head_);
-  dx = final_norm_.Backward(saved, dx);
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) dx = (*it)->Backward(saved, dx, aux_grad);
-  ops::EmbeddingBackward(saved.Load("ids"), dx, embedding_.grad);
+Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad,
+                          float aux_grad) {
+  Tensor dx = output_grad;
+  if (stage_.last) {
+    const Tensor logits = saved.Load("logits");
+    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
+    ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad,
+                              dlogits);
+    dx = LinearBackward(dlogits, saved.Load("lm_head.x"), *lm_head_);
+    dx = final_norm_->Backward(saved, dx);
+  }
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    dx = (*it)->Backward(saved, dx, aux_grad);
+  }
+  if (!stage_.first) return dx;
+  ops::EmbeddingBackward(saved.Load("ids"), dx, embedding_->grad);
+  return Tensor();
 }
 
 }  // namespace moe

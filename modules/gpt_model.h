@@ -3,7 +3,16 @@
 //   ids, targets (tokens = batch * seq) i32 on the model's device; a negative target is ignored.
 // Parameter names follow "embedding.weight", "layers.N.attention.q_proj.weight", ...,
 // "final_norm.weight", "lm_head.weight" (the safetensors checkpoint uses the same names).
-// Saves (no group): ids, the head's input, logits and their lse. Backward: every grad +=.
+//
+// A pipeline stage (GptStage) is a slice of the model: the embedding if it is the first stage,
+// its layer range, the final norm, head and loss if it is the last. The whole model is the one
+// stage that is both. A stage creates only its own parameters, under the whole model's names.
+//   Forward input: ids on the first stage, else the previous stage's output (tokens, hidden).
+//   Backward output_grad: ignored on the last stage (the loss is its output), else the gradient
+//   of this stage's output (tokens, hidden); returns the gradient of its input (tokens, hidden),
+//   or an empty tensor on the first stage.
+// Saves (no group): ids (first stage); targets, the head's input, logits and their lse (last
+// stage). Backward: every grad +=.
 #pragma once
 
 #include <memory>
@@ -17,28 +26,41 @@
 
 namespace moe {
 
+struct GptStage {
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;  // exclusive
+  bool first = true;      // holds the embedding
+  bool last = true;       // holds the final norm, the head and the loss
+};
+
 struct ForwardResult {
-  Tensor loss_sum;   // (1) f32: sum of per-token cross-entropy over non-ignored targets
-  Tensor aux_loss;   // (1) f32: sum over MoE layers of the coefficient-weighted aux losses
+  Tensor output;     // (tokens, hidden): the last layer's output, for the next stage (not last)
+  Tensor loss_sum;   // (1) f32, last stage: sum of per-token cross-entropy over non-ignored targets
+  Tensor aux_loss;   // (1) f32: sum over this stage's MoE layers of the weighted aux losses
 };
 
 class GptModel {
  public:
+  // The whole model.
   GptModel(const GptConfig& config, ParameterSet& parameters);
+  GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage);
 
-  ForwardResult Forward(SavedTensors& saved, const Tensor& ids, const Tensor& targets);
+  // targets are read on the last stage only.
+  ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets);
   // loss_grad scales d(loss_sum) (1 / tokens in the global batch); aux_grad scales the aux
   // losses (1 / micro-batches in the global batch).
-  void Backward(SavedTensors& saved, float loss_grad, float aux_grad);
+  Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad, float aux_grad);
 
   const GptConfig& config() const { return config_; }
+  const GptStage& stage() const { return stage_; }
 
  private:
   GptConfig config_;
-  Parameter& embedding_;
+  GptStage stage_;
+  Parameter* embedding_ = nullptr;  // first stage
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  RmsNorm final_norm_;
-  Parameter& lm_head_;
+  std::unique_ptr<RmsNorm> final_norm_;  // last stage
+  Parameter* lm_head_ = nullptr;         // last stage
 };
 
 }  // namespace moe

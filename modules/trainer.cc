@@ -7,31 +7,85 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
+#include "engine/runtime/device_context.h"
 
 namespace moe {
 
+namespace {
+
+int GroupSize(const Communicator* group) { return group != nullptr ? group->size() : 1; }
+int GroupRank(const Communicator* group) { return group != nullptr ? group->rank() : 0; }
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
                                                    const TrainerOptions& options, Device device,
-                                                   const TokenSource* source) {
+                                                   const TokenSource* source,
+                                                   const ProcessGroups* groups) {
+  Communicator* pipeline = groups != nullptr ? groups->pipeline.get() : nullptr;
+  const int pipeline_size = GroupSize(pipeline);
+  const int data_size = GroupSize(groups != nullptr ? groups->data.get() : nullptr);
+  if (options.virtual_pipeline < 1) {
+    return InvalidArgument("--virtual_pipeline=" + std::to_string(options.virtual_pipeline) +
+                           " must be positive");
+  }
+  if (options.micro_batch_size < 1 ||
+      options.global_batch_size % (options.micro_batch_size * data_size) != 0) {
+    return InvalidArgument("--global_batch_size=" + std::to_string(options.global_batch_size) +
+                           " is not a multiple of --micro_batch_size=" +
+                           std::to_string(options.micro_batch_size) + " x data-parallel size " +
+                           std::to_string(data_size));
+  }
+  PartitionOptions layout;
+  layout.num_layers = static_cast<int>(config.num_layers);
+  layout.pipeline_size = pipeline_size;
+  layout.virtual_chunks = options.virtual_pipeline;
+  layout.first_stage_layers = options.first_stage_layers;
+  layout.last_stage_layers = options.last_stage_layers;
+  ASSIGN_OR_RETURN(LayerPartition partition, LayerPartition::Create(layout));
+  ScheduleSpec spec;
+  spec.pipeline_size = pipeline_size;
+  spec.virtual_chunks = options.virtual_pipeline;
+  spec.microbatches =
+      static_cast<int>(options.global_batch_size / (options.micro_batch_size * data_size));
+  spec.kind = DefaultScheduleKind(pipeline_size, options.virtual_pipeline);
+  ASSIGN_OR_RETURN(std::vector<RankActions> schedule, BuildSchedule(spec));
   ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(source, config.seq_length,
                                                               options.micro_batch_size, options.seed));
-  return std::unique_ptr<Trainer>(new Trainer(config, options, device, std::move(sampler)));
+  return std::unique_ptr<Trainer>(new Trainer(config, options, device, std::move(sampler), groups,
+                                              partition,
+                                              std::move(schedule[GroupRank(pipeline)])));
 }
 
 Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device device,
-                 BatchSampler sampler)
+                 BatchSampler sampler, const ProcessGroups* groups,
+                 const LayerPartition& partition, RankActions train_actions)
     : config_(config),
       options_(options),
       device_(device),
+      pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
+      data_(groups != nullptr ? groups->data.get() : nullptr),
       parameters_(device, device.is_cuda() ? DType::kBF16 : DType::kF32, options.seed),
-      model_(config_, parameters_),
+      train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),
       sampler_(std::move(sampler)) {
-  if (options_.offload) offload_ = std::make_unique<OffloadManager>(device_, *options_.offload);
+  const int rank = GroupRank(pipeline_);
+  for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
+    const int stage = StageIndex(rank, chunk, partition.pipeline_size());
+    const LayerRange& layers = partition.stage_layers(stage);
+    chunks_.push_back(std::make_unique<GptModel>(
+        config_, parameters_,
+        GptStage{layers.begin, layers.end, partition.is_first_stage(stage),
+                 partition.is_last_stage(stage)}));
+  }
+  if (options_.offload) {
+    OffloadOptions offload = *options_.offload;
+    offload.pp_rank = rank;
+    offload_ = std::make_unique<OffloadManager>(device_, std::move(offload));
+  }
 }
 
-void Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows, Tensor* ids,
-                     Tensor* targets) const {
+Microbatch Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows) const {
   const int64_t seq = config_.seq_length;
   std::vector<int32_t> inputs(rows * seq), shifted(rows * seq);
   for (int64_t r = 0; r < rows; ++r) {
@@ -39,45 +93,74 @@ void Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows, Tensor* 
     std::copy(window, window + seq, inputs.data() + r * seq);
     std::copy(window + 1, window + seq + 1, shifted.data() + r * seq);
   }
-  *ids = Tensor::Empty({rows * seq}, DType::kI32, device_);
-  *targets = Tensor::Empty({rows * seq}, DType::kI32, device_);
-  ops::CopyFromHost(inputs.data(), *ids);
-  ops::CopyFromHost(shifted.data(), *targets);
+  Microbatch batch{Tensor::Empty({rows * seq}, DType::kI32, device_),
+                   Tensor::Empty({rows * seq}, DType::kI32, device_)};
+  ops::CopyFromHost(inputs.data(), batch.ids);
+  ops::CopyFromHost(shifted.data(), batch.targets);
+  return batch;
+}
+
+PipelineStepOptions Trainer::StepOptions(bool training) const {
+  PipelineStepOptions step;
+  step.device = device_;
+  step.training = training;
+  step.activation_shape = {options_.micro_batch_size * config_.seq_length, config_.hidden_size};
+  step.activation_dtype = parameters_.compute_dtype();
+  return step;
+}
+
+void Trainer::SumOver(Communicator* group, std::vector<float>& values) const {
+  if (GroupSize(group) == 1) return;
+  Tensor t = Tensor::Empty({static_cast<int64_t>(values.size())}, DType::kF32, device_);
+  ops::CopyFromHost(values.data(), t);
+  EnqueueBetween(*group, DeviceContext::Get(device_).compute_stream(),
+                 [&] { group->AllReduceSum(t); });
+  ops::CopyToHost(t, values.data());
+}
+
+bool Trainer::whole_model() const {
+  return chunks_.size() == 1 && chunks_[0]->stage().first && chunks_[0]->stage().last;
 }
 
 StepStats Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
-  const int64_t micro_batches = options_.global_batch_size / options_.micro_batch_size;
+  const int64_t micro = options_.micro_batch_size;
+  const int64_t micro_batches = options_.global_batch_size / micro;  // of the global batch
   const int64_t tokens = options_.global_batch_size * config_.seq_length;
-  Tensor loss_total = Tensor::Empty({1}, DType::kF32, device_);
-  Tensor aux_total = Tensor::Empty({1}, DType::kF32, device_);
-  ops::Fill(loss_total, 0.0f);
-  ops::Fill(aux_total, 0.0f);
-
-  std::vector<int32_t> windows(options_.micro_batch_size * sampler_.window_length());
-  for (int64_t micro = 0; micro < micro_batches; ++micro) {
-    sampler_.NextTrainBatch(windows);
-    Tensor ids, targets;
-    Upload(windows, options_.micro_batch_size, &ids, &targets);
-    SavedTensors saved(/*training=*/true, offload_.get());
-    const ForwardResult result = model_.Forward(saved, ids, targets);
-    model_.Backward(saved, 1.0f / static_cast<float>(tokens), 1.0f / static_cast<float>(micro_batches));
-    CHECK(saved.empty()) << "backward left saved tensors behind, e.g. " << saved.keys().front();
-    ops::Axpy(1.0f, result.loss_sum, loss_total);
-    ops::Axpy(1.0f, result.aux_loss, aux_total);
+  const int64_t first_sample = sampler_.consumed_train_samples() +
+                               GroupRank(data_) * options_.global_batch_size /
+                                   GroupSize(data_);
+  std::vector<int32_t> windows(micro * sampler_.window_length());
+  const auto microbatch = [&](int m) {
+    sampler_.ReadSamples(Split::kTrain, first_sample + m * micro, windows);
+    return Upload(windows, micro);
+  };
+  PipelineStepOptions step = StepOptions(/*training=*/true);
+  step.loss_grad = 1.0f / static_cast<float>(tokens);
+  step.aux_grad = 1.0f / static_cast<float>(micro_batches);
+  step.offload = offload_.get();
+  const PipelineStepTotals totals =
+      RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
+  sampler_.SkipTrainSamples(options_.global_batch_size);
+  if (GroupSize(data_) > 1) {
+    EnqueueBetween(*data_, DeviceContext::Get(device_).compute_stream(), [&] {
+      for (const auto& p : parameters_.all()) data_->AllReduceSum(p->grad);
+    });
   }
 
   StepStats stats;
   stats.lr = LearningRate(step_, options_.lr, options_.min_lr, options_.warmup_steps,
                           options_.train_steps);
-  stats.grad_norm = optimizer_.Step(parameters_, stats.lr).grad_norm;
+  stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_).grad_norm;
   parameters_.ZeroGrads();
-  float loss_sum = 0, aux_sum = 0;
-  ops::CopyToHost(loss_total, &loss_sum);
-  ops::CopyToHost(aux_total, &aux_sum);
+  std::vector<float> sums(2);
+  ops::CopyToHost(totals.loss_sum, &sums[0]);
+  ops::CopyToHost(totals.aux_loss, &sums[1]);
+  SumOver(pipeline_, sums);
+  SumOver(data_, sums);
   if (offload_) stats.offload = offload_->EndStep();
-  stats.loss = loss_sum / static_cast<double>(tokens);
-  stats.aux_loss = aux_sum / static_cast<double>(micro_batches);
+  stats.loss = sums[0] / static_cast<double>(tokens);
+  stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;
@@ -87,18 +170,19 @@ StepStats Trainer::TrainStep() {
 double Trainer::Evaluate() {
   const int64_t rows = options_.micro_batch_size;
   std::vector<int32_t> windows(rows * sampler_.window_length());
-  Tensor loss_total = Tensor::Empty({1}, DType::kF32, device_);
-  ops::Fill(loss_total, 0.0f);
-  for (int64_t batch = 0; batch < options_.eval_steps; ++batch) {
+  const auto microbatch = [&](int batch) {
     sampler_.ValidationBatch(batch, windows);
-    Tensor ids, targets;
-    Upload(windows, rows, &ids, &targets);
-    SavedTensors forward_only(/*training=*/false);
-    ops::Axpy(1.0f, model_.Forward(forward_only, ids, targets).loss_sum, loss_total);
-  }
-  float loss_sum = 0;
-  ops::CopyToHost(loss_total, &loss_sum);
-  return loss_sum / static_cast<double>(options_.eval_steps * rows * config_.seq_length);
+    return Upload(windows, rows);
+  };
+  const RankActions actions = BuildForwardOnlySchedule(
+      GroupSize(pipeline_), static_cast<int>(chunks_.size()),
+      static_cast<int>(options_.eval_steps))[GroupRank(pipeline_)];
+  const PipelineStepTotals totals = RunPipelineStep(actions, chunks_, pipeline_, microbatch,
+                                                    StepOptions(/*training=*/false));
+  std::vector<float> sums(1);
+  ops::CopyToHost(totals.loss_sum, sums.data());
+  SumOver(pipeline_, sums);
+  return sums[0] / static_cast<double>(options_.eval_steps * rows * config_.seq_length);
 }
 
 nlohmann::json Trainer::ModelShape() const {
@@ -136,6 +220,7 @@ void CollectTensors(const ParameterSet& parameters, std::vector<NamedTensor>* mo
 }  // namespace
 
 Status Trainer::Save(const std::string& root, const nlohmann::json& description) {
+  CHECK(whole_model()) << "a checkpoint needs the whole model on this rank";
   std::vector<NamedTensor> model, optimizer;
   CollectTensors(parameters_, &model, &optimizer);
   const nlohmann::json state = {{"step", step_},
@@ -148,6 +233,7 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
 }
 
 Status Trainer::Load(const std::string& path) {
+  CHECK(whole_model()) << "a checkpoint needs the whole model on this rank";
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpointDir(path));
   std::ifstream state_file(dir + "/state.json");
   nlohmann::json peek = nlohmann::json::parse(state_file, nullptr, /*allow_exceptions=*/false);
@@ -173,14 +259,15 @@ Status Trainer::Load(const std::string& path) {
 }
 
 Status Trainer::DumpReferenceCase(const std::string& dir) {
+  CHECK(whole_model()) << "a reference case needs the whole model on this rank";
   std::vector<int32_t> windows(options_.micro_batch_size * sampler_.window_length());
   sampler_.ReadSamples(Split::kTrain, 0, windows);
-  Tensor ids, targets;
-  Upload(windows, options_.micro_batch_size, &ids, &targets);
+  const auto [ids, targets] = Upload(windows, options_.micro_batch_size);
   parameters_.ZeroGrads();
   SavedTensors saved(/*training=*/true);
-  const ForwardResult result = model_.Forward(saved, ids, targets);
-  model_.Backward(saved, 1.0f / static_cast<float>(ids.numel()), 1.0f);
+  GptModel& model = *chunks_[0];
+  const ForwardResult result = model.Forward(saved, ids, targets);
+  model.Backward(saved, Tensor(), 1.0f / static_cast<float>(ids.numel()), 1.0f);
   Tensor loss = Tensor::Empty({1}, DType::kF32, device_);
   ops::Scale(result.loss_sum, 1.0f / static_cast<float>(ids.numel()), loss);
 

@@ -1,21 +1,33 @@
-// Trainer: the training loop of one GptModel on one device.
+// Trainer: the training loop of one GptModel replica (or this rank's pipeline stages of it) on
+// one device.
 //
-// A step draws global_batch_size / micro_batch_size micro-batches from the sampler, runs forward
-// and backward on each (gradients accumulate in f32), then clips the global gradient norm and
-// takes one AdamW step at the scheduled learning rate. The loss is the mean cross-entropy over
-// every target of the global batch; each MoE layer's coefficient-weighted aux loss is averaged
-// over the micro-batches. Evaluation runs forward-only passes (nothing saved) over a fixed set of
-// validation batches.
+// Parallelism (ProcessGroups, engine/dist/process_groups.h; none: one process). Ranks of the pipeline group hold the model
+// chunks of a LayerPartition over pipeline size x TrainerOptions::virtual_pipeline stages (the
+// embedding on the first stage, head and loss on the last), and run the schedule's action list
+// for their rank (pipeline_executor.h). Ranks of the data group are replicas: each trains on its
+// own rows of the global batch.
 //
-// With TrainerOptions::offload set, the trainer owns an OffloadManager and passes it to each
-// micro-batch's saved-tensor context (evaluation passes none); StepStats::offload reports what a
-// step moved, and the manager's policy table exists after the first step.
+// A step covers global_batch_size sequences, samples [consumed, consumed + global_batch_size) of
+// the sampler, which every rank advances alike. Data-parallel rank d of D reads the d-th of D
+// equal contiguous slices, as global_batch_size / (micro_batch_size x D) micro-batches. Forward
+// and backward accumulate gradients in f32, scaled for the mean over the global batch; the data
+// group sums them (AllReduceSum, one per parameter), then AdamW clips by the global gradient norm
+// (summed over the pipeline group) and steps, so replicas stay identical. The loss is the mean
+// cross-entropy over every target of the global batch; each MoE layer's coefficient-weighted aux
+// loss is averaged over the micro-batches; both are summed over every rank, so every rank
+// reports the global values. Evaluation runs forward-only passes (nothing saved) over a fixed
+// set of validation batches, through the pipeline; every replica evaluates the same batches.
+//
+// With TrainerOptions::offload set, the trainer owns an OffloadManager (its pp_rank set to the
+// pipeline rank) and passes it to each (micro-batch, chunk) saved-tensor context, with the
+// schedule's backward order (evaluation passes none); StepStats::offload reports what a step
+// moved on this rank, and the manager's policy table exists after the first step.
 //
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
 // moments (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq") and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
 // the loop does is a function of that state, so a resumed run repeats an uninterrupted one bit
-// for bit.
+// for bit. Checkpoints and reference dumps need the whole model on this rank (no pipeline).
 #pragma once
 
 #include <memory>
@@ -25,12 +37,16 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/status.h"
+#include "engine/dist/process_groups.h"
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/parameters.h"
+#include "engine/pipeline/partition.h"
+#include "engine/pipeline/schedule.h"
 #include "modules/gpt_config.h"
 #include "modules/gpt_model.h"
+#include "modules/pipeline_executor.h"
 
 namespace moe {
 
@@ -44,32 +60,39 @@ struct TrainerOptions {
   AdamWOptions adamw;
   int64_t eval_steps = 4;  // validation batches (of micro_batch_size) per evaluation
   uint64_t seed = 1234;
+  int virtual_pipeline = 1;  // model chunks per pipeline rank
+  int first_stage_layers = PartitionOptions::kEvenSplit;  // layer partition overrides
+  int last_stage_layers = PartitionOptions::kEvenSplit;
   std::optional<OffloadOptions> offload;  // fine-grained activation offloading (off if unset)
 };
 
 struct StepStats {
   double loss = 0;      // mean cross-entropy over the global batch
-  double aux_loss = 0;  // summed over MoE layers, averaged over micro-batches
+  double aux_loss = 0;  // summed over MoE layers, averaged over the global batch's micro-batches
   float lr = 0;
   float grad_norm = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;    // of the global batch
   double seconds = 0;   // wall time of the step, device work included
   OffloadStepStats offload;  // zero without offloading
 };
 
 class Trainer {
  public:
+  // Errors (naming the flags) when the layers do not split over the stages, the global batch
+  // does not split over micro-batches and replicas, or the schedule does not fit. `groups`
+  // (nullptr: one process) must outlive the trainer.
   static StatusOr<std::unique_ptr<Trainer>> Create(const GptConfig& config,
                                                    const TrainerOptions& options, Device device,
-                                                   const TokenSource* source);
+                                                   const TokenSource* source,
+                                                   const ProcessGroups* groups = nullptr);
 
   StepStats TrainStep();
   // Mean validation cross-entropy over options.eval_steps batches.
   double Evaluate();
 
   int64_t step() const { return step_; }
+  // This rank's parameters: all of them, or its stages' without pipeline.
   const ParameterSet& parameters() const { return parameters_; }
-  const GptModel& model() const { return model_; }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
 
@@ -88,17 +111,25 @@ class Trainer {
 
  private:
   Trainer(const GptConfig& config, const TrainerOptions& options, Device device,
-          BatchSampler sampler);
+          BatchSampler sampler, const ProcessGroups* groups, const LayerPartition& partition,
+          RankActions train_actions);
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
-  void Upload(const std::vector<int32_t>& windows, int64_t rows, Tensor* ids, Tensor* targets) const;
+  Microbatch Upload(const std::vector<int32_t>& windows, int64_t rows) const;
+  PipelineStepOptions StepOptions(bool training) const;
+  // Sums host values over a group (nullptr: none), e.g. losses over stages or replicas.
+  void SumOver(Communicator* group, std::vector<float>& values) const;
+  bool whole_model() const;
   nlohmann::json ModelShape() const;
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;
   TrainerOptions options_;
   Device device_;
+  Communicator* pipeline_ = nullptr;  // nullptr: one stage
+  Communicator* data_ = nullptr;      // nullptr: one replica
   ParameterSet parameters_;
-  GptModel model_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;  // chunk c: stage c * pipeline size + rank
+  RankActions train_actions_;
   AdamW optimizer_;
   BatchSampler sampler_;
   std::unique_ptr<OffloadManager> offload_;

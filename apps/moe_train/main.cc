@@ -1,13 +1,20 @@
 // moe_train: trains a Mixture-of-Experts GPT. Flags: run_flags.cc; output: run_log.cc.
-// Every flag is checked before any work; a problem is one line on stderr and exit code 2.
-// Runtime errors a user can cause (data, checkpoints) exit with code 1.
+// `mpirun -np N moe_train ...` trains on N ranks (pipeline x data parallel); started without
+// mpirun it is one rank. Every rank checks the flags, and every check is agreed over all ranks
+// (World::AllAgree), so a problem is one line on stderr from each rank and all exit together:
+// code 2 for flags (before any work), 1 for runtime errors a user can cause (data, checkpoints).
+// Only rank 0 prints the log and writes metrics and checkpoints.
 #include <cstdio>
+#include <optional>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
+#include "engine/dist/process_groups.h"
+#include "engine/dist/world.h"
+#include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
 
 namespace moe {
@@ -28,19 +35,41 @@ nlohmann::json RunDescription(const RunConfig& run) {
   return {{"flags", out}, {"device", run.device.ToString()}};
 }
 
+// The device of this rank: the flag's, or under mpirun on CUDA the GPU of its local rank.
+StatusOr<Device> RankDevice(const World& world, Device device) {
+  if (world.size() == 1 || !device.is_cuda()) return device;
+  return world.SelectDevice(device.type);
+}
+
 int Run() {
-  StatusOr<RunConfig> validated = ValidateFlags();
-  if (!validated.ok()) return Fail(validated.status(), 2);
-  const RunConfig run = std::move(validated).value();
+  // Declared first: the World outlives every communicator below.
+  StatusOr<std::unique_ptr<World>> initialized = World::Init();
+  if (!initialized.ok()) return Fail(initialized.status(), 2);
+  World& world = **initialized;
+  StatusOr<RunConfig> validated = ValidateFlags(world.size());
+  Status agreed = world.AllAgree(validated.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
+  RunConfig run = std::move(validated).value();
+  StatusOr<Device> device = RankDevice(world, run.device);
+  agreed = world.AllAgree(device.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
+  run.device = *device;
 
   StatusOr<std::unique_ptr<TokenSource>> data = OpenTokenSource(run.data);
-  if (!data.ok()) return Fail(data.status(), 2);
-  StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(run.model, run.trainer, run.device, data->get());
-  if (!created.ok()) return Fail(created.status(), 2);
+  agreed = world.AllAgree(data.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
+  const std::unique_ptr<Stream> comm_stream = DeviceContext::Get(run.device).CreateSideStream();
+  const std::unique_ptr<Communicator> world_comm = world.NewCommunicator(*comm_stream);
+  const ProcessGroups groups =
+      SplitProcessGroups(*world_comm, run.pipeline_parallel, *comm_stream);
+  StatusOr<std::unique_ptr<Trainer>> created =
+      Trainer::Create(run.model, run.trainer, run.device, data->get(), &groups);
+  agreed = world.AllAgree(created.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
   Trainer& trainer = **created;
   if (!FLAGS_load.empty()) {
-    const Status loaded = trainer.Load(FLAGS_load);
-    if (!loaded.ok()) return Fail(loaded, 1);
+    agreed = world.AllAgree(trainer.Load(FLAGS_load));
+    if (!agreed.ok()) return Fail(agreed, 1);
   }
 
   if (!FLAGS_dump_reference_case.empty()) {
@@ -50,23 +79,30 @@ int Run() {
     return 0;
   }
 
-  RunLog log(run);
-  log.Summary(**data, trainer.step());
+  const bool leader = world.rank() == 0;
+  std::optional<RunLog> log;
+  if (leader) {
+    log.emplace(run);
+    log->Summary(**data, trainer.step());
+  }
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
   while (trainer.step() < run.trainer.train_steps) {
     const StepStats stats = trainer.TrainStep();
     const int64_t step = trainer.step();
-    log.Step(step, stats);
-    log.OffloadPolicy(trainer.offload_manager());
+    if (log) {
+      log->Step(step, stats);
+      log->OffloadPolicy(trainer.offload_manager());
+    }
     const bool last = step == run.trainer.train_steps;
     if (last || (FLAGS_eval_interval > 0 && step % FLAGS_eval_interval == 0)) {
-      log.Eval(step, trainer.Evaluate(), floor);
+      const double loss = trainer.Evaluate();
+      if (log) log->Eval(step, loss, floor);
     }
     if (!FLAGS_save.empty() && (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
-      const Status saved = trainer.Save(FLAGS_save, description);
-      if (!saved.ok()) return Fail(saved, 1);
-      printf("saved checkpoint %s/step_%08lld\n", FLAGS_save.c_str(), (long long)step);
+      agreed = world.AllAgree(leader ? trainer.Save(FLAGS_save, description) : Status::Ok());
+      if (!agreed.ok()) return Fail(agreed, 1);
+      if (leader) printf("saved checkpoint %s/step_%08lld\n", FLAGS_save.c_str(), (long long)step);
     }
   }
   return 0;

@@ -33,6 +33,11 @@ DEFINE_int64(warmup_steps, 20, "linear warmup steps");
 DEFINE_double(weight_decay, 0.1, "AdamW decoupled weight decay (not on norms)");
 DEFINE_double(clip_grad, 1.0, "global gradient-norm clip (0: off)");
 DEFINE_int64(seed, 1234, "seed of the initial weights and the data order");
+// Parallelism (the process count comes from mpirun; data-parallel size = ranks / pipeline).
+DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
+DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
+DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage (-1: even split)");
+DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage (-1: even split)");
 // Data.
 DEFINE_string(data_format, "synthetic", "synthetic | megatron | flat_u16 | flat_u32");
 DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the token file");
@@ -157,9 +162,26 @@ Status CheckOutputs() {
   return Status::Ok();
 }
 
+Status CheckParallel(int world_size) {
+  RETURN_IF_ERROR(Positive("pipeline_parallel", FLAGS_pipeline_parallel));
+  RETURN_IF_ERROR(Positive("virtual_pipeline", FLAGS_virtual_pipeline));
+  if (world_size % FLAGS_pipeline_parallel != 0) {
+    return InvalidArgument("--pipeline_parallel=" + std::to_string(FLAGS_pipeline_parallel) +
+                           " does not divide " + std::to_string(world_size) + " ranks");
+  }
+  if (FLAGS_pipeline_parallel > 1 && !(FLAGS_save.empty() && FLAGS_load.empty())) {
+    return InvalidArgument("--save and --load need --pipeline_parallel=1 (checkpoints of "
+                           "pipeline stages are not supported yet)");
+  }
+  if (world_size > 1 && !FLAGS_dump_reference_case.empty()) {
+    return InvalidArgument("--dump_reference_case runs in one process (without mpirun)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-StatusOr<RunConfig> ValidateFlags() {
+StatusOr<RunConfig> ValidateFlags(int world_size) {
   RunConfig run;
   GptConfig& m = run.model;
   m.num_layers = FLAGS_num_layers;
@@ -191,6 +213,12 @@ StatusOr<RunConfig> ValidateFlags() {
   t.seed = static_cast<uint64_t>(FLAGS_seed);
   RETURN_IF_ERROR(CheckTraining(t));
   RETURN_IF_ERROR(CheckOutputs());
+  RETURN_IF_ERROR(CheckParallel(world_size));
+  run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
+  run.data_parallel = world_size / run.pipeline_parallel;
+  t.virtual_pipeline = static_cast<int>(FLAGS_virtual_pipeline);
+  t.first_stage_layers = static_cast<int>(FLAGS_first_stage_layers);
+  t.last_stage_layers = static_cast<int>(FLAGS_last_stage_layers);
 
   static const std::set<std::string> kFormats = {"synthetic", "megatron", "flat_u16", "flat_u32"};
   if (!kFormats.count(FLAGS_data_format)) {

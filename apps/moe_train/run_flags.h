@@ -1,5 +1,6 @@
 // moe_train's flags: defined in run_flags.cc, checked all together before any work.
-// ValidateFlags returns the first problem as one line naming the flag(s).
+// ValidateFlags returns the first problem as one line naming the flag(s); it checks the layout
+// against the world size (the layer split and the batch split are Trainer::Create's).
 #pragma once
 
 #include <string>
@@ -28,8 +29,10 @@ struct RunConfig {
   TrainerOptions trainer;
   DataOptions data;
   Device device;
+  int pipeline_parallel = 1;
+  int data_parallel = 1;  // world size / pipeline_parallel
 };
 
-StatusOr<RunConfig> ValidateFlags();
+StatusOr<RunConfig> ValidateFlags(int world_size);
 
 }  // namespace moe

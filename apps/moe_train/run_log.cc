@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "engine/pipeline/schedule.h"
 #include "engine/runtime/device_context.h"
 
 namespace moe {
@@ -46,9 +47,16 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   if (auto floor = data.CrossEntropyFloor(m.seq_length)) {
     printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);
   }
-  printf("batch: micro %lld x accumulation %lld x data-parallel 1 = %lld sequences, %lld tokens/step\n",
-         (long long)t.micro_batch_size, (long long)(t.global_batch_size / t.micro_batch_size),
-         (long long)t.global_batch_size, (long long)(t.global_batch_size * m.seq_length));
+  printf("batch: micro %lld x accumulation %lld x data-parallel %d = %lld sequences, %lld "
+         "tokens/step\n",
+         (long long)t.micro_batch_size,
+         (long long)(t.global_batch_size / (t.micro_batch_size * run_.data_parallel)),
+         run_.data_parallel, (long long)t.global_batch_size,
+         (long long)(t.global_batch_size * m.seq_length));
+  printf("parallel: %d ranks = pipeline %d x data %d; %d chunk(s) per pipeline rank, schedule %s\n",
+         run_.pipeline_parallel * run_.data_parallel, run_.pipeline_parallel, run_.data_parallel,
+         t.virtual_pipeline,
+         ScheduleKindName(DefaultScheduleKind(run_.pipeline_parallel, t.virtual_pipeline)));
   printf("schedule: steps %lld from %lld, lr %.3g -> %.3g (warmup %lld, cosine)\n",
          (long long)t.train_steps, (long long)start_step, t.lr, t.min_lr, (long long)t.warmup_steps);
   if (t.offload) {

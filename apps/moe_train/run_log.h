@@ -1,5 +1,6 @@
 // What moe_train prints: the start-up summary, one line per log interval (and the same as one
-// JSON object per line in --metrics_file), evaluation results.
+// JSON object per line in --metrics_file), evaluation results. Under mpirun only rank 0 has a
+// RunLog: losses and the gradient norm are global, memory and offload figures are rank 0's.
 #pragma once
 
 #include <fstream>

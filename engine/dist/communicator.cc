@@ -98,4 +98,16 @@ void Communicator::AddTransfer(Transfer transfer) {
   DoTransfers(std::move(single));
 }
 
+void EnqueueBetween(Communicator& comm, Stream& compute, const std::function<void()>& issue) {
+  CHECK(comm.device() == compute.device()) << "comm on " << comm.device().ToString()
+                                            << ", compute on " << compute.device().ToString();
+  const std::unique_ptr<Event> produced = compute.CreateEvent();
+  produced->Record(compute);
+  comm.stream().Wait(*produced);
+  issue();
+  const std::unique_ptr<Event> done = comm.stream().CreateEvent();
+  done->Record(comm.stream());
+  compute.Wait(*done);
+}
+
 }  // namespace moe

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,5 +109,10 @@ class Communicator {
   bool in_group_ = false;
   std::vector<Transfer> group_;
 };
+
+// Runs `issue`, which enqueues operations on comm, ordered after the work already enqueued on
+// `compute`, and makes the work enqueued on `compute` afterwards wait for those operations
+// (events both ways): the pattern around a batch of transfers or a gradient all-reduce.
+void EnqueueBetween(Communicator& comm, Stream& compute, const std::function<void()>& issue);
 
 }  // namespace moe

@@ -95,6 +95,11 @@ void BatchSampler::NextTrainBatch(std::span<int32_t> out) {
   consumed_train_samples_ += batch_size_;
 }
 
+void BatchSampler::SkipTrainSamples(int64_t samples) {
+  CHECK_GE(samples, 0);
+  consumed_train_samples_ += samples;
+}
+
 void BatchSampler::ValidationBatch(int64_t index, std::span<int32_t> out) const {
   CHECK_GE(index, 0);
   CHECK_EQ(static_cast<int64_t>(out.size()), batch_size_ * window_length());

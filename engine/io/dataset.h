@@ -62,6 +62,8 @@ class BatchSampler {
   // the two calls above read, for callers that slice batches themselves (e.g. one data-parallel
   // rank's rows of a global batch).
   void ReadSamples(Split split, int64_t first_sample, std::span<int32_t> out) const;
+  // Advances the training position past `samples` (>= 0) that the caller read with ReadSamples.
+  void SkipTrainSamples(int64_t samples);
 
   // The position, for checkpoints: training samples drawn so far.
   int64_t consumed_train_samples() const { return consumed_train_samples_; }

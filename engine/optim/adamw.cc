@@ -2,15 +2,26 @@
 
 #include <cmath>
 
+#include "engine/runtime/device_context.h"
+
 namespace moe {
 
-StepReport AdamW::Step(ParameterSet& parameters, float lr) {
+StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_group) {
   std::vector<Tensor> grads;
   for (const auto& p : parameters.all()) grads.push_back(p->grad);
   Tensor norm = Tensor::Empty({1}, DType::kF32, parameters.device());
   ops::GlobalL2Norm(grads, norm);
   StepReport report;
   ops::CopyToHost(norm, &report.grad_norm);
+  if (model_group != nullptr && model_group->size() > 1) {
+    const float squared = report.grad_norm * report.grad_norm;
+    ops::CopyFromHost(&squared, norm);
+    EnqueueBetween(*model_group, DeviceContext::Get(parameters.device()).compute_stream(),
+                   [&] { model_group->AllReduceSum(norm); });
+    float total = 0;
+    ops::CopyToHost(norm, &total);
+    report.grad_norm = std::sqrt(total);
+  }
 
   ++step_;
   ops::AdamWConfig config;

@@ -1,9 +1,12 @@
 // AdamW over a ParameterSet: global gradient-norm clipping, then a decoupled-weight-decay Adam
 // step on the f32 masters (weight decay only where Parameter::weight_decay), then value = master.
 // The learning rate comes from the schedule (lr_schedule.h). Gradients are left as they are:
-// the caller zeroes them before the next accumulation.
+// the caller zeroes them before the next accumulation. When the model is split over a group of
+// ranks (pipeline stages, each with its own parameters), the squared norms are summed over the
+// group, so every rank clips by the whole model's norm.
 #pragma once
 
+#include "engine/dist/communicator.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/parameters.h"
 
@@ -26,7 +29,8 @@ class AdamW {
   explicit AdamW(const AdamWOptions& options) : options_(options) {}
 
   // One step at learning rate `lr`. Reads the gradient norm back to the host (one sync).
-  StepReport Step(ParameterSet& parameters, float lr);
+  // model_group: the ranks the model is split over (nullptr: this rank holds all of it).
+  StepReport Step(ParameterSet& parameters, float lr, Communicator* model_group = nullptr);
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }

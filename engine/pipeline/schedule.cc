@@ -49,6 +49,8 @@ class RankBuilder {
     pending_grads_.pop_front();
   }
 
+  bool IsFirstStage(int chunk) const { return rank_ == 0 && chunk == 0; }
+
   RankActions Finish() && {
     CHECK(pending_activations_.empty() && pending_grads_.empty())
         << "rank " << rank_ << " misses receives";
@@ -56,7 +58,6 @@ class RankBuilder {
   }
 
  private:
-  bool IsFirstStage(int chunk) const { return rank_ == 0 && chunk == 0; }
   bool IsLastStage(int chunk) const { return rank_ == p_ - 1 && chunk == v_ - 1; }
   void Add(Kind kind, MicrobatchChunk mc, int peer) {
     actions_.push_back({kind, mc.microbatch, mc.chunk, peer});
@@ -242,6 +243,26 @@ StatusOr<std::vector<RankActions>> BuildSchedule(const ScheduleSpec& spec) {
         spec.kind == ScheduleKind::kInterleaved1F1B
             ? BuildInterleaved(spec.pipeline_size, spec.virtual_chunks, spec.microbatches, rank)
             : Build1F1B(spec.pipeline_size, spec.microbatches, rank));
+  }
+  return schedule;
+}
+
+std::vector<RankActions> BuildForwardOnlySchedule(int pipeline_size, int virtual_chunks,
+                                                  int microbatches) {
+  CHECK(pipeline_size > 0 && virtual_chunks > 0 && microbatches > 0);
+  std::vector<MicrobatchChunk> order;
+  for (int m = 0; m < microbatches; ++m) {
+    for (int c = 0; c < virtual_chunks; ++c) order.push_back({m, c});
+  }
+  std::vector<RankActions> schedule;
+  for (int rank = 0; rank < pipeline_size; ++rank) {
+    RankBuilder b(pipeline_size, virtual_chunks, rank, order, {});
+    for (const MicrobatchChunk& mc : order) {
+      if (!b.IsFirstStage(mc.chunk)) b.RecvActivation();
+      b.Forward(mc);
+      b.SendActivation(mc);
+    }
+    schedule.push_back(std::move(b).Finish());
   }
   return schedule;
 }

@@ -88,6 +88,11 @@ struct ScheduleSpec {
 // fit the kind: sizes below 1; no pipelining with p or v above 1; 1F1B with v above 1;
 // interleaved with p or v below 2 or m not a multiple of p.
 StatusOr<std::vector<RankActions>> BuildSchedule(const ScheduleSpec& spec);
+// Forward only (evaluation): every rank runs microbatch by microbatch, chunk by chunk,
+// RecvActivation, Forward, SendActivation, so each (microbatch, chunk) flows through the stages
+// in order. The same guarantees as above, without backwards. Sizes must be positive.
+std::vector<RankActions> BuildForwardOnlySchedule(int pipeline_size, int virtual_chunks,
+                                                  int microbatches);
 
 struct MicrobatchChunk {
   int microbatch = 0;

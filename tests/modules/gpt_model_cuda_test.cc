@@ -31,7 +31,7 @@ BackendRun ForwardBackward(const GptConfig& config, Device device, const std::ve
   SavedTensors saved;
   const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, device),
                                              testing::FromInts(targets, {tokens}, device));
-  model.Backward(saved, 1.0f / tokens, 1.0f);
+  model.Backward(saved, Tensor(), 1.0f / tokens, 1.0f);
   BackendRun run;
   run.loss = testing::ToFloats(result.loss_sum)[0] / tokens;
   run.aux = testing::ToFloats(result.aux_loss)[0];

@@ -121,10 +121,15 @@ TEST_F(ModuleGradTest, FusedGroupedMlpWithEmptyAndCrowdedExperts) {
 }
 
 TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {
-  // top-2 of 4: the routing must not flip under the perturbation, so the router is sharp.
+  // Top-2 of 4 routing is discontinuous: a perturbation that flips a token's expert choice breaks
+  // the central difference (about one seed in five does). So this check uses fixed inputs and
+  // weights whose routing margins exceed every perturbation; the other checks draw fresh ones.
+  constexpr uint32_t kSeedWithClearRouting = 1;
+  rng_.seed(kSeedWithClearRouting);
+  ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
   config_.init_std = 1.0f;
-  MoeLayer layer(parameters_, "moe", config_, 0);
-  Check(parameters_, Random({12, config_.hidden_size}),
+  MoeLayer layer(parameters, "moe", config_, 0);
+  Check(parameters, Random({12, config_.hidden_size}),
         [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
         [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
 }
@@ -153,7 +158,7 @@ TEST_F(ModuleGradTest, WholeModel) {
   SavedTensors saved;
   model.Forward(saved, ids, targets);
   parameters_.ZeroGrads();
-  model.Backward(saved, 1.0f / tokens, 1.0f);
+  model.Backward(saved, Tensor(), 1.0f / tokens, 1.0f);
   EXPECT_TRUE(saved.empty());
   // Through a whole model in f32 the central differences themselves are noisier than through
   // one module: over 25 seeds the error peaked at 8e-3 (smaller steps raise the cancellation

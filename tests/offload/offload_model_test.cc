@@ -99,7 +99,7 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
   SavedTensors saved(true, manager);
   const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, kCpu),
                                              testing::FromInts(targets, {tokens}, kCpu));
-  model.Backward(saved, 1.0f / static_cast<float>(tokens), 1.0f);
+  model.Backward(saved, Tensor(), 1.0f / static_cast<float>(tokens), 1.0f);
   EXPECT_TRUE(saved.empty());
   return testing::ToFloats(result.loss_sum)[0];
 }

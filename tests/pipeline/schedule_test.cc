@@ -449,6 +449,49 @@ TEST(ScheduleTest, SimulationNeverDeadlocks) {
   }
 }
 
+// Evaluation's forward-only lists: every rank forwards each (microbatch, chunk) once in
+// (microbatch, chunk) order, every activation boundary is crossed once with sends and receives
+// pairing in order, and the lists run without deadlock.
+TEST(ScheduleTest, ForwardOnly) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int v = 1; v <= 3; ++v) {
+      if (p == 1 && v > 1) continue;
+      for (int m = 1; m <= 4; ++m) {
+        const std::string name =
+            "p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m);
+        const std::vector<RankActions> s = BuildForwardOnlySchedule(p, v, m);
+        ASSERT_EQ(static_cast<int>(s.size()), p) << name;
+        std::string expected;
+        for (int i = 0; i < m; ++i) {
+          for (int c = 0; c < v; ++c) {
+            expected += (expected.empty() ? "" : " ") + Action{Kind::kForward, i, c, -1}.ToString();
+          }
+        }
+        std::map<std::pair<int, int>, std::vector<Message>> sent, received;  // by (from, to)
+        size_t messages = 0;
+        for (int r = 0; r < p; ++r) {
+          EXPECT_EQ(ComputeOrder(s[r]), expected) << name << " rank " << r;
+          for (const Action& a : s[r]) {
+            if (!a.is_communication()) continue;
+            EXPECT_TRUE(a.kind == Kind::kSendActivation || a.kind == Kind::kRecvActivation) << name;
+            EXPECT_EQ(a.peer_rank, ExpectedPeer(a, r, p)) << name;
+            if (a.is_send()) {
+              sent[{r, a.peer_rank}].push_back(MessageOf(a, r, p));
+              ++messages;
+            } else {
+              received[{a.peer_rank, r}].push_back(MessageOf(a, r, p));
+            }
+          }
+        }
+        EXPECT_EQ(sent, received) << name << "\n" << ScheduleToString(s);
+        EXPECT_EQ(static_cast<int>(messages), m * (p * v - 1)) << name;
+        const SimResult result = Simulate(s, p, v);
+        EXPECT_FALSE(result.deadlocked) << name << "\n" << result.stuck << ScheduleToString(s);
+      }
+    }
+  }
+}
+
 // With forward 1 and backward 2 per microbatch and rank, 1F1B's bubble is (p - 1) / (m + p - 1)
 // of the step; interleaving divides the fill/drain by v: (p - 1) / (v m + p - 1).
 TEST(ScheduleTest, BubbleFraction) {
