@@ -34,9 +34,9 @@ struct GptStage {
 };
 
 struct ForwardResult {
-  Tensor output;     // (tokens, hidden): the last layer's output, for the next stage (not last)
-  Tensor loss_sum;   // (1) f32, last stage: sum of per-token cross-entropy over non-ignored targets
-  Tensor aux_loss;   // (1) f32: sum over this stage's MoE layers of the weighted aux losses
+  Tensor output;    // (tokens, hidden): the last layer's output, for the next stage (not last)
+  Tensor loss_sum;  // (1) f32, last stage: sum of per-token cross-entropy over non-ignored targets
+  Tensor aux_loss;  // (1) f32: sum over this stage's MoE layers of the weighted aux losses
 };
 
 class GptModel {

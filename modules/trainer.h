@@ -1,11 +1,11 @@
 // Trainer: the training loop of one GptModel replica (or this rank's pipeline stages of it) on
 // one device.
 //
-// Parallelism (ProcessGroups, engine/dist/process_groups.h; none: one process). Ranks of the pipeline group hold the model
-// chunks of a LayerPartition over pipeline size x TrainerOptions::virtual_pipeline stages (the
-// embedding on the first stage, head and loss on the last), and run the schedule's action list
-// for their rank (pipeline_executor.h). Ranks of the data group are replicas: each trains on its
-// own rows of the global batch.
+// Parallelism (ProcessGroups, engine/dist/process_groups.h; none: one process). Ranks of the
+// pipeline group hold the model chunks of a LayerPartition over pipeline size x
+// TrainerOptions::virtual_pipeline stages (the embedding on the first stage, head and loss on
+// the last), and run their rank's list of the default schedule (pipeline_executor.h). Ranks of
+// the data group are replicas: each trains on its own rows of the global batch.
 //
 // A step covers global_batch_size sequences, samples [consumed, consumed + global_batch_size) of
 // the sampler, which every rank advances alike. Data-parallel rank d of D reads the d-th of D
@@ -118,7 +118,7 @@ class Trainer {
   PipelineStepOptions StepOptions(bool training) const;
   // Sums host values over a group (nullptr: none), e.g. losses over stages or replicas.
   void SumOver(Communicator* group, std::vector<float>& values) const;
-  bool whole_model() const;
+  bool whole_model() const;  // one chunk, first and last stage
   nlohmann::json ModelShape() const;
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 

@@ -1,0 +1,160 @@
+#include "modules/pipeline_executor.h"
+
+#include <glog/logging.h>
+
+#include <map>
+#include <utility>
+
+#include "engine/kernels/ops.h"
+#include "engine/runtime/device_context.h"
+
+namespace moe {
+namespace {
+
+using Key = std::pair<int, int>;  // (microbatch, chunk)
+using Kind = Action::Kind;
+
+class StepRun {
+ public:
+  StepRun(const std::vector<std::unique_ptr<GptModel>>& chunks, Communicator* pipeline,
+          const std::function<Microbatch(int)>& microbatch, const PipelineStepOptions& options)
+      : chunks_(chunks),
+        pipeline_(pipeline),
+        microbatch_(microbatch),
+        options_(options),
+        device_(options.device) {
+    totals_.loss_sum = Tensor::Empty({1}, DType::kF32, device_);
+    totals_.aux_loss = Tensor::Empty({1}, DType::kF32, device_);
+    ops::Fill(totals_.loss_sum, 0.0f);
+    ops::Fill(totals_.aux_loss, 0.0f);
+  }
+
+  void CreateContexts(const RankActions& actions) {
+    std::vector<const SavedTensors*> order;
+    for (const MicrobatchChunk& mc : BackwardOrder(actions)) {
+      auto& saved = saved_[{mc.microbatch, mc.chunk}];
+      saved = std::make_unique<SavedTensors>(/*training=*/true, options_.offload);
+      order.push_back(saved.get());
+    }
+    if (options_.offload != nullptr) options_.offload->SetBackwardOrder(std::move(order));
+  }
+
+  void Forward(int m, int c) {
+    const GptModel& chunk = *chunks_.at(c);
+    Microbatch data;
+    if (chunk.stage().first || chunk.stage().last) data = microbatch_(m);
+    const Tensor input = chunk.stage().first ? data.ids : Take(received_activations_, {m, c});
+    SavedTensors forward_only(/*training=*/false);
+    SavedTensors& saved = options_.training ? *saved_.at({m, c}) : forward_only;
+    const ForwardResult result = chunks_[c]->Forward(saved, input, data.targets);
+    if (chunk.stage().last) {
+      ops::Axpy(1.0f, result.loss_sum, totals_.loss_sum);
+    } else {
+      outputs_[{m, c}] = result.output;
+    }
+    ops::Axpy(1.0f, result.aux_loss, totals_.aux_loss);
+  }
+
+  void Backward(int m, int c) {
+    CHECK(options_.training) << "Backward(m" << m << ",c" << c << ") in a forward-only run";
+    auto it = saved_.find({m, c});
+    CHECK(it != saved_.end()) << "Backward(m" << m << ",c" << c << ") twice or without forward";
+    const Tensor output_grad =
+        chunks_.at(c)->stage().last ? Tensor() : Take(received_grads_, {m, c});
+    const Tensor input_grad =
+        chunks_[c]->Backward(*it->second, output_grad, options_.loss_grad, options_.aux_grad);
+    CHECK(it->second->empty()) << "backward left saved tensors behind, e.g. "
+                               << it->second->keys().front();
+    saved_.erase(it);
+    if (!chunks_[c]->stage().first) input_grads_[{m, c}] = input_grad;
+  }
+
+  // Posts one batch of adjacent communication actions; compute after it waits for all of them.
+  void Communicate(const Action* begin, const Action* end) {
+    CHECK(pipeline_ != nullptr) << begin->ToString() << " without a pipeline group";
+    EnqueueBetween(*pipeline_, DeviceContext::Get(device_).compute_stream(), [&] {
+      pipeline_->GroupStart();
+      for (const Action* a = begin; a != end; ++a) {
+        const Key key{a->microbatch, a->chunk};
+        switch (a->kind) {
+          case Kind::kSendActivation:
+            pipeline_->Send(Take(outputs_, key), a->peer_rank);
+            break;
+          case Kind::kSendGrad:
+            pipeline_->Send(Take(input_grads_, key), a->peer_rank);
+            break;
+          case Kind::kRecvActivation:
+            pipeline_->Recv(Receive(received_activations_, key), a->peer_rank);
+            break;
+          case Kind::kRecvGrad:
+            pipeline_->Recv(Receive(received_grads_, key), a->peer_rank);
+            break;
+          default:
+            LOG(FATAL) << a->ToString() << " is not communication";
+        }
+      }
+      pipeline_->GroupEnd();
+    });
+  }
+
+  PipelineStepTotals Finish() {
+    CHECK(saved_.empty() && outputs_.empty() && input_grads_.empty() &&
+          received_activations_.empty() && received_grads_.empty())
+        << "the action list left work behind";
+    return totals_;
+  }
+
+ private:
+  static Tensor Take(std::map<Key, Tensor>& tensors, Key key) {
+    auto it = tensors.find(key);
+    CHECK(it != tensors.end()) << "no tensor for (m" << key.first << ", c" << key.second << ")";
+    Tensor t = std::move(it->second);
+    tensors.erase(it);
+    return t;
+  }
+
+  Tensor Receive(std::map<Key, Tensor>& tensors, Key key) {
+    Tensor t = Tensor::Empty(options_.activation_shape, options_.activation_dtype, device_);
+    CHECK(tensors.emplace(key, t).second)
+        << "received (m" << key.first << ", c" << key.second << ") twice";
+    return t;
+  }
+
+  const std::vector<std::unique_ptr<GptModel>>& chunks_;
+  Communicator* pipeline_;
+  const std::function<Microbatch(int)>& microbatch_;
+  const PipelineStepOptions& options_;
+  Device device_;
+  std::map<Key, std::unique_ptr<SavedTensors>> saved_;
+  std::map<Key, Tensor> outputs_, input_grads_, received_activations_, received_grads_;
+  PipelineStepTotals totals_;
+};
+
+}  // namespace
+
+PipelineStepTotals RunPipelineStep(const RankActions& actions,
+                                   const std::vector<std::unique_ptr<GptModel>>& chunks,
+                                   Communicator* pipeline,
+                                   const std::function<Microbatch(int)>& microbatch,
+                                   const PipelineStepOptions& options) {
+  StepRun run(chunks, pipeline, microbatch, options);
+  if (options.training) run.CreateContexts(actions);
+  for (size_t i = 0; i < actions.size();) {
+    const Action& action = actions[i];
+    if (action.kind == Kind::kForward) {
+      run.Forward(action.microbatch, action.chunk);
+      ++i;
+    } else if (action.kind == Kind::kBackward) {
+      run.Backward(action.microbatch, action.chunk);
+      ++i;
+    } else {
+      size_t end = i;
+      while (end < actions.size() && actions[end].is_communication()) ++end;
+      run.Communicate(actions.data() + i, actions.data() + end);
+      i = end;
+    }
+  }
+  return run.Finish();
+}
+
+}  // namespace moe

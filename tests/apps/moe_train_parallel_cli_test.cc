@@ -1,0 +1,116 @@
+// moe_train under mpirun, as a user meets it: a world size or layout that does not fit is one
+// clear line from every rank and a non-zero exit of the whole job (no hang, no work); a good
+// pipeline-parallel run logs once (rank 0) and reports the single-process losses. A plain (label
+// cpu) test, as it starts mpirun itself.
+#include <gtest/gtest.h>
+
+#if MOE_WITH_MPI
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace moe {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr of every rank
+};
+
+// `timeout` turns a hang into exit code 124 rather than a stuck test.
+Result RunMoeTrain(int ranks, const std::string& args) {
+  const std::string launcher =
+      ranks == 0
+          ? std::string()
+          : "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np " +
+                std::to_string(ranks) + " --oversubscribe ";
+  const std::string command = launcher + MOE_TRAIN_BINARY +
+                              " --device=cpu --train_steps=2 --warmup_steps=1 --log_interval=1 "
+                              "--num_layers=4 --hidden_size=32 --seq_length=16 --eval_steps=1 " +
+                              args + " 2>&1";
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+int Count(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
+  return count;
+}
+
+struct BadLayout {
+  int ranks;
+  std::string args;
+  std::string message;  // every rank prints it
+};
+
+void PrintTo(const BadLayout& layout, std::ostream* os) {
+  *os << "-np " << layout.ranks << " " << layout.args;
+}
+
+class BadLayoutTest : public ::testing::TestWithParam<BadLayout> {};
+
+TEST_P(BadLayoutTest, EveryRankExitsNonZeroWithTheMessage) {
+  const BadLayout& layout = GetParam();
+  const Result r = RunMoeTrain(layout.ranks, layout.args);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
+  EXPECT_EQ(Count(r.output, layout.message), layout.ranks) << r.output;
+  EXPECT_EQ(r.output.find("step "), std::string::npos) << "work started: " << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, BadLayoutTest,
+    ::testing::Values(
+        BadLayout{3, "--pipeline_parallel=2",
+                  "moe_train: --pipeline_parallel=2 does not divide 3 ranks (rank 0; 3 of 3 ranks "
+                  "failed)"},
+        BadLayout{2, "--pipeline_parallel=2 --num_layers=3",
+                  "--num_layers=3 does not split evenly over 2 pipeline stages"},
+        BadLayout{4, "--pipeline_parallel=4 --num_layers=2",
+                  "--num_layers=2 is fewer than the 4 pipeline stages"},
+        BadLayout{2, "--pipeline_parallel=2 --virtual_pipeline=3 --num_layers=8",
+                  "--num_layers=8 does not split evenly over 6 pipeline stages"},
+        BadLayout{2, "--global_batch_size=8 --micro_batch_size=8",
+                  "--global_batch_size=8 is not a multiple of --micro_batch_size=8 x data-parallel "
+                  "size 2"},
+        BadLayout{2, "--pipeline_parallel=2 --save=/tmp/never",
+                  "--save and --load need --pipeline_parallel=1"}));
+
+std::vector<std::string> LossLines(const std::string& output) {
+  static const std::regex kLoss(R"(step +\d+ \| loss [0-9.]+ \| aux [0-9.]+)");
+  std::vector<std::string> lines;
+  for (std::sregex_iterator it(output.begin(), output.end(), kLoss), end; it != end; ++it) {
+    lines.push_back(it->str());
+  }
+  return lines;
+}
+
+TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLosses) {
+  const Result single = RunMoeTrain(0, "");
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const std::vector<std::string> expected = LossLines(single.output);
+  ASSERT_EQ(expected.size(), 2u) << single.output;
+  for (const std::string& layout : {"--pipeline_parallel=2", "--pipeline_parallel=1"}) {
+    const Result r = RunMoeTrain(2, layout);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(LossLines(r.output), expected) << r.output;
+    EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
+    EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace moe
+#endif  // MOE_WITH_MPI
