@@ -4,10 +4,10 @@
 // cpu) test, as it starts mpirun itself.
 #include <gtest/gtest.h>
 
-#if MOE_WITH_MPI
-#include <sys/wait.h>
+#include "tests/testing/command.h"
 
-#include <array>
+#if MOE_WITH_MPI
+
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -16,10 +16,7 @@
 namespace moe {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr of every rank
-};
+using Result = testing::CommandResult;  // output: stdout and stderr of every rank
 
 // `timeout` turns a hang into exit code 124 rather than a stuck test.
 Result RunMoeTrain(int ranks, const std::string& args) {
@@ -31,16 +28,8 @@ Result RunMoeTrain(int ranks, const std::string& args) {
   const std::string command = launcher + MOE_TRAIN_BINARY +
                               " --device=cpu --train_steps=2 --warmup_steps=1 --log_interval=1 "
                               "--num_layers=4 --hidden_size=32 --seq_length=16 --eval_steps=1 " +
-                              args + " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+                              args;
+  return testing::RunCommand(command);
 }
 
 int Count(const std::string& text, const std::string& part) {

@@ -2,34 +2,22 @@
 // flags and exit code 2 before any work; a good run prints the policy table after the first step
 // and the offload traffic per log interval, also in --metrics_file.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/command.h"
 #include "tests/testing/tensor_testing.h"
 
 namespace moe {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
+using Result = testing::CommandResult;
 
 Result RunMoeTrain(const std::string& args) {
-  const std::string command = std::string(MOE_TRAIN_BINARY) + " " + args + " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return testing::RunCommand(std::string(MOE_TRAIN_BINARY) + " " + args);
 }
 
 struct BadInput {

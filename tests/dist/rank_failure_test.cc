@@ -4,8 +4,9 @@
 // names the failure. A plain (label cpu) test, as it starts mpirun itself.
 #include <gtest/gtest.h>
 
+#include "tests/testing/command.h"
+
 #if MOE_WITH_MPI
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,11 +22,7 @@ namespace {
 
 constexpr char kModeVariable[] = "MOE_RANK_FAILURE_CHILD";
 
-struct JobOutcome {
-  int exit_code;
-  double seconds;
-  std::string output;
-};
+using JobOutcome = testing::CommandResult;
 
 JobOutcome RunJob(const std::string& mode) {
   char self[4096] = {};
@@ -36,18 +33,8 @@ JobOutcome RunJob(const std::string& mode) {
                               " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
                               " timeout 120 mpirun -np 2 --oversubscribe -x " +
                               kModeVariable + " " + self +
-                              " --gtest_filter=RankFailureChild.Run 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  CHECK(pipe != nullptr) << command;
-  JobOutcome outcome{};
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) outcome.output.append(buffer, n);
-  const int status = pclose(pipe);
-  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return outcome;
+                              " --gtest_filter=RankFailureChild.Run";
+  return testing::RunCommand(command);
 }
 
 void ExpectPromptFailure(const JobOutcome& outcome) {
