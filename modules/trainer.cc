@@ -66,17 +66,16 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
       parameters_(device, device.is_cuda() ? DType::kBF16 : DType::kF32, options.seed),
+      partition_(partition),
       train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),
       sampler_(std::move(sampler)) {
   const int rank = GroupRank(pipeline_);
+  chunk_parameters_.push_back(0);
   for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
     const int stage = StageIndex(rank, chunk, partition.pipeline_size());
-    const LayerRange& layers = partition.stage_layers(stage);
-    chunks_.push_back(std::make_unique<GptModel>(
-        config_, parameters_,
-        GptStage{layers.begin, layers.end, partition.is_first_stage(stage),
-                 partition.is_last_stage(stage)}));
+    chunks_.push_back(std::make_unique<GptModel>(config_, parameters_, StageOf(stage)));
+    chunk_parameters_.push_back(parameters_.all().size());
   }
   if (options_.offload) {
     OffloadOptions offload = *options_.offload;
@@ -116,6 +115,12 @@ void Trainer::SumOver(Communicator* group, std::vector<float>& values) const {
   EnqueueBetween(*group, DeviceContext::Get(device_).compute_stream(),
                  [&] { group->AllReduceSum(t); });
   ops::CopyToHost(t, values.data());
+}
+
+GptStage Trainer::StageOf(int stage) const {
+  const LayerRange& layers = partition_.stage_layers(stage);
+  return GptStage{layers.begin, layers.end, partition_.is_first_stage(stage),
+                  partition_.is_last_stage(stage)};
 }
 
 bool Trainer::whole_model() const {
@@ -209,20 +214,72 @@ nlohmann::json Trainer::ModelConfig() const {
 }
 
 namespace {
+
+void CollectTensor(const Parameter& p, std::vector<NamedTensor>* model,
+                   std::vector<NamedTensor>* optimizer) {
+  model->push_back({p.name, p.master});
+  optimizer->push_back({p.name + ".exp_avg", p.exp_avg});
+  optimizer->push_back({p.name + ".exp_avg_sq", p.exp_avg_sq});
+}
+
 void CollectTensors(const ParameterSet& parameters, std::vector<NamedTensor>* model,
                     std::vector<NamedTensor>* optimizer) {
-  for (const auto& p : parameters.all()) {
-    model->push_back({p->name, p->master});
-    optimizer->push_back({p->name + ".exp_avg", p->exp_avg});
-    optimizer->push_back({p->name + ".exp_avg_sq", p->exp_avg_sq});
-  }
+  for (const auto& p : parameters.all()) CollectTensor(*p, model, optimizer);
 }
+
 }  // namespace
 
 Status Trainer::Save(const std::string& root, const nlohmann::json& description) {
-  CHECK(whole_model()) << "a checkpoint needs the whole model on this rank";
+  if (GroupRank(data_) != 0) return Status::Ok();  // a replica of data rank 0's state
+  const int rank = GroupRank(pipeline_);
+  const int pipeline_size = GroupSize(pipeline_);
+  Stream& compute = DeviceContext::Get(device_).compute_stream();
+  if (rank != 0) {  // send this rank's state to pipeline rank 0, in parameters_ order
+    EnqueueBetween(*pipeline_, compute, [&] {
+      for (const auto& p : parameters_.all()) {
+        for (const Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) pipeline_->Send(*t, 0);
+      }
+    });
+    return Status::Ok();
+  }
+
+  // The parameters of every stage, in stage order: this rank's own, and receive buffers for the
+  // others' (built before the transfers are enqueued: their initialization runs on compute).
+  const int chunks = static_cast<int>(chunks_.size());
+  std::vector<std::vector<const Parameter*>> stages(static_cast<size_t>(pipeline_size * chunks));
+  std::vector<std::unique_ptr<ParameterSet>> received;  // per (peer, chunk), in issue order
+  std::vector<int> received_peer;
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    for (size_t i = chunk_parameters_[chunk]; i < chunk_parameters_[chunk + 1]; ++i) {
+      stages[StageIndex(0, chunk, pipeline_size)].push_back(parameters_.all()[i].get());
+    }
+  }
+  for (int peer = 1; peer < pipeline_size; ++peer) {
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const int stage = StageIndex(peer, chunk, pipeline_size);
+      auto set =
+          std::make_unique<ParameterSet>(device_, parameters_.compute_dtype(), options_.seed);
+      const GptModel stage_model(config_, *set, StageOf(stage));  // creates them in `set`
+      for (const auto& p : set->all()) stages[stage].push_back(p.get());
+      received.push_back(std::move(set));
+      received_peer.push_back(peer);
+    }
+  }
+  if (!received.empty()) {
+    EnqueueBetween(*pipeline_, compute, [&] {
+      for (size_t s = 0; s < received.size(); ++s) {
+        for (const auto& p : received[s]->all()) {
+          for (const Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) {
+            pipeline_->Recv(*t, received_peer[s]);
+          }
+        }
+      }
+    });
+  }
   std::vector<NamedTensor> model, optimizer;
-  CollectTensors(parameters_, &model, &optimizer);
+  for (const auto& stage : stages) {
+    for (const Parameter* p : stage) CollectTensor(*p, &model, &optimizer);
+  }
   const nlohmann::json state = {{"step", step_},
                                 {"optimizer_step", optimizer_.step()},
                                 {"consumed_train_samples", sampler_.consumed_train_samples()},
@@ -233,7 +290,6 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
 }
 
 Status Trainer::Load(const std::string& path) {
-  CHECK(whole_model()) << "a checkpoint needs the whole model on this rank";
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpointDir(path));
   std::ifstream state_file(dir + "/state.json");
   nlohmann::json peek = nlohmann::json::parse(state_file, nullptr, /*allow_exceptions=*/false);
@@ -244,9 +300,11 @@ Status Trainer::Load(const std::string& path) {
     return InvalidArgument("--load " + dir + ": checkpoint model " + peek["model"].dump() +
                            " differs from this run's " + ModelShape().dump());
   }
+  // The checkpoint holds the whole model; this rank loads its stages' parameters by name.
   std::vector<NamedTensor> model, optimizer;
   CollectTensors(parameters_, &model, &optimizer);
-  ASSIGN_OR_RETURN(const nlohmann::json state, LoadCheckpoint(dir, model, optimizer));
+  ASSIGN_OR_RETURN(const nlohmann::json state,
+                   LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
       return DataLoss("--load " + dir + ": state.json has no integer \"" + key + "\"");

@@ -27,7 +27,18 @@
 // moments (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq") and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
 // the loop does is a function of that state, so a resumed run repeats an uninterrupted one bit
-// for bit. Checkpoints and reference dumps need the whole model on this rank (no pipeline).
+// for bit. Reference dumps need the whole model on this rank (no pipeline).
+//
+// Checkpoints under pipeline and data parallelism keep that full-model format, so a checkpoint
+// saved with any layout loads into any other (of the same model shape). Save is collective over
+// every rank of the trainer: data-parallel rank 0 of each stage holds the state (replicas are
+// identical; the others return at once), pipeline ranks 1.. send their parameters' master
+// weights and AdamW moments to pipeline rank 0 (Send/Recv on the pipeline group, stream-ordered),
+// and pipeline rank 0 (world rank 0) writes one checkpoint with the stages' tensors in model
+// order, as one process would. Rank 0 receives into per-stage ParameterSets that it builds for
+// the save and frees afterwards (the whole model's state, transiently). Load is per rank: every
+// rank reads the shared checkpoint itself and loads only its own parameters by name
+// (LoadCheckpoint's subset mode), plus step and data position, which are the same everywhere.
 #pragma once
 
 #include <memory>
@@ -96,10 +107,12 @@ class Trainer {
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
 
-  // Writes root/step_<step>; `description` is stored in state.json under "run".
+  // Writes root/step_<step>; `description` is stored in state.json under "run". Collective:
+  // every rank calls it; the returned status is the write's on world rank 0 (pipeline and data
+  // rank 0), Ok elsewhere.
   Status Save(const std::string& root, const nlohmann::json& description);
-  // Restores weights, optimizer state, step and data position. The checkpoint's model shape
-  // must equal this trainer's.
+  // Restores this rank's weights and optimizer state, step and data position. The checkpoint's
+  // model shape must equal this trainer's; its layout may differ. Every rank calls it.
   Status Load(const std::string& path);
 
   // For reference checks against another implementation: one forward and backward of the
@@ -119,6 +132,7 @@ class Trainer {
   // Sums host values over a group (nullptr: none), e.g. losses over stages or replicas.
   void SumOver(Communicator* group, std::vector<float>& values) const;
   bool whole_model() const;  // one chunk, first and last stage
+  GptStage StageOf(int stage) const;  // of partition_
   nlohmann::json ModelShape() const;
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
@@ -128,7 +142,10 @@ class Trainer {
   Communicator* pipeline_ = nullptr;  // nullptr: one stage
   Communicator* data_ = nullptr;      // nullptr: one replica
   ParameterSet parameters_;
+  LayerPartition partition_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // chunk c: stage c * pipeline size + rank
+  // Chunk c's parameters are parameters_.all()[chunk_parameters_[c], chunk_parameters_[c + 1]).
+  std::vector<size_t> chunk_parameters_;
   RankActions train_actions_;
   AdamW optimizer_;
   BatchSampler sampler_;

@@ -100,7 +100,7 @@ int Run() {
       if (log) log->Eval(step, loss, floor);
     }
     if (!FLAGS_save.empty() && (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
-      agreed = world.AllAgree(leader ? trainer.Save(FLAGS_save, description) : Status::Ok());
+      agreed = world.AllAgree(trainer.Save(FLAGS_save, description));  // collective
       if (!agreed.ok()) return Fail(agreed, 1);
       if (leader) printf("saved checkpoint %s/step_%08lld\n", FLAGS_save.c_str(), (long long)step);
     }

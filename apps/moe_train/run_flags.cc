@@ -169,10 +169,6 @@ Status CheckParallel(int world_size) {
     return InvalidArgument("--pipeline_parallel=" + std::to_string(FLAGS_pipeline_parallel) +
                            " does not divide " + std::to_string(world_size) + " ranks");
   }
-  if (FLAGS_pipeline_parallel > 1 && !(FLAGS_save.empty() && FLAGS_load.empty())) {
-    return InvalidArgument("--save and --load need --pipeline_parallel=1 (checkpoints of "
-                           "pipeline stages are not supported yet)");
-  }
   if (world_size > 1 && !FLAGS_dump_reference_case.empty()) {
     return InvalidArgument("--dump_reference_case runs in one process (without mpirun)");
   }

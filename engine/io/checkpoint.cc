@@ -172,7 +172,8 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
 
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
-                                        const std::vector<NamedTensor>& optimizer) {
+                                        const std::vector<NamedTensor>& optimizer,
+                                        bool subset) {
   ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpointDir(path));
   std::ifstream in(dir / kStateFile);
   std::stringstream text;
@@ -184,8 +185,9 @@ StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
   }
-  RETURN_IF_ERROR(LoadSafetensors((dir / kModelFile).string(), model));
-  RETURN_IF_ERROR(LoadSafetensors((dir / kOptimizerFile).string(), optimizer));
+  const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
+  RETURN_IF_ERROR(load((dir / kModelFile).string(), model));
+  RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer));
   return state;
 }
 

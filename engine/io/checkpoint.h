@@ -18,8 +18,9 @@
 //
 // Load accepts a root (follows `latest`) or a step directory. Every expected tensor must be in the
 // file with the expected shape, and the file must hold no others (LoadSafetensors' rules,
-// including f32 <-> bf16 conversion). On error, destinations loaded before the failing file may
-// already be written.
+// including f32 <-> bf16 conversion), unless `subset` (LoadSafetensorsSubset: a part of the
+// model, such as one pipeline rank's stages, loads from a full checkpoint). On error, destinations
+// loaded before the failing file may already be written.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +45,10 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
 
 // Loads model.safetensors and optimizer.safetensors of the resolved step directory into the
-// given tensors and returns its state.json.
+// given tensors and returns its state.json. With `subset`, the files may hold further tensors.
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
-                                        const std::vector<NamedTensor>& optimizer);
+                                        const std::vector<NamedTensor>& optimizer,
+                                        bool subset = false);
 
 }  // namespace moe

@@ -353,7 +353,11 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
   return Status::Ok();
 }
 
-Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations) {
+namespace {
+
+// LoadSafetensors (exact: the file holds no other names) and LoadSafetensorsSubset.
+Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destinations,
+                 bool exact) {
   ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
   std::unordered_map<std::string, const Entry*> by_name;
   for (const Entry& e : file.entries) by_name[e.name] = &e;
@@ -382,7 +386,7 @@ Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& 
     sources.push_back(&e);
   }
   for (const Entry& e : file.entries) {
-    if (!expected.count(e.name)) {
+    if (exact && !expected.count(e.name)) {
       return InvalidArgument(Quoted(path) + " holds unexpected tensor '" + e.name + "' (" +
                              EntryString(e) + "; " + std::to_string(file.entries.size()) +
                              " tensors in the file, " + std::to_string(destinations.size()) +
@@ -393,6 +397,17 @@ Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& 
     RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor));
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations) {
+  return LoadNamed(path, destinations, /*exact=*/true);
+}
+
+Status LoadSafetensorsSubset(const std::string& path,
+                             const std::vector<NamedTensor>& destinations) {
+  return LoadNamed(path, destinations, /*exact=*/false);
 }
 
 StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {

@@ -1,7 +1,7 @@
 // moe_train under mpirun, as a user meets it: a world size or layout that does not fit is one
 // clear line from every rank and a non-zero exit of the whole job (no hang, no work); a good
-// pipeline-parallel run logs once (rank 0) and reports the single-process losses. A plain (label
-// cpu) test, as it starts mpirun itself.
+// pipeline-parallel run logs once (rank 0) and reports the single-process losses, and one process
+// resumes from its checkpoint. A plain (label cpu) test, as it starts mpirun itself.
 #include <gtest/gtest.h>
 
 #include "tests/testing/command.h"
@@ -73,9 +73,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "--num_layers=8 does not split evenly over 6 pipeline stages"},
         BadLayout{2, "--global_batch_size=8 --micro_batch_size=8",
                   "--global_batch_size=8 is not a multiple of --micro_batch_size=8 x data-parallel "
-                  "size 2"},
-        BadLayout{2, "--pipeline_parallel=2 --save=/tmp/never",
-                  "--save and --load need --pipeline_parallel=1"}));
+                  "size 2"}));
 
 std::vector<std::string> LossLines(const std::string& output) {
   static const std::regex kLoss(R"(step +\d+ \| loss [0-9.]+ \| aux [0-9.]+)");
@@ -98,6 +96,21 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
     EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
     EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
   }
+}
+
+// A checkpoint saved by a pipeline run is the full model: one process resumes from it and logs
+// the pipeline run's next loss.
+TEST(ParallelRunTest, OneProcessResumesFromAPipelineCheckpoint) {
+  const std::string root = ::testing::TempDir() + "/moe_train_parallel_cli_pipeline_ckpt";
+  std::remove((root + "/latest").c_str());
+  const Result pipelined = RunMoeTrain(2, "--pipeline_parallel=2 --save_interval=1 --save=" + root);
+  ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
+  EXPECT_EQ(Count(pipelined.output, "saved checkpoint"), 2) << pipelined.output;
+  const std::vector<std::string> losses = LossLines(pipelined.output);
+  ASSERT_EQ(losses.size(), 2u) << pipelined.output;
+  const Result resumed = RunMoeTrain(0, "--load=" + root + "/step_00000001");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(LossLines(resumed.output), std::vector<std::string>{losses[1]}) << resumed.output;
 }
 
 }  // namespace

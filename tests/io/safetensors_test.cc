@@ -283,6 +283,31 @@ TEST_F(SafetensorsTest, LoadChecksNamesShapesAndDTypes) {
               "cannot create '" + no_dir + "': No such file or directory");
 }
 
+TEST_F(SafetensorsTest, SubsetLoadReadsTheNamedTensorsAndIgnoresTheRest) {
+  const std::string path = Path("full.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path,
+                               {{"a", FromInts({1, 2}, {2}, Device::CPU())},
+                                {"b", FromInts({3, 4, 5}, {3}, Device::CPU())},
+                                {"c", FromInts({6}, {1}, Device::CPU())}},
+                               {})
+                  .ok());
+  Tensor b = FromInts({0, 0, 0}, {3}, Device::CPU());
+  ASSERT_TRUE(LoadSafetensorsSubset(path, {{"b", b}}).ok());
+  EXPECT_EQ(::moe::testing::ToInts(b), (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_TRUE(LoadSafetensorsSubset(path, {}).ok());
+  EXPECT_FALSE(LoadSafetensors(path, {{"b", b}}).ok()) << "the exact loader still refuses";
+
+  // Missing names and mismatched shapes are still errors, and nothing is written.
+  Tensor a = FromInts({0, 0}, {2}, Device::CPU());
+  Status s = LoadSafetensorsSubset(path, {{"a", a}, {"d", FromInts({0}, {1}, Device::CPU())}});
+  ExpectError(s, StatusCode::kNotFound, path, "");
+  EXPECT_EQ(s.message(), "'" + path + "' has no tensor 'd' (expected i32[1])");
+  s = LoadSafetensorsSubset(path, {{"a", a}, {"c", FromInts({0, 0}, {2}, Device::CPU())}});
+  ExpectError(s, StatusCode::kInvalidArgument, path, "");
+  EXPECT_EQ(::moe::testing::ToInts(a), (std::vector<int32_t>{0, 0}))
+      << "a failed load writes nothing";
+}
+
 TEST_F(SafetensorsTest, EmptyFileListIsValid) {
   const std::string path = Path("none.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, {}, {}).ok());

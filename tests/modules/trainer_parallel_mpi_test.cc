@@ -2,11 +2,13 @@
 // virtual-chunk x data-parallel layout that fits the world trains like one process on the same
 // global batch, up to summation order (losses, aux losses, gradient norms, validation loss and
 // every rank's weights after a few steps, relative 1e-5); offloading activations under the
-// pipeline schedule changes no bit.
+// pipeline schedule changes no bit. Checkpoints under the pipeline (x data) layout resume bit for
+// bit, and hold the full model: pipeline and single-process trainers load each other's.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "engine/dist/process_groups.h"
@@ -81,6 +83,22 @@ TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
   return run;
 }
 
+// This rank's master weights and AdamW moments, by name ("<name>", ".exp_avg", ".exp_avg_sq").
+std::map<std::string, std::vector<float>> State(const Trainer& trainer) {
+  std::map<std::string, std::vector<float>> state;
+  for (const auto& p : trainer.parameters().all()) {
+    for (const auto& [suffix, tensor] :
+         {std::pair<std::string, const Tensor*>{"", &p->master},
+          {".exp_avg", &p->exp_avg},
+          {".exp_avg_sq", &p->exp_avg_sq}}) {
+      std::vector<float>& v = state[p->name + suffix];
+      v.resize(tensor->numel());
+      std::memcpy(v.data(), tensor->data(), tensor->nbytes());
+    }
+  }
+  return state;
+}
+
 void ExpectNear(double actual, double expected, const char* what) {
   EXPECT_LE(std::abs(actual - expected), kTolerance * std::max(1.0, std::abs(expected)))
       << what << ": " << actual << " vs " << expected;
@@ -95,6 +113,22 @@ class TrainerParallelTest : public ::testing::Test {
     DataOptions data;
     data.vocab_size = TinyConfig().vocab_size;
     source_ = std::move(OpenTokenSource(data)).value();
+  }
+
+  std::unique_ptr<Trainer> NewTrainer(const ProcessGroups* groups) {
+    StatusOr<std::unique_ptr<Trainer>> created =
+        Trainer::Create(TinyConfig(), TinyOptions(1, false), Device::CPU(), source_.get(), groups);
+    CHECK(created.ok()) << created.status().message();
+    return std::move(created).value();
+  }
+
+  // A checkpoint root that every rank names alike; rank 0 empties it first.
+  std::string CheckpointRoot(const std::string& name) {
+    const std::string root = ::testing::TempDir() + "/trainer_parallel_" + name + "_np" +
+                             std::to_string(world_.size());
+    if (world_.rank() == 0) std::filesystem::remove_all(root);
+    comm_->Barrier();
+    return root;
   }
 
   World& world_;
@@ -152,6 +186,82 @@ TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
     }
     EXPECT_EQ(on.validation_loss, off.validation_loss);
     EXPECT_EQ(on.weights, off.weights);
+  }
+}
+
+TEST_F(TrainerParallelTest, PipelineCheckpointResumesBitForBit) {
+  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2, *stream_);
+  const std::string root = CheckpointRoot("resume");
+  std::vector<StepStats> uninterrupted;
+  std::unique_ptr<Trainer> reference = NewTrainer(&groups);
+  for (int step = 0; step < kSteps; ++step) uninterrupted.push_back(reference->TrainStep());
+
+  std::unique_ptr<Trainer> first = NewTrainer(&groups);
+  first->TrainStep();
+  const Status saved = first->Save(root, {{"test", "resume"}});
+  ASSERT_TRUE(saved.ok()) << saved.message();
+  comm_->Barrier();  // rank 0 has written it
+  std::unique_ptr<Trainer> resumed = NewTrainer(&groups);
+  const Status loaded = resumed->Load(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  EXPECT_EQ(resumed->step(), 1);
+  for (int step = 1; step < kSteps; ++step) {
+    const StepStats stats = resumed->TrainStep();
+    EXPECT_EQ(stats.loss, uninterrupted[step].loss) << "step " << step;
+    EXPECT_EQ(stats.aux_loss, uninterrupted[step].aux_loss) << "step " << step;
+    EXPECT_EQ(stats.grad_norm, uninterrupted[step].grad_norm) << "step " << step;
+  }
+  EXPECT_EQ(State(*resumed), State(*reference));
+  comm_->Barrier();
+  if (world_.rank() == 0) std::filesystem::remove_all(root);
+}
+
+TEST_F(TrainerParallelTest, PipelineAndSingleProcessLoadEachOthersCheckpoints) {
+  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2, *stream_);
+  const std::string from_pipeline = CheckpointRoot("from_pipeline");
+  const std::string from_single = CheckpointRoot("from_single");
+
+  // Pipeline -> one process: every rank's parameters arrive in the full model, bit for bit.
+  std::unique_ptr<Trainer> pipelined = NewTrainer(&groups);
+  for (int step = 0; step < kSteps; ++step) pipelined->TrainStep();
+  const Status saved = pipelined->Save(from_pipeline, {});
+  ASSERT_TRUE(saved.ok()) << saved.message();
+  comm_->Barrier();
+  std::unique_ptr<Trainer> single = NewTrainer(nullptr);
+  Status loaded = single->Load(from_pipeline);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  EXPECT_EQ(single->step(), kSteps);
+  const auto single_state = State(*single);
+  const auto pipelined_state = State(*pipelined);
+  EXPECT_LT(pipelined_state.size(), single_state.size()) << "a stage holds part of the model";
+  for (const auto& [name, values] : pipelined_state) {
+    ASSERT_TRUE(single_state.count(name)) << name;
+    EXPECT_EQ(single_state.at(name), values) << name;
+  }
+
+  // One process -> pipeline: every rank takes its stage's parameters out of the full model.
+  std::unique_ptr<Trainer> trained = NewTrainer(nullptr);  // the same run on every rank
+  for (int step = 0; step < kSteps; ++step) trained->TrainStep();
+  if (world_.rank() == 0) {
+    const Status written = trained->Save(from_single, {});
+    ASSERT_TRUE(written.ok()) << written.message();
+  }
+  comm_->Barrier();
+  std::unique_ptr<Trainer> staged = NewTrainer(&groups);
+  loaded = staged->Load(from_single);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  EXPECT_EQ(staged->step(), kSteps);
+  const auto trained_state = State(*trained);
+  for (const auto& [name, values] : State(*staged)) {
+    ASSERT_TRUE(trained_state.count(name)) << name;
+    EXPECT_EQ(trained_state.at(name), values) << name;
+  }
+  // ... and continues like the single process it came from (up to summation order).
+  ExpectNear(staged->TrainStep().loss, trained->TrainStep().loss, "loss after loading");
+  comm_->Barrier();
+  if (world_.rank() == 0) {
+    std::filesystem::remove_all(from_pipeline);
+    std::filesystem::remove_all(from_single);
   }
 }
 
