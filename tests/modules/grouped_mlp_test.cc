@@ -14,6 +14,7 @@
 
 #include "modules/trainer.h"
 #include "tests/testing/tensor_testing.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
@@ -150,17 +151,7 @@ TEST(GroupedMlpTest, EachPathSavesItsOffloadGroups) {
 }
 
 TEST(GroupedMlpTest, TinyModelTrainsToTheSameLossCurveOnEitherPath) {
-  GptConfig config;
-  config.num_layers = 2;
-  config.hidden_size = 32;
-  config.num_attention_heads = 4;
-  config.num_query_groups = 2;
-  config.ffn_hidden_size = 64;
-  config.num_experts = 4;
-  config.moe_router_topk = 2;
-  config.moe_ffn_hidden_size = 32;
-  config.seq_length = 16;
-  config.vocab_size = 64;
+  GptConfig config = testing::TinyModel();
   TrainerOptions options;
   options.micro_batch_size = 4;
   options.global_batch_size = 8;

@@ -16,6 +16,7 @@
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/dist/test_world.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
@@ -26,19 +27,10 @@ constexpr int kSteps = 3;
 constexpr double kTolerance = 1e-5;
 
 GptConfig TinyConfig() {
-  GptConfig c;
+  GptConfig c = testing::TinyModel();
   c.num_layers = 4;
-  c.hidden_size = 32;
   c.num_attention_heads = 2;
   c.num_query_groups = 1;
-  c.ffn_hidden_size = 64;
-  c.num_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_ffn_hidden_size = 32;
-  c.moe_grouped_mlp = GroupedMlpKind::kUnfused;
-  c.first_dense_layers = 1;
-  c.seq_length = 16;
-  c.vocab_size = 64;
   return c;
 }
 

@@ -7,24 +7,12 @@
 #include <filesystem>
 
 #include "tests/testing/tensor_testing.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
 
-GptConfig SmallConfig() {
-  GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.num_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_ffn_hidden_size = 32;
-  c.seq_length = 16;
-  c.vocab_size = 64;
-  return c;
-}
+GptConfig SmallConfig() { return testing::TinyModel(); }
 
 TrainerOptions SmallOptions() {
   TrainerOptions o;

@@ -15,6 +15,7 @@
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/testing/tensor_testing.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
@@ -27,22 +28,7 @@ class LatencyKnob {  // the test-only CPU copy latency, for one scope
   ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
 };
 
-GptConfig TinyConfig() {  // layer 0 dense, layer 1 MoE
-  GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 64;
-  c.num_experts = 4;
-  c.moe_router_topk = 2;
-  c.moe_ffn_hidden_size = 32;
-  c.moe_grouped_mlp = GroupedMlpKind::kUnfused;
-  c.first_dense_layers = 1;
-  c.seq_length = 16;
-  c.vocab_size = 64;
-  return c;
-}
+GptConfig TinyConfig() { return testing::TinyModel(); }  // layer 0 dense, layer 1 MoE
 
 std::set<std::string> UnfusedGroups() {
   return {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};

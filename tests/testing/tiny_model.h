@@ -1,0 +1,27 @@
+// The small model shape the trainer-level tests share: 2 layers (one dense, one MoE with 4
+// experts, top-2), hidden 32, 4 heads over 2 KV groups, sequence 16, vocabulary 64; unfused
+// grouped MLP. Fast on the CPU, big enough for every code path. Tests adjust fields as needed.
+#pragma once
+
+#include "modules/gpt_config.h"
+
+namespace moe::testing {
+
+inline GptConfig TinyModel() {
+  GptConfig c;
+  c.num_layers = 2;
+  c.first_dense_layers = 1;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 64;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 32;
+  c.moe_grouped_mlp = GroupedMlpKind::kUnfused;
+  c.seq_length = 16;
+  c.vocab_size = 64;
+  return c;
+}
+
+}  // namespace moe::testing
