@@ -12,7 +12,6 @@
 namespace moe {
 namespace {
 
-GptConfig SmallConfig() { return testing::TinyModel(); }
 
 TrainerOptions SmallOptions() {
   TrainerOptions o;
@@ -33,7 +32,7 @@ std::unique_ptr<TokenSource> Synthetic(int64_t vocab) {
 }
 
 std::unique_ptr<Trainer> NewTrainer(const TokenSource* source, TrainerOptions options = SmallOptions()) {
-  return std::move(Trainer::Create(SmallConfig(), options, Device::CPU(), source)).value();
+  return std::move(Trainer::Create(testing::TinyModel(), options, Device::CPU(), source)).value();
 }
 
 TEST(TrainerTest, LossFalls) {
@@ -101,7 +100,7 @@ TEST(TrainerTest, LoadingAnotherShapeIsAnError) {
   std::filesystem::remove_all(root);
   ASSERT_TRUE(NewTrainer(source.get())->Save(root, {}).ok());
 
-  GptConfig wider = SmallConfig();
+  GptConfig wider = testing::TinyModel();
   wider.hidden_size = 48;
   auto other = std::move(Trainer::Create(wider, SmallOptions(), Device::CPU(), source.get())).value();
   const Status loaded = other->Load(root);

@@ -28,7 +28,6 @@ class LatencyKnob {  // the test-only CPU copy latency, for one scope
   ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
 };
 
-GptConfig TinyConfig() { return testing::TinyModel(); }  // layer 0 dense, layer 1 MoE
 
 std::set<std::string> UnfusedGroups() {
   return {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
@@ -94,7 +93,7 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
 // copy streams slowed down so that a missing wait reads a buffer before its copy has landed.
 TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
   LatencyKnob knob(std::chrono::microseconds(1500));
-  const GptConfig config = TinyConfig();
+  const GptConfig config = testing::TinyModel();
   ParameterSet reference_parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
   ParameterSet offload_parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
   GptModel reference(config, reference_parameters);
@@ -130,9 +129,9 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
   OffloadOptions half = Options(UnfusedGroups());
   half.fraction = 0.5;
   half.prefetch_layers = 0;
-  auto reference = NewTrainer(TinyConfig(), SmallOptions(), source.get());
-  auto all = NewTrainer(TinyConfig(), SmallOptions(Options(UnfusedGroups())), source.get());
-  auto some = NewTrainer(TinyConfig(), SmallOptions(half), source.get());
+  auto reference = NewTrainer(testing::TinyModel(), SmallOptions(), source.get());
+  auto all = NewTrainer(testing::TinyModel(), SmallOptions(Options(UnfusedGroups())), source.get());
+  auto some = NewTrainer(testing::TinyModel(), SmallOptions(half), source.get());
   for (int step = 0; step < 3; ++step) {
     const StepStats want = reference->TrainStep();
     for (Trainer* trainer : {all.get(), some.get()}) {
@@ -154,7 +153,7 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
 // The keys moved by one configuration, in the warm-up step and the next one (the same).
 std::set<std::string> MovedKeys(const std::set<std::string>& groups, int64_t min_bytes = 0) {
   ParameterSet parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
-  GptModel model(TinyConfig(), parameters);
+  GptModel model(testing::TinyModel(), parameters);
   OffloadManager manager(kCpu, Options(groups, min_bytes));
   std::set<std::string> first;
   for (uint32_t step = 0; step < 2; ++step) {
@@ -205,7 +204,7 @@ TEST(OffloadModelTest, ExactlyTheSelectedGroupsMove) {
 
 TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
   ParameterSet parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
-  GptModel model(TinyConfig(), parameters);
+  GptModel model(testing::TinyModel(), parameters);
   struct Recorder final : SavedTensorHooks {
     std::set<std::string> names;
     void OnCommit(SavedTensors&, const SavedGroup& group) override { names.insert(group.name); }
@@ -282,8 +281,8 @@ TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
 TEST(OffloadModelTest, EvaluationBetweenStepsChangesNothing) {
   auto source = Synthetic(64);
   const TrainerOptions options = SmallOptions(Options(UnfusedGroups()));
-  auto a = NewTrainer(TinyConfig(), options, source.get());
-  auto b = NewTrainer(TinyConfig(), options, source.get());
+  auto a = NewTrainer(testing::TinyModel(), options, source.get());
+  auto b = NewTrainer(testing::TinyModel(), options, source.get());
   a->Evaluate();  // before the warm-up step too
   for (int step = 0; step < 3; ++step) {
     const StepStats sa = a->TrainStep();
@@ -300,7 +299,7 @@ TEST(OffloadModelTest, EvaluationBetweenStepsChangesNothing) {
 }
 
 TEST(OffloadModelTest, PinnedAndDeviceMemoryDoNotGrowOver50Steps) {
-  GptConfig config = TinyConfig();
+  GptConfig config = testing::TinyModel();
   config.num_layers = 2;
   config.seq_length = 8;
   auto source = Synthetic(64);
