@@ -1,28 +1,8 @@
 #include "modules/fused_grouped_mlp.h"
 
-#include <algorithm>
-#include <span>
-#include <vector>
-
 #include "engine/kernels/ops.h"
 
 namespace moe {
-namespace {
-
-// The offsets read back to the host (one synchronisation), in a CPU tensor that can be saved.
-Tensor HostOffsetsTensor(const Tensor& offsets) {
-  const std::vector<int32_t> rows = HostOffsets(offsets);
-  Tensor host = Tensor::Empty({offsets.numel()}, DType::kI32, Device::CPU());
-  std::copy(rows.begin(), rows.end(), host.data<int32_t>());
-  return host;
-}
-
-std::span<const int32_t> Values(const Tensor& host_offsets) {
-  return {host_offsets.data<int32_t>(), static_cast<size_t>(host_offsets.numel())};
-}
-
-}  // namespace
-
 FusedGroupedMlp::FusedGroupedMlp(ParameterSet& parameters, const std::string& name,
                                  const GptConfig& config, int layer)
     : name_(name),
@@ -32,8 +12,8 @@ FusedGroupedMlp::FusedGroupedMlp(ParameterSet& parameters, const std::string& na
 
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                                 const Tensor& weights) {
-  const Tensor host_offsets = HostOffsetsTensor(offsets);
-  const std::span<const int32_t> rows = Values(host_offsets);
+  const Tensor host_offsets = HostOffsets(offsets);
+  const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
   const Device device = x.device();
   saved.Save(name_ + ".offsets", host_offsets);
@@ -54,7 +34,7 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
 
 GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy) {
   const Tensor host_offsets = saved.Load(name_ + ".offsets");
-  const std::span<const int32_t> rows = Values(host_offsets);
+  const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const Tensor weights = saved.Load(name_ + ".weights");
   const Device device = dy.device();
 

@@ -36,10 +36,15 @@ Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert) {
   return stacked.Rows(expert, expert + 1).View({p.value.dim(1), p.value.dim(2)});
 }
 
-std::vector<int32_t> HostOffsets(const Tensor& offsets) {
-  std::vector<int32_t> host(offsets.numel());
-  ops::CopyToHost(offsets, host.data());
+Tensor HostOffsets(const Tensor& offsets) {
+  Tensor host = Tensor::Empty({offsets.numel()}, DType::kI32, Device::CPU());
+  ops::CopyToHost(offsets, host.data<int32_t>());
   return host;
+}
+
+std::span<const int32_t> OffsetValues(const Tensor& host_offsets) {
+  CHECK(host_offsets.device() == Device::CPU()) << "offsets not on the host";
+  return {host_offsets.data<int32_t>(), static_cast<size_t>(host_offsets.numel())};
 }
 
 }  // namespace moe

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,10 @@ ExpertWeights CreateExpertWeights(ParameterSet& parameters, const std::string& n
                                   const GptConfig& config);
 // Expert e's matrix of a stacked (experts, out, in) tensor (p's value, grad, ...).
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert);
-// The offsets array read back to the host (one synchronisation).
-std::vector<int32_t> HostOffsets(const Tensor& offsets);
+// The offsets array read back to the host (one synchronisation), as a CPU tensor that forward
+// saves so that backward needs no second read-back.
+Tensor HostOffsets(const Tensor& offsets);
+// The values of such a host offsets tensor.
+std::span<const int32_t> OffsetValues(const Tensor& host_offsets);
 
 }  // namespace moe
