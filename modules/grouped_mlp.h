@@ -13,7 +13,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <vector>
 
 #include "engine/autograd/saved_tensors.h"
 #include "engine/optim/parameters.h"
