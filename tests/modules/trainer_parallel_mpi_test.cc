@@ -1,13 +1,16 @@
 // The trainer under mpirun (2 ranks, and 4 by an explicit registration): every pipeline x
 // virtual-chunk x data-parallel layout that fits the world trains like one process on the same
 // global batch, up to summation order (losses, aux losses, gradient norms, validation loss and
-// every rank's weights after a few steps, relative 1e-5); offloading activations under the
-// pipeline schedule changes no bit. Checkpoints under the pipeline (x data) layout resume bit for
-// bit, and hold the full model: pipeline and single-process trainers load each other's.
+// every rank's weights after a few steps); offloading activations under the pipeline schedule
+// changes no bit. Checkpoints under the pipeline (x data) layout resume bit for bit, and hold the
+// full model: pipeline and single-process trainers load each other's.
+//
+// One source, two binaries (tests/CMakeLists.txt): trainer_parallel_mpi_test on the CPU backend
+// over MPI (f32: relative 1e-5), and with MOE_TEST_ON_CUDA trainer_parallel_cuda_test, one GPU
+// per rank over NCCL (bf16 activations, f32 master weights; see kTolerance and ExpectWeightsNear).
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -16,6 +19,7 @@
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/dist/test_world.h"
+#include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
 namespace moe {
@@ -23,15 +27,32 @@ namespace {
 
 const auto* const kWorld = ::testing::AddGlobalTestEnvironment(new testing::TestWorld);
 
+#if MOE_TEST_ON_CUDA
+constexpr bool kOnCuda = true;
+#else
+constexpr bool kOnCuda = false;
+#endif
+
 constexpr int kSteps = 3;
-constexpr double kTolerance = 1e-5;
+// Losses, aux losses and gradient norms agree up to the order of fp32 sums (data-parallel
+// all-reduce, gradient-norm partial sums over stages); on CUDA those sums meet bf16 activations.
+constexpr double kTolerance = kOnCuda ? 1e-3 : 1e-5;
 
 GptConfig TinyConfig() {
   GptConfig c = testing::TinyModel();
   c.num_layers = 4;
   c.num_attention_heads = 2;
   c.num_query_groups = 1;
+  if (kOnCuda) c.hidden_size = 128;  // head dim 64, as the CUDA attention kernels take
   return c;
+}
+
+// This rank's device: the CPU, or under CUDA the GPU of its local rank.
+Device TestDevice() {
+  if (!kOnCuda) return Device::CPU();
+  StatusOr<Device> device = testing::TestWorld::Get().SelectDevice(DeviceType::kCUDA);
+  CHECK(device.ok()) << device.status().message();
+  return *device;
 }
 
 TrainerOptions TinyOptions(int virtual_pipeline, bool offload) {
@@ -61,17 +82,13 @@ struct TrainingRun {
 TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
                   const ProcessGroups* groups = nullptr) {
   StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(
-      TinyConfig(), TinyOptions(virtual_pipeline, offload), Device::CPU(), &source, groups);
+      TinyConfig(), TinyOptions(virtual_pipeline, offload), TestDevice(), &source, groups);
   CHECK(created.ok()) << created.status().message();
   Trainer& trainer = **created;
   TrainingRun run;
   for (int step = 0; step < kSteps; ++step) run.steps.push_back(trainer.TrainStep());
   run.validation_loss = trainer.Evaluate();
-  for (const auto& p : trainer.parameters().all()) {
-    std::vector<float>& w = run.weights[p->name];
-    w.resize(p->master.numel());
-    std::memcpy(w.data(), p->master.data(), p->master.nbytes());
-  }
+  for (const auto& p : trainer.parameters().all()) run.weights[p->name] = testing::ToFloats(p->master);
   return run;
 }
 
@@ -83,9 +100,7 @@ std::map<std::string, std::vector<float>> State(const Trainer& trainer) {
          {std::pair<std::string, const Tensor*>{"", &p->master},
           {".exp_avg", &p->exp_avg},
           {".exp_avg_sq", &p->exp_avg_sq}}) {
-      std::vector<float>& v = state[p->name + suffix];
-      v.resize(tensor->numel());
-      std::memcpy(v.data(), tensor->data(), tensor->nbytes());
+      state[p->name + suffix] = testing::ToFloats(*tensor);
     }
   }
   return state;
@@ -96,11 +111,35 @@ void ExpectNear(double actual, double expected, const char* what) {
       << what << ": " << actual << " vs " << expected;
 }
 
+// Every rank's master weights against the one-process run's. fp32 on the CPU: each within
+// kTolerance. CUDA: AdamW turns a gradient element that is pure rounding noise into a full +-lr
+// step whose sign the summation order decides, so up to 0.1% of the weights may differ by up to
+// that bound, 2 lr per step; the rest must agree within kTolerance.
+void ExpectWeightsNear(const std::map<std::string, std::vector<float>>& weights,
+                       const std::map<std::string, std::vector<float>>& reference) {
+  ASSERT_FALSE(weights.empty());
+  const double noise_bound = 2.0 * TinyOptions(1, false).lr * kSteps;
+  int64_t total = 0, outliers = 0;
+  for (const auto& [name, values] : weights) {
+    const std::vector<float>& expected = reference.at(name);
+    ASSERT_EQ(values.size(), expected.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double error = std::abs(values[i] - expected[i]);
+      ++total;
+      if (error <= kTolerance * std::max(1.0f, std::abs(expected[i]))) continue;
+      ++outliers;
+      ASSERT_TRUE(kOnCuda && error <= noise_bound)
+          << name << "[" << i << "]: " << values[i] << " vs " << expected[i];
+    }
+  }
+  EXPECT_LE(outliers, total / 1000) << outliers << " of " << total << " weights differ";
+}
+
 class TrainerParallelTest : public ::testing::Test {
  protected:
   TrainerParallelTest()
       : world_(testing::TestWorld::Get()),
-        stream_(DeviceContext::Get(Device::CPU()).CreateSideStream()),
+        stream_(DeviceContext::Get(TestDevice()).CreateSideStream()),
         comm_(world_.NewCommunicator(*stream_, std::chrono::seconds(60))) {
     DataOptions data;
     data.vocab_size = TinyConfig().vocab_size;
@@ -109,7 +148,7 @@ class TrainerParallelTest : public ::testing::Test {
 
   std::unique_ptr<Trainer> NewTrainer(const ProcessGroups* groups) {
     StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(TinyConfig(), TinyOptions(1, false), Device::CPU(), source_.get(), groups);
+        Trainer::Create(TinyConfig(), TinyOptions(1, false), TestDevice(), source_.get(), groups);
     CHECK(created.ok()) << created.status().message();
     return std::move(created).value();
   }
@@ -150,16 +189,7 @@ TEST_F(TrainerParallelTest, EveryLayoutMatchesOneProcess) {
       EXPECT_EQ(run.steps[step].tokens, reference.steps[step].tokens);
     }
     ExpectNear(run.validation_loss, reference.validation_loss, "validation loss");
-    ASSERT_FALSE(run.weights.empty());
-    for (const auto& [name, weights] : run.weights) {
-      const std::vector<float>& expected = reference.weights.at(name);
-      ASSERT_EQ(weights.size(), expected.size()) << name;
-      for (size_t i = 0; i < weights.size(); ++i) {
-        ASSERT_LE(std::abs(weights[i] - expected[i]),
-                  kTolerance * std::max(1.0f, std::abs(expected[i])))
-            << name << "[" << i << "]: " << weights[i] << " vs " << expected[i];
-      }
-    }
+    ExpectWeightsNear(run.weights, reference.weights);
   }
   EXPECT_GE(layouts_run, 3);
 }
