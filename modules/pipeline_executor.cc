@@ -97,10 +97,24 @@ class StepRun {
     });
   }
 
+  // Brackets one forward or backward on the compute stream (its input waits are already
+  // enqueued, so the span starts once its inputs are there).
+  void BeginCompute() {
+    Stream& compute = DeviceContext::Get(device_).compute_stream();
+    spans_.emplace_back(compute.CreateEvent(/*enable_timing=*/true),
+                        compute.CreateEvent(/*enable_timing=*/true));
+    spans_.back().first->Record(compute);
+  }
+  void EndCompute() { spans_.back().second->Record(DeviceContext::Get(device_).compute_stream()); }
+
   PipelineStepTotals Finish() {
     CHECK(saved_.empty() && outputs_.empty() && input_grads_.empty() &&
           received_activations_.empty() && received_grads_.empty())
         << "the action list left work behind";
+    for (const auto& [start, end] : spans_) totals_.busy_ms += end->ElapsedMillisecondsSince(*start);
+    if (!spans_.empty()) {
+      totals_.span_ms = spans_.back().second->ElapsedMillisecondsSince(*spans_.front().first);
+    }
     return totals_;
   }
 
@@ -127,6 +141,7 @@ class StepRun {
   Device device_;
   std::map<Key, std::unique_ptr<SavedTensors>> saved_;
   std::map<Key, Tensor> outputs_, input_grads_, received_activations_, received_grads_;
+  std::vector<std::pair<std::unique_ptr<Event>, std::unique_ptr<Event>>> spans_;
   PipelineStepTotals totals_;
 };
 
@@ -141,11 +156,14 @@ PipelineStepTotals RunPipelineStep(const RankActions& actions,
   if (options.training) run.CreateContexts(actions);
   for (size_t i = 0; i < actions.size();) {
     const Action& action = actions[i];
-    if (action.kind == Kind::kForward) {
-      run.Forward(action.microbatch, action.chunk);
-      ++i;
-    } else if (action.kind == Kind::kBackward) {
-      run.Backward(action.microbatch, action.chunk);
+    if (action.kind == Kind::kForward || action.kind == Kind::kBackward) {
+      run.BeginCompute();
+      if (action.kind == Kind::kForward) {
+        run.Forward(action.microbatch, action.chunk);
+      } else {
+        run.Backward(action.microbatch, action.chunk);
+      }
+      run.EndCompute();
       ++i;
     } else {
       size_t end = i;

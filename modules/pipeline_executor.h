@@ -44,6 +44,11 @@ struct PipelineStepOptions {
 struct PipelineStepTotals {
   Tensor loss_sum;  // (1) f32: loss summed over the microbatches (0 unless this rank is last)
   Tensor aux_loss;  // (1) f32: aux losses of this rank's chunks summed over the microbatches
+  // Compute-stream time: the sum over forward and backward actions of each one's span (from
+  // after its inputs have arrived to its end), and the span from the first action's start to
+  // the last one's end. 1 - busy / span is this rank's pipeline bubble.
+  double busy_ms = 0;
+  double span_ms = 0;
 };
 
 // `pipeline` is the pipeline group (nullptr: one stage, and `actions` has no communication).

@@ -158,14 +158,22 @@ StepStats Trainer::TrainStep() {
                           options_.train_steps);
   stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_).grad_norm;
   parameters_.ZeroGrads();
-  std::vector<float> sums(2);
+  // One all-reduce over the world: loss, aux loss, bubble, then one slot per rank for its peak.
+  const int ranks = GroupSize(pipeline_) * GroupSize(data_);
+  const int world_rank = GroupRank(pipeline_) + GroupSize(pipeline_) * GroupRank(data_);
+  std::vector<float> sums(3 + ranks, 0.0f);
   ops::CopyToHost(totals.loss_sum, &sums[0]);
   ops::CopyToHost(totals.aux_loss, &sums[1]);
+  if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
+  sums[3 + world_rank] =
+      DeviceContext::Get(device_).allocator().stats().peak_allocated_bytes / double(1 << 20);
   SumOver(pipeline_, sums);
   SumOver(data_, sums);
   if (offload_) stats.offload = offload_->EndStep();
   stats.loss = sums[0] / static_cast<double>(tokens);
   stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
+  stats.pipeline_bubble = sums[2];
+  stats.peak_device_mib.assign(sums.begin() + 3, sums.end());
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;

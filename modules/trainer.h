@@ -84,6 +84,10 @@ struct StepStats {
   float grad_norm = 0;
   int64_t tokens = 0;    // of the global batch
   double seconds = 0;   // wall time of the step, device work included
+  // Mean over ranks of 1 - (forward + backward compute time) / (pipeline step span); 0 without a
+  // pipeline schedule's idle time (one stage: only host gaps between kernels).
+  double pipeline_bubble = 0;
+  std::vector<double> peak_device_mib;  // by world rank (pipeline rank + pipeline size x data rank)
   OffloadStepStats offload;  // zero without offloading
 };
 

@@ -1,9 +1,10 @@
 #include "apps/moe_train/run_log.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "engine/pipeline/schedule.h"
-#include "engine/runtime/device_context.h"
 
 namespace moe {
 namespace {
@@ -73,13 +74,14 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
 void RunLog::Step(int64_t step, const StepStats& stats) {
   seconds_ += stats.seconds;
   tokens_ += stats.tokens;
+  bubble_ += stats.pipeline_bubble;
   ++steps_;
   offload_ += stats.offload;
   if (step % FLAGS_log_interval != 0 && step != run_.trainer.train_steps) return;
   const double ms_per_step = 1e3 * seconds_ / steps_;
   const double tokens_per_second = tokens_ / seconds_;
   const double peak_mib =
-      DeviceContext::Get(run_.device).allocator().stats().peak_allocated_bytes / kMiB;
+      *std::max_element(stats.peak_device_mib.begin(), stats.peak_device_mib.end());
   printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | "
          "%.0f tokens/s",
          (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step,
@@ -94,7 +96,27 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     printf(" | MFU %.1f%%", 100 * mfu);
     record["mfu"] = mfu;
   }
-  printf(" | peak mem %.0f MiB\n", peak_mib);
+  printf(" | peak mem %.0f MiB", peak_mib);
+  if (stats.peak_device_mib.size() > 1) {
+    std::string by_rank;
+    for (double mib : stats.peak_device_mib) {
+      by_rank += (by_rank.empty() ? "" : "/") + std::to_string(std::lround(mib));
+    }
+    printf(" (by rank %s)", by_rank.c_str());
+    record["peak_device_mib_by_rank"] = stats.peak_device_mib;
+  }
+  if (run_.pipeline_parallel > 1) {
+    const double bubble = bubble_ / steps_;
+    const double micro_batches = static_cast<double>(run_.trainer.global_batch_size) /
+                                 (run_.trainer.micro_batch_size * run_.data_parallel);
+    // (p - 1) / (v m + p - 1): p stages, m micro-batches, v chunks per rank (1F1B: v = 1).
+    const double p = run_.pipeline_parallel;
+    const double theory = (p - 1) / (run_.trainer.virtual_pipeline * micro_batches + p - 1);
+    printf(" | bubble %.1f%% (theory %.1f%%)", 100 * bubble, 100 * theory);
+    record["pipeline_bubble"] = bubble;
+    record["pipeline_bubble_theory"] = theory;
+  }
+  printf("\n");
   if (run_.trainer.offload) {
     const double out_mib = offload_.offloaded_bytes / kMiB / steps_;
     const double in_mib = offload_.reloaded_bytes / kMiB / steps_;
@@ -112,6 +134,7 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   fflush(stdout);
   Metrics(record);
   offload_ = {};
+  bubble_ = 0;
   seconds_ = 0;
   tokens_ = 0;
   steps_ = 0;

@@ -1,6 +1,7 @@
 // What moe_train prints: the start-up summary, one line per log interval (and the same as one
 // JSON object per line in --metrics_file), evaluation results. Under mpirun only rank 0 has a
-// RunLog: losses and the gradient norm are global, memory and offload figures are rank 0's.
+// RunLog: losses, the gradient norm, the pipeline bubble (mean over ranks) and peak device memory
+// (the largest rank's, and every rank's) are global; offload figures are rank 0's.
 #pragma once
 
 #include <fstream>
@@ -28,6 +29,7 @@ class RunLog {
   const RunConfig& run_;
   std::ofstream metrics_;
   double seconds_ = 0;
+  double bubble_ = 0;  // pipeline bubble fractions summed since the last log line
   int64_t tokens_ = 0;
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
