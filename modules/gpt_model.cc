@@ -66,7 +66,10 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
 }
 
 Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad,
-                          float aux_grad) {
+                          float aux_grad, const GradsFinal& grads_final) {
+  const auto final = [&](const std::string& prefix) {
+    if (grads_final) grads_final(prefix);
+  };
   Tensor dx = output_grad;
   if (stage_.last) {
     const Tensor logits = saved.Load("logits");
@@ -74,13 +77,17 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad,
                               dlogits);
     dx = LinearBackward(dlogits, saved.Load("lm_head.x"), *lm_head_);
+    final("lm_head.");
     dx = final_norm_->Backward(saved, dx);
+    final("final_norm.");
   }
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    dx = (*it)->Backward(saved, dx, aux_grad);
+  for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
+    dx = layers_[i]->Backward(saved, dx, aux_grad);
+    final(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
   }
   if (!stage_.first) return dx;
   ops::EmbeddingBackward(saved.Load("ids"), dx, embedding_->grad);
+  final("embedding.");
   return Tensor();
 }
 

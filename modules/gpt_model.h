@@ -15,7 +15,9 @@
 // stage). Backward: every grad +=.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/autograd/saved_tensors.h"
@@ -25,6 +27,8 @@
 #include "modules/transformer_layer.h"
 
 namespace moe {
+
+using GradsFinal = std::function<void(const std::string& name_prefix)>;
 
 struct GptStage {
   int64_t layer_begin = 0;
@@ -48,8 +52,12 @@ class GptModel {
   // targets are read on the last stage only.
   ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets);
   // loss_grad scales d(loss_sum) (1 / tokens in the global batch); aux_grad scales the aux
-  // losses (1 / micro-batches in the global batch).
-  Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad, float aux_grad);
+  // losses (1 / micro-batches in the global batch). grads_final, if set (on a step's last
+  // backward of this stage), is called with a parameter-name prefix as soon as the gradients
+  // under it are complete: "lm_head.", "final_norm.", each "layers.N." from the last layer down,
+  // "embedding.".
+  Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad, float aux_grad,
+                  const GradsFinal& grads_final = {});
 
   const GptConfig& config() const { return config_; }
   const GptStage& stage() const { return stage_; }

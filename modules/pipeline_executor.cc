@@ -55,14 +55,16 @@ class StepRun {
     ops::Axpy(1.0f, result.aux_loss, totals_.aux_loss);
   }
 
-  void Backward(int m, int c) {
+  // last: the step's last backward of chunk c, after which its gradients are complete.
+  void Backward(int m, int c, bool last) {
     CHECK(options_.training) << "Backward(m" << m << ",c" << c << ") in a forward-only run";
     auto it = saved_.find({m, c});
     CHECK(it != saved_.end()) << "Backward(m" << m << ",c" << c << ") twice or without forward";
     const Tensor output_grad =
         chunks_.at(c)->stage().last ? Tensor() : Take(received_grads_, {m, c});
     const Tensor input_grad =
-        chunks_[c]->Backward(*it->second, output_grad, options_.loss_grad, options_.aux_grad);
+        chunks_[c]->Backward(*it->second, output_grad, options_.loss_grad, options_.aux_grad,
+                             last ? options_.grads_final : GradsFinal());
     CHECK(it->second->empty()) << "backward left saved tensors behind, e.g. "
                                << it->second->keys().front();
     saved_.erase(it);
@@ -154,6 +156,10 @@ PipelineStepTotals RunPipelineStep(const RankActions& actions,
                                    const PipelineStepOptions& options) {
   StepRun run(chunks, pipeline, microbatch, options);
   if (options.training) run.CreateContexts(actions);
+  std::map<int, size_t> last_backward;  // chunk -> index of its last backward action
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].kind == Kind::kBackward) last_backward[actions[i].chunk] = i;
+  }
   for (size_t i = 0; i < actions.size();) {
     const Action& action = actions[i];
     if (action.kind == Kind::kForward || action.kind == Kind::kBackward) {
@@ -161,7 +167,7 @@ PipelineStepTotals RunPipelineStep(const RankActions& actions,
       if (action.kind == Kind::kForward) {
         run.Forward(action.microbatch, action.chunk);
       } else {
-        run.Backward(action.microbatch, action.chunk);
+        run.Backward(action.microbatch, action.chunk, last_backward.at(action.chunk) == i);
       }
       run.EndCompute();
       ++i;

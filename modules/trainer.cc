@@ -3,7 +3,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "engine/dist/gradient_sync.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
@@ -144,14 +146,15 @@ StepStats Trainer::TrainStep() {
   step.loss_grad = 1.0f / static_cast<float>(tokens);
   step.aux_grad = 1.0f / static_cast<float>(micro_batches);
   step.offload = offload_.get();
+  std::optional<GradientSync> gradient_sync;  // data parallel: all-reduces overlap backward
+  if (GroupSize(data_) > 1) {
+    gradient_sync.emplace(*data_, parameters_, DeviceContext::Get(device_).compute_stream());
+    step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
+  }
   const PipelineStepTotals totals =
       RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
   sampler_.SkipTrainSamples(options_.global_batch_size);
-  if (GroupSize(data_) > 1) {
-    EnqueueBetween(*data_, DeviceContext::Get(device_).compute_stream(), [&] {
-      for (const auto& p : parameters_.all()) data_->AllReduceSum(p->grad);
-    });
-  }
+  if (gradient_sync) gradient_sync->Finish();
 
   StepStats stats;
   stats.lr = LearningRate(step_, options_.lr, options_.min_lr, options_.warmup_steps,

@@ -3,9 +3,7 @@
 #include "engine/kernels/ops.h"
 
 namespace moe {
-namespace {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
-}  // namespace
 
 TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
     : layer_(layer),

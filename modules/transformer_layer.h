@@ -16,6 +16,9 @@
 
 namespace moe {
 
+// "layers.N": the prefix of layer N's parameter names ("layers.N.attention.q_proj.weight", ...).
+std::string LayerName(int layer);
+
 class TransformerLayer {
  public:
   TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer);

@@ -60,8 +60,7 @@ int Run() {
   if (!agreed.ok()) return Fail(agreed, 2);
   const std::unique_ptr<Stream> comm_stream = DeviceContext::Get(run.device).CreateSideStream();
   const std::unique_ptr<Communicator> world_comm = world.NewCommunicator(*comm_stream);
-  const ProcessGroups groups =
-      SplitProcessGroups(*world_comm, run.pipeline_parallel, *comm_stream);
+  const ProcessGroups groups = SplitProcessGroups(*world_comm, run.pipeline_parallel);
   StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(run.model, run.trainer, run.device, data->get(), &groups);
   agreed = world.AllAgree(created.status());

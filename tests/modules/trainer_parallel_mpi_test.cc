@@ -179,7 +179,7 @@ TEST_F(TrainerParallelTest, EveryLayoutMatchesOneProcess) {
     const int data = world_.size() / layout.pipeline;
     SCOPED_TRACE("pipeline " + std::to_string(layout.pipeline) + " x virtual " +
                  std::to_string(layout.virtual_chunks) + " x data " + std::to_string(data));
-    const ProcessGroups groups = SplitProcessGroups(*comm_, layout.pipeline, *stream_);
+    const ProcessGroups groups = SplitProcessGroups(*comm_, layout.pipeline);
     const TrainingRun run = Train(*source_, layout.virtual_chunks, /*offload=*/false, &groups);
     ++layouts_run;
     for (int step = 0; step < kSteps; ++step) {
@@ -196,7 +196,7 @@ TEST_F(TrainerParallelTest, EveryLayoutMatchesOneProcess) {
 
 TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
   const int pipeline = 2;
-  const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline, *stream_);
+  const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
   for (int virtual_chunks : {1, 2}) {
     SCOPED_TRACE("virtual " + std::to_string(virtual_chunks));
     const TrainingRun off = Train(*source_, virtual_chunks, /*offload=*/false, &groups);
@@ -212,7 +212,7 @@ TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
 }
 
 TEST_F(TrainerParallelTest, PipelineCheckpointResumesBitForBit) {
-  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2, *stream_);
+  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2);
   const std::string root = CheckpointRoot("resume");
   std::vector<StepStats> uninterrupted;
   std::unique_ptr<Trainer> reference = NewTrainer(&groups);
@@ -239,7 +239,7 @@ TEST_F(TrainerParallelTest, PipelineCheckpointResumesBitForBit) {
 }
 
 TEST_F(TrainerParallelTest, PipelineAndSingleProcessLoadEachOthersCheckpoints) {
-  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2, *stream_);
+  const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/2);
   const std::string from_pipeline = CheckpointRoot("from_pipeline");
   const std::string from_single = CheckpointRoot("from_single");
 
