@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-machine benchmark pass (after tests/gpu_suite.sh has built into /tmp/moe-build): moe_bench
-# beside the PyTorch layer peer, the offload comparison at the Qwen3-30B-A3B layer shape, and the
-# training presets. Logs and JSON go to $OUT; a short summary is printed last.
+# beside the PyTorch layer peer (which also times save_on_cpu), the offload comparison on the
+# 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [peer-scripts-dir]   (default .device-deps/peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,23 +12,28 @@ export LD_LIBRARY_PATH=/tmp/moe-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PAT
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
 echo "== moe_bench"
-timeout 240 "$bin/moe_bench" --shapes=qwen3 --tokens=4096,16384 --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
-timeout 120 "$bin/moe_bench" --shapes=mixtral --tokens=4096 --json_out="$out/moe_bench_mixtral.json" 2>&1 | tee -a "$out/moe_bench.log"
+timeout 300 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
 echo "== PyTorch layer peer"
 timeout 180 python3 "$peers/torch_moe_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
 
-echo "== offload at the Qwen3-30B-A3B layer shape (4 layers, seq 4096)"
-common="--flagfile=configs/qwen3_moe_8layer.flags --num_layers=4 --train_steps=12 --warmup_steps=2 --log_interval=4"
+echo "== offload: the 8-layer Qwen3-30B-A3B-shaped model, one micro-batch of 4096 tokens per step"
+common="--flagfile=configs/qwen3_moe_8layer.flags --train_steps=12 --warmup_steps=2 --log_interval=4"
 run() {  # name, extra flags
-  timeout 150 "$bin/moe_train" $common $2 --metrics_file="$out/offload_$1.jsonl" > "$out/offload_$1.log" 2>&1
-  echo "$1 (rc $?): $(grep '^step' "$out/offload_$1.log" | tail -1)"
-  grep '^offload |' "$out/offload_$1.log" | tail -1
+  local log=/tmp/offload_run.log
+  timeout 150 "$bin/moe_train" $common $2 > $log 2>&1
+  local rc=$?
+  (echo "=== $1"; cat $log) >> "$out/offload.log"
+  printf "%-34s rc %3d |%s\n" "$1" "$rc" "$(grep '^step' $log | tail -1 | cut -d'|' -f6-)"
+  grep 'offload |' $log | tail -1
 }
-run fused_none "--moe_grouped_mlp=fused"
-run fused_group_mlp "--moe_grouped_mlp=fused --offload_modules=fused_group_mlp"
-run unfused_none "--moe_grouped_mlp=unfused"
-run unfused_fc1_act "--moe_grouped_mlp=unfused --offload_modules=expert_fc1,moe_act"
-run fused_attention "--moe_grouped_mlp=fused --offload_modules=attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm"
+for path in fused unfused; do
+  run "$path none" "--moe_grouped_mlp=$path"
+  [ $path = fused ] && experts=fused_group_mlp || experts=expert_fc1,moe_act
+  for fraction in 1 0.5; do
+    run "$path $experts f=$fraction" "--moe_grouped_mlp=$path --offload_modules=$experts --offload_fraction=$fraction"
+  done
+done
+run "fused attention groups" "--offload_modules=attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm"
 
 echo "== presets"
 timeout 120 "$bin/moe_train" --device=cuda --log_interval=100 > "$out/tiny_cuda.log" 2>&1; tail -2 "$out/tiny_cuda.log"
