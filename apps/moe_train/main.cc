@@ -12,6 +12,7 @@
 
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
+#include "engine/core/check.h"
 #include "engine/dist/process_groups.h"
 #include "engine/dist/world.h"
 #include "engine/runtime/device_context.h"
@@ -19,6 +20,15 @@
 
 namespace moe {
 namespace {
+
+// glog's line prefix, led by this process's rank: "[rank 1] W1129 22:40:01.123456 file.cc:42] ".
+void LogPrefix(std::ostream& s, const google::LogMessageInfo& info, void*) {
+  char time[32];
+  snprintf(time, sizeof(time), "%02d%02d %02d:%02d:%02d.%06d", 1 + info.time.month(),
+           info.time.day(), info.time.hour(), info.time.min(), info.time.sec(), info.time.usec());
+  s << "[rank " << ProcessRank() << "] " << info.severity[0] << time << ' ' << info.filename << ':'
+    << info.line_number << ']';
+}
 
 int Fail(const Status& status, int code) {
   fprintf(stderr, "moe_train: %s\n", status.message().c_str());
@@ -114,6 +124,6 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("trains a Mixture-of-Experts GPT (see README.md)");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  google::InitGoogleLogging(argv[0], &moe::LogPrefix);
   return moe::Run();
 }
