@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # The GPU-machine benchmark pass (after tests/gpu_suite.sh has built into /tmp/moe-build): moe_bench
 # beside the PyTorch layer peer (which also times save_on_cpu), the offload comparison on the
-# 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: tests/gpu_benchmarks.sh [peer-scripts-dir]   (default .device-deps/peers)
+# 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short
+# summary is printed last.
+#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets; default all three)
+# The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-peers=${1:-.device-deps/peers}
+sections=${1:-bench offload presets}
+peers=.device-deps/peers
 out=${OUT:-/tmp/moe-out}
 bin=/tmp/moe-build/apps
 export LD_LIBRARY_PATH=/tmp/moe-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
+if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
 timeout 300 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
 echo "== PyTorch layer peer"
 timeout 180 python3 "$peers/torch_moe_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
+fi
 
+if [[ $sections == *offload* ]]; then
 echo "== offload: the 8-layer Qwen3-30B-A3B-shaped model, one micro-batch of 4096 tokens per step"
 common="--flagfile=configs/qwen3_moe_8layer.flags --train_steps=12 --warmup_steps=2 --log_interval=4"
 run() {  # name, extra flags
@@ -34,7 +40,10 @@ for path in fused unfused; do
   done
 done
 run "fused attention groups" "--offload_modules=attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm"
+fi
 
+if [[ $sections == *presets* ]]; then
 echo "== presets"
 timeout 120 "$bin/moe_train" --device=cuda --log_interval=100 > "$out/tiny_cuda.log" 2>&1; tail -2 "$out/tiny_cuda.log"
 timeout 150 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=100 --log_interval=20 --eval_interval=0 --eval_steps=2 > "$out/moe_100m.log" 2>&1; grep -E "^parameters|^step|^eval" "$out/moe_100m.log" | tail -4
+fi
