@@ -12,41 +12,47 @@ FusedGroupedMlp::FusedGroupedMlp(ParameterSet& parameters, const std::string& na
 
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                                 const Tensor& weights) {
+  const Tensor host_offsets = HostOffsets(offsets);
+  const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
   const Device device = x.device();
-  saved.Save(name_ + ".offsets", offsets);
+  saved.Save(name_ + ".offsets", host_offsets);
   saved.Save(name_ + ".weights", weights);
 
   ScopedSaveGroup group(saved, "fused_group_mlp", layer_);
   saved.Save(name_ + ".x", x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
-  Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
-  ops::GroupedMatmulSwiglu(x, weights_.fc1.value, offsets, weights, h, a);
+  ops::GroupedMatmul(x, weights_.fc1.value, rows, h, /*transpose_w=*/true);
   saved.Save(name_ + ".h", h);
+  Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
+  ops::SwigluForward(h, weights, a);
   saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
-  ops::GroupedMatmul(a, weights_.fc2.value, offsets, y, /*transpose_w=*/true);
+  ops::GroupedMatmul(a, weights_.fc2.value, rows, y, /*transpose_w=*/true);
   return y;
 }
 
 GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy) {
-  const Tensor offsets = saved.Load(name_ + ".offsets");
+  const Tensor host_offsets = saved.Load(name_ + ".offsets");
+  const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const Tensor weights = saved.Load(name_ + ".weights");
   const Device device = dy.device();
 
   const Tensor a = saved.Load(name_ + ".a");
-  ops::GroupedMatmulWeightGrad(dy, a, offsets, weights_.fc2.grad);
+  Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
+  ops::GroupedMatmul(dy, weights_.fc2.value, rows, da, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dy, a, rows, weights_.fc2.grad);
 
   const Tensor h = saved.Load(name_ + ".h");
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
   grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, device);
-  ops::GroupedMatmulSwigluBackward(dy, weights_.fc2.value, offsets, h, weights, dh, grads.dweights);
+  ops::SwigluBackward(da, h, weights, dh, grads.dweights);
 
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  ops::GroupedMatmul(dh, weights_.fc1.value, offsets, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, offsets, weights_.fc1.grad);
+  ops::GroupedMatmul(dh, weights_.fc1.value, rows, grads.dx, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dh, x, rows, weights_.fc1.grad);
   return grads;
 }
 

@@ -236,12 +236,6 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
     return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
                            ": the CUDA attention kernels take head dims 64 and 128");
   }
-  if (run.device.is_cuda() && m.moe_grouped_mlp == GroupedMlpKind::kFused &&
-      m.moe_ffn_hidden_size % 8 != 0) {
-    return InvalidArgument("--moe_ffn_hidden_size=" + std::to_string(m.moe_ffn_hidden_size) +
-                           ": the fused grouped MLP on CUDA takes multiples of 8 (or use "
-                           "--moe_grouped_mlp=unfused)");
-  }
   ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m));
   return run;
 }

@@ -2,7 +2,6 @@
 // Backends may assume what is checked here.
 #include "engine/kernels/ops.h"
 
-#include <cstdint>
 #include <initializer_list>
 #include <span>
 
@@ -64,17 +63,6 @@ void CheckSameDType(const Tensor& a, const Tensor& b, const char* what) {
 }
 
 int64_t Rows(const Tensor& t) { return t.numel() / t.dim(-1); }
-
-void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
-  CheckFloat(x, what);
-  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0) << what << ": x must be (rows, 2f): " << x.DebugString();
-  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
-  CheckSameDType(x, y, what);
-  if (scale.defined()) {
-    CheckShape(scale, {x.dim(0)}, "swiglu scale");
-    CheckDType(scale, DType::kF32, "swiglu scale");
-  }
-}
 
 }  // namespace
 
@@ -165,52 +153,40 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
 
 // ---------------------------------------------------------------- grouped GEMM
 namespace {
-void CheckGroupOffsets(const Tensor& offsets, int64_t groups, const char* what) {
-  CHECK_GE(groups, 1) << what << ": no groups";
-  CheckShape(offsets, {groups + 1}, what);
-  CheckDType(offsets, DType::kI32, what);
-}
-
-// The CUDA kernels take bf16 operands and move 16-byte pieces of rows.
-void CheckCudaGroupedOperands(Device device, std::initializer_list<const Tensor*> operands,
-                              const char* what) {
-  if (!device.is_cuda()) return;
-  for (const Tensor* t : operands) {
-    CheckDType(*t, DType::kBF16, what);
-    CHECK(t->dim(-1) % 8 == 0 && reinterpret_cast<uintptr_t>(t->data()) % 16 == 0)
-        << what
-        << ": CUDA needs rows of a multiple of 8 elements, 16-byte aligned: " << t->DebugString();
+void CheckGroupOffsets(std::span<const int32_t> offsets, int64_t groups, int64_t rows,
+                       const char* what) {
+  CHECK_EQ(static_cast<int64_t>(offsets.size()), groups + 1) << what << ": offsets for " << groups
+                                                             << " groups";
+  CHECK(offsets.front() == 0 && offsets.back() == rows)
+      << what << ": offsets run from " << offsets.front() << " to " << offsets.back()
+      << ", expected 0 to " << rows;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    CHECK_LE(offsets[g], offsets[g + 1]) << what << ": offsets decrease after group " << g;
   }
-}
-
-// x (rows, k) · op(w_g) for w (groups, ., .): returns n, the output width.
-int64_t CheckGroupedProduct(const Tensor& x, const Tensor& w, bool transpose_w, const char* what) {
-  CHECK(x.ndim() == 2 && w.ndim() == 3)
-      << what << " takes x (rows, k), w (groups, ., .): " << x.DebugString() << ", "
-      << w.DebugString();
-  const int64_t k = transpose_w ? w.dim(2) : w.dim(1);
-  CHECK_EQ(x.dim(1), k) << what << " inner dimensions: " << x.DebugString() << " x "
-                        << w.DebugString();
-  CheckFloat(x, what);
-  CheckSameDType(x, w, what);
-  return transpose_w ? w.dim(1) : w.dim(2);
 }
 }  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
-                   bool transpose_w) {
-  const Device device = CommonDevice({&x, &w, &offsets, &y});
-  const int64_t n = CheckGroupedProduct(x, w, transpose_w, "grouped matmul");
+void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
+                   const Tensor& y, bool transpose_w) {
+  const Device device = CommonDevice({&x, &w, &y});
+  CHECK(x.ndim() == 2 && w.ndim() == 3 && y.ndim() == 2)
+      << "grouped matmul takes x (rows, k), w (groups, ., .), y (rows, n): " << x.DebugString()
+      << ", " << w.DebugString() << ", " << y.DebugString();
+  const int64_t k = transpose_w ? w.dim(2) : w.dim(1);
+  const int64_t n = transpose_w ? w.dim(1) : w.dim(2);
+  CHECK_EQ(x.dim(1), k) << "grouped matmul inner dimensions: " << x.DebugString() << " x "
+                        << w.DebugString();
   CheckShape(y, {x.dim(0), n}, "grouped matmul output");
+  CheckFloat(x, "grouped matmul input");
+  CheckSameDType(x, w, "grouped matmul");
   CheckSameDType(x, y, "grouped matmul");
-  CheckGroupOffsets(offsets, w.dim(0), "grouped matmul offsets");
-  CheckCudaGroupedOperands(device, {&x, &w, &y}, "grouped matmul");
+  CheckGroupOffsets(offsets, w.dim(0), x.dim(0), "grouped matmul");
   MOE_DISPATCH(device, GroupedMatmul, x, w, offsets, y, transpose_w);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
                              const Tensor& dw) {
-  const Device device = CommonDevice({&dy, &x, &offsets, &dw});
+  const Device device = CommonDevice({&dy, &x, &dw});
   CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
       << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
       << dy.DebugString() << ", " << x.DebugString() << ", " << dw.DebugString();
@@ -218,47 +194,8 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& of
   CheckFloat(dy, "grouped weight gradient dy");
   CheckSameDType(dy, x, "grouped weight gradient");
   CheckDType(dw, DType::kF32, "grouped weight gradient dw");
-  CheckGroupOffsets(offsets, dw.dim(0), "grouped weight gradient offsets");
-  CheckCudaGroupedOperands(device, {&dy, &x}, "grouped weight gradient");
-  CHECK(!device.is_cuda() || reinterpret_cast<uintptr_t>(dw.data()) % 16 == 0)
-      << "grouped weight gradient: CUDA needs a 16-byte aligned dw: " << dw.DebugString();
+  CheckGroupOffsets(offsets, dw.dim(0), x.dim(0), "grouped weight gradient");
   MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, dw);
-}
-
-void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                         const Tensor& scale, const Tensor& h, const Tensor& a) {
-  const Device device = CommonDevice({&x, &w, &offsets, &scale, &h, &a});
-  const int64_t two_f = CheckGroupedProduct(x, w, /*transpose_w=*/true, "grouped matmul-swiglu");
-  CheckShape(h, {x.dim(0), two_f}, "grouped matmul-swiglu h");
-  CheckSameDType(x, h, "grouped matmul-swiglu");
-  CHECK(scale.defined()) << "grouped matmul-swiglu: scale is required";
-  CheckSwiglu(h, scale, a, "grouped matmul-swiglu");
-  CheckGroupOffsets(offsets, w.dim(0), "grouped matmul-swiglu offsets");
-  CheckCudaGroupedOperands(device, {&x, &w, &h, &a}, "grouped matmul-swiglu");
-  MOE_DISPATCH(device, GroupedMatmulSwiglu, x, w, offsets, scale, h, a);
-}
-
-void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor& offsets,
-                                 const Tensor& h, const Tensor& scale, const Tensor& dh,
-                                 const Tensor& dscale) {
-  const Device device = CommonDevice({&dy, &w, &offsets, &h, &scale, &dh, &dscale});
-  const int64_t f =
-      CheckGroupedProduct(dy, w, /*transpose_w=*/false, "grouped matmul-swiglu backward");
-  CHECK(h.ndim() == 2 && h.dim(0) == dy.dim(0) && h.dim(1) == 2 * f)
-      << "grouped matmul-swiglu backward: h " << h.DebugString() << " for dy " << dy.DebugString()
-      << " and w " << w.DebugString();
-  CheckSameDType(dy, h, "grouped matmul-swiglu backward");
-  CheckShape(dh, h.shape(), "grouped matmul-swiglu backward dh");
-  CheckSameDType(dh, h, "grouped matmul-swiglu backward");
-  CHECK(scale.defined() && dscale.defined())
-      << "grouped matmul-swiglu backward: scale and dscale are required";
-  for (const Tensor* t : {&scale, &dscale}) {
-    CheckShape(*t, {h.dim(0)}, "grouped matmul-swiglu backward scale");
-    CheckDType(*t, DType::kF32, "grouped matmul-swiglu backward scale");
-  }
-  CheckGroupOffsets(offsets, w.dim(0), "grouped matmul-swiglu backward offsets");
-  CheckCudaGroupedOperands(device, {&dy, &w, &h, &dh}, "grouped matmul-swiglu backward");
-  MOE_DISPATCH(device, GroupedMatmulSwigluBackward, dy, w, offsets, h, scale, dh, dscale);
 }
 
 // ---------------------------------------------------------------- normalisation
@@ -324,6 +261,19 @@ void SiluBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   CheckSameDType(dx, x, "silu backward");
   MOE_DISPATCH(device, SiluBackward, dy, x, dx);
 }
+
+namespace {
+void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
+  CheckFloat(x, what);
+  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0) << what << ": x must be (rows, 2f): " << x.DebugString();
+  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
+  CheckSameDType(x, y, what);
+  if (scale.defined()) {
+    CheckShape(scale, {x.dim(0)}, "swiglu scale");
+    CheckDType(scale, DType::kF32, "swiglu scale");
+  }
+}
+}  // namespace
 
 void SwigluForward(const Tensor& x, const Tensor& scale, const Tensor& y) {
   const Device device = CommonDevice({&x, &scale, &y});

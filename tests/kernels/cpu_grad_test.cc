@@ -58,8 +58,8 @@ TEST_F(CpuGradTest, MatmulGradientsAreTransposedMatmuls) {
 
 TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
   // 4 groups over 9 rows, one of them empty.
+  const std::vector<int32_t> offsets = {0, 4, 4, 5, 9};
   const int64_t rows = 9, groups = 4, k = 4, n = 6;
-  const Tensor offsets = Ints({0, 4, 4, 5, 9}, {groups + 1});
   for (bool transpose_w : {false, true}) {
     SCOPED_TRACE(transpose_w ? "y = x w^T" : "y = x w");
     const Shape w_shape = transpose_w ? Shape{groups, n, k} : Shape{groups, k, n};
@@ -82,25 +82,6 @@ TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
     ExpectGradient("dx", x, ToFloats(dx), loss);
     ExpectGradient("dw increment", w, Increment(dw, dw_before), loss);
   }
-}
-
-TEST_F(CpuGradTest, GroupedMatmulSwigluBackwardIsTheGradientOfSwigluThenGroupedMatmul) {
-  // L = sum(R * y), y = GroupedMatmul(SwigluForward(h, scale), w, transpose_w): the gradient
-  // with respect to h and scale, on 4 groups over 9 rows, one of them empty.
-  const int64_t rows = 9, groups = 4, f = 5, n = 6;
-  const Tensor offsets = Ints({0, 4, 4, 5, 9}, {groups + 1});
-  Tensor h = Random({rows, 2 * f}, 1.5f), scale = Random({rows}), w = Random({groups, n, f});
-  Tensor dy = Random({rows, n}), a = Poisoned({rows, f}), y = Poisoned({rows, n});
-  const std::vector<float> r = ToFloats(dy);
-  auto loss = [&] {
-    ops::SwigluForward(h, scale, a);
-    ops::GroupedMatmul(a, w, offsets, y, /*transpose_w=*/true);
-    return WeightedSum(y, r);
-  };
-  Tensor dh = Poisoned({rows, 2 * f}), dscale = Poisoned({rows});
-  ops::GroupedMatmulSwigluBackward(dy, w, offsets, h, scale, dh, dscale);
-  ExpectGradient("dh", h, ToFloats(dh), loss);
-  ExpectGradient("dscale", scale, ToFloats(dscale), loss);
 }
 
 TEST_F(CpuGradTest, RmsNormDxAndAccumulatedDweight) {

@@ -1,23 +1,28 @@
 // CUDA SiLU and SwiGLU (contracts: engine/kernels/op_declarations.inc), f32 or bf16 storage,
-// fp32 arithmetic (per element: swiglu.cuh).
+// fp32 arithmetic.
+//   silu(x) = x * sigmoid(x); silu'(x) = sigmoid(x) * (1 + x * (1 - sigmoid(x))).
 //   SwiGLU: x (rows, 2f) = [gate | up]; y (rows, f) = silu(gate) * up * scale[row].
-//   Backward: dgate, dup (=); dscale[row] = sum_j silu(gate) * up * dy (=), a block reduction
-//   per row.
+//   Backward: dgate = dy*scale*up*silu'(gate), dup = dy*scale*silu(gate) (=);
+//   dscale[row] = sum_j silu(gate) * up * dy (=), a block reduction per row.
 // SiLU goes through Map; SwiGLU runs one block per row (grid-stride over rows), 8 columns per
 // thread step when f % 8 == 0 and the rows are 16-byte aligned.
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/elementwise.cuh"
-#include "engine/kernels/cuda/swiglu.cuh"
 
 namespace moe::cuda {
 namespace {
 
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 struct SiluOp {
-  __device__ float operator()(float x) const { return Silu(x); }
+  __device__ float operator()(float x) const { return x * Sigmoid(x); }
 };
 
 struct SiluBackwardOp {
-  __device__ float operator()(float dy, float x) const { return dy * SiluGrad(x); }
+  __device__ float operator()(float dy, float x) const {
+    const float s = Sigmoid(x);
+    return dy * (s * (1.0f + x * (1.0f - s)));
+  }
 };
 
 template <int kVec, typename T>
@@ -30,7 +35,7 @@ __global__ void SwigluForwardKernel(const T* x, const float* scale, int64_t rows
       const Floats<kVec> g = LoadFloats<kVec>(gate + c), u = LoadFloats<kVec>(up + c);
       Floats<kVec> out;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) out.v[j] = Swiglu(g.v[j], u.v[j], s);
+      for (int j = 0; j < kVec; ++j) out.v[j] = g.v[j] * Sigmoid(g.v[j]) * u.v[j] * s;
       StoreFloats(y + row * f + c, out);
     }
   }
@@ -52,10 +57,11 @@ __global__ void SwigluBackwardKernel(const T* dy, const T* x, const float* scale
       Floats<kVec> dg, du;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const SwigluGrads grads = SwigluBackwardAt(d.v[j], g.v[j], u.v[j], s);
-        dg.v[j] = grads.dgate;
-        du.v[j] = grads.dup;
-        dscale_partial += grads.dscale_term;
+        const float sig = Sigmoid(g.v[j]);
+        const float silu = g.v[j] * sig;
+        dg.v[j] = d.v[j] * s * u.v[j] * (sig * (1.0f + g.v[j] * (1.0f - sig)));
+        du.v[j] = d.v[j] * s * silu;
+        dscale_partial += silu * u.v[j] * d.v[j];
       }
       StoreFloats(dgate + c, dg);
       StoreFloats(dup + c, du);

@@ -1,12 +1,13 @@
-// Building blocks of the bf16 tensor-core attention kernels: tile loads and warp-level products
-// over shared tiles, on the primitives of mma_primitives.cuh (whose comment gives the fragment
-// layouts).
+// Building blocks of the bf16 tensor-core attention kernels: cp.async tile loads, ldmatrix,
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate), and warp-level products over shared tiles.
 //
 // Shared tiles are (rows, D) bf16, row-major with a stride of D + 8 elements: the 16 bytes of
 // padding put the 8 rows an ldmatrix phase reads into 8 different bank groups.
 //
-// Two adjacent accumulator tiles, packed to bf16, are exactly the A operand (16, 16) of the next
-// product, so P and dS go from one mma to the next without touching shared memory.
+// Fragment layout (PTX ISA, mma.m16n8k16): lane = 4 g + t. An fp32 accumulator tile (16, 8)
+// holds c[0..1] at row g, columns 2t, 2t + 1 and c[2..3] at row g + 8. Two adjacent accumulator
+// tiles, packed to bf16, are exactly the A operand (16, 16) of the next product, so P and dS
+// go from one mma to the next without touching shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,7 +15,6 @@
 #include <cstdint>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
-#include "engine/kernels/cuda/mma_primitives.cuh"
 
 namespace moe::cuda::attention {
 
@@ -23,6 +23,28 @@ constexpr int kMmaThreads = 128;  // 4 warps; each owns 16 rows of the block's t
 template <int D>
 constexpr int SmemStride() {
   return D + 8;
+}
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; reads nothing and writes zeros when !valid.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(smem)),
+               "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// 4-byte global -> shared copy; writes zero when !valid.
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddress(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
 // Rows [row0, row0 + kRows) of one head into a (kRows, D) shared tile; rows >= seq are zeros.
@@ -51,6 +73,32 @@ __device__ __forceinline__ void LoadStatAsync(float* dst, const float* row_stats
     const bool valid = row0 + threadIdx.x < seq;
     CpAsync4(dst + threadIdx.x, valid ? row_stats + row0 + threadIdx.x : row_stats, valid);
   }
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(smem)));
+}
+
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(smem)));
+}
+
+// c (16, 8) += a (16, 16) . b (16, 8).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 // The A operand for columns [16 kk, 16 kk + 16) of a warp's (16, N) accumulator tiles.

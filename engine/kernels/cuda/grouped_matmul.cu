@@ -1,144 +1,155 @@
-// CUDA GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc),
-// bf16 on the tensor-core core of grouped_gemm.cuh; the offsets stay in device memory.
-// - GroupedMatmul: C = x rows of a group (K-major) times w_g, K-major (n, k) when transposed,
-//   MN-major (k, n) otherwise; grid of RowTileBound x column tiles in BandedTile order, each
-//   block finding its group's rows; bf16 stores straight from the accumulators.
-// - GroupedMatmulWeightGrad: dw_g (n, k) += dy_g^T (n, rows_g) · x_g (rows_g, k): both operands
-//   MN-major (their token rows are the reduction), grid (tiles of dw_g, groups); each block
-//   reads its group's row range and reduces over all of it, so it adds its fp32 tile to dw with
-//   plain loads and stores (no atomics); a group without rows returns at once.
+// CUDA GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc)
+// on cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, cuBLAS >= 12.5): one launch for all the
+// non-empty groups, each a cuBLAS group of one problem; groups without rows are left out of the
+// call. Row-major tensors on column-major cuBLAS as in matmul.cu: a row-major (r, c) matrix is a
+// column-major (c, r) one, so problem g computes out_g^T = op(b_g)^T · op(a_g)^T.
+// cuBLAS reads the problems' matrix pointers from device memory: a one-block kernel writes them,
+// passed as its parameters, into a small buffer from the caching allocator on the compute
+// stream, so the host never waits. Sizes, leading dimensions, alpha and beta are host arrays.
+// Precision as in matmul.cu (CublasComputeType). cuBLAS's grouped GEMM has no bf16 x bf16 -> f32
+// form, so the bf16 weight gradient widens dy and x to f32 copies and multiplies them with
+// CUBLAS_COMPUTE_32F_FAST_TF32: TF32 holds every bf16 value exactly, so the products are exact
+// and accumulate in fp32.
+#include <algorithm>
+#include <vector>
+
+#include "engine/kernels/cuda/cublas_handle.h"
+#include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
-#include "engine/kernels/cuda/grouped_gemm.cuh"
 
 namespace moe::cuda {
 namespace {
 
-using grouped::AccCol;
-using grouped::AccRow;
-using grouped::Accumulators;
-using grouped::GroupedRows;
-using grouped::kBlockM;
-using grouped::kBlockN;
-using grouped::KMajorTile;
-using grouped::kMmaTilesM;
-using grouped::kMmaTilesN;
-using grouped::kThreads;
-using grouped::MNMajorTile;
+// Pointers per StorePointers launch: 3.5 KiB of parameters, under the classic 4 KiB limit.
+constexpr size_t kPointersPerLaunch = 448;
 
-// y (rows, n) = x (rows, k) · op(w_g); w (groups, n, k) if kTransposeW, else (groups, k, n).
-template <bool kTransposeW>
-__global__ void __launch_bounds__(kThreads, 1)
-    GroupedMatmulKernel(const bf16* x, const bf16* w, bf16* y, GroupedRows groups, int k, int n,
-                        int row_tiles, int col_tiles) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const grouped::TileIndex index = grouped::BandedTile(blockIdx.x, row_tiles, col_tiles);
-  const grouped::RowTile tile =
-      grouped::FindRowTile(groups.offsets, groups.groups, groups.rows, index.row);
-  if (tile.group < 0) return;
-  const int n0 = index.col * kBlockN;
-  const bf16* const wg = w + static_cast<int64_t>(tile.group) * n * k;
-  const KMajorTile<kBlockM> a = grouped::TokenRows(x, k, tile);
-  Accumulators acc;
-  if constexpr (kTransposeW) {
-    const KMajorTile<kBlockN> b(
-        wg,
-        [&](int i) -> const bf16* {
-          return n0 + i < n ? wg + static_cast<int64_t>(n0 + i) * k : nullptr;
-        },
-        k);
-    grouped::MultiplyTiles(a, b, k, smem, acc);
-  } else {
-    const MNMajorTile<kBlockN> b(wg + n0, n, n - n0, k);
-    grouped::MultiplyTiles(a, b, k, smem, acc);
-  }
-#pragma unroll
-  for (int mi = 0; mi < kMmaTilesM; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = tile.begin + AccRow(mi, half);
-      if (row >= tile.end) continue;
-#pragma unroll
-      for (int ni = 0; ni < kMmaTilesN; ++ni) {
-        const int col = n0 + AccCol(ni);
-        if (col >= n) continue;
-        *reinterpret_cast<__nv_bfloat162*>(y + static_cast<int64_t>(row) * n + col) =
-            __floats2bfloat162_rn(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
-      }
-    }
-  }
+struct PointerBatch {
+  const void* pointers[kPointersPerLaunch];
+  int count;
+};
+
+__global__ void StorePointers(PointerBatch batch, const void** out) {
+  for (int i = threadIdx.x; i < batch.count; i += blockDim.x) out[i] = batch.pointers[i];
 }
 
-// dw_g (n, k) += dy_g^T · x_g. grid (m tiles * col_tiles, groups).
-__global__ void __launch_bounds__(kThreads, 1)
-    GroupedWeightGradKernel(const bf16* dy, const bf16* x, float* dw, GroupedRows groups, int n,
-                            int k, int col_tiles) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int g = blockIdx.y;
-  const int begin = groups.offsets[g], end = groups.offsets[g + 1];
-  DEVICE_CHECK(0 <= begin && begin <= end && end <= groups.rows);
-  if (begin == end) return;
-  const int m0 = blockIdx.x / col_tiles * kBlockM, n0 = blockIdx.x % col_tiles * kBlockN;
-  const MNMajorTile<kBlockM> a(dy + static_cast<int64_t>(begin) * n + m0, n, n - m0, end - begin);
-  const MNMajorTile<kBlockN> b(x + static_cast<int64_t>(begin) * k + n0, k, k - n0, end - begin);
-  Accumulators acc;
-  grouped::MultiplyTiles(a, b, end - begin, smem, acc);
-  float* const dwg = dw + static_cast<int64_t>(g) * n * k;
-#pragma unroll
-  for (int mi = 0; mi < kMmaTilesM; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = m0 + AccRow(mi, half);
-      if (row >= n) continue;
-      float* const dw_row = dwg + static_cast<int64_t>(row) * k;
-      float2 sums[kMmaTilesN];  // all loads of the row's pieces first, so they overlap
-#pragma unroll
-      for (int ni = 0; ni < kMmaTilesN; ++ni) {
-        const int col = n0 + AccCol(ni);
-        if (col < k) sums[ni] = *reinterpret_cast<const float2*>(dw_row + col);
-      }
-#pragma unroll
-      for (int ni = 0; ni < kMmaTilesN; ++ni) {
-        const int col = n0 + AccCol(ni);
-        if (col < k) {
-          *reinterpret_cast<float2*>(dw_row + col) = make_float2(
-              sums[ni].x + acc[mi][ni][2 * half], sums[ni].y + acc[mi][ni][2 * half + 1]);
-        }
-      }
-    }
+// `pointers` copied into a new device buffer (ordered on like's compute stream).
+Tensor DevicePointers(const std::vector<const void*>& pointers, const Tensor& like) {
+  static_assert(sizeof(void*) == sizeof(int64_t));
+  Tensor table = Tensor::Empty({static_cast<int64_t>(pointers.size())}, DType::kI64, like.device());
+  auto* out = static_cast<const void**>(table.data());
+  for (size_t begin = 0; begin < pointers.size(); begin += kPointersPerLaunch) {
+    PointerBatch batch;
+    batch.count = static_cast<int>(std::min(pointers.size() - begin, kPointersPerLaunch));
+    std::copy_n(pointers.begin() + begin, batch.count, batch.pointers);
+    StorePointers<<<1, 128, 0, StreamOf(like)>>>(batch, out + begin);
+    CUDA_CHECK_LAUNCH();
   }
+  return table;
+}
+
+// One problem in column-major terms: c (m, n) = op(a) (m, k) · op(b) (k, n) + beta * c.
+struct Problem {
+  int64_t m, n, k;
+  const void* a;
+  const void* b;
+  void* c;
+};
+
+// What every problem of a call shares.
+struct Layout {
+  cublasOperation_t transa, transb;
+  int64_t lda, ldb, ldc;
+  DType ab_dtype;
+  DType c_dtype;
+  cublasComputeType_t compute;
+  float beta;
+};
+
+// One cublasGemmGroupedBatchedEx call over `problems` (none: nothing to do), writing into `out`'s
+// storage on its device's compute stream.
+void RunGrouped(const Tensor& out, const Layout& layout, const std::vector<Problem>& problems) {
+  if (problems.empty()) return;
+  const size_t count = problems.size();
+  std::vector<int> m, n, k;
+  std::vector<const void*> pointers(3 * count);  // all a, then all b, then all c
+  for (size_t i = 0; i < count; ++i) {
+    m.push_back(CublasInt(problems[i].m));
+    n.push_back(CublasInt(problems[i].n));
+    k.push_back(CublasInt(problems[i].k));
+    pointers[i] = problems[i].a;
+    pointers[count + i] = problems[i].b;
+    pointers[2 * count + i] = problems[i].c;
+  }
+  const std::vector<cublasOperation_t> transa(count, layout.transa), transb(count, layout.transb);
+  const std::vector<int> lda(count, CublasInt(layout.lda)), ldb(count, CublasInt(layout.ldb)),
+      ldc(count, CublasInt(layout.ldc)), group_sizes(count, 1);
+  const std::vector<float> alpha(count, 1.0f), beta(count, layout.beta);
+  const Tensor table = DevicePointers(pointers, out);
+  void* const* device_pointers = static_cast<void* const*>(table.data());
+  CUBLAS_CALL(cublasGemmGroupedBatchedEx(
+      CublasHandle(out.device()), transa.data(), transb.data(), m.data(), n.data(), k.data(),
+      alpha.data(), device_pointers, CublasDataType(layout.ab_dtype), lda.data(),
+      device_pointers + count, CublasDataType(layout.ab_dtype), ldb.data(), beta.data(),
+      device_pointers + 2 * count, CublasDataType(layout.c_dtype), ldc.data(), CublasInt(count),
+      group_sizes.data(), layout.compute));
+}
+
+// Element `index` of t's storage, as a byte address.
+char* ElementAt(const Tensor& t, int64_t index) {
+  return static_cast<char*>(t.data()) + index * static_cast<int64_t>(DTypeSize(t.dtype()));
+}
+
+void WeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
+                const Tensor& dw, cublasComputeType_t compute) {
+  const int64_t n = dy.dim(1), k = x.dim(1);
+  std::vector<Problem> problems;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
+    if (rows == 0) continue;
+    // dw_g^T (k, n) += x_g^T (k, rows) · dy_g (rows, n)
+    problems.push_back({k, n, rows, ElementAt(x, begin * k), ElementAt(dy, begin * n),
+                        ElementAt(dw, static_cast<int64_t>(g) * n * k)});
+  }
+  RunGrouped(dw, {CUBLAS_OP_N, CUBLAS_OP_T, k, n, k, x.dtype(), DType::kF32, compute, 1.0f},
+             problems);
 }
 
 }  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
-                   bool transpose_w) {
-  const int64_t rows = x.dim(0), k = x.dim(1), n = y.dim(1);
-  if (rows == 0 || n == 0) return;
-  const GroupedRows groups = grouped::MakeGroupedRows(offsets, rows);
-  const int64_t row_tiles = grouped::RowTileBound(rows, groups.groups);
-  const int64_t col_tiles = grouped::CeilDiv(n, kBlockN);
-  const dim3 grid(grouped::Int(row_tiles * col_tiles));
-  const int smem_bytes = transpose_w
-                             ? grouped::SmemBytes<KMajorTile<kBlockM>, KMajorTile<kBlockN>>()
-                             : grouped::SmemBytes<KMajorTile<kBlockM>, MNMajorTile<kBlockN>>();
-  grouped::Launch(transpose_w ? GroupedMatmulKernel<true> : GroupedMatmulKernel<false>, grid,
-                  smem_bytes, StreamOf(x), Ptr<const bf16>(x), Ptr<const bf16>(w), Ptr<bf16>(y),
-                  groups, grouped::Int(k), grouped::Int(n), grouped::Int(row_tiles),
-                  grouped::Int(col_tiles));
+void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
+                   const Tensor& y, bool transpose_w) {
+  const int64_t k = x.dim(1), n = y.dim(1);
+  if (y.numel() == 0) return;
+  if (k == 0) {  // empty sums
+    Fill(y, 0.0f);
+    return;
+  }
+  std::vector<Problem> problems;
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
+    if (rows == 0) continue;
+    // y_g^T (n, rows) = op(w_g)^T (n, k) · x_g^T (k, rows)
+    problems.push_back({n, rows, k, ElementAt(w, static_cast<int64_t>(g) * n * k),
+                        ElementAt(x, begin * k), ElementAt(y, begin * n)});
+  }
+  RunGrouped(y,
+             {transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, w.dim(2), k, n, x.dtype(),
+              y.dtype(), CublasComputeType(x.dtype()), 0.0f},
+             problems);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
                              const Tensor& dw) {
-  const int64_t rows = x.dim(0), n = dy.dim(1), k = x.dim(1);
-  if (rows == 0 || dw.numel() == 0) return;
-  const GroupedRows groups = grouped::MakeGroupedRows(offsets, rows);
-  CHECK_LE(groups.groups, 65535) << "grouped weight gradient: groups must fit a grid dimension";
-  const int64_t col_tiles = grouped::CeilDiv(k, kBlockN);
-  const dim3 grid(grouped::Int(grouped::CeilDiv(n, kBlockM) * col_tiles), groups.groups);
-  grouped::Launch(GroupedWeightGradKernel, grid,
-                  grouped::SmemBytes<MNMajorTile<kBlockM>, MNMajorTile<kBlockN>>(), StreamOf(x),
-                  Ptr<const bf16>(dy), Ptr<const bf16>(x), Ptr<float>(dw), groups, grouped::Int(n),
-                  grouped::Int(k), grouped::Int(col_tiles));
+  if (dw.numel() == 0 || x.dim(0) == 0) return;
+  if (x.dtype() == DType::kF32) {
+    WeightGrad(dy, x, offsets, dw, CublasComputeType(DType::kF32));
+    return;
+  }
+  Tensor dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
+  Tensor x32 = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  Cast(dy, dy32);
+  Cast(x, x32);
+  WeightGrad(dy32, x32, offsets, dw, CUBLAS_COMPUTE_32F_FAST_TF32);
 }
 
 }  // namespace moe::cuda
