@@ -6,6 +6,9 @@
 
 namespace moe {
 
+// A cached block serves a request of `size` bytes if it is at most size / kMaxSlackDivisor larger.
+constexpr size_t kMaxSlackDivisor = 8;
+
 struct CachingAllocator::Block {
   void* ptr = nullptr;
   size_t size = 0;                 // rounded size, as counted in the stats
@@ -76,7 +79,7 @@ CachingAllocator::Block* CachingAllocator::TakeCachedBlock(size_t size, Stream* 
   auto pool = free_blocks_.find(stream);
   if (pool == free_blocks_.end()) return nullptr;
   auto it = pool->second.lower_bound(size);
-  if (it == pool->second.end() || it->first > 2 * size) return nullptr;
+  if (it == pool->second.end() || it->first > size + size / kMaxSlackDivisor) return nullptr;
   Block* block = it->second;
   pool->second.erase(it);
   return block;

@@ -8,9 +8,10 @@
 // - If the block was also used on other streams (RecordStream), freeing records an event on each
 //   of them; the block is reused only after all those events have completed. This is what lets
 //   the offload manager free a tensor on the compute stream while a D2H copy still reads it.
-// - Allocation takes the smallest cached block of the same stream that fits and is at most
-//   twice the request (blocks are not split). On a miss it polls pending events, then asks the
-//   raw source, then synchronises pending frees and empties the cache once before failing.
+// - Allocation takes the smallest cached block of the same stream that fits and is at most an
+//   eighth larger than the request (blocks are not split, so a looser fit holds memory no tensor
+//   uses). On a miss it polls pending events, then asks the raw source, then synchronises
+//   pending frees and empties the cache once before failing.
 //
 // Thread-safe: tensors may be freed from any thread.
 #pragma once

@@ -65,6 +65,18 @@ TEST_F(CachingAllocatorTest, SmallRequestsDoNotTakeMuchLargerBlocks) {
   EXPECT_NE(small->data(), big);
 }
 
+TEST_F(CachingAllocatorTest, CachedBlockServesRequestsUpToAnEighthSmaller) {
+  void* block;
+  {
+    auto storage = allocator_.Allocate(9 * 512, compute_);
+    block = storage->data();
+  }
+  auto too_small = allocator_.Allocate(7 * 512, compute_);  // 9/7 > 1 + 1/8
+  EXPECT_NE(too_small->data(), block);
+  auto fits = allocator_.Allocate(8 * 512, compute_);  // 9/8
+  EXPECT_EQ(fits->data(), block);
+}
+
 // A block read by a copy stream must not be handed out again before that copy has finished,
 // even though the tensor was freed on the compute stream at once.
 TEST_F(CachingAllocatorTest, BlockUsedOnAnotherStreamWaitsForThatStream) {
