@@ -1,6 +1,8 @@
 #include "modules/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -10,6 +12,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
+#include "modules/offload_groups.h"
 
 namespace moe {
 
@@ -181,6 +184,37 @@ StepStats Trainer::TrainStep() {
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;
   return stats;
+}
+
+std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRank() const {
+  CHECK(offload_ != nullptr && offload_->policy_fixed()) << "no offload policy yet";
+  // One slot of kFields per (rank, group name), filled by its rank and summed over the group.
+  constexpr int kFields = 5;
+  const std::vector<std::string>& names = OffloadGroupNames();
+  const int ranks = GroupSize(pipeline_);
+  std::vector<float> values(static_cast<size_t>(ranks) * names.size() * kFields, 0.0f);
+  for (const OffloadGroupSummary& s : offload_->summary()) {
+    const auto name = std::find(names.begin(), names.end(), s.name);
+    CHECK(name != names.end()) << "unknown offload group " << s.name;
+    float* slot = &values[(GroupRank(pipeline_) * names.size() + (name - names.begin())) * kFields];
+    slot[0] = s.candidates;
+    slot[1] = s.offloaded;
+    slot[2] = s.tensors;
+    slot[3] = s.bytes;  // f32 keeps MiB to well under 0.01 below 100 GiB
+    slot[4] = s.skipped;
+  }
+  SumOver(pipeline_, values);
+  std::vector<std::vector<OffloadGroupSummary>> by_rank(ranks);
+  for (int rank = 0; rank < ranks; ++rank) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      const float* slot = &values[(rank * names.size() + i) * kFields];
+      if (slot[0] == 0) continue;  // no candidates of this name on that rank
+      by_rank[rank].push_back({names[i], static_cast<int>(slot[0]), static_cast<int>(slot[1]),
+                               std::llround(slot[2]), std::llround(slot[3]),
+                               std::llround(slot[4])});
+    }
+  }
+  return by_rank;
 }
 
 double Trainer::Evaluate() {

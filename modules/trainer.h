@@ -110,6 +110,9 @@ class Trainer {
   const ParameterSet& parameters() const { return parameters_; }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
+  // Collective over the pipeline group, after the first step with offloading: every pipeline
+  // rank's OffloadManager::summary(), by rank (for OffloadManager::SummaryTable).
+  std::vector<std::vector<OffloadGroupSummary>> OffloadPolicyByPipelineRank() const;
 
   // Writes root/step_<step>; `description` is stored in state.json under "run". Collective:
   // every rank calls it; the returned status is the write's on world rank 0 (pipeline and data

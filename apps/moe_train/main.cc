@@ -96,12 +96,15 @@ int Run() {
   }
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
+  bool offload_policy_reported = false;
   while (trainer.step() < run.trainer.train_steps) {
     const StepStats stats = trainer.TrainStep();
     const int64_t step = trainer.step();
-    if (log) {
-      log->Step(step, stats);
-      log->OffloadPolicy(trainer.offload_manager());
+    if (log) log->Step(step, stats);
+    if (trainer.offload_manager() != nullptr && !offload_policy_reported) {  // after the warm-up
+      const auto by_rank = trainer.OffloadPolicyByPipelineRank();  // collective
+      if (log) log->OffloadPolicy(*trainer.offload_manager(), by_rank);
+      offload_policy_reported = true;
     }
     const bool last = step == run.trainer.train_steps;
     if (last || (FLAGS_eval_interval > 0 && step % FLAGS_eval_interval == 0)) {

@@ -152,11 +152,10 @@ void RunLog::Eval(int64_t step, double loss, std::optional<double> floor) {
   Metrics(record);
 }
 
-void RunLog::OffloadPolicy(const OffloadManager* manager) {
-  if (manager == nullptr || !manager->policy_fixed() || offload_policy_printed_) return;
-  printf("%s", manager->SummaryTable().c_str());
+void RunLog::OffloadPolicy(const OffloadManager& manager,
+                           const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank) {
+  printf("%s", manager.SummaryTable(by_pipeline_rank).c_str());
   fflush(stdout);
-  offload_policy_printed_ = true;
 }
 
 void RunLog::Metrics(const nlohmann::json& record) {

@@ -20,8 +20,9 @@ class RunLog {
   // Averages over the steps since the last call.
   void Step(int64_t step, const StepStats& stats);
   void Eval(int64_t step, double loss, std::optional<double> floor);
-  // The offload policy table, once, after the manager's first step (no-op without offloading).
-  void OffloadPolicy(const OffloadManager* manager);
+  // The offload policy table of every pipeline rank (Trainer::OffloadPolicyByPipelineRank).
+  void OffloadPolicy(const OffloadManager& manager,
+                     const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank);
 
  private:
   void Metrics(const nlohmann::json& record);
@@ -33,7 +34,6 @@ class RunLog {
   int64_t tokens_ = 0;
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
-  bool offload_policy_printed_ = false;
 };
 
 }  // namespace moe

@@ -408,7 +408,8 @@ void OffloadManager::FixPolicy() {
   policy_fixed_ = true;
 }
 
-std::string OffloadManager::SummaryTable() const {
+std::string OffloadManager::SummaryTable(
+    const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank) const {
   constexpr double kMiB = 1024.0 * 1024.0;
   std::string out;
   char line[256];
@@ -423,25 +424,32 @@ std::string OffloadManager::SummaryTable() const {
   snprintf(line, sizeof(line), "  %4s  %-16s %9s %8s %12s %8s  %s\n", "rank", "group", "groups",
            "tensors", "MiB", "skipped", "pinned memory");
   out += line;
-  OffloadGroupSummary total{"total"};
-  for (const OffloadGroupSummary& s : summary_) {
+  const auto row = [&](int rank, const OffloadGroupSummary& s, const char* pinned) {
     const std::string groups = std::to_string(s.offloaded) + "/" + std::to_string(s.candidates);
-    snprintf(line, sizeof(line), "  %4d  %-16s %9s %8lld %12.2f %8lld  %s\n", options_.pp_rank,
+    snprintf(line, sizeof(line), "  %4d  %-16s %9s %8lld %12.2f %8lld%s%s\n", rank,
              s.name.c_str(), groups.c_str(), static_cast<long long>(s.tensors), s.bytes / kMiB,
-             static_cast<long long>(s.skipped),
-             options_.unpooled_groups.count(s.name) ? "unpooled (routed shapes)" : "pool");
+             static_cast<long long>(s.skipped), *pinned ? "  " : "", pinned);
     out += line;
-    total.candidates += s.candidates;
-    total.offloaded += s.offloaded;
-    total.tensors += s.tensors;
-    total.bytes += s.bytes;
-    total.skipped += s.skipped;
+  };
+  const auto rank_rows = [&](int rank, const std::vector<OffloadGroupSummary>& summary) {
+    OffloadGroupSummary total{"total"};
+    for (const OffloadGroupSummary& s : summary) {
+      row(rank, s, options_.unpooled_groups.count(s.name) ? "unpooled (routed shapes)" : "pool");
+      total.candidates += s.candidates;
+      total.offloaded += s.offloaded;
+      total.tensors += s.tensors;
+      total.bytes += s.bytes;
+      total.skipped += s.skipped;
+    }
+    row(rank, total, "");
+  };
+  if (by_pipeline_rank.empty()) {
+    rank_rows(options_.pp_rank, summary_);
+  } else {
+    for (size_t rank = 0; rank < by_pipeline_rank.size(); ++rank) {
+      rank_rows(static_cast<int>(rank), by_pipeline_rank[rank]);
+    }
   }
-  const std::string groups = std::to_string(total.offloaded) + "/" + std::to_string(total.candidates);
-  snprintf(line, sizeof(line), "  %4d  %-16s %9s %8lld %12.2f %8lld\n", options_.pp_rank, "total",
-           groups.c_str(), static_cast<long long>(total.tensors), total.bytes / kMiB,
-           static_cast<long long>(total.skipped));
-  out += line;
   return out;
 }
 

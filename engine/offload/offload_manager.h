@@ -36,7 +36,8 @@
 //     resident from the last candidate backwards (whole groups, until at least that many bytes
 //     are kept), then of the remaining candidates the earliest floor(fraction x n) stay offloaded
 //     and the rest are kept resident.
-//   - summary()/SummaryTable() report the policy per group name after the first step.
+//   - summary()/SummaryTable() report the policy per group name after the first step (the
+//     table for every pipeline rank when given their summaries).
 // EndStep() ends an optimizer step: it synchronises the copy streams, releases pinned buffers,
 // collects the step's statistics (copy times from timing events) and fixes the policy after the
 // first step. Not thread-safe: call from the thread that runs forward and backward.
@@ -118,8 +119,11 @@ class OffloadManager final : public SavedTensorHooks {
   const OffloadOptions& options() const { return options_; }
   // Per group name, in order of first commit; empty before the first step has ended.
   const std::vector<OffloadGroupSummary>& summary() const { return summary_; }
-  // The policy as a table ("rank | group | offloaded/candidates | tensors | MiB"), one line each.
-  std::string SummaryTable() const;
+  // The policy as a table ("rank | group | offloaded/candidates | tensors | MiB"), one line per
+  // group name and a total per rank: this manager's rows (rank options().pp_rank), or, given
+  // by_pipeline_rank (every pipeline rank's summary(), by rank), all of them.
+  std::string SummaryTable(
+      const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank = {}) const;
   // Keys moved to the host during the last ended step, in commit order (for tests and logs).
   const std::vector<std::string>& last_step_offloaded_keys() const { return last_step_keys_; }
 

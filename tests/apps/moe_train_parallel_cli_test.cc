@@ -9,6 +9,7 @@
 #if MOE_WITH_MPI
 
 #include <cstdio>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -95,6 +96,27 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
     EXPECT_EQ(LossLines(r.output), expected) << r.output;
     EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
     EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
+  }
+}
+
+int CountMatches(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<int>(std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                                        std::sregex_iterator()));
+}
+
+// Rank 0 prints the offload policy once, with the rows of every pipeline rank (2 layers each).
+TEST(ParallelRunTest, OffloadPolicyTableHasEveryPipelineRank) {
+  const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --offload_min_tensor_bytes=0 "
+                                  "--offload_modules=attn_norm,qkv_linear,core_attn");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Count(r.output, "offload: warm-up step moved"), 1) << r.output;
+  for (const std::string rank : {"0", "1"}) {
+    for (const std::string group : {"attn_norm", "qkv_linear", "core_attn"}) {
+      EXPECT_EQ(CountMatches(r.output, "\\n +" + rank + "  " + group + " +2/2 "), 1)
+          << "rank " << rank << ", " << group << ":\n" << r.output;
+    }
+    EXPECT_EQ(CountMatches(r.output, "\\n +" + rank + "  total +6/6 "), 1) << r.output;
   }
 }
 
