@@ -166,7 +166,7 @@ StepStats Trainer::TrainStep() {
   parameters_.ZeroGrads();
   // One all-reduce over the world: loss, aux loss, bubble, then one slot per rank for its peak.
   const int ranks = GroupSize(pipeline_) * GroupSize(data_);
-  const int world_rank = GroupRank(pipeline_) + GroupSize(pipeline_) * GroupRank(data_);
+  const int world_rank = GroupRank(pipeline_) * GroupSize(data_) + GroupRank(data_);
   std::vector<float> sums(3 + ranks, 0.0f);
   ops::CopyToHost(totals.loss_sum, &sums[0]);
   ops::CopyToHost(totals.aux_loss, &sums[1]);

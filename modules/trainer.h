@@ -87,7 +87,7 @@ struct StepStats {
   // Mean over ranks of 1 - (forward + backward compute time) / (pipeline step span); 0 without a
   // pipeline schedule's idle time (one stage: only host gaps between kernels).
   double pipeline_bubble = 0;
-  std::vector<double> peak_device_mib;  // by world rank (pipeline rank + pipeline size x data rank)
+  std::vector<double> peak_device_mib;  // by world rank (pipeline rank x data size + data rank)
   OffloadStepStats offload;  // zero without offloading
 };
 
