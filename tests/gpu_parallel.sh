@@ -2,7 +2,8 @@
 # Multi-GPU throughput on the GPU machine (after tests/gpu_suite.sh has built into
 # /tmp/moe-build): the 8-layer Qwen3-30B-A3B-shaped model (configs/qwen3_moe_8layer.flags) on 1, 2
 # and 4 GPUs under mpirun: pipeline (1F1B, interleaved), data parallel, both, with and without
-# offloading. Each run's log goes to $OUT/parallel.log; one summary line per run is printed.
+# offloading; on 4 GPUs first trainer_parallel_cuda_test under 4 ranks. Each run's log goes to
+# $OUT/parallel.log; one summary line per run is printed.
 #   usage: tests/gpu_parallel.sh [max GPUs]   (default: all GPUs of the machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,12 @@ run() {  # ranks, name, flags
   printf "%-22s %d GPU rc %3d | %s\n" "$2" "$1" "$rc" \
     "$(grep '^step' "$out/parallel.log" | tail -1 | cut -d'|' -f6-)"
 }
+
+if [ "$gpus" -ge 4 ]; then  # the trainer equivalences of 4-rank layouts over NCCL (2 ranks: ctest)
+  mpirun -np 4 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none \
+    /tmp/moe-build/tests/trainer_parallel_cuda_test > "$out/trainer_parallel_np4.log" 2>&1
+  echo "trainer_parallel_cuda_test, 4 ranks: rc $? ($(grep -c '\[       OK \]' "$out/trainer_parallel_np4.log") tests OK)"
+fi
 
 run 1 single ""
 run 1 single+offload "$offload"
