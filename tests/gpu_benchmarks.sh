@@ -16,7 +16,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
 if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
-timeout 300 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
+timeout 400 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --breakdown --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
 echo "== PyTorch layer peer"
 timeout 180 python3 "$peers/torch_moe_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
 fi

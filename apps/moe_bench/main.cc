@@ -4,6 +4,7 @@
 // (outputs, input gradients, router and expert weight gradients). Prints a table and writes
 // JSON (--json_out). TFLOP/s counts only the expert GEMMs: 6 * rows * hidden * ffn forward
 // (fc1 to 2 * ffn, fc2 back), three times that forward + backward; rows = tokens * topk.
+// --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -13,6 +14,8 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/moe_bench/median_time.h"
+#include "apps/moe_bench/op_breakdown.h"
 #include "engine/core/bfloat16.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
@@ -25,6 +28,8 @@ DEFINE_int32(warmup, 3, "untimed iterations");
 DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
 DEFINE_string(json_out, "", "write the results here as JSON");
+DEFINE_bool(breakdown, false,
+            "also time the fused path's ops one by one beside dense GEMMs of the same size");
 
 namespace moe {
 namespace {
@@ -102,20 +107,6 @@ struct PathResult {
   double forward_ms = 0, forward_backward_ms = 0, peak_mib = 0;
   Outputs outputs;
 };
-
-double MedianMs(Device device, int iters, const std::function<void()>& body) {
-  Stream& stream = DeviceContext::Get(device).compute_stream();
-  std::vector<float> times;
-  for (int i = 0; i < iters; ++i) {
-    auto start = stream.CreateEvent(true), stop = stream.CreateEvent(true);
-    start->Record(stream);
-    body();
-    stop->Record(stream);
-    times.push_back(stop->ElapsedMillisecondsSince(*start));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Device device,
                    DType dtype) {
@@ -207,6 +198,24 @@ int Run() {
                            {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
                            {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
                            {"peak_mib", r.peak_mib}, {"max_rel_err_vs_other_path", worst}});
+      }
+      if (FLAGS_breakdown) {
+        const ExpertShape expert_shape{tokens * shape->topk, shape->hidden, shape->experts,
+                                       shape->ffn};
+        nlohmann::json ops_json = nlohmann::json::array();
+        printf("  %-11s %9s %8s %9s %8s  (dense GEMM of the same size)\n", "op", "ms", "TFLOP/s",
+               "dense ms", "TFLOP/s");
+        for (const OpTime& op :
+             TimeFusedMlpOps(expert_shape, device, dtype, FLAGS_warmup, FLAGS_iters)) {
+          printf("  %-11s %9.3f", op.op.c_str(), op.ms);
+          if (op.gflop > 0) {
+            printf(" %8.1f %9.3f %8.1f", op.gflop / op.ms, op.dense_ms, op.gflop / op.dense_ms);
+          }
+          printf("\n");
+          ops_json.push_back({{"op", op.op}, {"ms", op.ms}, {"gflop", op.gflop},
+                              {"dense_ms", op.dense_ms}});
+        }
+        results.push_back({{"shape", shape->name}, {"tokens", tokens}, {"breakdown", ops_json}});
       }
       fflush(stdout);
     }

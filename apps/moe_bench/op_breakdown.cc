@@ -1,0 +1,73 @@
+#include "apps/moe_bench/op_breakdown.h"
+
+#include <functional>
+
+#include "apps/moe_bench/median_time.h"
+#include "engine/core/tensor.h"
+#include "engine/kernels/ops.h"
+
+namespace moe {
+namespace {
+
+Tensor Constant(const Shape& shape, DType dtype, Device device, float value) {
+  Tensor t = Tensor::Empty(shape, dtype, device);
+  ops::Fill(t, value);
+  return t;
+}
+
+}  // namespace
+
+std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType dtype, int warmup,
+                                    int iters) {
+  std::vector<int32_t> offsets(s.experts + 1);
+  for (int64_t g = 0; g <= s.experts; ++g) {
+    offsets[g] = static_cast<int32_t>(g * s.rows / s.experts);
+  }
+  const std::span<const int32_t> rows(offsets);
+  const int64_t f = s.ffn, h = s.hidden;
+  const Tensor x = Constant({s.rows, h}, dtype, device, 0.01f);
+  const Tensor w1 = Constant({s.experts, 2 * f, h}, dtype, device, 0.01f);
+  const Tensor w2 = Constant({s.experts, h, f}, dtype, device, 0.01f);
+  const Tensor scale = Constant({s.rows}, DType::kF32, device, 0.5f);
+  const Tensor h1 = Constant({s.rows, 2 * f}, dtype, device, 0.0f);
+  const Tensor a = Constant({s.rows, f}, dtype, device, 0.0f);
+  const Tensor y = Constant({s.rows, h}, dtype, device, 0.0f);
+  const Tensor dw1 = Constant(w1.shape(), DType::kF32, device, 0.0f);
+  const Tensor dw2 = Constant(w2.shape(), DType::kF32, device, 0.0f);
+  const Tensor dscale = Constant({s.rows}, DType::kF32, device, 0.0f);
+  const Tensor dy = Constant({s.rows, h}, dtype, device, 0.01f);
+  const Tensor da = Constant({s.rows, f}, dtype, device, 0.0f);
+  const Tensor dh = Constant({s.rows, 2 * f}, dtype, device, 0.0f);
+  const Tensor dx = Constant({s.rows, h}, dtype, device, 0.0f);
+
+  const auto time = [&](const std::function<void()>& body) {
+    for (int i = 0; i < warmup; ++i) body();
+    return MedianMs(device, iters, body);
+  };
+  // One dense GEMM (m, k) x (k, n) of the grouped GEMM's total size.
+  const auto dense = [&](int64_t m, int64_t n, int64_t k) {
+    const Tensor lhs = Constant({m, k}, dtype, device, 0.01f);
+    const Tensor rhs = Constant({n, k}, dtype, device, 0.01f);
+    const Tensor out = Tensor::Empty({m, n}, dtype, device);
+    return time([&] { ops::Matmul(lhs, rhs, out, false, true); });
+  };
+  const auto gemm = [&](const std::string& op, int64_t n, int64_t k,
+                        const std::function<void()>& body) {
+    return OpTime{op, time(body), 2e-9 * s.rows * n * k, dense(s.rows, n, k)};
+  };
+  const auto elementwise = [&](const std::string& op, const std::function<void()>& body) {
+    return OpTime{op, time(body)};
+  };
+  return {
+      gemm("fc1", 2 * f, h, [&] { ops::GroupedMatmul(x, w1, rows, h1, true); }),
+      elementwise("swiglu", [&] { ops::SwigluForward(h1, scale, a); }),
+      gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, rows, y, true); }),
+      gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, rows, da, false); }),
+      gemm("fc2 wgrad", h, f, [&] { ops::GroupedMatmulWeightGrad(dy, a, rows, dw2); }),
+      elementwise("swiglu bwd", [&] { ops::SwigluBackward(da, h1, scale, dh, dscale); }),
+      gemm("fc1 dgrad", h, 2 * f, [&] { ops::GroupedMatmul(dh, w1, rows, dx, false); }),
+      gemm("fc1 wgrad", 2 * f, h, [&] { ops::GroupedMatmulWeightGrad(dh, x, rows, dw1); }),
+  };
+}
+
+}  // namespace moe
