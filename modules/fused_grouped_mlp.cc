@@ -3,12 +3,6 @@
 #include "engine/kernels/ops.h"
 
 namespace moe {
-FusedGroupedMlp::FusedGroupedMlp(ParameterSet& parameters, const std::string& name,
-                                 const GptConfig& config, int layer)
-    : name_(name),
-      config_(config),
-      layer_(layer),
-      weights_(CreateExpertWeights(parameters, name, config)) {}
 
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                                 const Tensor& weights) {
@@ -22,13 +16,13 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   ScopedSaveGroup group(saved, "fused_group_mlp", layer_);
   saved.Save(name_ + ".x", x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
-  ops::GroupedMatmul(x, weights_.fc1.value, rows, h, /*transpose_w=*/true);
+  ops::GroupedMatmul(x, fc1_.value, rows, h, /*transpose_w=*/true);
   saved.Save(name_ + ".h", h);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::SwigluForward(h, weights, a);
   saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
-  ops::GroupedMatmul(a, weights_.fc2.value, rows, y, /*transpose_w=*/true);
+  ops::GroupedMatmul(a, fc2_.value, rows, y, /*transpose_w=*/true);
   return y;
 }
 
@@ -40,8 +34,8 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
 
   const Tensor a = saved.Load(name_ + ".a");
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
-  ops::GroupedMatmul(dy, weights_.fc2.value, rows, da, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dy, a, rows, weights_.fc2.grad);
+  ops::GroupedMatmul(dy, fc2_.value, rows, da, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dy, a, rows, fc2_.grad);
 
   const Tensor h = saved.Load(name_ + ".h");
   Grads grads;
@@ -51,8 +45,8 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
 
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  ops::GroupedMatmul(dh, weights_.fc1.value, rows, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, rows, weights_.fc1.grad);
+  ops::GroupedMatmul(dh, fc1_.value, rows, grads.dx, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dh, x, rows, fc1_.grad);
   return grads;
 }
 

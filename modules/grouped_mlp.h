@@ -26,22 +26,27 @@ class GroupedMlp {
     Tensor dx;
     Tensor dweights;
   };
+  // Creates the expert weights name.fc1.weight and name.fc2.weight (shapes above). Public so the
+  // implementations can inherit it (an inherited constructor keeps the base's access).
+  GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
+             int layer);
   virtual ~GroupedMlp() = default;
   virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                          const Tensor& weights) = 0;
   virtual Grads Backward(SavedTensors& saved, const Tensor& dy) = 0;
+
+ protected:
+  const std::string name_;
+  const GptConfig& config_;
+  const int layer_;
+  Parameter& fc1_;  // (experts, 2 * ffn, hidden)
+  Parameter& fc2_;  // (experts, hidden, ffn)
 };
 
 std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::string& name,
                                            const GptConfig& config, int layer);
 
 // Shared by the implementations.
-struct ExpertWeights {
-  Parameter& fc1;  // (experts, 2 * ffn, hidden)
-  Parameter& fc2;  // (experts, hidden, ffn)
-};
-ExpertWeights CreateExpertWeights(ParameterSet& parameters, const std::string& name,
-                                  const GptConfig& config);
 // Expert e's matrix of a stacked (experts, out, in) tensor (p's value, grad, ...).
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert);
 // The offsets array read back to the host (one synchronisation), as a CPU tensor that forward

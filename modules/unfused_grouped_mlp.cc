@@ -30,13 +30,6 @@ void PerExpertBackward(std::span<const int32_t> rows, const Tensor& dy, const Te
 
 }  // namespace
 
-UnfusedGroupedMlp::UnfusedGroupedMlp(ParameterSet& parameters, const std::string& name,
-                                     const GptConfig& config, int layer)
-    : name_(name),
-      config_(config),
-      layer_(layer),
-      weights_(CreateExpertWeights(parameters, name, config)) {}
-
 Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                                   const Tensor& weights) {
   const Tensor host_offsets = HostOffsets(offsets);
@@ -46,7 +39,7 @@ Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Te
   saved.Save(name_ + ".offsets", host_offsets);
   {
     ScopedSaveGroup group(saved, "expert_fc1", layer_);
-    PerExpertForward(rows, x, weights_.fc1, h);
+    PerExpertForward(rows, x, fc1_, h);
     saved.Save(name_ + ".x", x);
   }
   ScopedSaveGroup group(saved, "moe_act", layer_);
@@ -55,7 +48,7 @@ Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Te
   saved.Save(name_ + ".h", h);
   saved.Save(name_ + ".weights", weights);
   Tensor y = Tensor::Empty({x.dim(0), config_.hidden_size}, x.dtype(), x.device());
-  PerExpertForward(rows, a, weights_.fc2, y);
+  PerExpertForward(rows, a, fc2_, y);
   return y;
 }
 
@@ -69,7 +62,7 @@ GroupedMlp::Grads UnfusedGroupedMlp::Backward(SavedTensors& saved, const Tensor&
   Tensor a = Tensor::Empty({h.dim(0), h.dim(1) / 2}, h.dtype(), device);
   ops::SwigluForward(h, weights, a);  // recompute fc2's input
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
-  PerExpertBackward(rows, dy, a, weights_.fc2, da);
+  PerExpertBackward(rows, dy, a, fc2_, da);
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
   grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, device);
@@ -77,7 +70,7 @@ GroupedMlp::Grads UnfusedGroupedMlp::Backward(SavedTensors& saved, const Tensor&
 
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  PerExpertBackward(rows, dh, x, weights_.fc1, grads.dx);
+  PerExpertBackward(rows, dh, x, fc1_, grads.dx);
   return grads;
 }
 

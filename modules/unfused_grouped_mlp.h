@@ -7,25 +7,16 @@
 // Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=.
 #pragma once
 
-#include <string>
-
 #include "modules/grouped_mlp.h"
 
 namespace moe {
 
 class UnfusedGroupedMlp final : public GroupedMlp {
  public:
-  UnfusedGroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
-                    int layer);
+  using GroupedMlp::GroupedMlp;
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                  const Tensor& weights) override;
   Grads Backward(SavedTensors& saved, const Tensor& dy) override;
-
- private:
-  std::string name_;
-  const GptConfig& config_;
-  int layer_;
-  ExpertWeights weights_;
 };
 
 }  // namespace moe
