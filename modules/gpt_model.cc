@@ -67,7 +67,7 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
 
 Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad,
                           float aux_grad, const GradsFinal& grads_final) {
-  const auto final = [&](const std::string& prefix) {
+  const auto grads_done = [&](const std::string& prefix) {
     if (grads_final) grads_final(prefix);
   };
   Tensor dx = output_grad;
@@ -77,17 +77,17 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad,
                               dlogits);
     dx = LinearBackward(dlogits, saved.Load("lm_head.x"), *lm_head_);
-    final("lm_head.");
+    grads_done("lm_head.");
     dx = final_norm_->Backward(saved, dx);
-    final("final_norm.");
+    grads_done("final_norm.");
   }
   for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
     dx = layers_[i]->Backward(saved, dx, aux_grad);
-    final(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
+    grads_done(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
   }
   if (!stage_.first) return dx;
   ops::EmbeddingBackward(saved.Load("ids"), dx, embedding_->grad);
-  final("embedding.");
+  grads_done("embedding.");
   return Tensor();
 }
 

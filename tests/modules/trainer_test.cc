@@ -12,7 +12,6 @@
 namespace moe {
 namespace {
 
-
 TrainerOptions SmallOptions() {
   TrainerOptions o;
   o.micro_batch_size = 4;
