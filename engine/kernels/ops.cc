@@ -93,6 +93,10 @@ void CopyFromHost(const void* src, const Tensor& dst) {
 }
 
 void CopyToHost(const Tensor& src, void* dst) {
+  if (src.space() == MemorySpace::kDevice && src.nbytes() <= kSmallReadBytes) {
+    MOE_DISPATCH(src.device(), ReadSmallToHost, src, dst);
+    return;
+  }
   Stream& stream = DeviceContext::Get(src.device()).compute_stream();
   stream.CopyAsync(dst, src.data(), src.nbytes());
   stream.Synchronize();

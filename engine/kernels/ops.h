@@ -36,7 +36,8 @@ struct AdamWConfig {
 // dst = src, same shape and dtype. Either side may be another device or pinned host memory of
 // the same backend; ordered on the compute stream of the device side.
 void Copy(const Tensor& src, const Tensor& dst);
-// Synchronous transfers between a tensor and ordinary host memory of t.nbytes() bytes.
+// Synchronous transfers between a tensor and ordinary host memory of t.nbytes() bytes. A small
+// device tensor is read through ReadSmallToHost (not on a copy engine).
 void CopyFromHost(const void* src, const Tensor& dst);
 void CopyToHost(const Tensor& src, void* dst);
 

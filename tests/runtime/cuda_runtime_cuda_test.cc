@@ -57,6 +57,35 @@ TEST_F(CudaRuntimeTest, CopiesRoundTripThroughPinnedMemory) {
   EXPECT_EQ(back, values);
 }
 
+// Small reads (routing offsets before each grouped GEMM) must not wait for a large transfer on a
+// copy stream, as one layer's offload copy would make them: the read returns, correct, while a
+// 1 GiB device-to-host copy (about 20 ms) is still in flight.
+TEST_F(CudaRuntimeTest, SmallReadsDoNotQueueBehindCopyStreamTransfers) {
+  DeviceContext& context = DeviceContext::Get(Device::CUDA(0));
+  const int64_t big = int64_t{1} << 30;
+  Tensor device = Tensor::Empty({big}, DType::kU8, Device::CUDA(0));
+  Tensor pinned = Tensor::Empty({big}, DType::kU8, Device::CUDA(0), MemorySpace::kPinnedHost);
+  Tensor words = Tensor::Empty({129}, DType::kI32, Device::CUDA(0));
+  Tensor halves = Tensor::Empty({5}, DType::kBF16, Device::CUDA(0));
+  ops::Fill(words, 7.0f);
+  ops::Fill(halves, 1.5f);
+  context.compute_stream().Synchronize();
+
+  auto side = context.CreateSideStream();
+  side->CopyAsync(pinned.data(), device.data(), device.nbytes());
+  auto copied = side->CreateEvent(false);
+  copied->Record(*side);
+  ops::Fill(words, 3.0f);  // ordered before the read on the compute stream
+  std::vector<int32_t> got(129);
+  ops::CopyToHost(words, got.data());
+  uint16_t odd[3];  // an odd byte count at an odd element: the byte path
+  ops::CopyToHost(halves.Rows(1, 4), odd);
+  EXPECT_FALSE(copied->Query()) << "the small read waited for the 1 GiB copy";
+  EXPECT_EQ(got, std::vector<int32_t>(129, 3));
+  for (uint16_t bits : odd) EXPECT_EQ(bits, 0x3fc0) << "bf16 1.5";
+  side->Synchronize();
+}
+
 TEST_F(CudaRuntimeTest, EventsOrderStreamsAndMeasureTime) {
   DeviceContext& context = DeviceContext::Get(Device::CUDA(0));
   auto side = context.CreateSideStream();

@@ -1,4 +1,4 @@
-// CPU elementwise ops and conversions: Fill, Cast, Add, Scale, Axpy.
+// CPU elementwise ops and conversions: Fill, Cast, ReadSmallToHost, Add, Scale, Axpy.
 // Float tensors are f32, except that Fill and Cast also take bf16 (and Fill any integer dtype).
 // Every op treats its tensors as contiguous from data(), so row views work; outputs may alias
 // inputs where op_declarations.inc allows it.
@@ -50,6 +50,9 @@ void Cast(const Tensor& src, const Tensor& dst) {
     for (int64_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
   }
 }
+
+// The compute stream runs inline, so src is final: a plain copy.
+void ReadSmallToHost(const Tensor& src, void* dst) { std::memcpy(dst, src.data(), src.nbytes()); }
 
 void Add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const float* pa = a.data<float>();

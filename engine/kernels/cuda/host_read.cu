@@ -1,0 +1,63 @@
+// CUDA ReadSmallToHost (contract: engine/kernels/op_declarations.inc). Each device has a mapped
+// pinned buffer of kSmallReadBytes, made on first use and kept for the life of the process (like
+// the cuBLAS handles). A one-block kernel on the compute stream stores src into it; the host
+// waits for the compute stream and copies the bytes out. The stores cross the bus from the SMs,
+// not through a copy engine, so the read never queues behind large transfers on other streams
+// (the offload copies: one layer's activations take milliseconds to leave the device). A mutex
+// serialises readers of one device, who share its buffer.
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+
+namespace moe::cuda {
+namespace {
+
+template <typename Word>
+__global__ void StoreWords(const Word* src, Word* mapped, int64_t count) {
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) mapped[i] = src[i];
+}
+
+struct ReadBuffer {
+  std::mutex mutex;
+  void* host = nullptr;
+};
+
+ReadBuffer& ReadBufferOf(Device device) {
+  static std::mutex mutex;
+  static auto* buffers = new std::map<int, ReadBuffer>();  // never freed, like the contexts
+  DeviceContext::Get(device);                              // makes the device current
+  std::lock_guard<std::mutex> lock(mutex);
+  ReadBuffer& buffer = (*buffers)[device.index];
+  if (buffer.host == nullptr) {
+    CUDA_CALL(cudaHostAlloc(&buffer.host, kSmallReadBytes, cudaHostAllocMapped));
+  }
+  return buffer;
+}
+
+}  // namespace
+
+void ReadSmallToHost(const Tensor& src, void* dst) {
+  const size_t bytes = src.nbytes();
+  CHECK_LE(bytes, kSmallReadBytes) << "ReadSmallToHost: " << src.DebugString();
+  if (bytes == 0) return;
+  ReadBuffer& buffer = ReadBufferOf(src.device());
+  std::lock_guard<std::mutex> lock(buffer.mutex);
+  void* mapped = nullptr;
+  CUDA_CALL(cudaHostGetDevicePointer(&mapped, buffer.host, 0));
+  const cudaStream_t stream = StreamOf(src);
+  if (bytes % 4 == 0 && reinterpret_cast<uintptr_t>(src.data()) % 4 == 0) {
+    StoreWords<<<1, 256, 0, stream>>>(static_cast<const uint32_t*>(src.data()),
+                                      static_cast<uint32_t*>(mapped), bytes / 4);
+  } else {
+    StoreWords<<<1, 256, 0, stream>>>(static_cast<const uint8_t*>(src.data()),
+                                      static_cast<uint8_t*>(mapped), bytes);
+  }
+  CUDA_CHECK_LAUNCH();
+  CUDA_CALL(cudaStreamSynchronize(stream));
+  std::memcpy(dst, buffer.host, bytes);
+}
+
+}  // namespace moe::cuda
