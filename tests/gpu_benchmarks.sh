@@ -23,7 +23,7 @@ fi
 
 if [[ $sections == *offload* ]]; then
 echo "== offload: the 8-layer Qwen3-30B-A3B-shaped model, one micro-batch of 4096 tokens per step"
-common="--flagfile=configs/qwen3_moe_8layer.flags --train_steps=12 --warmup_steps=2 --log_interval=4"
+common="--flagfile=configs/qwen3_moe_8layer.flags --train_steps=24 --warmup_steps=2 --log_interval=8"
 run() {  # name, extra flags
   local log=/tmp/offload_run.log
   timeout 150 "$bin/moe_train" $common $2 > $log 2>&1

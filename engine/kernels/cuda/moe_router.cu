@@ -1,6 +1,7 @@
 // CUDA MoE router ops (contracts in op_declarations.inc). These tensors are small
-// ((tokens, experts) f32 and (tokens * topk) indices), so the kernels are simple; every
-// reduction runs in one block in a fixed order, so results are bit-identical run to run.
+// ((tokens, experts) f32 and (tokens * topk) indices), so the kernels are simple. The two losses
+// reduce in two fixed-order stages (per expert column or per token, then one block over those
+// partial sums), so results are bit-identical run to run.
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
@@ -38,19 +39,22 @@ __global__ void NormalizeRowsBackwardKernel(const float* dy, const float* x, flo
   }
 }
 
-__global__ void LoadBalancingLossForwardKernel(const float* probs, const int32_t* offsets,
-                                               int64_t tokens, int64_t experts, int64_t topk,
-                                               float* loss) {
+// One block per expert e: weighted[e] = count_e * sum_t probs[t, e].
+__global__ void WeightedColumnSumsKernel(const float* probs, const int32_t* offsets, int64_t tokens,
+                                         int64_t experts, float* weighted) {
+  const int64_t e = blockIdx.x;
+  double column = 0;
+  for (int64_t t = threadIdx.x; t < tokens; t += blockDim.x) column += probs[t * experts + e];
+  column = BlockSum(column);
+  if (threadIdx.x == 0) weighted[e] = static_cast<float>((offsets[e + 1] - offsets[e]) * column);
+}
+
+// out[0] = scale * sum of values[0, n), in one block.
+__global__ void ScaledSumKernel(const float* values, int64_t n, double scale, float* out) {
   double total = 0;
-  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
-    double column = 0;
-    for (int64_t t = 0; t < tokens; ++t) column += probs[t * experts + e];
-    total += static_cast<double>(offsets[e + 1] - offsets[e]) * column;
-  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) total += values[i];
   total = BlockSum(total);
-  if (threadIdx.x == 0) {
-    loss[0] = static_cast<float>(total * experts / (static_cast<double>(tokens) * tokens * topk));
-  }
+  if (threadIdx.x == 0) out[0] = static_cast<float>(total * scale);
 }
 
 __global__ void LoadBalancingLossBackwardKernel(const int32_t* offsets, int64_t tokens,
@@ -65,15 +69,12 @@ __global__ void LoadBalancingLossBackwardKernel(const int32_t* offsets, int64_t 
   }
 }
 
-__global__ void ZLossForwardKernel(const float* logits, int64_t tokens, int64_t experts,
-                                   float* loss) {
-  double total = 0;
-  for (int64_t t = threadIdx.x; t < tokens; t += blockDim.x) {
-    const double lse = RowLogSumExp(logits + t * experts, experts);
-    total += lse * lse;
+__global__ void SquaredLogSumExpKernel(const float* logits, int64_t tokens, int64_t experts,
+                                       float* squares) {
+  for (int64_t t = blockIdx.x * blockDim.x + threadIdx.x; t < tokens; t += gridDim.x * blockDim.x) {
+    const float lse = RowLogSumExp(logits + t * experts, experts);
+    squares[t] = lse * lse;
   }
-  total = BlockSum(total);
-  if (threadIdx.x == 0) loss[0] = static_cast<float>(total / tokens);
 }
 
 __global__ void ZLossBackwardKernel(const float* logits, int64_t tokens, int64_t experts,
@@ -111,9 +112,14 @@ void NormalizeRowsBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) 
 
 void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_t topk,
                               const Tensor& loss) {
-  LoadBalancingLossForwardKernel<<<1, kThreads, 0, StreamOf(probs)>>>(
-      probs.data<float>(), offsets.data<int32_t>(), probs.dim(0), probs.dim(1), topk,
-      loss.data<float>());
+  const int64_t tokens = probs.dim(0), experts = probs.dim(1);
+  Tensor weighted = Tensor::Empty({experts}, DType::kF32, probs.device());
+  WeightedColumnSumsKernel<<<static_cast<int>(experts), kThreads, 0, StreamOf(probs)>>>(
+      probs.data<float>(), offsets.data<int32_t>(), tokens, experts, weighted.data<float>());
+  CUDA_CHECK_LAUNCH();
+  const double scale = static_cast<double>(experts) / (static_cast<double>(tokens) * tokens * topk);
+  ScaledSumKernel<<<1, kThreads, 0, StreamOf(probs)>>>(weighted.data<float>(), experts, scale,
+                                                       loss.data<float>());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -125,8 +131,14 @@ void LoadBalancingLossBackward(const Tensor& offsets, int64_t topk, float grad,
 }
 
 void ZLossForward(const Tensor& logits, const Tensor& loss) {
-  ZLossForwardKernel<<<1, kThreads, 0, StreamOf(logits)>>>(logits.data<float>(), logits.dim(0),
-                                                           logits.dim(1), loss.data<float>());
+  const int64_t tokens = logits.dim(0);
+  Tensor squares = Tensor::Empty({tokens}, DType::kF32, logits.device());
+  SquaredLogSumExpKernel<<<Blocks(tokens), kThreads, 0, StreamOf(logits)>>>(
+      logits.data<float>(), tokens, logits.dim(1), squares.data<float>());
+  CUDA_CHECK_LAUNCH();
+  ScaledSumKernel<<<1, kThreads, 0, StreamOf(logits)>>>(squares.data<float>(), tokens,
+                                                        1.0 / static_cast<double>(tokens),
+                                                        loss.data<float>());
   CUDA_CHECK_LAUNCH();
 }
 
