@@ -1,7 +1,12 @@
-// Offloading on the whole model (CPU backend, where the copy streams are worker threads):
-// losses and every gradient bit-identical to no offloading, from the first step and with slow
-// copy streams; device peak memory lower by the bytes moved; exactly the selected groups' tensors
-// move; evaluation between steps changes nothing; pinned memory does not grow.
+// Offloading on the whole model: losses and every gradient bit-identical to no offloading, from
+// the first step and with slow copy streams; device peak memory lower by the bytes moved; exactly
+// the selected groups' tensors move; evaluation between steps changes nothing; pinned memory does
+// not grow.
+//
+// One source, two binaries (tests/CMakeLists.txt): offload_model_test on the CPU backend, where
+// the copy streams are worker threads slowed down by the test latency knob, and with
+// MOE_TEST_ON_CUDA offload_model_cuda_test on a GPU (bf16 activations; real copy engines, the knob
+// has no effect there).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,9 +25,22 @@
 namespace moe {
 namespace {
 
-const Device kCpu = Device::CPU();
+#if MOE_TEST_ON_CUDA
+const Device kDevice = Device::CUDA(0);
+constexpr DType kCompute = DType::kBF16;
+#else
+const Device kDevice = Device::CPU();
+constexpr DType kCompute = DType::kF32;
+#endif
 
-class LatencyKnob {  // the test-only CPU copy latency, for one scope
+// The shared tiny model; on CUDA with head dim 64, as the CUDA attention kernels take.
+GptConfig TestModel() {
+  GptConfig c = testing::TinyModel();
+  if (kDevice.is_cuda()) c.hidden_size = 256;
+  return c;
+}
+
+class LatencyKnob {  // the test-only CPU copy latency, for one scope (CPU streams only)
  public:
   explicit LatencyKnob(std::chrono::microseconds latency) { SetCpuCopyLatencyForTesting(latency); }
   ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
@@ -62,7 +80,7 @@ std::unique_ptr<TokenSource> Synthetic(int64_t vocab) {
 
 std::unique_ptr<Trainer> NewTrainer(const GptConfig& config, const TrainerOptions& options,
                                     const TokenSource* source) {
-  return std::move(Trainer::Create(config, options, kCpu, source)).value();
+  return std::move(Trainer::Create(config, options, kDevice, source)).value();
 }
 
 std::vector<uint32_t> Bits(const Tensor& t) {
@@ -82,8 +100,8 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
   for (auto& v : ids) v = token(rng);
   for (auto& v : targets) v = token(rng);
   SavedTensors saved(true, manager);
-  const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, kCpu),
-                                             testing::FromInts(targets, {tokens}, kCpu));
+  const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, kDevice),
+                                             testing::FromInts(targets, {tokens}, kDevice));
   model.Backward(saved, Tensor(), 1.0f / static_cast<float>(tokens), 1.0f);
   EXPECT_TRUE(saved.empty());
   return testing::ToFloats(result.loss_sum)[0];
@@ -93,15 +111,15 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
 // copy streams slowed down so that a missing wait reads a buffer before its copy has landed.
 TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
   LatencyKnob knob(std::chrono::microseconds(1500));
-  const GptConfig config = testing::TinyModel();
-  ParameterSet reference_parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
-  ParameterSet offload_parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
+  const GptConfig config = TestModel();
+  ParameterSet reference_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
+  ParameterSet offload_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
   GptModel reference(config, reference_parameters);
   GptModel offloaded(config, offload_parameters);
   for (int prefetch : {0, 1}) {
     OffloadOptions options = Options(UnfusedGroups());
     options.prefetch_layers = prefetch;
-    OffloadManager manager(kCpu, options);
+    OffloadManager manager(kDevice, options);
     for (uint32_t step = 0; step < 3; ++step) {
       reference_parameters.ZeroGrads();
       offload_parameters.ZeroGrads();
@@ -129,9 +147,9 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
   OffloadOptions half = Options(UnfusedGroups());
   half.fraction = 0.5;
   half.prefetch_layers = 0;
-  auto reference = NewTrainer(testing::TinyModel(), SmallOptions(), source.get());
-  auto all = NewTrainer(testing::TinyModel(), SmallOptions(Options(UnfusedGroups())), source.get());
-  auto some = NewTrainer(testing::TinyModel(), SmallOptions(half), source.get());
+  auto reference = NewTrainer(TestModel(), SmallOptions(), source.get());
+  auto all = NewTrainer(TestModel(), SmallOptions(Options(UnfusedGroups())), source.get());
+  auto some = NewTrainer(TestModel(), SmallOptions(half), source.get());
   for (int step = 0; step < 3; ++step) {
     const StepStats want = reference->TrainStep();
     for (Trainer* trainer : {all.get(), some.get()}) {
@@ -152,9 +170,9 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
 
 // The keys moved by one configuration, in the warm-up step and the next one (the same).
 std::set<std::string> MovedKeys(const std::set<std::string>& groups, int64_t min_bytes = 0) {
-  ParameterSet parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
-  GptModel model(testing::TinyModel(), parameters);
-  OffloadManager manager(kCpu, Options(groups, min_bytes));
+  ParameterSet parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
+  GptModel model(TestModel(), parameters);
+  OffloadManager manager(kDevice, Options(groups, min_bytes));
   std::set<std::string> first;
   for (uint32_t step = 0; step < 2; ++step) {
     MicroBatch(model, step, &manager);
@@ -203,8 +221,8 @@ TEST(OffloadModelTest, ExactlyTheSelectedGroupsMove) {
 }
 
 TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
-  ParameterSet parameters(kCpu, DType::kF32, 7, /*optimizer_state=*/false);
-  GptModel model(testing::TinyModel(), parameters);
+  ParameterSet parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
+  GptModel model(TestModel(), parameters);
   struct Recorder final : SavedTensorHooks {
     std::set<std::string> names;
     void OnCommit(SavedTensors&, const SavedGroup& group) override { names.insert(group.name); }
@@ -214,7 +232,7 @@ TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
     // Forward only through the recorder (no backward needed to see the commits).
     SavedTensors saved(true, &recorder);
     const int64_t tokens = model.config().seq_length;
-    const Tensor ids = testing::FromInts(std::vector<int32_t>(tokens, 1), {tokens}, kCpu);
+    const Tensor ids = testing::FromInts(std::vector<int32_t>(tokens, 1), {tokens}, kDevice);
     model.Forward(saved, ids, ids);
   }
   std::set<std::string> known(OffloadGroupNames().begin(), OffloadGroupNames().end());
@@ -225,8 +243,8 @@ TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
 // Device peak memory falls by the bytes the manager reports as moved. Half of the groups, the
 // earliest, are offloaded (as the policy does), so their reloads come back only after the last
 // layers' activations are gone and the peak stays where it was. (The margin covers the caching
-// allocator handing out a cached block up to twice a request: blocks pending on a copy stream
-// change which one a request gets.)
+// allocator handing out a cached block up to 1/8 larger than a request: blocks pending on a copy
+// stream change which one a request gets.)
 TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
   GptConfig config;
   config.num_layers = 6;
@@ -249,7 +267,7 @@ TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
   options.offload = offload;
   auto offloaded = NewTrainer(config, options, source.get());
 
-  CachingAllocator& allocator = DeviceContext::Get(kCpu).allocator();
+  CachingAllocator& allocator = DeviceContext::Get(kDevice).allocator();
   auto step_peak = [&](Trainer& trainer, StepStats* stats) {
     const int64_t before = allocator.stats().allocated_bytes;
     allocator.ResetPeakStats();
@@ -263,7 +281,7 @@ TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
     EXPECT_EQ(plain_stats.loss, offload_stats.loss);
     if (step == 0) continue;
     const int64_t moved = offload_stats.offload.offloaded_bytes;
-    EXPECT_GT(moved, 8 << 20) << "too small to be meaningful";
+    EXPECT_GT(moved, 4 << 20) << "too small to be meaningful";
     const double saved = static_cast<double>(plain_peak - offload_peak);
     EXPECT_NEAR(saved, static_cast<double>(moved), std::max(0.1 * moved, 1024.0 * 1024.0))
         << "peak without " << plain_peak << ", with " << offload_peak << ", moved " << moved;
@@ -281,8 +299,8 @@ TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
 TEST(OffloadModelTest, EvaluationBetweenStepsChangesNothing) {
   auto source = Synthetic(64);
   const TrainerOptions options = SmallOptions(Options(UnfusedGroups()));
-  auto a = NewTrainer(testing::TinyModel(), options, source.get());
-  auto b = NewTrainer(testing::TinyModel(), options, source.get());
+  auto a = NewTrainer(TestModel(), options, source.get());
+  auto b = NewTrainer(TestModel(), options, source.get());
   a->Evaluate();  // before the warm-up step too
   for (int step = 0; step < 3; ++step) {
     const StepStats sa = a->TrainStep();
@@ -299,15 +317,15 @@ TEST(OffloadModelTest, EvaluationBetweenStepsChangesNothing) {
 }
 
 TEST(OffloadModelTest, PinnedAndDeviceMemoryDoNotGrowOver50Steps) {
-  GptConfig config = testing::TinyModel();
+  GptConfig config = TestModel();
   config.num_layers = 2;
   config.seq_length = 8;
   auto source = Synthetic(64);
   TrainerOptions options = SmallOptions(Options(UnfusedGroups()));
   options.global_batch_size = options.micro_batch_size;
   auto trainer = NewTrainer(config, options, source.get());
-  PinnedHostPool& pool = DeviceContext::Get(kCpu).pinned_pool();
-  CachingAllocator& allocator = DeviceContext::Get(kCpu).allocator();
+  PinnedHostPool& pool = DeviceContext::Get(kDevice).pinned_pool();
+  CachingAllocator& allocator = DeviceContext::Get(kDevice).allocator();
   const PinnedPoolStats before = pool.stats();
   PinnedPoolStats after_warm_up;
   int64_t device_after_warm_up = 0, offloaded = 0;
