@@ -188,30 +188,44 @@ StepStats Trainer::TrainStep() {
 
 std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRank() const {
   CHECK(offload_ != nullptr && offload_->policy_fixed()) << "no offload policy yet";
-  // One slot of kFields per (rank, group name), filled by its rank and summed over the group.
-  constexpr int kFields = 5;
+  // One slot of kFields per (rank, group name), filled by its rank and summed over the group:
+  // the row's place in that rank's table (1-based; 0: not listed), then its figures, the bytes
+  // split at 1 MiB so that every field is an integer below 2^24 and exact in f32.
+  constexpr int kFields = 7;
+  constexpr int64_t kMiB = int64_t{1} << 20;
   const std::vector<std::string>& names = OffloadGroupNames();
   const int ranks = GroupSize(pipeline_);
   std::vector<float> values(static_cast<size_t>(ranks) * names.size() * kFields, 0.0f);
-  for (const OffloadGroupSummary& s : offload_->summary()) {
+  const std::vector<OffloadGroupSummary>& own = offload_->summary();
+  for (size_t row = 0; row < own.size(); ++row) {
+    const OffloadGroupSummary& s = own[row];
     const auto name = std::find(names.begin(), names.end(), s.name);
     CHECK(name != names.end()) << "unknown offload group " << s.name;
     float* slot = &values[(GroupRank(pipeline_) * names.size() + (name - names.begin())) * kFields];
-    slot[0] = s.candidates;
-    slot[1] = s.offloaded;
-    slot[2] = s.tensors;
-    slot[3] = s.bytes;  // f32 keeps MiB to well under 0.01 below 100 GiB
-    slot[4] = s.skipped;
+    const float fields[kFields] = {static_cast<float>(row + 1),
+                                   static_cast<float>(s.candidates),
+                                   static_cast<float>(s.offloaded),
+                                   static_cast<float>(s.tensors),
+                                   static_cast<float>(s.bytes / kMiB),
+                                   static_cast<float>(s.bytes % kMiB),
+                                   static_cast<float>(s.skipped)};
+    std::copy_n(fields, kFields, slot);
   }
   SumOver(pipeline_, values);
   std::vector<std::vector<OffloadGroupSummary>> by_rank(ranks);
   for (int rank = 0; rank < ranks; ++rank) {
+    std::vector<OffloadGroupSummary>& rows = by_rank[rank];
     for (size_t i = 0; i < names.size(); ++i) {
       const float* slot = &values[(rank * names.size() + i) * kFields];
-      if (slot[0] == 0) continue;  // no candidates of this name on that rank
-      by_rank[rank].push_back({names[i], static_cast<int>(slot[0]), static_cast<int>(slot[1]),
-                               std::llround(slot[2]), std::llround(slot[3]),
-                               std::llround(slot[4])});
+      const auto row = static_cast<size_t>(slot[0]);
+      if (row == 0) continue;
+      if (rows.size() < row) rows.resize(row);
+      rows[row - 1] = {names[i],
+                       static_cast<int>(slot[1]),
+                       static_cast<int>(slot[2]),
+                       std::llround(slot[3]),
+                       std::llround(slot[4]) * kMiB + std::llround(slot[5]),
+                       std::llround(slot[6])};
     }
   }
   return by_rank;

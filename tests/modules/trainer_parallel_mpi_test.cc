@@ -77,6 +77,9 @@ struct TrainingRun {
   std::vector<StepStats> steps;
   double validation_loss = 0;
   std::map<std::string, std::vector<float>> weights;  // this rank's, by name
+  // With offloading: this rank's policy table, and every pipeline rank's as gathered for the log.
+  std::vector<OffloadGroupSummary> offload_policy;
+  std::vector<std::vector<OffloadGroupSummary>> offload_policy_by_rank;
 };
 
 TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
@@ -89,6 +92,10 @@ TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
   for (int step = 0; step < kSteps; ++step) run.steps.push_back(trainer.TrainStep());
   run.validation_loss = trainer.Evaluate();
   for (const auto& p : trainer.parameters().all()) run.weights[p->name] = testing::ToFloats(p->master);
+  if (offload) {
+    run.offload_policy = trainer.offload_manager()->summary();
+    run.offload_policy_by_rank = trainer.OffloadPolicyByPipelineRank();  // collective
+  }
   return run;
 }
 
@@ -194,6 +201,21 @@ TEST_F(TrainerParallelTest, EveryLayoutMatchesOneProcess) {
   EXPECT_GE(layouts_run, 3);
 }
 
+void ExpectSameRows(const std::vector<OffloadGroupSummary>& got,
+                    const std::vector<OffloadGroupSummary>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(got[i].candidates, want[i].candidates) << want[i].name;
+    EXPECT_EQ(got[i].offloaded, want[i].offloaded) << want[i].name;
+    EXPECT_EQ(got[i].tensors, want[i].tensors) << want[i].name;
+    EXPECT_EQ(got[i].bytes, want[i].bytes) << want[i].name;
+    EXPECT_EQ(got[i].skipped, want[i].skipped) << want[i].name;
+  }
+}
+
+// Also: the offload policy table gathered for the log holds every pipeline rank's rows, this
+// rank's exactly as its own manager reports them.
 TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
   const int pipeline = 2;
   const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
@@ -208,6 +230,9 @@ TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
     }
     EXPECT_EQ(on.validation_loss, off.validation_loss);
     EXPECT_EQ(on.weights, off.weights);
+    ASSERT_EQ(on.offload_policy_by_rank.size(), static_cast<size_t>(pipeline));
+    for (const auto& rows : on.offload_policy_by_rank) EXPECT_FALSE(rows.empty());
+    ExpectSameRows(on.offload_policy_by_rank[groups.pipeline->rank()], on.offload_policy);
   }
 }
 
