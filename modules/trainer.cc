@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "engine/dist/gradient_sync.h"
+#include "engine/dist/host_all_reduce.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
@@ -113,15 +114,6 @@ PipelineStepOptions Trainer::StepOptions(bool training) const {
   return step;
 }
 
-void Trainer::SumOver(Communicator* group, std::vector<float>& values) const {
-  if (GroupSize(group) == 1) return;
-  Tensor t = Tensor::Empty({static_cast<int64_t>(values.size())}, DType::kF32, device_);
-  ops::CopyFromHost(values.data(), t);
-  EnqueueBetween(*group, DeviceContext::Get(device_).compute_stream(),
-                 [&] { group->AllReduceSum(t); });
-  ops::CopyToHost(t, values.data());
-}
-
 GptStage Trainer::StageOf(int stage) const {
   const LayerRange& layers = partition_.stage_layers(stage);
   return GptStage{layers.begin, layers.end, partition_.is_first_stage(stage),
@@ -173,8 +165,8 @@ StepStats Trainer::TrainStep() {
   if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
   sums[3 + world_rank] =
       DeviceContext::Get(device_).allocator().stats().peak_allocated_bytes / double(1 << 20);
-  SumOver(pipeline_, sums);
-  SumOver(data_, sums);
+  AllReduceHostValues(pipeline_, sums);
+  AllReduceHostValues(data_, sums);
   if (offload_) stats.offload = offload_->EndStep();
   stats.loss = sums[0] / static_cast<double>(tokens);
   stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
@@ -211,7 +203,7 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
                                    static_cast<float>(s.skipped)};
     std::copy_n(fields, kFields, slot);
   }
-  SumOver(pipeline_, values);
+  AllReduceHostValues(pipeline_, values);
   std::vector<std::vector<OffloadGroupSummary>> by_rank(ranks);
   for (int rank = 0; rank < ranks; ++rank) {
     std::vector<OffloadGroupSummary>& rows = by_rank[rank];
@@ -245,7 +237,7 @@ double Trainer::Evaluate() {
                                                     StepOptions(/*training=*/false));
   std::vector<float> sums(1);
   ops::CopyToHost(totals.loss_sum, sums.data());
-  SumOver(pipeline_, sums);
+  AllReduceHostValues(pipeline_, sums);
   return sums[0] / static_cast<double>(options_.eval_steps * rows * config_.seq_length);
 }
 

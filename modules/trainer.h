@@ -136,8 +136,6 @@ class Trainer {
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
   Microbatch Upload(const std::vector<int32_t>& windows, int64_t rows) const;
   PipelineStepOptions StepOptions(bool training) const;
-  // Sums host values over a group (nullptr: none), e.g. losses over stages or replicas.
-  void SumOver(Communicator* group, std::vector<float>& values) const;
   bool whole_model() const;  // one chunk, first and last stage
   GptStage StageOf(int stage) const;  // of partition_
   nlohmann::json ModelShape() const;

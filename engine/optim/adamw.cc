@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/runtime/device_context.h"
+#include "engine/dist/host_all_reduce.h"
 
 namespace moe {
 
@@ -14,13 +14,9 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
   StepReport report;
   ops::CopyToHost(norm, &report.grad_norm);
   if (model_group != nullptr && model_group->size() > 1) {
-    const float squared = report.grad_norm * report.grad_norm;
-    ops::CopyFromHost(&squared, norm);
-    EnqueueBetween(*model_group, DeviceContext::Get(parameters.device()).compute_stream(),
-                   [&] { model_group->AllReduceSum(norm); });
-    float total = 0;
-    ops::CopyToHost(norm, &total);
-    report.grad_norm = std::sqrt(total);
+    std::vector<float> squared = {report.grad_norm * report.grad_norm};
+    AllReduceHostValues(model_group, squared);
+    report.grad_norm = std::sqrt(squared[0]);
   }
 
   ++step_;
