@@ -69,6 +69,16 @@ std::string Communicator::Describe(const char* operation, const Tensor& tensor) 
          " (" + std::to_string(tensor.nbytes()) + " bytes)";
 }
 
+std::string Communicator::Describe(const std::vector<Transfer>& transfers) {
+  std::string description;
+  for (const Transfer& t : transfers) {
+    if (!description.empty()) description += ", ";
+    description += Describe(t.is_send ? "Send" : "Recv", t.tensor) +
+                   (t.is_send ? " to rank " : " from rank ") + std::to_string(t.peer);
+  }
+  return description;
+}
+
 void Communicator::CheckNotInGroup(const char* operation) const {
   CHECK(!in_group_) << operation << " inside a group: only Send and Recv can be grouped";
 }

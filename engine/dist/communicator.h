@@ -95,6 +95,8 @@ class Communicator {
 
   // E.g. "AllReduceSum of f32[4, 8] (128 bytes)": names an operation in timeout messages.
   static std::string Describe(const char* operation, const Tensor& tensor);
+  // E.g. "Send of f32[4] (16 bytes) to rank 1, Recv of f32[4] (16 bytes) from rank 1".
+  static std::string Describe(const std::vector<Transfer>& transfers);
 
  private:
   void CheckNotInGroup(const char* operation) const;

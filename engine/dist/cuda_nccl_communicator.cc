@@ -90,15 +90,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   void DoTransfers(std::vector<Transfer> transfers) override {
-    std::string description;
-    for (const Transfer& t : transfers) {
-      t.tensor.RecordStream(stream());
-      if (!description.empty()) description += ", ";
-      description += Describe(t.is_send ? "Send" : "Recv", t.tensor) +
-                     (t.is_send ? " to rank " : " from rank ") + std::to_string(t.peer);
-    }
+    for (const Transfer& t : transfers) t.tensor.RecordStream(stream());
     // ncclGroupEnd blocks the host while NCCL connects to a new peer: watched from the start.
-    Watched(std::move(description), [&] {
+    Watched(Describe(transfers), [&] {
       NCCL_CALL(ncclGroupStart());
       for (const Transfer& t : transfers) {
         if (t.is_send) {

@@ -170,13 +170,8 @@ void MpiCommunicator::DoBroadcast(const Tensor& tensor, int root) {
 }
 
 void MpiCommunicator::DoTransfers(std::vector<Transfer> transfers) {
-  std::string description;
-  for (const Transfer& t : transfers) {
-    if (!description.empty()) description += ", ";
-    description += Describe(t.is_send ? "Send" : "Recv", t.tensor) +
-                   (t.is_send ? " to rank " : " from rank ") + std::to_string(t.peer);
-  }
-  Run(description, [this, transfers = std::move(transfers)] {
+  std::string description = Describe(transfers);
+  Run(std::move(description), [this, transfers = std::move(transfers)] {
     Requests requests(comm_);
     for (const Transfer& t : transfers) {
       if (!t.is_send) requests.Recv(t.tensor.data(), t.tensor.nbytes(), t.peer, kTransferTag);
