@@ -246,16 +246,11 @@ TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
 // allocator handing out a cached block up to 1/8 larger than a request: blocks pending on a copy
 // stream change which one a request gets.)
 TEST(OffloadModelTest, DevicePeakMemoryFallsByTheOffloadedBytes) {
-  GptConfig config;
+  GptConfig config = TestModel();  // 4 heads over 2 KV groups, 4 experts, top-2, unfused
   config.num_layers = 6;
   config.first_dense_layers = 0;
   config.hidden_size = 256;
-  config.num_attention_heads = 4;
-  config.num_query_groups = 2;
-  config.num_experts = 4;
-  config.moe_router_topk = 2;
   config.moe_ffn_hidden_size = 256;
-  config.moe_grouped_mlp = GroupedMlpKind::kUnfused;
   config.seq_length = 256;
   config.vocab_size = 256;
   TrainerOptions options = SmallOptions();
