@@ -23,6 +23,7 @@ __global__ void StoreWords(const Word* src, Word* mapped, int64_t count) {
 struct ReadBuffer {
   std::mutex mutex;
   void* host = nullptr;
+  void* mapped = nullptr;  // host's address in the device's address space
 };
 
 ReadBuffer& ReadBufferOf(Device device) {
@@ -33,6 +34,7 @@ ReadBuffer& ReadBufferOf(Device device) {
   ReadBuffer& buffer = (*buffers)[device.index];
   if (buffer.host == nullptr) {
     CUDA_CALL(cudaHostAlloc(&buffer.host, kSmallReadBytes, cudaHostAllocMapped));
+    CUDA_CALL(cudaHostGetDevicePointer(&buffer.mapped, buffer.host, 0));
   }
   return buffer;
 }
@@ -45,15 +47,13 @@ void ReadSmallToHost(const Tensor& src, void* dst) {
   if (bytes == 0) return;
   ReadBuffer& buffer = ReadBufferOf(src.device());
   std::lock_guard<std::mutex> lock(buffer.mutex);
-  void* mapped = nullptr;
-  CUDA_CALL(cudaHostGetDevicePointer(&mapped, buffer.host, 0));
   const cudaStream_t stream = StreamOf(src);
   if (bytes % 4 == 0 && reinterpret_cast<uintptr_t>(src.data()) % 4 == 0) {
     StoreWords<<<1, 256, 0, stream>>>(static_cast<const uint32_t*>(src.data()),
-                                      static_cast<uint32_t*>(mapped), bytes / 4);
+                                      static_cast<uint32_t*>(buffer.mapped), bytes / 4);
   } else {
     StoreWords<<<1, 256, 0, stream>>>(static_cast<const uint8_t*>(src.data()),
-                                      static_cast<uint8_t*>(mapped), bytes);
+                                      static_cast<uint8_t*>(buffer.mapped), bytes);
   }
   CUDA_CHECK_LAUNCH();
   CUDA_CALL(cudaStreamSynchronize(stream));
