@@ -1,0 +1,643 @@
+// Standalone probe of the Hopper grouped GEMMs (engine/kernels/cuda/grouped_gemm_sm90.cuh) on an
+// H100/H200: checks each kernel against per-group cublasGemmEx references and times it beside
+// cuBLAS. Build and run from the repository root (one command each):
+//   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe
+//   /tmp/gg_probe [filter]   (filter: run only the cases whose name contains it, e.g. qwen3)
+//
+// Cases: MoE expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B
+// with one expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like)
+// and a small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully
+// out-of-bounds TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * k:
+//   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
+//   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
+//   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
+//   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
+//   fc1 wgrad     dw1 (E, 2f, h) f32 += dy^T · x   (TMA reduce-add and load-add-store epilogues)
+//   fc2 wgrad     dw2 (E, h, f) f32 += dy^T · a
+// Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does not
+// finish within 20 s, e.g. a pipeline deadlock):
+//   - relative error max|ours - ref| / max|ref| (bf16 y: 1e-2; f32 dw: 1e-3), no non-finite values
+//     (y starts as NaN, so an unwritten row fails);
+//   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
+//   - wgrad: every empty group's dw_g is bit-identical to its initial values.
+// Timing: median of 10 (after one warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours,
+// cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16 -> f32 form), the
+// engine's current wgrad path (widen to f32, TF32 grouped GEMM), and one dense cublasGemmEx of the
+// same FLOPs (one weight matrix: far less weight or dw traffic than the grouped problem).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
+
+namespace {
+
+using moe::cuda::sm90::bf16;
+using moe::cuda::sm90::WeightGradEpilogue;
+
+#define CHECK_CUDA(call)                                                                    \
+  do {                                                                                      \
+    const cudaError_t status_ = (call);                                                     \
+    if (status_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                    \
+                   cudaGetErrorString(status_));                                            \
+      std::exit(2);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_CUBLAS(call)                                                                     \
+  do {                                                                                         \
+    const cublasStatus_t status_ = (call);                                                     \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call,         \
+                   static_cast<int>(status_));                                                 \
+      std::exit(2);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+constexpr int kTimedRuns = 10;
+constexpr int kGuardRows = 256;
+constexpr double kBf16Tolerance = 1e-2;
+constexpr double kF32Tolerance = 1e-3;
+constexpr uint16_t kSentinelBits = 0x7FC1;  // a bf16 NaN
+constexpr double kTimeoutSeconds = 20.0;
+
+// ---------------------------------------------------------------- device helpers
+
+template <typename T>
+struct DeviceArray {
+  T* data = nullptr;
+  size_t count = 0;
+
+  explicit DeviceArray(size_t n) : count(n) {
+    CHECK_CUDA(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)));
+  }
+  ~DeviceArray() { cudaFree(data); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+__device__ float UniformFromHash(uint64_t seed, size_t i) {  // in [-1, 1)
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+__global__ void FillUniformBf16(bf16* out, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = __float2bfloat16(UniformFromHash(seed, i));
+  }
+}
+
+__global__ void FillUniformF32(float* out, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = UniformFromHash(seed, i);
+  }
+}
+
+__global__ void FillBits(uint16_t* out, size_t count, uint16_t bits) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = bits;
+  }
+}
+
+__global__ void Widen(const bf16* in, float* out, size_t count) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
+struct ErrorStats {
+  unsigned int max_error_bits;      // max |ours - ref| as float bits (non-negative: ordered)
+  unsigned int max_reference_bits;  // max |ref|
+  unsigned long long non_finite;    // elements where ours or ref is NaN or Inf
+};
+
+__device__ float ToFloat(float v) { return v; }
+__device__ float ToFloat(bf16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void Compare(const T* ours, const T* reference, size_t count, ErrorStats* stats) {
+  float max_error = 0.0f, max_reference = 0.0f;
+  unsigned long long non_finite = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float a = ToFloat(ours[i]), b = ToFloat(reference[i]);
+    if (!isfinite(a) || !isfinite(b)) {
+      ++non_finite;
+    } else {
+      max_error = fmaxf(max_error, fabsf(a - b));
+      max_reference = fmaxf(max_reference, fabsf(b));
+    }
+  }
+  for (int d = 16; d > 0; d /= 2) {
+    max_error = fmaxf(max_error, __shfl_xor_sync(0xffffffffu, max_error, d));
+    max_reference = fmaxf(max_reference, __shfl_xor_sync(0xffffffffu, max_reference, d));
+    non_finite += __shfl_xor_sync(0xffffffffu, non_finite, d);
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicMax(&stats->max_error_bits, __float_as_uint(max_error));
+    atomicMax(&stats->max_reference_bits, __float_as_uint(max_reference));
+    atomicAdd(&stats->non_finite, non_finite);
+  }
+}
+
+// Elements whose bits differ between a and b.
+template <typename Bits>
+__global__ void CountDifferentBits(const Bits* a, const Bits* b, size_t count,
+                                   unsigned long long* different) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    local += a[i] != b[i];
+  }
+  if (local != 0) atomicAdd(different, local);
+}
+
+__global__ void CountNotBits(const uint16_t* a, size_t count, uint16_t bits,
+                             unsigned long long* different) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    local += a[i] != bits;
+  }
+  if (local != 0) atomicAdd(different, local);
+}
+
+constexpr int kGrid = 2048, kBlock = 256;
+
+// Waits for the device, giving up (exit 3) after kTimeoutSeconds: a deadlocked pipeline must not
+// hang the probe.
+void SyncOrTimeout(const char* what) {
+  cudaEvent_t done;
+  CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CHECK_CUDA(cudaEventRecord(done));
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(done);
+    if (status == cudaSuccess) break;
+    if (status != cudaErrorNotReady) {
+      std::fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(status));
+      std::exit(2);
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kTimeoutSeconds) {
+      std::fprintf(stderr, "FAIL %s: not finished after %.0f s (deadlock?)\n", what,
+                   kTimeoutSeconds);
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CHECK_CUDA(cudaEventDestroy(done));
+}
+
+// Median of kTimedRuns runs of `run` (after one warm-up), in ms.
+double MedianMs(const std::function<void()>& run, const char* what) {
+  run();
+  SyncOrTimeout(what);
+  std::vector<cudaEvent_t> events(2 * kTimedRuns);
+  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < kTimedRuns; ++i) {
+    CHECK_CUDA(cudaEventRecord(events[2 * i]));
+    run();
+    CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  SyncOrTimeout(what);
+  std::vector<double> ms(kTimedRuns);
+  for (int i = 0; i < kTimedRuns; ++i) {
+    float elapsed = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
+    ms[i] = elapsed;
+  }
+  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return (ms[kTimedRuns / 2 - 1] + ms[kTimedRuns / 2]) / 2;
+}
+
+// ---------------------------------------------------------------- cases
+
+struct Model {
+  const char* name;
+  int hidden, experts, top_k, ffn, tokens;
+};
+
+struct Case {
+  std::string name;
+  Model model;
+  std::vector<int32_t> offsets;  // experts + 1
+  int64_t rows() const { return offsets.back(); }
+  int groups() const { return static_cast<int>(offsets.size()) - 1; }
+};
+
+// top_k distinct experts per token, uniformly among those not in `empty`.
+std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> allowed;
+  for (int e = 0; e < m.experts; ++e) {
+    if (std::find(empty.begin(), empty.end(), e) == empty.end()) allowed.push_back(e);
+  }
+  std::vector<int32_t> counts(m.experts, 0);
+  for (int t = 0; t < m.tokens; ++t) {
+    std::vector<int> pool = allowed;
+    for (int j = 0; j < m.top_k; ++j) {
+      std::uniform_int_distribution<int> pick(j, static_cast<int>(pool.size()) - 1);
+      std::swap(pool[j], pool[pick(rng)]);
+      ++counts[pool[j]];
+    }
+  }
+  std::vector<int32_t> offsets(m.experts + 1, 0);
+  for (int e = 0; e < m.experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  return offsets;
+}
+
+std::vector<int32_t> OneExpertRouting(const Model& m, int expert) {
+  std::vector<int32_t> offsets(m.experts + 1, 0);
+  for (int e = expert + 1; e <= m.experts; ++e) offsets[e] = m.tokens * m.top_k;
+  return offsets;
+}
+
+// ---------------------------------------------------------------- checks and report
+
+struct Tally {
+  int passed = 0, failed = 0;
+
+  void Record(bool ok, const std::string& what, const std::string& detail) {
+    (ok ? passed : failed)++;
+    std::printf("    %s  %-34s %s\n", ok ? "PASS" : "FAIL", what.c_str(), detail.c_str());
+  }
+};
+
+template <typename T>
+void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* reference,
+                size_t count, double tolerance) {
+  DeviceArray<ErrorStats> stats(1);
+  CHECK_CUDA(cudaMemset(stats.data, 0, sizeof(ErrorStats)));
+  Compare<<<kGrid, kBlock>>>(ours, reference, count, stats.data);
+  CHECK_CUDA(cudaGetLastError());
+  ErrorStats host;
+  CHECK_CUDA(cudaMemcpy(&host, stats.data, sizeof host, cudaMemcpyDeviceToHost));
+  float max_error, max_reference;
+  std::memcpy(&max_error, &host.max_error_bits, 4);
+  std::memcpy(&max_reference, &host.max_reference_bits, 4);
+  const double relative = max_reference > 0 ? max_error / max_reference : max_error;
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "rel err %.2e (max|ref| %.3g, tol %.0e), non-finite %llu",
+                relative, max_reference, tolerance, host.non_finite);
+  tally.Record(host.non_finite == 0 && relative <= tolerance, what, detail);
+}
+
+unsigned long long ReadCounter(const DeviceArray<unsigned long long>& counter) {
+  unsigned long long host = 0;
+  CHECK_CUDA(cudaMemcpy(&host, counter.data, sizeof host, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+void PrintTime(const char* name, double ms, double flops, double bytes = 0) {
+  std::printf("      %-38s %9.3f ms %8.1f TFLOP/s", name, ms, flops / (ms * 1e-3) / 1e12);
+  if (bytes > 0) std::printf("   dw traffic %6.0f GB/s", bytes / (ms * 1e-3) / 1e9);
+  std::printf("\n");
+}
+
+// ---------------------------------------------------------------- cuBLAS (row-major as
+// column-major transposes, as engine/kernels/cuda/grouped_matmul.cu)
+
+struct Cublas {
+  cublasHandle_t handle;
+  Cublas() { CHECK_CUBLAS(cublasCreate(&handle)); }
+  ~Cublas() { cublasDestroy(handle); }
+};
+
+// One grouped call: problem i computes C_i (m_i, n_i) = op(A_i) op(B_i) + beta C_i column-major.
+struct GroupedCall {
+  std::vector<cublasOperation_t> transa, transb;
+  std::vector<int> m, n, k, lda, ldb, ldc, sizes;
+  std::vector<float> alpha, beta;
+  std::vector<const void*> pointers;  // all A, then all B, then all C
+  std::unique_ptr<DeviceArray<const void*>> device_pointers;
+
+  void Add(cublasOperation_t ta, cublasOperation_t tb, int mm, int nn, int kk, int la, int lb,
+           int lc, float b) {
+    transa.push_back(ta);
+    transb.push_back(tb);
+    m.push_back(mm);
+    n.push_back(nn);
+    k.push_back(kk);
+    lda.push_back(la);
+    ldb.push_back(lb);
+    ldc.push_back(lc);
+    sizes.push_back(1);
+    alpha.push_back(1.0f);
+    beta.push_back(b);
+  }
+
+  // a, b, c: the problems' matrices in the order of Add.
+  void Upload(const std::vector<const void*>& a, const std::vector<const void*>& b,
+              const std::vector<const void*>& c) {
+    pointers = a;
+    pointers.insert(pointers.end(), b.begin(), b.end());
+    pointers.insert(pointers.end(), c.begin(), c.end());
+    device_pointers = std::make_unique<DeviceArray<const void*>>(pointers.size());
+    CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(),
+                          pointers.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  }
+
+  void Run(cublasHandle_t h, cudaDataType_t ab, cudaDataType_t c, cublasComputeType_t compute) {
+    const size_t count = m.size();
+    const void* const* p = device_pointers->data;
+    CHECK_CUBLAS(cublasGemmGroupedBatchedEx(
+        h, transa.data(), transb.data(), m.data(), n.data(), k.data(), alpha.data(), p, ab,
+        lda.data(), p + count, ab, ldb.data(), beta.data(),
+        const_cast<void* const*>(p + 2 * count), c, ldc.data(), static_cast<int>(count),
+        sizes.data(), compute));
+  }
+};
+
+// ---------------------------------------------------------------- the operations
+
+struct Operands {
+  const Case& c;
+  DeviceArray<int32_t> offsets;
+  Operands(const Case& cs) : c(cs), offsets(cs.offsets.size()) {
+    CHECK_CUDA(cudaMemcpy(offsets.data, cs.offsets.data(), cs.offsets.size() * 4,
+                          cudaMemcpyHostToDevice));
+  }
+};
+
+// y (rows, n) = x (rows, k) · op(w_g), w (groups, n, k) if transpose_w else (groups, k, n).
+void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
+                  int64_t k, bool transpose_w, uint64_t seed) {
+  const Case& c = ops.c;
+  const int64_t rows = c.rows();
+  const int groups = c.groups();
+  std::printf("  %s: y (%lld, %lld) = x (%lld, %lld) . w_g%s, %d groups\n", name,
+              static_cast<long long>(rows), static_cast<long long>(n),
+              static_cast<long long>(rows), static_cast<long long>(k), transpose_w ? "^T" : "",
+              groups);
+  DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * n * k);
+  DeviceArray<bf16> y((rows + kGuardRows) * n), reference(rows * n);
+  FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed);
+  FillUniformBf16<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(y.data), y.count, kSentinelBits);
+  CHECK_CUDA(cudaGetLastError());
+
+  const float one = 1.0f, zero = 0.0f;
+  GroupedCall grouped;
+  std::vector<const void*> pa, pb, pc;
+  for (int g = 0; g < groups; ++g) {
+    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+    if (count == 0) continue;
+    // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
+    const bf16* wg = w.data + static_cast<int64_t>(g) * n * k;
+    CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              CUBLAS_OP_N, n, count, k, &one, wg, CUDA_R_16BF,
+                              transpose_w ? k : n, x.data + begin * k, CUDA_R_16BF, k, &zero,
+                              reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    grouped.Add(transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k,
+                transpose_w ? k : n, k, n, 0.0f);
+    pa.push_back(wg);
+    pb.push_back(x.data + begin * k);
+    pc.push_back(reference.data + begin * n);
+  }
+  const auto ours = [&] {
+    CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows,
+                                                  n, k, transpose_w, y.data, nullptr));
+  };
+  ours();
+  SyncOrTimeout(name);
+  CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, kBf16Tolerance);
+  DeviceArray<unsigned long long> changed(1);
+  CHECK_CUDA(cudaMemset(changed.data, 0, 8));
+  CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(y.data + rows * n),
+                                  kGuardRows * n, kSentinelBits, changed.data);
+  const unsigned long long guard_changed = ReadCounter(changed);
+  tally.Record(guard_changed == 0, std::string(name) + " guard rows",
+               std::to_string(guard_changed) + " elements past the last row written");
+
+  const double flops = 2.0 * rows * n * k;
+  PrintTime("sm90 grouped (ours)", MedianMs(ours, name), flops);
+  if (!grouped.m.empty()) {
+    grouped.Upload(pa, pb, pc);
+    PrintTime("cublasGemmGroupedBatchedEx bf16", MedianMs([&] {
+                grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+              }, name),
+              flops);
+  }
+  PrintTime("dense cublasGemmEx, same FLOPs", MedianMs([&] {
+              CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        CUBLAS_OP_N, n, rows, k, &one, w.data, CUDA_R_16BF,
+                                        transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
+                                        reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+            }, name),
+            flops);
+}
+
+// dw (groups, n, k) f32 += dy_g^T (n, rows_g) · x_g (rows_g, k).
+void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const char* name,
+                     int64_t n, int64_t k, uint64_t seed) {
+  const Case& c = ops.c;
+  const int64_t rows = c.rows();
+  const int groups = c.groups();
+  const size_t dw_count = static_cast<size_t>(groups) * n * k;
+  std::printf("  %s: dw (%d, %lld, %lld) f32 += dy (%lld, %lld)^T . x (%lld, %lld) per group\n",
+              name, groups, static_cast<long long>(n), static_cast<long long>(k),
+              static_cast<long long>(rows), static_cast<long long>(n),
+              static_cast<long long>(rows), static_cast<long long>(k));
+  DeviceArray<bf16> dy(rows * n), x(rows * k);
+  DeviceArray<float> dw(dw_count), reference(dw_count);
+  FillUniformBf16<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
+  FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed + 1);
+  FillUniformF32<<<kGrid, kBlock>>>(reference.data, reference.count, seed + 2);
+  CHECK_CUDA(cudaGetLastError());
+
+  const float one = 1.0f;
+  int nonempty = 0;
+  for (int g = 0; g < groups; ++g) {
+    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+    if (count == 0) continue;
+    ++nonempty;
+    // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
+    CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
+                              x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n,
+                              CUDA_R_16BF, n, &one, reference.data + g * n * k, CUDA_R_32F, k,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  const struct {
+    WeightGradEpilogue epilogue;
+    const char* label;
+  } variants[] = {{WeightGradEpilogue::kTmaReduceAdd, "TMA reduce-add"},
+                  {WeightGradEpilogue::kLoadAddStore, "load-add-store"}};
+  const double flops = 2.0 * rows * n * k;
+  const double dw_bytes = 2.0 * nonempty * n * k * 4;  // read + write of the touched dw_g
+  for (const auto& variant : variants) {
+    FillUniformF32<<<kGrid, kBlock>>>(dw.data, dw.count, seed + 2);
+    CHECK_CUDA(cudaGetLastError());
+    const auto ours = [&] {
+      CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(dy.data, x.data, ops.offsets.data,
+                                                              groups, rows, n, k, dw.data,
+                                                              nullptr, variant.epilogue));
+    };
+    ours();
+    SyncOrTimeout(name);
+    const std::string what = std::string(name) + " dw (" + variant.label + ")";
+    CheckClose(tally, what, dw.data, reference.data, dw_count, kF32Tolerance);
+    DeviceArray<unsigned long long> different(1);
+    CHECK_CUDA(cudaMemset(different.data, 0, 8));
+    int empty = 0;
+    for (int g = 0; g < groups; ++g) {
+      if (c.offsets[g + 1] != c.offsets[g]) continue;
+      ++empty;
+      CountDifferentBits<<<kGrid, kBlock>>>(
+          reinterpret_cast<const uint32_t*>(dw.data + g * n * k),
+          reinterpret_cast<const uint32_t*>(reference.data + g * n * k), n * k, different.data);
+    }
+    if (empty > 0) {
+      const unsigned long long changed = ReadCounter(different);
+      tally.Record(changed == 0, what + " empty groups",
+                   std::to_string(changed) + " elements of " + std::to_string(empty) +
+                       " empty groups changed");
+    }
+    PrintTime((std::string("sm90 grouped (ours), ") + variant.label).c_str(),
+              MedianMs(ours, name), flops, dw_bytes);
+  }
+
+  // Baselines write into `reference` (no longer needed), reinterpreted as their output type.
+  GroupedCall grouped;
+  std::vector<const void*> pa, pb, pc, pa32, pb32, pc32;
+  DeviceArray<float> dy32(rows * n), x32(rows * k);
+  for (int g = 0; g < groups; ++g) {
+    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+    if (count == 0) continue;
+    grouped.Add(CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, k, n, k, 1.0f);
+    pa.push_back(x.data + begin * k);
+    pb.push_back(dy.data + begin * n);
+    pc.push_back(reinterpret_cast<bf16*>(reference.data) + g * n * k);
+    pa32.push_back(x32.data + begin * k);
+    pb32.push_back(dy32.data + begin * n);
+    pc32.push_back(reference.data + g * n * k);
+  }
+  if (!grouped.m.empty()) {
+    grouped.Upload(pa, pb, pc);
+    PrintTime("cublasGemmGroupedBatchedEx bf16 -> bf16", MedianMs([&] {
+                grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+              }, name),
+              flops, dw_bytes / 2);
+    grouped.Upload(pa32, pb32, pc32);
+    PrintTime("engine today: widen + TF32 grouped f32", MedianMs([&] {
+                Widen<<<kGrid, kBlock>>>(dy.data, dy32.data, dy.count);
+                Widen<<<kGrid, kBlock>>>(x.data, x32.data, x.count);
+                grouped.Run(cublas.handle, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32);
+              }, name),
+              flops, dw_bytes);
+  }
+  PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs", MedianMs([&] {
+              CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows, &one,
+                                        x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF, n, &one,
+                                        reference.data, CUDA_R_32F, k, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+            }, name),
+            flops);
+}
+
+void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
+  const Model& m = c.model;
+  int empty = 0, largest = 0;
+  for (int g = 0; g < c.groups(); ++g) {
+    const int count = c.offsets[g + 1] - c.offsets[g];
+    empty += count == 0;
+    largest = std::max(largest, count);
+  }
+  std::printf("\n== %s: hidden %d, %d experts, top-%d, ffn %d, %d tokens -> %lld rows "
+              "(%d empty groups, largest %d)\n",
+              c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn, m.tokens,
+              static_cast<long long>(c.rows()), empty, largest);
+  const Operands ops(c);
+  const int64_t h = m.hidden, f = m.ffn;
+  ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
+  ProbeForward(tally, cublas, ops, "fc2 forward", h, f, true, 21);
+  ProbeForward(tally, cublas, ops, "fc1 dgrad", h, 2 * f, false, 31);
+  ProbeForward(tally, cublas, ops, "fc2 dgrad", f, h, false, 41);
+  ProbeWeightGrad(tally, cublas, ops, "fc1 wgrad", 2 * f, h, 51);
+  ProbeWeightGrad(tally, cublas, ops, "fc2 wgrad", h, f, 61);
+}
+
+void PrintKernelAttributes() {
+  using namespace moe::cuda::sm90::detail;
+  const struct {
+    const char* name;
+    const void* kernel;
+  } kernels[] = {
+      {"GroupedMatmulKernel<transpose_w>", reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
+      {"GroupedMatmulKernel<!transpose_w>",
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
+      {"GroupedWeightGradKernel<TMA reduce>",
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<WeightGradEpilogue::kTmaReduceAdd>)},
+      {"GroupedWeightGradKernel<load-add-store>",
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<WeightGradEpilogue::kLoadAddStore>)},
+  };
+  for (const auto& k : kernels) {
+    cudaFuncAttributes attributes;
+    CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
+    std::printf("  %-42s %3d registers, %zu bytes local\n", k.name, attributes.numRegs,
+                attributes.localSizeBytes);
+  }
+  std::printf("  dynamic shared memory: forward %d, wgrad TMA reduce %d, load-add-store %d bytes\n",
+              kForwardSmemBytes, kWeightGradSmemBytes(WeightGradEpilogue::kTmaReduceAdd),
+              kWeightGradSmemBytes(WeightGradEpilogue::kLoadAddStore));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string filter = argc > 1 ? argv[1] : "";
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+  if (prop.major != 9) {
+    std::fprintf(stderr, "needs an sm_90 GPU (H100/H200)\n");
+    return 2;
+  }
+  PrintKernelAttributes();
+
+  const Model qwen3{"qwen3-30b-a3b", 2048, 128, 8, 768, 4096};
+  const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, 4096};
+  const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, 4096};
+  const Model tails{"tails", 1000, 6, 2, 340, 777};
+  const std::vector<Case> cases = {
+      {"qwen3 random routing, expert 5 empty", qwen3, RandomRouting(qwen3, {5}, 1)},
+      {"qwen3 every row on expert 7", qwen3, OneExpertRouting(qwen3, 7)},
+      {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},
+      {"deepseek random routing", deepseek, RandomRouting(deepseek, {}, 3)},
+      {"tails random routing, expert 2 empty", tails, RandomRouting(tails, {2}, 4)},
+  };
+  Cublas cublas;
+  Tally tally;
+  for (const Case& c : cases) {
+    if (c.name.find(filter) == std::string::npos) continue;
+    ProbeCase(tally, cublas, c);
+  }
+  std::printf("\n%d passed, %d failed\n", tally.passed, tally.failed);
+  return tally.failed == 0 ? 0 : 1;
+}
