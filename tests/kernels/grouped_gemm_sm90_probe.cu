@@ -1,21 +1,24 @@
 // Standalone probe of the Hopper grouped GEMMs (engine/kernels/cuda/grouped_gemm_sm90.cuh) on an
 // H100/H200: checks each kernel against per-group cublasGemmEx references and times it beside
-// cuBLAS. Build and run from the repository root (one command each):
-//   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe
-//   /tmp/gg_probe [filter]   (filter: run only the cases whose name contains it, e.g. qwen3)
+// cuBLAS. Build and run from the repository root (one line; the filter, e.g. qwen3, runs only the
+// cases whose name contains it):
+// clang-format off
+//   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe && /tmp/gg_probe [filter]
+// clang-format on
 //
-// Cases: MoE expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B
-// with one expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like)
-// and a small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully
-// out-of-bounds TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * k:
+// Cases: a tiny one (k 64 or 128, about one 128 x 256 tile per group: the first to debug), MoE
+// expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B with one
+// expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like) and a
+// small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
+// TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
 //   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
 //   fc1 wgrad     dw1 (E, 2f, h) f32 += dy^T · x   (TMA reduce-add and load-add-store epilogues)
 //   fc2 wgrad     dw2 (E, h, f) f32 += dy^T · a
-// Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does not
-// finish within 20 s, e.g. a pipeline deadlock):
+// Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
+// not finish within 20 s, e.g. a pipeline deadlock):
 //   - relative error max|ours - ref| / max|ref| (bf16 y: 1e-2; f32 dw: 1e-3), no non-finite values
 //     (y starts as NaN, so an unwritten row fails);
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
@@ -47,24 +50,24 @@ namespace {
 using moe::cuda::sm90::bf16;
 using moe::cuda::sm90::WeightGradEpilogue;
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    const cudaError_t status_ = (call);                                                     \
-    if (status_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                    \
-                   cudaGetErrorString(status_));                                            \
-      std::exit(2);                                                                         \
-    }                                                                                       \
+#define CHECK_CUDA(call)                                                 \
+  do {                                                                   \
+    const cudaError_t status_ = (call);                                  \
+    if (status_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(status_));                         \
+      std::exit(2);                                                      \
+    }                                                                    \
   } while (0)
 
-#define CHECK_CUBLAS(call)                                                                     \
-  do {                                                                                         \
-    const cublasStatus_t status_ = (call);                                                     \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call,         \
-                   static_cast<int>(status_));                                                 \
-      std::exit(2);                                                                            \
-    }                                                                                          \
+#define CHECK_CUBLAS(call)                                                             \
+  do {                                                                                 \
+    const cublasStatus_t status_ = (call);                                             \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                            \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(status_));                                         \
+      std::exit(2);                                                                    \
+    }                                                                                  \
   } while (0)
 
 constexpr int kTimedRuns = 10;
@@ -157,6 +160,17 @@ __global__ void Compare(const T* ours, const T* reference, size_t count, ErrorSt
     atomicMax(&stats->max_error_bits, __float_as_uint(max_error));
     atomicMax(&stats->max_reference_bits, __float_as_uint(max_reference));
     atomicAdd(&stats->non_finite, non_finite);
+  }
+}
+
+// The smallest index where |ours - ref| exceeds `limit` or either is not finite.
+template <typename T>
+__global__ void FirstMismatch(const T* ours, const T* reference, size_t count, float limit,
+                              unsigned long long* first) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float a = ToFloat(ours[i]), b = ToFloat(reference[i]);
+    if (!(fabsf(a - b) <= limit)) atomicMin(first, static_cast<unsigned long long>(i));
   }
 }
 
@@ -286,9 +300,14 @@ struct Tally {
   }
 };
 
+float HostFloat(float v) { return v; }
+float HostFloat(bf16 v) { return __bfloat162float(v); }
+
+// On a failure, also prints where the first bad element is: (matrix, row, column) of a
+// row-major (matrices, rows, columns) layout.
 template <typename T>
 void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* reference,
-                size_t count, double tolerance) {
+                size_t count, int64_t rows, int64_t columns, double tolerance) {
   DeviceArray<ErrorStats> stats(1);
   CHECK_CUDA(cudaMemset(stats.data, 0, sizeof(ErrorStats)));
   Compare<<<kGrid, kBlock>>>(ours, reference, count, stats.data);
@@ -302,7 +321,22 @@ void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* r
   char detail[160];
   std::snprintf(detail, sizeof detail, "rel err %.2e (max|ref| %.3g, tol %.0e), non-finite %llu",
                 relative, max_reference, tolerance, host.non_finite);
-  tally.Record(host.non_finite == 0 && relative <= tolerance, what, detail);
+  const bool ok = host.non_finite == 0 && relative <= tolerance;
+  tally.Record(ok, what, detail);
+  if (ok) return;
+  DeviceArray<unsigned long long> first(1);
+  CHECK_CUDA(cudaMemset(first.data, 0xFF, 8));
+  FirstMismatch<<<kGrid, kBlock>>>(ours, reference, count,
+                                   static_cast<float>(tolerance) * max_reference, first.data);
+  unsigned long long index = 0;
+  CHECK_CUDA(cudaMemcpy(&index, first.data, 8, cudaMemcpyDeviceToHost));
+  if (index >= count) return;
+  T a, b;
+  CHECK_CUDA(cudaMemcpy(&a, ours + index, sizeof(T), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(&b, reference + index, sizeof(T), cudaMemcpyDeviceToHost));
+  const long long matrix = index / (rows * columns), in_matrix = index % (rows * columns);
+  std::printf("          first bad element: matrix %lld, row %lld, column %lld: ours %g, ref %g\n",
+              matrix, in_matrix / columns, in_matrix % columns, HostFloat(a), HostFloat(b));
 }
 
 unsigned long long ReadCounter(const DeviceArray<unsigned long long>& counter) {
@@ -356,8 +390,8 @@ struct GroupedCall {
     pointers.insert(pointers.end(), b.begin(), b.end());
     pointers.insert(pointers.end(), c.begin(), c.end());
     device_pointers = std::make_unique<DeviceArray<const void*>>(pointers.size());
-    CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(),
-                          pointers.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(), pointers.size() * sizeof(void*),
+                          cudaMemcpyHostToDevice));
   }
 
   void Run(cublasHandle_t h, cudaDataType_t ab, cudaDataType_t c, cublasComputeType_t compute) {
@@ -365,9 +399,8 @@ struct GroupedCall {
     const void* const* p = device_pointers->data;
     CHECK_CUBLAS(cublasGemmGroupedBatchedEx(
         h, transa.data(), transb.data(), m.data(), n.data(), k.data(), alpha.data(), p, ab,
-        lda.data(), p + count, ab, ldb.data(), beta.data(),
-        const_cast<void* const*>(p + 2 * count), c, ldc.data(), static_cast<int>(count),
-        sizes.data(), compute));
+        lda.data(), p + count, ab, ldb.data(), beta.data(), const_cast<void* const*>(p + 2 * count),
+        c, ldc.data(), static_cast<int>(count), sizes.data(), compute));
   }
 };
 
@@ -377,8 +410,8 @@ struct Operands {
   const Case& c;
   DeviceArray<int32_t> offsets;
   Operands(const Case& cs) : c(cs), offsets(cs.offsets.size()) {
-    CHECK_CUDA(cudaMemcpy(offsets.data, cs.offsets.data(), cs.offsets.size() * 4,
-                          cudaMemcpyHostToDevice));
+    CHECK_CUDA(
+        cudaMemcpy(offsets.data, cs.offsets.data(), cs.offsets.size() * 4, cudaMemcpyHostToDevice));
   }
 };
 
@@ -389,9 +422,8 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   const int64_t rows = c.rows();
   const int groups = c.groups();
   std::printf("  %s: y (%lld, %lld) = x (%lld, %lld) . w_g%s, %d groups\n", name,
-              static_cast<long long>(rows), static_cast<long long>(n),
-              static_cast<long long>(rows), static_cast<long long>(k), transpose_w ? "^T" : "",
-              groups);
+              static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
+              static_cast<long long>(k), transpose_w ? "^T" : "", groups);
   DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * n * k);
   DeviceArray<bf16> y((rows + kGuardRows) * n), reference(rows * n);
   FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed);
@@ -407,11 +439,10 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     if (count == 0) continue;
     // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
     const bf16* wg = w.data + static_cast<int64_t>(g) * n * k;
-    CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              CUBLAS_OP_N, n, count, k, &one, wg, CUDA_R_16BF,
-                              transpose_w ? k : n, x.data + begin * k, CUDA_R_16BF, k, &zero,
-                              reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+                              n, count, k, &one, wg, CUDA_R_16BF, transpose_w ? k : n,
+                              x.data + begin * k, CUDA_R_16BF, k, &zero, reference.data + begin * n,
+                              CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     grouped.Add(transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k,
                 transpose_w ? k : n, k, n, 0.0f);
     pa.push_back(wg);
@@ -419,12 +450,13 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     pc.push_back(reference.data + begin * n);
   }
   const auto ours = [&] {
-    CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows,
-                                                  n, k, transpose_w, y.data, nullptr));
+    CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows, n,
+                                                  k, transpose_w, y.data, nullptr));
   };
   ours();
   SyncOrTimeout(name);
-  CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, kBf16Tolerance);
+  CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, rows, n,
+             kBf16Tolerance);
   DeviceArray<unsigned long long> changed(1);
   CHECK_CUDA(cudaMemset(changed.data, 0, 8));
   CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(y.data + rows * n),
@@ -437,32 +469,36 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   PrintTime("sm90 grouped (ours)", MedianMs(ours, name), flops);
   if (!grouped.m.empty()) {
     grouped.Upload(pa, pb, pc);
-    PrintTime("cublasGemmGroupedBatchedEx bf16", MedianMs([&] {
-                grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
-              }, name),
-              flops);
+    PrintTime(
+        "cublasGemmGroupedBatchedEx bf16",
+        MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
+                 name),
+        flops);
   }
-  PrintTime("dense cublasGemmEx, same FLOPs", MedianMs([&] {
-              CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                        CUBLAS_OP_N, n, rows, k, &one, w.data, CUDA_R_16BF,
-                                        transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
-                                        reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
-            }, name),
+  PrintTime("dense cublasGemmEx, same FLOPs",
+            MedianMs(
+                [&] {
+                  CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            CUBLAS_OP_N, n, rows, k, &one, w.data, CUDA_R_16BF,
+                                            transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
+                                            reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+                },
+                name),
             flops);
 }
 
 // dw (groups, n, k) f32 += dy_g^T (n, rows_g) · x_g (rows_g, k).
-void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const char* name,
-                     int64_t n, int64_t k, uint64_t seed) {
+void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
+                     int64_t k, uint64_t seed) {
   const Case& c = ops.c;
   const int64_t rows = c.rows();
   const int groups = c.groups();
   const size_t dw_count = static_cast<size_t>(groups) * n * k;
   std::printf("  %s: dw (%d, %lld, %lld) f32 += dy (%lld, %lld)^T . x (%lld, %lld) per group\n",
               name, groups, static_cast<long long>(n), static_cast<long long>(k),
-              static_cast<long long>(rows), static_cast<long long>(n),
-              static_cast<long long>(rows), static_cast<long long>(k));
+              static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
+              static_cast<long long>(k));
   DeviceArray<bf16> dy(rows * n), x(rows * k);
   DeviceArray<float> dw(dw_count), reference(dw_count);
   FillUniformBf16<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
@@ -478,8 +514,8 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     ++nonempty;
     // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
     CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
-                              x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n,
-                              CUDA_R_16BF, n, &one, reference.data + g * n * k, CUDA_R_32F, k,
+                              x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n, CUDA_R_16BF,
+                              n, &one, reference.data + g * n * k, CUDA_R_32F, k,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -495,13 +531,13 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     CHECK_CUDA(cudaGetLastError());
     const auto ours = [&] {
       CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(dy.data, x.data, ops.offsets.data,
-                                                              groups, rows, n, k, dw.data,
-                                                              nullptr, variant.epilogue));
+                                                              groups, rows, n, k, dw.data, nullptr,
+                                                              variant.epilogue));
     };
     ours();
     SyncOrTimeout(name);
     const std::string what = std::string(name) + " dw (" + variant.label + ")";
-    CheckClose(tally, what, dw.data, reference.data, dw_count, kF32Tolerance);
+    CheckClose(tally, what, dw.data, reference.data, dw_count, n, k, kF32Tolerance);
     DeviceArray<unsigned long long> different(1);
     CHECK_CUDA(cudaMemset(different.data, 0, 8));
     int empty = 0;
@@ -518,8 +554,8 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
                    std::to_string(changed) + " elements of " + std::to_string(empty) +
                        " empty groups changed");
     }
-    PrintTime((std::string("sm90 grouped (ours), ") + variant.label).c_str(),
-              MedianMs(ours, name), flops, dw_bytes);
+    PrintTime((std::string("sm90 grouped (ours), ") + variant.label).c_str(), MedianMs(ours, name),
+              flops, dw_bytes);
   }
 
   // Baselines write into `reference` (no longer needed), reinterpreted as their output type.
@@ -539,24 +575,32 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
   }
   if (!grouped.m.empty()) {
     grouped.Upload(pa, pb, pc);
-    PrintTime("cublasGemmGroupedBatchedEx bf16 -> bf16", MedianMs([&] {
-                grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
-              }, name),
-              flops, dw_bytes / 2);
+    PrintTime(
+        "cublasGemmGroupedBatchedEx bf16 -> bf16",
+        MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
+                 name),
+        flops, dw_bytes / 2);
     grouped.Upload(pa32, pb32, pc32);
-    PrintTime("engine today: widen + TF32 grouped f32", MedianMs([&] {
-                Widen<<<kGrid, kBlock>>>(dy.data, dy32.data, dy.count);
-                Widen<<<kGrid, kBlock>>>(x.data, x32.data, x.count);
-                grouped.Run(cublas.handle, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32);
-              }, name),
+    PrintTime("engine today: widen + TF32 grouped f32",
+              MedianMs(
+                  [&] {
+                    Widen<<<kGrid, kBlock>>>(dy.data, dy32.data, dy.count);
+                    Widen<<<kGrid, kBlock>>>(x.data, x32.data, x.count);
+                    grouped.Run(cublas.handle, CUDA_R_32F, CUDA_R_32F,
+                                CUBLAS_COMPUTE_32F_FAST_TF32);
+                  },
+                  name),
               flops, dw_bytes);
   }
-  PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs", MedianMs([&] {
-              CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows, &one,
-                                        x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF, n, &one,
-                                        reference.data, CUDA_R_32F, k, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
-            }, name),
+  PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs",
+            MedianMs(
+                [&] {
+                  CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows,
+                                            &one, x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF, n,
+                                            &one, reference.data, CUDA_R_32F, k, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+                },
+                name),
             flops);
 }
 
@@ -568,10 +612,11 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
     empty += count == 0;
     largest = std::max(largest, count);
   }
-  std::printf("\n== %s: hidden %d, %d experts, top-%d, ffn %d, %d tokens -> %lld rows "
-              "(%d empty groups, largest %d)\n",
-              c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn, m.tokens,
-              static_cast<long long>(c.rows()), empty, largest);
+  std::printf(
+      "\n== %s: hidden %d, %d experts, top-%d, ffn %d, %d tokens -> %lld rows "
+      "(%d empty groups, largest %d)\n",
+      c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn, m.tokens,
+      static_cast<long long>(c.rows()), empty, largest);
   const Operands ops(c);
   const int64_t h = m.hidden, f = m.ffn;
   ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
@@ -588,7 +633,8 @@ void PrintKernelAttributes() {
     const char* name;
     const void* kernel;
   } kernels[] = {
-      {"GroupedMatmulKernel<transpose_w>", reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
+      {"GroupedMatmulKernel<transpose_w>",
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
       {"GroupedMatmulKernel<!transpose_w>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
       {"GroupedWeightGradKernel<TMA reduce>",
@@ -621,11 +667,13 @@ int main(int argc, char** argv) {
   }
   PrintKernelAttributes();
 
+  const Model tiny{"tiny", 64, 2, 1, 128, 200};
   const Model qwen3{"qwen3-30b-a3b", 2048, 128, 8, 768, 4096};
   const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, 4096};
   const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, 4096};
-  const Model tails{"tails", 1000, 6, 2, 340, 777};
+  const Model tails{"tails", 1000, 6, 2, 344, 777};  // h, 2f, f multiples of 8, not of 64
   const std::vector<Case> cases = {
+      {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},
       {"qwen3 random routing, expert 5 empty", qwen3, RandomRouting(qwen3, {5}, 1)},
       {"qwen3 every row on expert 7", qwen3, OneExpertRouting(qwen3, 7)},
       {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},

@@ -47,10 +47,11 @@
 //   - wgmma descriptor: bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45
 //     stride byte offset >> 4, 49-51 base offset (0: every start has address bits 7-9 zero),
 //     62-63 swizzle (1 = 128B).
-//   - K-major 128B-swizzle canonical layout ((8,m),(8,2)):((8T,SBO),(1,T)) in 16-byte units T:
-//     rows of 64 bf16 (128 B), 8-row groups SBO = 1024 B apart; LBO unused (set to 16 B); the
-//     k-th 16-wide K slice of a 64-wide stage starts 32 k bytes further.
-//   - MN-major 128B-swizzle ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): each K row holds 64 MN
+//   - Canonical layouts in elements, T = 8 bf16 (16 bytes), before the swizzle:
+//     K-major 128B-swizzle ((8,m),(T,2k)):((8T,SBO),(1,T)): rows of 64 bf16 (128 B), 8-row
+//     groups SBO = 1024 B apart; LBO unused (set to 16 B, as CUTLASS does); the k-th 16-wide K
+//     slice of a 64-wide stage starts 32 k bytes further.
+//     MN-major 128B-swizzle ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): each K row holds 64 MN
 //     values (128 B); 8-row groups SBO = 1024 B apart; 64-wide MN blocks LBO apart (one TMA box
 //     of 64 x 64 each: 8192 B); the k-th 16-row K slice starts 2048 k bytes further.
 //     wgmma's imm-trans-a / imm-trans-b = 1 selects MN-major (bf16 allows it), 0 K-major.
@@ -104,7 +105,7 @@ constexpr int kBoxBytes = 64 * kSwizzleRowBytes;  // a 64 x 64 bf16 box: 8 KiB
 constexpr int kStageABytes = kBlockM * kBlockK * 2;
 constexpr int kStageBBytes = kBlockN * kBlockK * 2;
 constexpr int kStageBytes = kStageABytes + kStageBBytes;
-constexpr int kKMajorSliceBytes = kWgmmaK * 2;                 // next 16 K values in a row
+constexpr int kKMajorSliceBytes = kWgmmaK * 2;                  // next 16 K values in a row
 constexpr int kMNMajorSliceBytes = kWgmmaK * kSwizzleRowBytes;  // next 16 K rows
 constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next 8 rows
 
@@ -198,8 +199,8 @@ __device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, 
 
 // TMA: global box (c0, c1, c2) of `map` += shared `src` (element-wise, in L2); joins the
 // thread's current bulk group.
-__device__ __forceinline__ void TmaReduceAdd3d(const CUtensorMap& map, uint32_t src, int c0,
-                                               int c1, int c2) {
+__device__ __forceinline__ void TmaReduceAdd3d(const CUtensorMap& map, uint32_t src, int c0, int c1,
+                                               int c2) {
   asm volatile(
       "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
       " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)),
@@ -381,9 +382,7 @@ struct StageRing {
   }
   __device__ uint32_t A(int stage) const { return SmemAddress(APointer(stage)); }
   __device__ uint32_t B(int stage) const { return SmemAddress(BPointer(stage)); }
-  __device__ StageBarriers Barriers() const {
-    return {SmemAddress(base) + kStages * kStageBytes};
-  }
+  __device__ StageBarriers Barriers() const { return {SmemAddress(base) + kStages * kStageBytes}; }
   // Bytes past the barriers, for the kernel's own use (1024-byte aligned).
   __device__ uint8_t* Extra() const {
     return base + kStages * kStageBytes + ((StageBarriers::kBytes + 1023) & ~1023);
@@ -399,9 +398,8 @@ struct StageRing {
 // group has completed. Every consumer warp arrives once per stage on empty.
 template <int kTransposeA, int kTransposeB, typename ADescriptor, typename BDescriptor>
 __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, bool active,
-                                               const StageBarriers& barriers,
-                                               PipelineState& state, ADescriptor a_descriptor,
-                                               BDescriptor b_descriptor) {
+                                               const StageBarriers& barriers, PipelineState& state,
+                                               ADescriptor a_descriptor, BDescriptor b_descriptor) {
   const bool warp_leader = threadIdx.x % 32 == 0;
   int unreleased = -1;  // the stage whose wgmma group may still be reading it
   for (int kb = 0; kb < k_blocks; ++kb) {
@@ -590,8 +588,8 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int vali
 // warpgroup's thread 0 issues the reduces and waits for a buffer's previous reduce to have read
 // it before the warpgroup refills it (named barrier `barrier_id`).
 __device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUtensorMap& dw_map,
-                                              uint8_t* staging, int barrier_id, int group,
-                                              int row0, int column0) {
+                                              uint8_t* staging, int barrier_id, int group, int row0,
+                                              int column0) {
   const FragmentPosition at;
   const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int row = at.Row();
@@ -604,8 +602,8 @@ __device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUt
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
 #pragma unroll
     for (int j = 0; j < kReduceColumns / 8; ++j) {
-      const int i = chunk * (kReduceColumns / 8) + j;    // accumulator column block
-      const int column = 8 * j + at.Column();            // within the chunk
+      const int i = chunk * (kReduceColumns / 8) + j;  // accumulator column block
+      const int column = 8 * j + at.Column();          // within the chunk
       const int offset = ((column / 4) ^ swizzle) * 16 + column % 4 * 4;
       *reinterpret_cast<float2*>(buffer + row * kSwizzleRowBytes + offset) =
           make_float2(acc[4 * i], acc[4 * i + 1]);
@@ -623,8 +621,8 @@ __device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUt
 
 // dw_g[tile rows, tile columns] += this warpgroup's accumulators, read-add-write by each thread
 // (rows below n, columns below k).
-__device__ __forceinline__ void LoadAddStoreTile(const Accumulators& acc, float* dw_g, int n,
-                                                 int k, int row0, int column0) {
+__device__ __forceinline__ void LoadAddStoreTile(const Accumulators& acc, float* dw_g, int n, int k,
+                                                 int row0, int column0) {
   const FragmentPosition at;
   const int row = row0 + at.Row();
   float* const first = dw_g + static_cast<int64_t>(row) * k;
@@ -740,9 +738,8 @@ template <WeightGradEpilogue kEpilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWeightGradKernel(const __grid_constant__ CUtensorMap dy_map,
                             const __grid_constant__ CUtensorMap x_map,
-                            const __grid_constant__ CUtensorMap dw_map,
-                            const int32_t* offsets, int groups, int rows, int n, int k,
-                            float* dw) {
+                            const __grid_constant__ CUtensorMap dw_map, const int32_t* offsets,
+                            int groups, int rows, int n, int k, float* dw) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
   const StageRing ring(smem_raw);
@@ -775,8 +772,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           MbarrierArriveExpectTx(landing, kStageBytes);
 #pragma unroll
           for (int box = 0; box < kBlockM / 64; ++box) {
-            TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing,
-                      tile.m0 + 64 * box, row);
+            TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing, tile.m0 + 64 * box,
+                      row);
           }
 #pragma unroll
           for (int box = 0; box < kBlockN / 64; ++box) {
@@ -869,10 +866,10 @@ cudaError_t EncodeTensorMap(CUtensorMap* map, CUtensorMapDataType type, const vo
   if (encode == nullptr) return cudaErrorNotSupported;
   uint32_t element_strides[kRank];
   std::fill_n(element_strides, kRank, 1u);
-  const CUresult result = encode(
-      map, type, kRank, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result =
+      encode(map, type, kRank, const_cast<void*>(base), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -908,22 +905,23 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
   CUtensorMap x_map, w_map;
   const uint64_t g = static_cast<uint64_t>(groups);
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
-  cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
-                                          {uk, static_cast<uint64_t>(rows)}, {uk * 2},
-                                          {kBlockK, kBlockM});
+  cudaError_t status =
+      EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
+                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, kBlockM});
   if (status != cudaSuccess) return status;
-  status = transpose_w ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
-                                            {uk, un, g}, {uk * 2, un * uk * 2}, {kBlockK, kBlockN, 1})
-                       : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
-                                            {un, uk, g}, {un * 2, un * uk * 2}, {64, kBlockK, 1});
+  status = transpose_w
+               ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
+                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN, 1})
+               : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
+                                    {un * 2, un * uk * 2}, {64, kBlockK, 1});
   if (status != cudaSuccess) return status;
   const auto kernel = transpose_w ? GroupedMatmulKernel<true> : GroupedMatmulKernel<false>;
-  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                kForwardSmemBytes);
+  status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes);
   if (status != cudaSuccess) return status;
   // Row tiles: sum_g ceil(rows_g / kBlockM) <= (rows + groups (kBlockM - 1)) / kBlockM.
-  const int64_t tiles =
-      (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM * ((n + kBlockN - 1) / kBlockN);
+  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
+                        ((n + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   int grid = 0;
   status = PersistentGrid(tiles, &grid);
@@ -945,15 +943,14 @@ inline cudaError_t GroupedMatmulWeightGradSm90(
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || n == 0 || k == 0) return cudaSuccess;
-  const int64_t tiles = static_cast<int64_t>(groups) * ((n + kBlockM - 1) / kBlockM) *
-                        ((k + kBlockN - 1) / kBlockN);
+  const int64_t tiles =
+      static_cast<int64_t>(groups) * ((n + kBlockM - 1) / kBlockM) * ((k + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   CUtensorMap dy_map, x_map, dw_map;
   const uint64_t ur = static_cast<uint64_t>(rows), un = static_cast<uint64_t>(n),
                  uk = static_cast<uint64_t>(k);
-  cudaError_t status =
-      EncodeTensorMap<2>(&dy_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dy, {un, ur}, {un * 2},
-                         {64, kBlockK});
+  cudaError_t status = EncodeTensorMap<2>(&dy_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dy, {un, ur},
+                                          {un * 2}, {64, kBlockK});
   if (status != cudaSuccess) return status;
   status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur}, {uk * 2},
                               {64, kBlockK});
