@@ -20,7 +20,7 @@
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
 //
 // Design (one CTA per SM, persistent; static round-robin over a linear tile order):
-//   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a kStages-deep ring of
+//   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a 4-deep ring of
 //     shared stages, setmaxnreg 40), warpgroups 1 and 2 consume (setmaxnreg 232): each owns 64
 //     rows of the 128 x 256 C tile and issues m64n256k16 wgmmas, 128 f32 accumulators a thread.
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
@@ -90,7 +90,8 @@ constexpr int kBlockM = 128;  // C rows per tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;  // C columns per tile: one m64n256k16 per consumer and K slice
 constexpr int kBlockK = 64;   // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
-constexpr int kStages = 4;
+constexpr int kForwardStages = 4;     // 4 x 48 KiB, beside the offsets (8 KiB)
+constexpr int kWeightGradStages = 4;  // 4 x 48 KiB, beside the reduce staging (32 KiB)
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
@@ -110,10 +111,13 @@ constexpr int kMNMajorSliceBytes = kWgmmaK * kSwizzleRowBytes;  // next 16 K row
 constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next 8 rows
 
 // Weight-gradient TMA reduce: each consumer adds its 64 x 256 f32 result in chunks of 64 rows x
-// 32 columns (one 128-byte swizzle row of f32 per tile row), through two staging buffers.
+// 32 columns (one 128-byte swizzle row of f32 per tile row), through kReduceBuffers staging
+// buffers; that many chunks' reduces can be in flight while the consumer goes on.
 constexpr int kReduceColumns = 32;
 constexpr int kReduceChunkBytes = 64 * kReduceColumns * 4;  // 8 KiB
 constexpr int kReduceBuffers = 2;
+static_assert((kBlockN / kReduceColumns) % kReduceBuffers == 0,
+              "each tile's first chunk must reuse the buffer of the previous tile's oldest chunk");
 
 static_assert(kBlockK * 2 == kSwizzleRowBytes && kReduceColumns * 4 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
@@ -334,6 +338,7 @@ __device__ __forceinline__ uint64_t MNMajorDescriptor(uint32_t start, int k_slic
 
 // ---------------------------------------------------------------- pipeline
 
+template <int kStages>
 struct PipelineState {
   int stage = 0;
   uint32_t phase = 0;
@@ -348,6 +353,7 @@ struct PipelineState {
 
 // The mbarriers of the stage ring: full[s] (operands landed), empty[s] (consumers done), and
 // landed[s] (weight gradient only: the TMA bytes of a stage the producer still has to mask).
+template <int kStages>
 struct StageBarriers {
   uint32_t base;  // shared address of full[0]; empty and landed follow, kStages each
 
@@ -369,6 +375,7 @@ struct StageBarriers {
 
 // Dynamic shared memory, 1024-byte aligned for the swizzle atoms: stage s's A at
 // A(s), its B at B(s), then the barriers, then what each kernel adds.
+template <int kStages>
 struct StageRing {
   uint8_t* base;
 
@@ -382,13 +389,15 @@ struct StageRing {
   }
   __device__ uint32_t A(int stage) const { return SmemAddress(APointer(stage)); }
   __device__ uint32_t B(int stage) const { return SmemAddress(BPointer(stage)); }
-  __device__ StageBarriers Barriers() const { return {SmemAddress(base) + kStages * kStageBytes}; }
+  __device__ StageBarriers<kStages> Barriers() const {
+    return {SmemAddress(base) + kStages * kStageBytes};
+  }
   // Bytes past the barriers, for the kernel's own use (1024-byte aligned).
   __device__ uint8_t* Extra() const {
-    return base + kStages * kStageBytes + ((StageBarriers::kBytes + 1023) & ~1023);
+    return base + kStages * kStageBytes + ((StageBarriers<kStages>::kBytes + 1023) & ~1023);
   }
   static constexpr int kBytesBeforeExtra =
-      1023 + kStages * kStageBytes + ((StageBarriers::kBytes + 1023) & ~1023);
+      1023 + kStages * kStageBytes + ((StageBarriers<kStages>::kBytes + 1023) & ~1023);
 };
 
 // Consumer side of k_blocks stages: this warpgroup's 64 x 256 accumulators = A · B over them
@@ -396,9 +405,10 @@ struct StageRing {
 // an inactive warpgroup (its rows lie outside C) only releases the stages. Keeps one wgmma
 // group in flight: a stage is released once the group after it has been issued and its own
 // group has completed. Every consumer warp arrives once per stage on empty.
-template <int kTransposeA, int kTransposeB, typename ADescriptor, typename BDescriptor>
+template <int kTransposeA, int kTransposeB, int kStages, typename ADescriptor, typename BDescriptor>
 __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, bool active,
-                                               const StageBarriers& barriers, PipelineState& state,
+                                               const StageBarriers<kStages>& barriers,
+                                               PipelineState<kStages>& state,
                                                ADescriptor a_descriptor, BDescriptor b_descriptor) {
   const bool warp_leader = threadIdx.x % 32 == 0;
   int unreleased = -1;  // the stage whose wgmma group may still be reading it
@@ -584,7 +594,7 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int vali
 }
 
 // dw_g[tile rows, tile columns] += this warpgroup's accumulators via TMA reduce-add, in 64 x 32
-// chunks staged through two 128B-swizzled buffers (`staging`, kReduceBuffers chunks). The
+// chunks staged through kReduceBuffers 128B-swizzled buffers (`staging`). The
 // warpgroup's thread 0 issues the reduces and waits for a buffer's previous reduce to have read
 // it before the warpgroup refills it (named barrier `barrier_id`).
 __device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUtensorMap& dw_map,
@@ -665,8 +675,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                         int groups, int rows, int n, int k, bf16* y) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
-  const StageRing ring(smem_raw);
-  const StageBarriers barriers = ring.Barriers();
+  const StageRing<kForwardStages> ring(smem_raw);
+  const StageBarriers<kForwardStages> barriers = ring.Barriers();
   int* const offsets = reinterpret_cast<int*>(ring.Extra());
   int* const tile_prefix = offsets + kMaxGroups + 1;
   if (threadIdx.x == 0) barriers.Init();
@@ -681,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     PrefetchTensorMap(x_map);
     PrefetchTensorMap(w_map);
-    PipelineState state;
+    PipelineState<kForwardStages> state;
     for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
       const RowTile tile = schedule.Find(t);
       for (int kb = 0; kb < k_blocks; ++kb) {
@@ -710,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Accumulators acc;
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-  PipelineState state;
+  PipelineState<kForwardStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const RowTile tile = schedule.Find(t).WarpUniform();
     const int first_row = tile.row_begin + 64 * consumer;
@@ -742,8 +752,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                             int groups, int rows, int n, int k, float* dw) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
-  const StageRing ring(smem_raw);
-  const StageBarriers barriers = ring.Barriers();
+  const StageRing<kWeightGradStages> ring(smem_raw);
+  const StageBarriers<kWeightGradStages> barriers = ring.Barriers();
   if (threadIdx.x == 0) barriers.Init();
   __syncthreads();
   const int m_tiles = (n + kBlockM - 1) / kBlockM;
@@ -759,8 +769,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       PrefetchTensorMap(dy_map);
       PrefetchTensorMap(x_map);
     }
-    PipelineState state;
+    PipelineState<kWeightGradStages> state;
     uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
+    static_assert(kWeightGradStages <= 32);
     for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
       const WeightGradTile tile = FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles);
       for (int row = tile.row_begin; row < tile.row_end; row += kBlockK) {
@@ -801,7 +812,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Accumulators acc;
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-  PipelineState state;
+  PipelineState<kWeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const WeightGradTile tile =
         FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles).WarpUniform();
@@ -833,11 +844,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host
 
-constexpr int kForwardSmemBytes = StageRing::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
+constexpr int kForwardSmemBytes =
+    StageRing<kForwardStages>::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
 constexpr int kWeightGradSmemBytes(WeightGradEpilogue epilogue) {
-  return StageRing::kBytesBeforeExtra + (epilogue == WeightGradEpilogue::kTmaReduceAdd
-                                             ? kConsumers * kReduceBuffers * kReduceChunkBytes
-                                             : 0);
+  return StageRing<kWeightGradStages>::kBytesBeforeExtra +
+         (epilogue == WeightGradEpilogue::kTmaReduceAdd
+              ? kConsumers * kReduceBuffers * kReduceChunkBytes
+              : 0);
 }
 static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes(WeightGradEpilogue::kTmaReduceAdd) <= 227 * 1024);
