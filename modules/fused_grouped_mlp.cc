@@ -4,38 +4,47 @@
 
 namespace moe {
 
+bool FusedGroupedMlp::NeedsHostOffsets() const {
+  const Tensor& fc1 = fc1_.value;
+  const Tensor& fc2 = fc2_.value;
+  return ops::GroupedMatmulNeedsHostOffsets(fc1.device(), fc1.dtype(), fc1.shape()) ||
+         ops::GroupedMatmulNeedsHostOffsets(fc2.device(), fc2.dtype(), fc2.shape());
+}
+
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                                 const Tensor& weights) {
-  const Tensor host_offsets = HostOffsets(offsets);
-  const std::span<const int32_t> rows = OffsetValues(host_offsets);
+  const Tensor host_offsets = NeedsHostOffsets() ? HostOffsets(offsets) : Tensor();
+  const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
   const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
   const Device device = x.device();
-  saved.Save(name_ + ".offsets", host_offsets);
+  saved.Save(name_ + ".offsets", offsets);
+  if (host_offsets.defined()) saved.Save(name_ + ".host_offsets", host_offsets);
   saved.Save(name_ + ".weights", weights);
 
   ScopedSaveGroup group(saved, "fused_group_mlp", layer_);
   saved.Save(name_ + ".x", x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
-  ops::GroupedMatmul(x, fc1_.value, rows, h, /*transpose_w=*/true);
+  ops::GroupedMatmul(x, fc1_.value, offsets, host_rows, h, /*transpose_w=*/true);
   saved.Save(name_ + ".h", h);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::SwigluForward(h, weights, a);
   saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
-  ops::GroupedMatmul(a, fc2_.value, rows, y, /*transpose_w=*/true);
+  ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
 }
 
 GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy) {
-  const Tensor host_offsets = saved.Load(name_ + ".offsets");
-  const std::span<const int32_t> rows = OffsetValues(host_offsets);
+  const Tensor offsets = saved.Load(name_ + ".offsets");
+  const Tensor host_offsets = NeedsHostOffsets() ? saved.Load(name_ + ".host_offsets") : Tensor();
+  const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
   const Tensor weights = saved.Load(name_ + ".weights");
   const Device device = dy.device();
 
   const Tensor a = saved.Load(name_ + ".a");
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
-  ops::GroupedMatmul(dy, fc2_.value, rows, da, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dy, a, rows, fc2_.grad);
+  ops::GroupedMatmul(dy, fc2_.value, offsets, host_rows, da, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad);
 
   const Tensor h = saved.Load(name_ + ".h");
   Grads grads;
@@ -45,8 +54,8 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
 
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  ops::GroupedMatmul(dh, fc1_.value, rows, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, rows, fc1_.grad);
+  ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
+  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad);
   return grads;
 }
 

@@ -1,11 +1,13 @@
 // The fused grouped MLP (contract in grouped_mlp.h): one grouped GEMM launch over all experts for
 // fc1, SwiGLU x routing probability over all rows, one grouped GEMM for fc2; backward likewise
-// (grouped GEMMs for the input gradients, grouped weight-gradient GEMMs). The expert row ranges
-// are read back to the host once, in forward, and kept for backward.
+// (grouped GEMMs for the input gradients, grouped weight-gradient GEMMs). The grouped GEMMs take
+// the expert row ranges on the device; only where they also need them on the host
+// (ops::GroupedMatmulNeedsHostOffsets) are they read back, once, in forward and kept for
+// backward. Otherwise neither forward nor backward waits for the device.
 // Saves: in group fused_group_mlp (opened at the input, committed after fc2) fc1's input x, the
 // activation input h = fc1(x) and fc2's input a = swiglu(h) * weights. Outside any group (small,
-// never offloaded): the routing weights (rows) f32, which SwiGLU's backward needs, and the host
-// copy of the offsets (a CPU tensor).
+// never offloaded): the routing weights (rows) f32, which SwiGLU's backward needs, the offsets
+// and, where needed, their host copy (a CPU tensor).
 // Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=.
 #pragma once
 
@@ -19,6 +21,10 @@ class FusedGroupedMlp final : public GroupedMlp {
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                  const Tensor& weights) override;
   Grads Backward(SavedTensors& saved, const Tensor& dy) override;
+
+ private:
+  // Whether this layer's grouped GEMMs need host offsets (the same in forward and backward).
+  bool NeedsHostOffsets() const;
 };
 
 }  // namespace moe

@@ -52,7 +52,7 @@ Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert);
 // The offsets array read back to the host (one synchronisation), as a CPU tensor that forward
 // saves so that backward needs no second read-back.
 Tensor HostOffsets(const Tensor& offsets);
-// The values of such a host offsets tensor.
+// The values of such a host offsets tensor (none for an undefined tensor).
 std::span<const int32_t> OffsetValues(const Tensor& host_offsets);
 
 }  // namespace moe

@@ -23,7 +23,9 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   for (int64_t g = 0; g <= s.experts; ++g) {
     offsets[g] = static_cast<int32_t>(g * s.rows / s.experts);
   }
-  const std::span<const int32_t> rows(offsets);
+  const std::span<const int32_t> rows(offsets);  // host copy, for the cuBLAS path
+  const Tensor device_offsets = Tensor::Empty({s.experts + 1}, DType::kI32, device);
+  ops::CopyFromHost(offsets.data(), device_offsets);
   const int64_t f = s.ffn, h = s.hidden;
   const Tensor x = Constant({s.rows, h}, dtype, device, 0.01f);
   const Tensor w1 = Constant({s.experts, 2 * f, h}, dtype, device, 0.01f);
@@ -59,14 +61,17 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
     return OpTime{op, time(body)};
   };
   return {
-      gemm("fc1", 2 * f, h, [&] { ops::GroupedMatmul(x, w1, rows, h1, true); }),
+      gemm("fc1", 2 * f, h, [&] { ops::GroupedMatmul(x, w1, device_offsets, rows, h1, true); }),
       elementwise("swiglu", [&] { ops::SwigluForward(h1, scale, a); }),
-      gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, rows, y, true); }),
-      gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, rows, da, false); }),
-      gemm("fc2 wgrad", h, f, [&] { ops::GroupedMatmulWeightGrad(dy, a, rows, dw2); }),
+      gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, device_offsets, rows, y, true); }),
+      gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, device_offsets, rows, da, false); }),
+      gemm("fc2 wgrad", h, f,
+           [&] { ops::GroupedMatmulWeightGrad(dy, a, device_offsets, rows, dw2); }),
       elementwise("swiglu bwd", [&] { ops::SwigluBackward(da, h1, scale, dh, dscale); }),
-      gemm("fc1 dgrad", h, 2 * f, [&] { ops::GroupedMatmul(dh, w1, rows, dx, false); }),
-      gemm("fc1 wgrad", 2 * f, h, [&] { ops::GroupedMatmulWeightGrad(dh, x, rows, dw1); }),
+      gemm("fc1 dgrad", h, 2 * f,
+           [&] { ops::GroupedMatmul(dh, w1, device_offsets, rows, dx, false); }),
+      gemm("fc1 wgrad", 2 * f, h,
+           [&] { ops::GroupedMatmulWeightGrad(dh, x, device_offsets, rows, dw1); }),
   };
 }
 

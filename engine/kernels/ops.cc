@@ -2,6 +2,7 @@
 // Backends may assume what is checked here.
 #include "engine/kernels/ops.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <span>
 
@@ -157,8 +158,8 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
 
 // ---------------------------------------------------------------- grouped GEMM
 namespace {
-void CheckGroupOffsets(std::span<const int32_t> offsets, int64_t groups, int64_t rows,
-                       const char* what) {
+void CheckGroupOffsetValues(std::span<const int32_t> offsets, int64_t groups, int64_t rows,
+                            const char* what) {
   CHECK_EQ(static_cast<int64_t>(offsets.size()), groups + 1) << what << ": offsets for " << groups
                                                              << " groups";
   CHECK(offsets.front() == 0 && offsets.back() == rows)
@@ -168,11 +169,26 @@ void CheckGroupOffsets(std::span<const int32_t> offsets, int64_t groups, int64_t
     CHECK_LE(offsets[g], offsets[g + 1]) << what << ": offsets decrease after group " << g;
   }
 }
+
+// The offsets tensor's shape and dtype; the values wherever the host can see them: host_offsets
+// when given, and a CPU tensor's own (which host_offsets must then equal). CUDA kernels check
+// device values they read themselves.
+void CheckGroupOffsets(const Tensor& offsets, std::span<const int32_t> host_offsets, int64_t groups,
+                       int64_t rows, const char* what) {
+  CheckShape(offsets, {groups + 1}, what);
+  CheckDType(offsets, DType::kI32, what);
+  if (!host_offsets.empty()) CheckGroupOffsetValues(host_offsets, groups, rows, what);
+  if (offsets.device().is_cuda()) return;
+  const std::span<const int32_t> values(offsets.data<int32_t>(), groups + 1);
+  CheckGroupOffsetValues(values, groups, rows, what);
+  CHECK(host_offsets.empty() || std::ranges::equal(host_offsets, values))
+      << what << ": host offsets differ from the offsets tensor";
+}
 }  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
-                   const Tensor& y, bool transpose_w) {
-  const Device device = CommonDevice({&x, &w, &y});
+void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                   std::span<const int32_t> host_offsets, const Tensor& y, bool transpose_w) {
+  const Device device = CommonDevice({&x, &w, &offsets, &y});
   CHECK(x.ndim() == 2 && w.ndim() == 3 && y.ndim() == 2)
       << "grouped matmul takes x (rows, k), w (groups, ., .), y (rows, n): " << x.DebugString()
       << ", " << w.DebugString() << ", " << y.DebugString();
@@ -184,13 +200,13 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> of
   CheckFloat(x, "grouped matmul input");
   CheckSameDType(x, w, "grouped matmul");
   CheckSameDType(x, y, "grouped matmul");
-  CheckGroupOffsets(offsets, w.dim(0), x.dim(0), "grouped matmul");
-  MOE_DISPATCH(device, GroupedMatmul, x, w, offsets, y, transpose_w);
+  CheckGroupOffsets(offsets, host_offsets, w.dim(0), x.dim(0), "grouped matmul offsets");
+  MOE_DISPATCH(device, GroupedMatmul, x, w, offsets, host_offsets, y, transpose_w);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
-                             const Tensor& dw) {
-  const Device device = CommonDevice({&dy, &x, &dw});
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                             std::span<const int32_t> host_offsets, const Tensor& dw) {
+  const Device device = CommonDevice({&dy, &x, &offsets, &dw});
   CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
       << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
       << dy.DebugString() << ", " << x.DebugString() << ", " << dw.DebugString();
@@ -198,8 +214,19 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const 
   CheckFloat(dy, "grouped weight gradient dy");
   CheckSameDType(dy, x, "grouped weight gradient");
   CheckDType(dw, DType::kF32, "grouped weight gradient dw");
-  CheckGroupOffsets(offsets, dw.dim(0), x.dim(0), "grouped weight gradient");
-  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, dw);
+  CheckGroupOffsets(offsets, host_offsets, dw.dim(0), x.dim(0), "grouped weight gradient offsets");
+  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, host_offsets, dw);
+}
+
+bool GroupedMatmulNeedsHostOffsets(Device device, DType dtype, const Shape& weight_shape) {
+  CHECK_EQ(weight_shape.size(), 3u)
+      << "grouped weights are (groups, r, c), not " << ShapeString(weight_shape);
+  if (!device.is_cuda()) return cpu::GroupedMatmulNeedsHostOffsets(device, dtype, weight_shape);
+#if MOE_WITH_CUDA
+  return cuda::GroupedMatmulNeedsHostOffsets(device, dtype, weight_shape);
+#else
+  LOG(FATAL) << "this build has no CUDA support";
+#endif
 }
 
 // ---------------------------------------------------------------- normalisation

@@ -58,8 +58,8 @@ TEST_F(CpuGradTest, MatmulGradientsAreTransposedMatmuls) {
 
 TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
   // 4 groups over 9 rows, one of them empty.
-  const std::vector<int32_t> offsets = {0, 4, 4, 5, 9};
   const int64_t rows = 9, groups = 4, k = 4, n = 6;
+  const Tensor offsets = Ints({0, 4, 4, 5, 9}, {groups + 1});
   for (bool transpose_w : {false, true}) {
     SCOPED_TRACE(transpose_w ? "y = x w^T" : "y = x w");
     const Shape w_shape = transpose_w ? Shape{groups, n, k} : Shape{groups, k, n};
@@ -67,17 +67,17 @@ TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
     Tensor y = Poisoned({rows, n});
     const std::vector<float> r = ToFloats(dy);
     auto loss = [&] {
-      ops::GroupedMatmul(x, w, offsets, y, transpose_w);
+      ops::GroupedMatmul(x, w, offsets, {}, y, transpose_w);
       return WeightedSum(y, r);
     };
     // dx = dy op(w_g)^T; dw_g += dy_g^T x_g for (n, k) matrices, x_g^T dy_g for (k, n) ones.
     Tensor dx = Poisoned({rows, k}), dw = Random(w_shape);
     const std::vector<float> dw_before = ToFloats(dw);
-    ops::GroupedMatmul(dy, w, offsets, dx, !transpose_w);
+    ops::GroupedMatmul(dy, w, offsets, {}, dx, !transpose_w);
     if (transpose_w) {
-      ops::GroupedMatmulWeightGrad(dy, x, offsets, dw);
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, {}, dw);
     } else {
-      ops::GroupedMatmulWeightGrad(x, dy, offsets, dw);
+      ops::GroupedMatmulWeightGrad(x, dy, offsets, {}, dw);
     }
     ExpectGradient("dx", x, ToFloats(dx), loss);
     ExpectGradient("dw increment", w, Increment(dw, dw_before), loss);

@@ -185,7 +185,7 @@ TEST_F(CpuOpsTest, GroupedMatmulIsAMatmulPerGroup) {
     Tensor x = Random({kGroupedRows, k});
     Tensor w = Random(transpose_w ? Shape{kGroups, n, k} : Shape{kGroups, k, n});
     Tensor y = Poisoned({kGroupedRows, n});
-    ops::GroupedMatmul(x, w, kGroupOffsets, y, transpose_w);
+    ops::GroupedMatmul(x, w, Ints(kGroupOffsets, {kGroups + 1}), {}, y, transpose_w);
     const std::vector<float> hx = ToFloats(x), hw = ToFloats(w);
     std::vector<float> want(kGroupedRows * n);
     for (int64_t row = 0; row < kGroupedRows; ++row) {
@@ -207,7 +207,7 @@ TEST_F(CpuOpsTest, GroupedMatmulWeightGradAccumulatesAndLeavesEmptyGroups) {
   Tensor dy = Random({kGroupedRows, n}), x = Random({kGroupedRows, k});
   Tensor dw = Random({kGroups, n, k});
   const std::vector<float> before = ToFloats(dw), hdy = ToFloats(dy), hx = ToFloats(x);
-  ops::GroupedMatmulWeightGrad(dy, x, kGroupOffsets, dw);
+  ops::GroupedMatmulWeightGrad(dy, x, Ints(kGroupOffsets, {kGroups + 1}), {}, dw);
   std::vector<double> sums(before.begin(), before.end());
   for (int64_t row = 0; row < kGroupedRows; ++row) {
     double* dwg = sums.data() + GroupOfRow(row) * n * k;
@@ -225,6 +225,21 @@ TEST_F(CpuOpsTest, GroupedMatmulWeightGradAccumulatesAndLeavesEmptyGroups) {
                            before.begin() + g * n * k))
         << "empty group " << g << " changed";
   }
+}
+
+TEST_F(CpuOpsTest, GroupedMatmulNeedsNoHostOffsetsAndChecksAnyGiven) {
+  const int64_t k = 5, n = 4;
+  EXPECT_FALSE(ops::GroupedMatmulNeedsHostOffsets(device_, DType::kF32, {kGroups, n, k}));
+  const Tensor offsets = Ints(kGroupOffsets, {kGroups + 1});
+  Tensor x = Random({kGroupedRows, k}), w = Random({kGroups, n, k});
+  Tensor with_host = Poisoned({kGroupedRows, n}), without = Poisoned({kGroupedRows, n});
+  ops::GroupedMatmul(x, w, offsets, kGroupOffsets, with_host, /*transpose_w=*/true);
+  ops::GroupedMatmul(x, w, offsets, {}, without, /*transpose_w=*/true);
+  EXPECT_EQ(ToFloats(with_host), ToFloats(without));
+  std::vector<int32_t> other = kGroupOffsets;
+  other[3] += 1;  // still valid offsets, but not the tensor's
+  EXPECT_DEATH(ops::GroupedMatmul(x, w, offsets, other, without, /*transpose_w=*/true),
+               "host offsets differ");
 }
 
 // ---------------------------------------------------------------- normalisation, softmax

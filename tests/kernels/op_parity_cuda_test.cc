@@ -141,10 +141,11 @@ std::vector<OpCase> Cases() {
     const int64_t rows = 300, groups = 6, k = 72, n = 40;
     Tensor x = r.In({rows, k}), w = r.In({groups, n, k}), dy = r.In({rows, n});
     Tensor y = r.Out({rows, n}), dx = r.Out({rows, k});
-    ops::GroupedMatmul(x, w, offsets, y, /*transpose_w=*/true);
-    ops::GroupedMatmul(dy, w, offsets, dx, /*transpose_w=*/false);
+    const Tensor device_offsets = r.Ints(offsets, {groups + 1});
+    ops::GroupedMatmul(x, w, device_offsets, offsets, y, /*transpose_w=*/true);
+    ops::GroupedMatmul(dy, w, device_offsets, offsets, dx, /*transpose_w=*/false);
     Tensor dw = r.InF32({groups, n, k});  // f32 accumulation: dw_g += dy_g^T x_g
-    ops::GroupedMatmulWeightGrad(dy, x, offsets, dw);
+    ops::GroupedMatmulWeightGrad(dy, x, device_offsets, offsets, dw);
     r.Read("y", y);
     r.Read("dx", dx);
     r.Read("dw", dw);

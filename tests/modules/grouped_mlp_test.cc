@@ -142,7 +142,8 @@ TEST(GroupedMlpTest, EachPathSavesItsOffloadGroups) {
   EXPECT_EQ(unfused.keys, (std::vector<std::string>{"experts.h", "experts.offsets",
                                                     "experts.weights", "experts.x"}));
 
-  // The fused path keeps the routing weights and the host offsets outside its group.
+  // The fused path keeps the routing weights and the offsets outside its group (and no host copy
+  // of them: on the CPU its grouped GEMMs read the offsets tensor itself).
   const PathRun fused = RunPath(GroupedMlpKind::kFused, config, offsets, x, weights, x);
   ASSERT_EQ(fused.groups.size(), 1u);
   ExpectGroup(fused.groups[0], "fused_group_mlp", {"experts.x", "experts.h", "experts.a"});

@@ -1,6 +1,7 @@
 // CPU GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc):
 // the CPU Matmul (Eigen) on each non-empty group's row range, so the results are bit-identical to
-// one Matmul per group. All f32.
+// one Matmul per group. All f32. The offsets tensor is host memory here, read directly: host
+// offsets are never needed (ops.cc has checked that any given equal it).
 #include "engine/kernels/cpu/cpu_ops.h"
 
 namespace moe::cpu {
@@ -11,26 +12,37 @@ Tensor GroupMatrix(const Tensor& stacked, int64_t g) {
   return stacked.Rows(g, g + 1).View({stacked.dim(1), stacked.dim(2)});
 }
 
+std::span<const int32_t> OffsetValues(const Tensor& offsets) {
+  return {offsets.data<int32_t>(), static_cast<size_t>(offsets.numel())};
+}
+
 }  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
-                   const Tensor& y, bool transpose_w) {
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    const int64_t begin = offsets[g], end = offsets[g + 1];
+void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                   std::span<const int32_t> /*host_offsets*/, const Tensor& y, bool transpose_w) {
+  const std::span<const int32_t> rows = OffsetValues(offsets);
+  for (size_t g = 0; g + 1 < rows.size(); ++g) {
+    const int64_t begin = rows[g], end = rows[g + 1];
     if (begin == end) continue;
     Matmul(x.Rows(begin, end), GroupMatrix(w, g), y.Rows(begin, end), /*transpose_a=*/false,
            transpose_w);
   }
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
-                             const Tensor& dw) {
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    const int64_t begin = offsets[g], end = offsets[g + 1];
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                             std::span<const int32_t> /*host_offsets*/, const Tensor& dw) {
+  const std::span<const int32_t> rows = OffsetValues(offsets);
+  for (size_t g = 0; g + 1 < rows.size(); ++g) {
+    const int64_t begin = rows[g], end = rows[g + 1];
     if (begin == end) continue;
     Matmul(dy.Rows(begin, end), x.Rows(begin, end), GroupMatrix(dw, g), /*transpose_a=*/true,
            /*transpose_b=*/false, /*beta=*/1.0f);
   }
+}
+
+bool GroupedMatmulNeedsHostOffsets(Device /*device*/, DType /*dtype*/,
+                                   const Shape& /*weight_shape*/) {
+  return false;
 }
 
 }  // namespace moe::cpu

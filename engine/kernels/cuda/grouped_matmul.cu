@@ -99,6 +99,15 @@ char* ElementAt(const Tensor& t, int64_t index) {
   return static_cast<char*>(t.data()) + index * static_cast<int64_t>(DTypeSize(t.dtype()));
 }
 
+// The cuBLAS path plans from host offsets, which callers give where GroupedMatmulNeedsHostOffsets
+// says so.
+void CheckHostOffsetsGiven(std::span<const int32_t> host_offsets, const Tensor& operand,
+                           const char* what) {
+  CHECK(!host_offsets.empty()) << what << " on " << operand.DebugString()
+                               << " runs on cuBLAS here, which needs host offsets "
+                               << "(ops::GroupedMatmulNeedsHostOffsets)";
+}
+
 void WeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
                 const Tensor& dw, cublasComputeType_t compute) {
   const int64_t n = dy.dim(1), k = x.dim(1);
@@ -116,8 +125,14 @@ void WeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offs
 
 }  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> offsets,
-                   const Tensor& y, bool transpose_w) {
+bool GroupedMatmulNeedsHostOffsets(Device /*device*/, DType /*dtype*/,
+                                   const Shape& /*weight_shape*/) {
+  return true;
+}
+
+void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& /*offsets*/,
+                   std::span<const int32_t> host_offsets, const Tensor& y, bool transpose_w) {
+  CheckHostOffsetsGiven(host_offsets, w, "GroupedMatmul");
   const int64_t k = x.dim(1), n = y.dim(1);
   if (y.numel() == 0) return;
   if (k == 0) {  // empty sums
@@ -125,8 +140,8 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> of
     return;
   }
   std::vector<Problem> problems;
-  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
-    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
+  for (size_t g = 0; g + 1 < host_offsets.size(); ++g) {
+    const int64_t begin = host_offsets[g], rows = host_offsets[g + 1] - begin;
     if (rows == 0) continue;
     // y_g^T (n, rows) = op(w_g)^T (n, k) · x_g^T (k, rows)
     problems.push_back({n, rows, k, ElementAt(w, static_cast<int64_t>(g) * n * k),
@@ -138,18 +153,19 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, std::span<const int32_t> of
              problems);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offsets,
-                             const Tensor& dw) {
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& /*offsets*/,
+                             std::span<const int32_t> host_offsets, const Tensor& dw) {
+  CheckHostOffsetsGiven(host_offsets, dw, "GroupedMatmulWeightGrad");
   if (dw.numel() == 0 || x.dim(0) == 0) return;
   if (x.dtype() == DType::kF32) {
-    WeightGrad(dy, x, offsets, dw, CublasComputeType(DType::kF32));
+    WeightGrad(dy, x, host_offsets, dw, CublasComputeType(DType::kF32));
     return;
   }
   Tensor dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
   Tensor x32 = Tensor::Empty(x.shape(), DType::kF32, x.device());
   Cast(dy, dy32);
   Cast(x, x32);
-  WeightGrad(dy32, x32, offsets, dw, CUBLAS_COMPUTE_32F_FAST_TF32);
+  WeightGrad(dy32, x32, host_offsets, dw, CUBLAS_COMPUTE_32F_FAST_TF32);
 }
 
 }  // namespace moe::cuda
