@@ -1,8 +1,10 @@
-// CUDA GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc)
-// on cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, cuBLAS >= 12.5): one launch for all the
-// non-empty groups, each a cuBLAS group of one problem; groups without rows are left out of the
-// call. Row-major tensors on column-major cuBLAS as in matmul.cu: a row-major (r, c) matrix is a
-// column-major (c, r) one, so problem g computes out_g^T = op(b_g)^T · op(a_g)^T.
+// CUDA GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc).
+// The Hopper kernels (grouped_matmul_sm90.h) take the calls they can: they read the offsets on
+// the device. The rest (other GPUs, f32 operands, shapes they decline) run on cuBLAS's grouped
+// GEMM (cublasGemmGroupedBatchedEx, cuBLAS >= 12.5), planned from the host offsets: one launch
+// for all the non-empty groups, each a cuBLAS group of one problem; groups without rows are left
+// out of the call. Row-major tensors on column-major cuBLAS as in matmul.cu: a row-major (r, c)
+// matrix is a column-major (c, r) one, so problem g computes out_g^T = op(b_g)^T · op(a_g)^T.
 // cuBLAS reads the problems' matrix pointers from device memory: a one-block kernel writes them,
 // passed as its parameters, into a small buffer from the caching allocator on the compute
 // stream, so the host never waits. Sizes, leading dimensions, alpha and beta are host arrays.
@@ -16,6 +18,7 @@
 #include "engine/kernels/cuda/cublas_handle.h"
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/grouped_matmul_sm90.h"
 
 namespace moe::cuda {
 namespace {
@@ -125,13 +128,13 @@ void WeightGrad(const Tensor& dy, const Tensor& x, std::span<const int32_t> offs
 
 }  // namespace
 
-bool GroupedMatmulNeedsHostOffsets(Device /*device*/, DType /*dtype*/,
-                                   const Shape& /*weight_shape*/) {
-  return true;
+bool GroupedMatmulNeedsHostOffsets(Device device, DType dtype, const Shape& weight_shape) {
+  return !Sm90GroupedGemmTakes(device, dtype, weight_shape);
 }
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& /*offsets*/,
+void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
                    std::span<const int32_t> host_offsets, const Tensor& y, bool transpose_w) {
+  if (TryGroupedMatmulSm90(x, w, offsets, y, transpose_w)) return;
   CheckHostOffsetsGiven(host_offsets, w, "GroupedMatmul");
   const int64_t k = x.dim(1), n = y.dim(1);
   if (y.numel() == 0) return;
@@ -153,8 +156,9 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& /*offsets*/,
              problems);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& /*offsets*/,
+void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                              std::span<const int32_t> host_offsets, const Tensor& dw) {
+  if (TryGroupedMatmulWeightGradSm90(dy, x, offsets, dw)) return;
   CheckHostOffsetsGiven(host_offsets, dw, "GroupedMatmulWeightGrad");
   if (dw.numel() == 0 || x.dim(0) == 0) return;
   if (x.dtype() == DType::kF32) {

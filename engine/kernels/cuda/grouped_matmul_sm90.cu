@@ -1,0 +1,56 @@
+// The engine's side of the Hopper grouped GEMMs (contract: grouped_matmul_sm90.h): tensors to
+// the launchers of grouped_gemm_sm90.cuh. When the build has architecture 90,
+// engine/CMakeLists.txt compiles this file for sm_90a alone and defines MOE_SM90A_BUILD;
+// otherwise it is compiled like the rest of the engine, its kernels are traps and take no call.
+#include "engine/kernels/cuda/grouped_matmul_sm90.h"
+
+#include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
+
+#ifndef MOE_SM90A_BUILD
+#define MOE_SM90A_BUILD 0
+#endif
+
+namespace moe::cuda {
+namespace {
+
+// A launcher's status: launched, or declined (cudaErrorInvalidValue: shape or alignment, nothing
+// done). Any other error is fatal.
+bool Launched(cudaError_t status) {
+  if (status == cudaErrorInvalidValue) return false;
+  CUDA_CALL(status);
+  return true;
+}
+
+}  // namespace
+
+bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape) {
+  if (!MOE_SM90A_BUILD || !device.is_cuda() || dtype != DType::kBF16 || weight_shape[0] < 1 ||
+      weight_shape[0] > sm90::kMaxGroups || weight_shape[1] % 8 != 0 || weight_shape[2] % 8 != 0) {
+    return false;
+  }
+  int major = 0, minor = 0;
+  CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
+  CUDA_CALL(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index));
+  return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+}
+
+bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                          bool transpose_w) {
+  if (!Sm90GroupedGemmTakes(x.device(), x.dtype(), w.shape())) return false;
+  const cudaStream_t stream = StreamOf(y);
+  return Launched(sm90::GroupedMatmulSm90(Ptr<bf16>(x), Ptr<bf16>(w), Ptr<int32_t>(offsets),
+                                          static_cast<int>(w.dim(0)), x.dim(0), y.dim(1), x.dim(1),
+                                          transpose_w, Ptr<bf16>(y), stream));
+}
+
+bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw) {
+  if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;
+  const cudaStream_t stream = StreamOf(dw);
+  return Launched(sm90::GroupedMatmulWeightGradSm90(
+      Ptr<bf16>(dy), Ptr<bf16>(x), Ptr<int32_t>(offsets), static_cast<int>(dw.dim(0)), x.dim(0),
+      dy.dim(1), x.dim(1), Ptr<float>(dw), stream));
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,23 @@
+// The Hopper grouped GEMMs (grouped_gemm_sm90.cuh) behind the CUDA GroupedMatmul and
+// GroupedMatmulWeightGrad (grouped_matmul.cu, which falls back to cuBLAS where they decline).
+// Operands and contracts as in engine/kernels/op_declarations.inc; `offsets` is read on the
+// device only, so nothing here waits for it. Runs on the device's compute stream.
+#pragma once
+
+#include "engine/core/tensor.h"
+
+namespace moe::cuda {
+
+// Whether the kernels take calls on `device` with `dtype` operands and weights (or their
+// gradient) of `weight_shape` (groups, r, c) in either orientation: a build for architecture 90,
+// a compute capability 9.0 device, bf16, r and c multiples of 8, 1 <= groups <= sm90::kMaxGroups.
+bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape);
+
+// Each launches the kernel and returns true when it takes the call; otherwise (see above, and
+// operands not 16-byte aligned or sizes of 2^31 and more) returns false having done nothing.
+bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
+                          bool transpose_w);
+bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    const Tensor& dw);
+
+}  // namespace moe::cuda
