@@ -203,8 +203,13 @@ int Run() {
         const ExpertShape expert_shape{tokens * shape->topk, shape->hidden, shape->experts,
                                        shape->ffn};
         nlohmann::json ops_json = nlohmann::json::array();
-        printf("  %-11s %9s %8s %9s %8s  (dense GEMM of the same size)\n", "op", "ms", "TFLOP/s",
-               "dense ms", "TFLOP/s");
+        const bool cublas = ops::GroupedMatmulNeedsHostOffsets(
+                                device, dtype, {shape->experts, 2 * shape->ffn, shape->hidden}) ||
+                            ops::GroupedMatmulNeedsHostOffsets(
+                                device, dtype, {shape->experts, shape->hidden, shape->ffn});
+        const char* grouped_gemms = !device.is_cuda() ? "cpu" : cublas ? "cublas" : "sm90";
+        printf("  %-11s %9s %8s %9s %8s  (dense GEMM of the same size; grouped GEMMs: %s)\n", "op",
+               "ms", "TFLOP/s", "dense ms", "TFLOP/s", grouped_gemms);
         for (const OpTime& op :
              TimeFusedMlpOps(expert_shape, device, dtype, FLAGS_warmup, FLAGS_iters)) {
           printf("  %-11s %9.3f", op.op.c_str(), op.ms);
@@ -215,7 +220,8 @@ int Run() {
           ops_json.push_back({{"op", op.op}, {"ms", op.ms}, {"gflop", op.gflop},
                               {"dense_ms", op.dense_ms}});
         }
-        results.push_back({{"shape", shape->name}, {"tokens", tokens}, {"breakdown", ops_json}});
+        results.push_back({{"shape", shape->name}, {"tokens", tokens},
+                           {"grouped_gemms", grouped_gemms}, {"breakdown", ops_json}});
       }
       fflush(stdout);
     }

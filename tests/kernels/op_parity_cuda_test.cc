@@ -3,12 +3,15 @@
 // by relative error ||cuda - cpu|| / ||cpu||: about 1e-5 when CUDA computes in f32, about 1e-2
 // when it stores bf16 (then the CPU gets the same bf16-rounded inputs, in f32). NaN never passes.
 // At the end the largest error seen per op and dtype is printed as a table.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <map>
 #include <numeric>
+#include <span>
 
+#include "engine/core/cuda_check.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
@@ -135,21 +138,36 @@ std::vector<OpCase> Cases() {
     ops::Matmul(a, b, out, false, true);
     r.Read("out", out);
   });
-  add("grouped_matmul", [](OpRun& r) {
-    // 6 groups over 300 rows: empty ones, one holding most rows, a single row.
-    const std::vector<int32_t> offsets = {0, 0, 1, 261, 261, 290, 300};
-    const int64_t rows = 300, groups = 6, k = 72, n = 40;
-    Tensor x = r.In({rows, k}), w = r.In({groups, n, k}), dy = r.In({rows, n});
-    Tensor y = r.Out({rows, n}), dx = r.Out({rows, k});
-    const Tensor device_offsets = r.Ints(offsets, {groups + 1});
-    ops::GroupedMatmul(x, w, device_offsets, offsets, y, /*transpose_w=*/true);
-    ops::GroupedMatmul(dy, w, device_offsets, offsets, dx, /*transpose_w=*/false);
-    Tensor dw = r.InF32({groups, n, k});  // f32 accumulation: dw_g += dy_g^T x_g
-    ops::GroupedMatmulWeightGrad(dy, x, device_offsets, offsets, dw);
-    r.Read("y", y);
-    r.Read("dx", dx);
-    r.Read("dw", dw);
-  });
+  // Groups without rows, with one row, with most or all rows; row counts off the 128-row tiles
+  // of the Hopper kernels, k and n multiples of 8 (which they take) with tails past their 64-wide
+  // K steps and 256-wide N tiles. Host offsets go only where the op needs them, so on a Hopper GPU
+  // the bf16 runs take the sm90 kernels (or fail).
+  struct GroupedCase {
+    std::string name;
+    std::vector<int32_t> offsets;
+    int64_t k, n;
+  };
+  for (const GroupedCase& c : std::vector<GroupedCase>{
+           {"grouped_matmul", {0, 0, 1, 261, 261, 290, 300}, 72, 40},
+           {"grouped_matmul_all_rows_in_one_group", {0, 0, 0, 389, 389}, 136, 264},
+           {"grouped_matmul_wide", {0, 130, 130, 257, 600}, 200, 520}}) {
+    add(c.name, [c](OpRun& r) {
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      Tensor x = r.In({rows, c.k}), w = r.In({groups, c.n, c.k}), dy = r.In({rows, c.n});
+      Tensor y = r.Out({rows, c.n}), dx = r.Out({rows, c.k});
+      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
+      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
+      const std::span<const int32_t> host =
+          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>();
+      ops::GroupedMatmul(x, w, offsets, host, y, /*transpose_w=*/true);
+      ops::GroupedMatmul(dy, w, offsets, host, dx, /*transpose_w=*/false);
+      Tensor dw = r.InF32({groups, c.n, c.k});  // f32 accumulation: dw_g += dy_g^T x_g
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw);
+      r.Read("y", y);
+      r.Read("dx", dx);
+      r.Read("dw", dw);
+    });
+  }
   add("rmsnorm", [](OpRun& r) {
     const int64_t rows = 67, h = 384;
     Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
@@ -380,6 +398,24 @@ TEST_P(OpParityTest, CudaMatchesCpu) {
                                   << ")";
     }
   }
+}
+
+// The bf16 grouped GEMMs of a Qwen3-30B-A3B expert layer run on the sm90 kernels (no host
+// offsets) exactly on a compute capability 9.0 GPU; f32, sizes off multiples of 8 and more
+// groups than the forward kernel holds always take cuBLAS.
+TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability90) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  cudaDeviceProp properties;
+  CUDA_CALL(cudaGetDeviceProperties(&properties, 0));
+  const bool hopper = properties.major == 9 && properties.minor == 0;
+  printf("%s (compute capability %d.%d): grouped GEMMs on %s\n", properties.name, properties.major,
+         properties.minor, hopper ? "the sm90 kernels" : "cuBLAS");
+  const Device gpu = Device::CUDA(0);
+  EXPECT_EQ(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {128, 1536, 2048}), !hopper);
+  EXPECT_EQ(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {128, 2048, 768}), !hopper);
+  EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kF32, {128, 1536, 2048}));
+  EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {8, 36, 64}));
+  EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
 }
 
 std::vector<std::string> CaseNames() {
