@@ -1,7 +1,8 @@
 // Hopper (sm_90a) grouped GEMMs for the MoE expert layers: wgmma.mma_async on operands that TMA
 // loads into 128-byte-swizzled shared memory, one persistent launch per GEMM over all groups.
 // Self-contained (CUDA headers only) so that tests/kernels/grouped_gemm_sm90_probe.cu builds it
-// with one nvcc command; not yet behind the engine's ops (contracts: op_declarations.inc).
+// with one nvcc command; the engine's CUDA GroupedMatmul and GroupedMatmulWeightGrad reach it
+// through grouped_matmul_sm90.h (contracts: op_declarations.inc).
 //
 // Operations (row-major, bf16 operands, fp32 accumulation; group g owns the token rows
 // [offsets[g], offsets[g + 1]), offsets (groups + 1) int32 in DEVICE memory, 0 = offsets[0] <=
