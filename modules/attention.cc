@@ -75,9 +75,9 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
 
   const Tensor x = saved.Load(name_ + ".x");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  LinearBackward(dq.View({tokens, config_.hidden_size}), x, q_proj_.value, q_proj_.grad, dx, false);
-  LinearBackward(dk.View({tokens, config_.kv_dim()}), x, k_proj_.value, k_proj_.grad, dx, true);
-  LinearBackward(dv.View({tokens, config_.kv_dim()}), x, v_proj_.value, v_proj_.grad, dx, true);
+  LinearBackward(dq.View({tokens, config_.hidden_size}), x, q_proj_, dx, false);
+  LinearBackward(dk.View({tokens, config_.kv_dim()}), x, k_proj_, dx, true);
+  LinearBackward(dv.View({tokens, config_.kv_dim()}), x, v_proj_, dx, true);
   return dx;
 }
 

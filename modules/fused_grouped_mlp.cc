@@ -44,7 +44,7 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   const Tensor a = saved.Load(name_ + ".a");
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
   ops::GroupedMatmul(dy, fc2_.value, offsets, host_rows, da, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad);
+  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, AccumulateIntoGrad(fc2_));
 
   const Tensor h = saved.Load(name_ + ".h");
   Grads grads;
@@ -55,7 +55,7 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad);
+  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad, AccumulateIntoGrad(fc1_));
   return grads;
 }
 

@@ -86,7 +86,7 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     grads_done(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
   }
   if (!stage_.first) return dx;
-  ops::EmbeddingBackward(saved.Load("ids"), dx, embedding_->grad);
+  ops::EmbeddingBackward(saved.Load("ids"), dx, MaterializedGrad(*embedding_));
   grads_done("embedding.");
   return Tensor();
 }

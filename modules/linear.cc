@@ -15,14 +15,19 @@ Tensor LinearForward(const Tensor& x, const Parameter& weight) {
 }
 
 void LinearBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dweight,
-                    const Tensor& dx, bool accumulate_dx) {
+                    const Tensor& dx, bool accumulate_dx, bool accumulate_dweight) {
   ops::Matmul(dy, weight, dx, false, false, accumulate_dx ? 1.0f : 0.0f);
-  ops::Matmul(dy, x, dweight, /*transpose_a=*/true, false, /*beta=*/1.0f);
+  ops::Matmul(dy, x, dweight, /*transpose_a=*/true, false, accumulate_dweight ? 1.0f : 0.0f);
+}
+
+void LinearBackward(const Tensor& dy, const Tensor& x, Parameter& weight, const Tensor& dx,
+                    bool accumulate_dx) {
+  LinearBackward(dy, x, weight.value, weight.grad, dx, accumulate_dx, AccumulateIntoGrad(weight));
 }
 
 Tensor LinearBackward(const Tensor& dy, const Tensor& x, Parameter& weight) {
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  LinearBackward(dy, x, weight.value, weight.grad, dx, /*accumulate_dx=*/false);
+  LinearBackward(dy, x, weight, dx, /*accumulate_dx=*/false);
   return dx;
 }
 

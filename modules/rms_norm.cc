@@ -22,7 +22,7 @@ Tensor RmsNorm::Backward(SavedTensors& saved, const Tensor& dy) {
   const Tensor x = saved.Load(name_ + ".x");
   const Tensor rstd = saved.Load(name_ + ".rstd");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  ops::RmsNormBackward(dy, x, weight_.value, rstd, dx, weight_.grad);
+  ops::RmsNormBackward(dy, x, weight_.value, rstd, dx, MaterializedGrad(weight_));
   return dx;
 }
 

@@ -1,5 +1,5 @@
 // RMSNorm module. x, y (tokens, hidden); weight (hidden), initialised to 1, no weight decay.
-// Saves under `name`: x and rstd (tokens) f32. Backward: dx =, weight.grad +=.
+// Saves under `name`: x and rstd (tokens) f32. Backward: dx =, weight.grad += (MaterializedGrad).
 #pragma once
 
 #include <string>

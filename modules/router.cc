@@ -73,7 +73,7 @@ Tensor Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_g
     ops::Cast(dlogits, dlogits_compute);
   }
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  LinearBackward(dlogits_compute, x, weight_.value, weight_.grad, dx, /*accumulate_dx=*/false);
+  LinearBackward(dlogits_compute, x, weight_, dx, /*accumulate_dx=*/false);
   return dx;
 }
 

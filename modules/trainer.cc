@@ -384,7 +384,7 @@ Status Trainer::DumpReferenceCase(const std::string& dir) {
       {"ids", ids}, {"targets", targets}, {"loss", loss}, {"aux_loss", result.aux_loss}};
   for (const auto& p : parameters_.all()) {
     tensors.push_back({p->name, p->master});
-    tensors.push_back({"grad." + p->name, p->grad});
+    tensors.push_back({"grad." + p->name, MaterializedGrad(*p)});
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);

@@ -17,14 +17,20 @@ void PerExpertForward(std::span<const int32_t> rows, const Tensor& x, const Para
   }
 }
 
-// For every expert with rows: dx_e = dy_e w_e (=), w.grad_e += dy_e^T x_e.
+// For every expert with rows: dx_e = dy_e w_e (=), w.grad_e += dy_e^T x_e (or =, as
+// AccumulateIntoGrad says; then an expert without rows gets zeros).
 void PerExpertBackward(std::span<const int32_t> rows, const Tensor& dy, const Tensor& x,
-                       const Parameter& w, const Tensor& dx) {
+                       Parameter& w, const Tensor& dx) {
+  const bool accumulate = AccumulateIntoGrad(w);
   for (size_t e = 0; e + 1 < rows.size(); ++e) {
-    if (rows[e] == rows[e + 1]) continue;
+    const Tensor dw = ExpertMatrix(w, w.grad, e);
+    if (rows[e] == rows[e + 1]) {
+      if (!accumulate) ops::Fill(dw, 0.0f);
+      continue;
+    }
     LinearBackward(dy.Rows(rows[e], rows[e + 1]), x.Rows(rows[e], rows[e + 1]),
-                   ExpertMatrix(w, w.value, e), ExpertMatrix(w, w.grad, e),
-                   dx.Rows(rows[e], rows[e + 1]), /*accumulate_dx=*/false);
+                   ExpertMatrix(w, w.value, e), dw, dx.Rows(rows[e], rows[e + 1]),
+                   /*accumulate_dx=*/false, accumulate);
   }
 }
 

@@ -65,13 +65,17 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
       elementwise("swiglu", [&] { ops::SwigluForward(h1, scale, a); }),
       gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, device_offsets, rows, y, true); }),
       gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, device_offsets, rows, da, false); }),
-      gemm("fc2 wgrad", h, f,
-           [&] { ops::GroupedMatmulWeightGrad(dy, a, device_offsets, rows, dw2); }),
+      gemm("fc2 wgrad =", h, f,
+           [&] { ops::GroupedMatmulWeightGrad(dy, a, device_offsets, rows, dw2, false); }),
+      gemm("fc2 wgrad +=", h, f,
+           [&] { ops::GroupedMatmulWeightGrad(dy, a, device_offsets, rows, dw2, true); }),
       elementwise("swiglu bwd", [&] { ops::SwigluBackward(da, h1, scale, dh, dscale); }),
       gemm("fc1 dgrad", h, 2 * f,
            [&] { ops::GroupedMatmul(dh, w1, device_offsets, rows, dx, false); }),
-      gemm("fc1 wgrad", 2 * f, h,
-           [&] { ops::GroupedMatmulWeightGrad(dh, x, device_offsets, rows, dw1); }),
+      gemm("fc1 wgrad =", 2 * f, h,
+           [&] { ops::GroupedMatmulWeightGrad(dh, x, device_offsets, rows, dw1, false); }),
+      gemm("fc1 wgrad +=", 2 * f, h,
+           [&] { ops::GroupedMatmulWeightGrad(dh, x, device_offsets, rows, dw1, true); }),
   };
 }
 

@@ -1,4 +1,5 @@
-// The fused grouped MLP's ops one at a time (fc1, SwiGLU, fc2 and their backward steps), at one
+// The fused grouped MLP's ops one at a time (fc1, SwiGLU, fc2 and their backward steps, weight
+// gradients both stored (=, a step's first micro-batch) and accumulated (+=)), at one
 // layer shape with balanced routing (rows / experts rows per expert), each beside one dense GEMM
 // of the same m, n, k: where the block's time goes and what fraction of the dense rate each
 // grouped GEMM reaches. Inputs are constants: GEMM speed does not depend on the values.

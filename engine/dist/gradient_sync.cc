@@ -16,6 +16,7 @@ void GradientSync::GradsFinal(const std::string& prefix) {
   const auto stays_pending = [&](const Parameter* p) { return !p->name.starts_with(prefix); };
   const auto first_reduced = std::stable_partition(pending_.begin(), pending_.end(), stays_pending);
   if (first_reduced == pending_.end()) return;
+  for (auto it = first_reduced; it != pending_.end(); ++it) MaterializedGrad(**it);
   const std::unique_ptr<Event> produced = compute_.CreateEvent();
   produced->Record(compute_);
   data_.stream().Wait(*produced);

@@ -205,7 +205,8 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> host_offsets, const Tensor& dw) {
+                             std::span<const int32_t> host_offsets, const Tensor& dw,
+                             bool accumulate) {
   const Device device = CommonDevice({&dy, &x, &offsets, &dw});
   CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
       << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
@@ -215,7 +216,7 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& of
   CheckSameDType(dy, x, "grouped weight gradient");
   CheckDType(dw, DType::kF32, "grouped weight gradient dw");
   CheckGroupOffsets(offsets, host_offsets, dw.dim(0), x.dim(0), "grouped weight gradient offsets");
-  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, host_offsets, dw);
+  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, host_offsets, dw, accumulate);
 }
 
 bool GroupedMatmulNeedsHostOffsets(Device device, DType dtype, const Shape& weight_shape) {

@@ -8,7 +8,7 @@ namespace moe {
 
 StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_group) {
   std::vector<Tensor> grads;
-  for (const auto& p : parameters.all()) grads.push_back(p->grad);
+  for (const auto& p : parameters.all()) grads.push_back(MaterializedGrad(*p));
   Tensor norm = Tensor::Empty({1}, DType::kF32, parameters.device());
   ops::GlobalL2Norm(grads, norm);
   StepReport report;
@@ -33,7 +33,7 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
   for (const auto& p : parameters.all()) {
     config.weight_decay = p->weight_decay ? options_.weight_decay : 0.0f;
     const Tensor model = p->value.SharesStorageWith(p->master) ? Tensor() : p->value;
-    ops::AdamWUpdate(p->master, p->grad, p->exp_avg, p->exp_avg_sq, config, model);
+    ops::AdamWUpdate(p->master, MaterializedGrad(*p), p->exp_avg, p->exp_avg_sq, config, model);
   }
   return report;
 }

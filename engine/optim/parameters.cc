@@ -65,8 +65,7 @@ Parameter& ParameterSet::Create(const ParameterSpec& spec) {
     if (!optimizer_state_) p->master = Tensor();
   }
   p->value.set_is_parameter(true);
-  p->grad = Tensor::Empty(spec.shape, DType::kF32, device_);
-  ops::Fill(p->grad, 0.0f);
+  p->grad = Tensor::Empty(spec.shape, DType::kF32, device_);  // pending zero
   if (optimizer_state_) {
     p->exp_avg = Tensor::Empty(spec.shape, DType::kF32, device_);
     p->exp_avg_sq = Tensor::Empty(spec.shape, DType::kF32, device_);
@@ -91,7 +90,18 @@ int64_t ParameterSet::NumElements() const {
 }
 
 void ParameterSet::ZeroGrads() {
-  for (auto& p : parameters_) ops::Fill(p->grad, 0.0f);
+  for (auto& p : parameters_) p->grad_pending_zero = true;
+}
+
+bool AccumulateIntoGrad(Parameter& p) {
+  const bool accumulate = !p.grad_pending_zero;
+  p.grad_pending_zero = false;
+  return accumulate;
+}
+
+const Tensor& MaterializedGrad(Parameter& p) {
+  if (!AccumulateIntoGrad(p)) ops::Fill(p.grad, 0.0f);
+  return p.grad;
 }
 
 void ParameterSet::SyncValuesFromMasters() {

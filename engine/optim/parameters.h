@@ -3,7 +3,12 @@
 // A Parameter has
 //   value   what compute reads: bf16 on CUDA, f32 on the CPU (flagged is_parameter);
 //   master  the f32 weights the optimizer updates (on the CPU the same tensor as value);
-//   grad    f32, accumulated (+=) by backward over micro-batches, zeroed after each step;
+//   grad    f32, accumulated (+=) by backward over micro-batches, zeroed after each step.
+//           Zeroing is lazy: ZeroGrads only marks grad_pending_zero, and the first backward
+//           write after it stores (=) instead of adding, so a step's first micro-batch neither
+//           clears nor reads the gradients (for the experts' f32 gradients that halves the
+//           weight-gradient GEMMs' memory traffic). Code that writes or reads grad goes through
+//           AccumulateIntoGrad or MaterializedGrad below, never the tensor alone;
 //   exp_avg, exp_avg_sq   AdamW moments, f32.
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
@@ -27,7 +32,16 @@ struct Parameter {
   Tensor exp_avg;
   Tensor exp_avg_sq;
   bool weight_decay = true;
+  bool grad_pending_zero = true;  // grad is zero, its memory not yet written (see above)
 };
+
+// For a backward op that writes p.grad either way: true when it must add (+=); false when
+// grad is pending zero, so that the op must store (=) every element, groups without rows
+// included. Either way grad counts as written from here on.
+bool AccumulateIntoGrad(Parameter& p);
+// p.grad with a pending zero written out: for ops that can only add, and for readers
+// (gradient all-reduce, norm, optimizer, dumps).
+const Tensor& MaterializedGrad(Parameter& p);
 
 enum class Init { kNormal, kOnes, kZeros };
 
@@ -49,7 +63,7 @@ class ParameterSet {
   Parameter& Get(const std::string& name);
   int64_t NumElements() const;
 
-  // grad = 0 for every parameter.
+  // grad = 0 for every parameter (lazily: marks grad_pending_zero).
   void ZeroGrads();
   // value = master (after loading master weights from a checkpoint).
   void SyncValuesFromMasters();

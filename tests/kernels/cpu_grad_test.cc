@@ -75,9 +75,9 @@ TEST_F(CpuGradTest, GroupedMatmulGradientsAreGroupedMatmuls) {
     const std::vector<float> dw_before = ToFloats(dw);
     ops::GroupedMatmul(dy, w, offsets, {}, dx, !transpose_w);
     if (transpose_w) {
-      ops::GroupedMatmulWeightGrad(dy, x, offsets, {}, dw);
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, {}, dw, /*accumulate=*/true);
     } else {
-      ops::GroupedMatmulWeightGrad(x, dy, offsets, {}, dw);
+      ops::GroupedMatmulWeightGrad(x, dy, offsets, {}, dw, /*accumulate=*/true);
     }
     ExpectGradient("dx", x, ToFloats(dx), loss);
     ExpectGradient("dw increment", w, Increment(dw, dw_before), loss);

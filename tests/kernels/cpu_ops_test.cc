@@ -202,28 +202,35 @@ TEST_F(CpuOpsTest, GroupedMatmulIsAMatmulPerGroup) {
   }
 }
 
-TEST_F(CpuOpsTest, GroupedMatmulWeightGradAccumulatesAndLeavesEmptyGroups) {
+// accumulate: dw_g += ..., an empty group left as it is; otherwise dw_g = ..., zeros for an empty
+// group, whatever dw held before (NaN here).
+TEST_F(CpuOpsTest, GroupedMatmulWeightGradAddsOrStores) {
   const int64_t k = 5, n = 4;
-  Tensor dy = Random({kGroupedRows, n}), x = Random({kGroupedRows, k});
-  Tensor dw = Random({kGroups, n, k});
-  const std::vector<float> before = ToFloats(dw), hdy = ToFloats(dy), hx = ToFloats(x);
-  ops::GroupedMatmulWeightGrad(dy, x, Ints(kGroupOffsets, {kGroups + 1}), {}, dw);
-  std::vector<double> sums(before.begin(), before.end());
-  for (int64_t row = 0; row < kGroupedRows; ++row) {
-    double* dwg = sums.data() + GroupOfRow(row) * n * k;
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t p = 0; p < k; ++p) {
-        dwg[i * k + p] += static_cast<double>(hdy[row * n + i]) * hx[row * k + p];
+  for (const bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "+=" : "=");
+    Tensor dy = Random({kGroupedRows, n}), x = Random({kGroupedRows, k});
+    Tensor dw = accumulate ? Random({kGroups, n, k}) : Poisoned({kGroups, n, k});
+    const std::vector<float> before =
+        accumulate ? ToFloats(dw) : std::vector<float>(dw.numel(), 0.0f);
+    const std::vector<float> hdy = ToFloats(dy), hx = ToFloats(x);
+    ops::GroupedMatmulWeightGrad(dy, x, Ints(kGroupOffsets, {kGroups + 1}), {}, dw, accumulate);
+    std::vector<double> sums(before.begin(), before.end());
+    for (int64_t row = 0; row < kGroupedRows; ++row) {
+      double* dwg = sums.data() + GroupOfRow(row) * n * k;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t p = 0; p < k; ++p) {
+          dwg[i * k + p] += static_cast<double>(hdy[row * n + i]) * hx[row * k + p];
+        }
       }
     }
-  }
-  const std::vector<float> got = ToFloats(dw);
-  EXPECT_LT(RelativeError(got, std::vector<float>(sums.begin(), sums.end())), kTolerance);
-  for (int64_t g = 0; g < kGroups; ++g) {
-    if (kGroupOffsets[g] != kGroupOffsets[g + 1]) continue;
-    EXPECT_TRUE(std::equal(got.begin() + g * n * k, got.begin() + (g + 1) * n * k,
-                           before.begin() + g * n * k))
-        << "empty group " << g << " changed";
+    const std::vector<float> got = ToFloats(dw);
+    EXPECT_LT(RelativeError(got, std::vector<float>(sums.begin(), sums.end())), kTolerance);
+    for (int64_t g = 0; g < kGroups; ++g) {
+      if (kGroupOffsets[g] != kGroupOffsets[g + 1]) continue;
+      EXPECT_TRUE(std::equal(got.begin() + g * n * k, got.begin() + (g + 1) * n * k,
+                             before.begin() + g * n * k))
+          << "empty group " << g << " is not as it was (+=) or zeros (=)";
+    }
   }
 }
 

@@ -15,17 +15,18 @@
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
-//   fc1 wgrad     dw1 (E, 2f, h) f32 += dy^T · x   (TMA reduce-add and load-add-store epilogues)
-//   fc2 wgrad     dw2 (E, h, f) f32 += dy^T · a
+//   fc1 wgrad     dw1 (E, 2f, h) f32 = or += dy^T · x   (TMA store and TMA reduce-add epilogues)
+//   fc2 wgrad     dw2 (E, h, f) f32 = or += dy^T · a
 // Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
 // not finish within 20 s, e.g. a pipeline deadlock):
 //   - relative error max|ours - ref| / max|ref| (bf16 y: 1e-2; f32 dw: 1e-3), no non-finite values
 //     (y starts as NaN, so an unwritten row fails);
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
-//   - wgrad: every empty group's dw_g is bit-identical to its initial values.
+//   - wgrad =: dw starts as NaN, every empty group's dw_g ends as zeros; wgrad +=: every empty
+//     group's dw_g is bit-identical to its initial values.
 // Timing: median of 10 (after one warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours,
 // cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16 -> f32 form), the
-// engine's current wgrad path (widen to f32, TF32 grouped GEMM), and one dense cublasGemmEx of the
+// engine's cuBLAS wgrad path (widen to f32, TF32 grouped GEMM), and one dense cublasGemmEx of the
 // same FLOPs (one weight matrix: far less weight or dw traffic than the grouped problem).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -48,7 +49,6 @@
 namespace {
 
 using moe::cuda::sm90::bf16;
-using moe::cuda::sm90::WeightGradEpilogue;
 
 #define CHECK_CUDA(call)                                                 \
   do {                                                                   \
@@ -107,10 +107,11 @@ __global__ void FillUniformBf16(bf16* out, size_t count, uint64_t seed) {
   }
 }
 
-__global__ void FillUniformF32(float* out, size_t count, uint64_t seed) {
+// out = (or += when `add`) uniform values of `seed`.
+__global__ void FillUniformF32(float* out, size_t count, uint64_t seed, bool add = false) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
-    out[i] = UniformFromHash(seed, i);
+    out[i] = (add ? out[i] : 0.0f) + UniformFromHash(seed, i);
   }
 }
 
@@ -503,7 +504,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
   DeviceArray<float> dw(dw_count), reference(dw_count);
   FillUniformBf16<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
   FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed + 1);
-  FillUniformF32<<<kGrid, kBlock>>>(reference.data, reference.count, seed + 2);
+  CHECK_CUDA(cudaMemset(reference.data, 0, reference.count * sizeof(float)));
   CHECK_CUDA(cudaGetLastError());
 
   const float one = 1.0f;
@@ -519,20 +520,28 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // First dw = (TMA stores) into NaN, against reference = the products (zeros for empty
+  // groups); then dw += (TMA reduce-add) into uniform values, against reference + those values
+  // (empty groups: exactly those values).
   const struct {
-    WeightGradEpilogue epilogue;
+    bool accumulate;
     const char* label;
-  } variants[] = {{WeightGradEpilogue::kTmaReduceAdd, "TMA reduce-add"},
-                  {WeightGradEpilogue::kLoadAddStore, "load-add-store"}};
+  } variants[] = {{false, "=, TMA store"}, {true, "+=, TMA reduce-add"}};
   const double flops = 2.0 * rows * n * k;
-  const double dw_bytes = 2.0 * nonempty * n * k * 4;  // read + write of the touched dw_g
+  const double added_dw_bytes = 2.0 * nonempty * n * k * 4;  // read + write of the touched dw_g
   for (const auto& variant : variants) {
-    FillUniformF32<<<kGrid, kBlock>>>(dw.data, dw.count, seed + 2);
+    if (variant.accumulate) {
+      FillUniformF32<<<kGrid, kBlock>>>(dw.data, dw.count, seed + 2);
+      FillUniformF32<<<kGrid, kBlock>>>(reference.data, reference.count, seed + 2, /*add=*/true);
+    } else {
+      FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dw.data), dw.count * 2,
+                                  kSentinelBits);  // 0x7FC17FC1: an f32 NaN
+    }
     CHECK_CUDA(cudaGetLastError());
     const auto ours = [&] {
-      CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(dy.data, x.data, ops.offsets.data,
-                                                              groups, rows, n, k, dw.data, nullptr,
-                                                              variant.epilogue));
+      CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(
+          dy.data, x.data, ops.offsets.data, groups, rows, n, k, variant.accumulate, dw.data,
+          nullptr));
     };
     ours();
     SyncOrTimeout(name);
@@ -552,10 +561,10 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
       const unsigned long long changed = ReadCounter(different);
       tally.Record(changed == 0, what + " empty groups",
                    std::to_string(changed) + " elements of " + std::to_string(empty) +
-                       " empty groups changed");
+                       " empty groups not " + (variant.accumulate ? "unchanged" : "zero"));
     }
     PrintTime((std::string("sm90 grouped (ours), ") + variant.label).c_str(), MedianMs(ours, name),
-              flops, dw_bytes);
+              flops, variant.accumulate ? added_dw_bytes : added_dw_bytes / 2);
   }
 
   // Baselines write into `reference` (no longer needed), reinterpreted as their output type.
@@ -579,9 +588,9 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
         "cublasGemmGroupedBatchedEx bf16 -> bf16",
         MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
                  name),
-        flops, dw_bytes / 2);
+        flops, added_dw_bytes / 2);
     grouped.Upload(pa32, pb32, pc32);
-    PrintTime("engine today: widen + TF32 grouped f32",
+    PrintTime("engine's cuBLAS path: widen + TF32 grouped f32",
               MedianMs(
                   [&] {
                     Widen<<<kGrid, kBlock>>>(dy.data, dy32.data, dy.count);
@@ -590,7 +599,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
                                 CUBLAS_COMPUTE_32F_FAST_TF32);
                   },
                   name),
-              flops, dw_bytes);
+              flops, added_dw_bytes);
   }
   PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs",
             MedianMs(
@@ -637,10 +646,7 @@ void PrintKernelAttributes() {
        reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
       {"GroupedMatmulKernel<!transpose_w>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
-      {"GroupedWeightGradKernel<TMA reduce>",
-       reinterpret_cast<const void*>(GroupedWeightGradKernel<WeightGradEpilogue::kTmaReduceAdd>)},
-      {"GroupedWeightGradKernel<load-add-store>",
-       reinterpret_cast<const void*>(GroupedWeightGradKernel<WeightGradEpilogue::kLoadAddStore>)},
+      {"GroupedWeightGradKernel", reinterpret_cast<const void*>(GroupedWeightGradKernel)},
   };
   for (const auto& k : kernels) {
     cudaFuncAttributes attributes;
@@ -648,9 +654,8 @@ void PrintKernelAttributes() {
     std::printf("  %-42s %3d registers, %zu bytes local\n", k.name, attributes.numRegs,
                 attributes.localSizeBytes);
   }
-  std::printf("  dynamic shared memory: forward %d, wgrad TMA reduce %d, load-add-store %d bytes\n",
-              kForwardSmemBytes, kWeightGradSmemBytes(WeightGradEpilogue::kTmaReduceAdd),
-              kWeightGradSmemBytes(WeightGradEpilogue::kLoadAddStore));
+  std::printf("  dynamic shared memory: forward %d, weight gradient %d bytes\n", kForwardSmemBytes,
+              kWeightGradSmemBytes);
 }
 
 }  // namespace

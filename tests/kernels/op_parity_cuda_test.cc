@@ -162,10 +162,13 @@ std::vector<OpCase> Cases() {
       ops::GroupedMatmul(x, w, offsets, host, y, /*transpose_w=*/true);
       ops::GroupedMatmul(dy, w, offsets, host, dx, /*transpose_w=*/false);
       Tensor dw = r.InF32({groups, c.n, c.k});  // f32 accumulation: dw_g += dy_g^T x_g
-      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw);
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw, /*accumulate=*/true);
+      Tensor dw_stored = r.OutF32({groups, c.n, c.k});  // dw_g = dy_g^T x_g, zeros if empty
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw_stored, /*accumulate=*/false);
       r.Read("y", y);
       r.Read("dx", dx);
       r.Read("dw", dw);
+      r.Read("dw_stored", dw_stored);
     });
   }
   add("rmsnorm", [](OpRun& r) {

@@ -35,7 +35,9 @@ BackendRun ForwardBackward(const GptConfig& config, Device device, const std::ve
   BackendRun run;
   run.loss = testing::ToFloats(result.loss_sum)[0] / tokens;
   run.aux = testing::ToFloats(result.aux_loss)[0];
-  for (const auto& p : parameters.all()) run.grads[p->name] = testing::ToFloats(p->grad);
+  for (const auto& p : parameters.all()) {
+    run.grads[p->name] = testing::ToFloats(MaterializedGrad(*p));
+  }
   return run;
 }
 

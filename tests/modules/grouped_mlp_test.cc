@@ -92,8 +92,8 @@ PathRun RunPath(GroupedMlpKind kind, const GptConfig& base, const std::vector<in
   run.y = ToFloats(y);
   run.dx = ToFloats(grads.dx);
   run.dweights = ToFloats(grads.dweights);
-  run.fc1_grad = ToFloats(parameters.Get("experts.fc1.weight").grad);
-  run.fc2_grad = ToFloats(parameters.Get("experts.fc2.weight").grad);
+  run.fc1_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc1.weight")));
+  run.fc2_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc2.weight")));
   return run;
 }
 

@@ -30,7 +30,9 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> /*host_offsets*/, const Tensor& dw) {
+                             std::span<const int32_t> /*host_offsets*/, const Tensor& dw,
+                             bool accumulate) {
+  if (!accumulate) Fill(dw, 0.0f);
   const std::span<const int32_t> rows = OffsetValues(offsets);
   for (size_t g = 0; g + 1 < rows.size(); ++g) {
     const int64_t begin = rows[g], end = rows[g + 1];

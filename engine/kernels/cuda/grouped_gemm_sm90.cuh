@@ -10,12 +10,14 @@
 //   GroupedMatmulSm90:           y[rows of g] = x[rows of g] · op(w_g)            (=, bf16 y)
 //     x (rows, k); w (groups, n, k) with transpose_w (y = x w_g^T), else (groups, k, n)
 //     (y = x w_g); y (rows, n). Every row of y is written (k == 0 writes zeros).
-//   GroupedMatmulWeightGradSm90: dw_g += dy[rows of g]^T · x[rows of g]         (+=, f32 dw)
-//     dy (rows, n), x (rows, k), dw (groups, n, k) f32; a group without rows leaves dw_g as it is.
-//     Epilogue kTmaReduceAdd: TMA reduce-add (cp.reduce.async.bulk.tensor .add.f32: the add
-//     happens in L2, exactly one add per dw element per call, so results are run-to-run
-//     identical; NOT verified whether it flushes f32 subnormals as red.global.add.f32 does).
-//     kLoadAddStore: each thread reads, adds and writes its accumulator positions.
+//   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]    (+= or =, f32 dw)
+//     dy (rows, n), x (rows, k), dw (groups, n, k) f32. accumulate: TMA reduce-add
+//     (cp.reduce.async.bulk.tensor .add.f32: the add happens in L2, exactly one add per dw
+//     element per call, so results are run-to-run identical; NOT verified whether it flushes f32
+//     subnormals as red.global.add.f32 does), and a group without rows leaves dw_g as it is.
+//     Otherwise TMA stores (=, dw is only written: half the memory traffic of +=), and a group
+//     without rows gets zeros. (A load-add-store epilogue by the consumer threads was 1.5x
+//     slower than the reduce-add at the Qwen3 shape on the H200, 2026-11-30.)
 //   Requirements (the launchers return cudaErrorInvalidValue otherwise): n and k multiples of 8
 //   and base pointers 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes);
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
@@ -111,9 +113,9 @@ constexpr int kKMajorSliceBytes = kWgmmaK * 2;                  // next 16 K val
 constexpr int kMNMajorSliceBytes = kWgmmaK * kSwizzleRowBytes;  // next 16 K rows
 constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next 8 rows
 
-// Weight-gradient TMA reduce: each consumer adds its 64 x 256 f32 result in chunks of 64 rows x
-// 32 columns (one 128-byte swizzle row of f32 per tile row), through kReduceBuffers staging
-// buffers; that many chunks' reduces can be in flight while the consumer goes on.
+// Weight-gradient TMA writes (reduce-add or store): each consumer writes its 64 x 256 f32 result
+// in chunks of 64 rows x 32 columns (one 128-byte swizzle row of f32 per tile row), through
+// kReduceBuffers staging buffers; that many chunks' writes can be in flight while it goes on.
 constexpr int kReduceColumns = 32;
 constexpr int kReduceChunkBytes = 64 * kReduceColumns * 4;  // 8 KiB
 constexpr int kReduceBuffers = 2;
@@ -127,7 +129,6 @@ static_assert(kProducerRegisters * kWarpgroupThreads +
                   kConsumerRegisters * kWarpgroupThreads * kConsumers <=
               65536);
 
-enum class WeightGradEpilogue { kTmaReduceAdd, kLoadAddStore };
 
 namespace detail {
 
@@ -208,6 +209,16 @@ __device__ __forceinline__ void TmaReduceAdd3d(const CUtensorMap& map, uint32_t 
                                                int c2) {
   asm volatile(
       "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// TMA: global box (c0, c1, c2) of `map` = shared `src`; joins the thread's current bulk group.
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap& map, uint32_t src, int c0, int c1,
+                                           int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group"
       " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)),
       "r"(src), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
@@ -594,13 +605,14 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int vali
   }
 }
 
-// dw_g[tile rows, tile columns] += this warpgroup's accumulators via TMA reduce-add, in 64 x 32
-// chunks staged through kReduceBuffers 128B-swizzled buffers (`staging`). The
-// warpgroup's thread 0 issues the reduces and waits for a buffer's previous reduce to have read
-// it before the warpgroup refills it (named barrier `barrier_id`).
-__device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUtensorMap& dw_map,
-                                              uint8_t* staging, int barrier_id, int group, int row0,
-                                              int column0) {
+// dw_g[tile rows, tile columns] += (accumulate: TMA reduce-add) or = (TMA store) this
+// warpgroup's accumulators, in 64 x 32 chunks staged through kReduceBuffers 128B-swizzled
+// buffers (`staging`); TMA clips the boxes to dw. The warpgroup's thread 0 issues the writes and
+// waits for a buffer's previous write to have read it before the warpgroup refills it (named
+// barrier `barrier_id`).
+__device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& dw_map,
+                                          uint8_t* staging, int barrier_id, int group, int row0,
+                                          int column0, bool accumulate) {
   const FragmentPosition at;
   const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int row = at.Row();
@@ -624,45 +636,17 @@ __device__ __forceinline__ void ReduceAddTile(const Accumulators& acc, const CUt
     FenceProxyAsync();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     if (leader) {
-      TmaReduceAdd3d(dw_map, SmemAddress(buffer), column0 + chunk * kReduceColumns, row0, group);
+      const int column = column0 + chunk * kReduceColumns;
+      if (accumulate) {
+        TmaReduceAdd3d(dw_map, SmemAddress(buffer), column, row0, group);
+      } else {
+        TmaStore3d(dw_map, SmemAddress(buffer), column, row0, group);
+      }
       BulkCommitGroup();
     }
   }
 }
 
-// dw_g[tile rows, tile columns] += this warpgroup's accumulators, read-add-write by each thread
-// (rows below n, columns below k).
-__device__ __forceinline__ void LoadAddStoreTile(const Accumulators& acc, float* dw_g, int n, int k,
-                                                 int row0, int column0) {
-  const FragmentPosition at;
-  const int row = row0 + at.Row();
-  float* const first = dw_g + static_cast<int64_t>(row) * k;
-  float* const second = first + static_cast<int64_t>(8) * k;
-  constexpr int kBatch = 8;  // column blocks whose loads are issued together
-#pragma unroll
-  for (int i0 = 0; i0 < kBlockN / 8; i0 += kBatch) {
-    float2 old[kBatch][2];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int c = column0 + at.Column() + 8 * (i0 + j);
-      old[j][0] = c < k && row < n ? *reinterpret_cast<const float2*>(first + c) : float2{};
-      old[j][1] = c < k && row + 8 < n ? *reinterpret_cast<const float2*>(second + c) : float2{};
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + j;
-      const int c = column0 + at.Column() + 8 * i;
-      if (c < k && row < n) {
-        *reinterpret_cast<float2*>(first + c) =
-            make_float2(old[j][0].x + acc[4 * i], old[j][0].y + acc[4 * i + 1]);
-      }
-      if (c < k && row + 8 < n) {
-        *reinterpret_cast<float2*>(second + c) =
-            make_float2(old[j][1].x + acc[4 * i + 2], old[j][1].y + acc[4 * i + 3]);
-      }
-    }
-  }
-}
 
 // ---------------------------------------------------------------- kernels
 
@@ -742,15 +726,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// dw_g += dy_g^T · x_g (see the file comment). dy_map: dy as (n, rows), x_map: x as (k, rows),
+// dw_g (+)= dy_g^T · x_g (see the file comment). dy_map: dy as (n, rows), x_map: x as (k, rows),
 // both box (64, 64) (MN-major operands: each token row is a K row); dw_map: dw f32 as
-// (k, n, groups), box (32, 64, 1), for kTmaReduceAdd.
-template <WeightGradEpilogue kEpilogue>
+// (k, n, groups), box (32, 64, 1).
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWeightGradKernel(const __grid_constant__ CUtensorMap dy_map,
                             const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap dw_map, const int32_t* offsets,
-                            int groups, int rows, int n, int k, float* dw) {
+                            int groups, int rows, int n, int k, bool accumulate) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
   const StageRing<kWeightGradStages> ring(smem_raw);
@@ -818,7 +801,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const WeightGradTile tile =
         FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles).WarpUniform();
     const int k_blocks = (tile.row_end - tile.row_begin + kBlockK - 1) / kBlockK;
-    if (k_blocks == 0) continue;  // no rows: dw_g stays as it is
+    if (k_blocks == 0 && accumulate) continue;  // no rows: dw_g stays as it is
     const int row0 = tile.m0 + 64 * consumer;
     const bool active = row0 < n;
     const auto a_descriptor = [&](int stage, int slice) {
@@ -829,15 +812,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     MultiplyStages<1, 1>(acc, k_blocks, active, barriers, state, a_descriptor, b_descriptor);
     if (!active) continue;
-    if constexpr (kEpilogue == WeightGradEpilogue::kTmaReduceAdd) {
-      ReduceAddTile(acc, dw_map, staging, 1 + consumer, tile.group, row0, tile.n0);
-    } else {
-      LoadAddStoreTile(acc, dw + static_cast<int64_t>(tile.group) * n * k, n, k, row0, tile.n0);
+    if (k_blocks == 0) {  // no rows, and dw_g =: zeros (no wgmma cleared the accumulators)
+#pragma unroll
+      for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     }
+    WriteTile(acc, dw_map, staging, 1 + consumer, tile.group, row0, tile.n0, accumulate);
   }
-  if constexpr (kEpilogue == WeightGradEpilogue::kTmaReduceAdd) {
-    if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
-  }
+  if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 #else
   __trap();
 #endif
@@ -847,14 +828,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 constexpr int kForwardSmemBytes =
     StageRing<kForwardStages>::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
-constexpr int kWeightGradSmemBytes(WeightGradEpilogue epilogue) {
-  return StageRing<kWeightGradStages>::kBytesBeforeExtra +
-         (epilogue == WeightGradEpilogue::kTmaReduceAdd
-              ? kConsumers * kReduceBuffers * kReduceChunkBytes
-              : 0);
-}
+constexpr int kWeightGradSmemBytes = StageRing<kWeightGradStages>::kBytesBeforeExtra +
+                                     kConsumers * kReduceBuffers * kReduceChunkBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
-static_assert(kWeightGradSmemBytes(WeightGradEpilogue::kTmaReduceAdd) <= 227 * 1024);
+static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
 inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
@@ -949,14 +926,17 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
 // See the file comment. Asynchronous on `stream`.
 inline cudaError_t GroupedMatmulWeightGradSm90(
     const bf16* dy, const bf16* x, const int32_t* offsets, int groups, int64_t rows, int64_t n,
-    int64_t k, float* dw, cudaStream_t stream,
-    WeightGradEpilogue epilogue = WeightGradEpilogue::kTmaReduceAdd) {
+    int64_t k, bool accumulate, float* dw, cudaStream_t stream) {
   using namespace detail;
   if (groups < 1 || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) || n % 8 != 0 || k % 8 != 0 ||
       !Aligned16(dy) || !Aligned16(x) || !Aligned16(dw)) {
     return cudaErrorInvalidValue;
   }
-  if (rows == 0 || n == 0 || k == 0) return cudaSuccess;
+  if (n == 0 || k == 0) return cudaSuccess;
+  if (rows == 0) {
+    return accumulate ? cudaSuccess
+                      : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * 4, stream);
+  }
   const int64_t tiles =
       static_cast<int64_t>(groups) * ((n + kBlockM - 1) / kBlockM) * ((k + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
@@ -973,18 +953,15 @@ inline cudaError_t GroupedMatmulWeightGradSm90(
                               {uk, un, static_cast<uint64_t>(groups)}, {uk * 4, un * uk * 4},
                               {kReduceColumns, 64, 1});
   if (status != cudaSuccess) return status;
-  const auto kernel = epilogue == WeightGradEpilogue::kTmaReduceAdd
-                          ? GroupedWeightGradKernel<WeightGradEpilogue::kTmaReduceAdd>
-                          : GroupedWeightGradKernel<WeightGradEpilogue::kLoadAddStore>;
-  const int smem_bytes = kWeightGradSmemBytes(epilogue);
-  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  status = cudaFuncSetAttribute(GroupedWeightGradKernel,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightGradSmemBytes);
   if (status != cudaSuccess) return status;
   int grid = 0;
   status = PersistentGrid(tiles, &grid);
   if (status != cudaSuccess) return status;
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(dy_map, x_map, dw_map, offsets, groups,
-                                                 static_cast<int>(rows), static_cast<int>(n),
-                                                 static_cast<int>(k), dw);
+  GroupedWeightGradKernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(
+      dy_map, x_map, dw_map, offsets, groups, static_cast<int>(rows), static_cast<int>(n),
+      static_cast<int>(k), accumulate);
   return cudaGetLastError();
 }
 

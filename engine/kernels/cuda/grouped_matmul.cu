@@ -157,9 +157,11 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> host_offsets, const Tensor& dw) {
-  if (TryGroupedMatmulWeightGradSm90(dy, x, offsets, dw)) return;
+                             std::span<const int32_t> host_offsets, const Tensor& dw,
+                             bool accumulate) {
+  if (TryGroupedMatmulWeightGradSm90(dy, x, offsets, dw, accumulate)) return;
   CheckHostOffsetsGiven(host_offsets, dw, "GroupedMatmulWeightGrad");
+  if (!accumulate) Fill(dw, 0.0f);  // then += below: cuBLAS's grouped GEMM skips empty groups
   if (dw.numel() == 0 || x.dim(0) == 0) return;
   if (x.dtype() == DType::kF32) {
     WeightGrad(dy, x, host_offsets, dw, CublasComputeType(DType::kF32));

@@ -45,12 +45,12 @@ bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offset
 }
 
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw) {
+                                    const Tensor& dw, bool accumulate) {
   if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;
   const cudaStream_t stream = StreamOf(dw);
   return Launched(sm90::GroupedMatmulWeightGradSm90(
       Ptr<bf16>(dy), Ptr<bf16>(x), Ptr<int32_t>(offsets), static_cast<int>(dw.dim(0)), x.dim(0),
-      dy.dim(1), x.dim(1), Ptr<float>(dw), stream));
+      dy.dim(1), x.dim(1), accumulate, Ptr<float>(dw), stream));
 }
 
 }  // namespace moe::cuda

@@ -18,6 +18,6 @@ bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape)
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
                           bool transpose_w);
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw);
+                                    const Tensor& dw, bool accumulate);
 
 }  // namespace moe::cuda
