@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU-machine benchmark pass (after tests/gpu_suite.sh has built into /tmp/moe-build): moe_bench
-# beside the PyTorch layer peer (which also times save_on_cpu), the offload comparison on the
-# 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short
+# beside the PyTorch layer peer (which also times save_on_cpu) and its block timed with fresh and
+# with accumulating gradients (tests/reference/torch_moe_block_grads.py), the offload comparison on
+# the 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short
 # summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets; default all three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
@@ -19,6 +20,8 @@ echo "== moe_bench"
 timeout 400 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --breakdown --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
 echo "== PyTorch layer peer"
 timeout 180 python3 "$peers/torch_moe_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
+echo "== PyTorch block, gradients accumulating vs fresh"
+timeout 120 python3 tests/reference/torch_moe_block_grads.py 2>&1 | tail -1
 fi
 
 if [[ $sections == *offload* ]]; then
