@@ -1,6 +1,8 @@
 #include "apps/moe_bench/op_breakdown.h"
 
+#include <algorithm>
 #include <functional>
+#include <random>
 
 #include "apps/moe_bench/median_time.h"
 #include "engine/core/tensor.h"
@@ -12,6 +14,27 @@ namespace {
 Tensor Constant(const Shape& shape, DType dtype, Device device, float value) {
   Tensor t = Tensor::Empty(shape, dtype, device);
   ops::Fill(t, value);
+  return t;
+}
+
+// Normal values (mean 0, deviation `scale`): a block of 2^20 drawn on the host once, repeated
+// through the tensor. GEMM inputs must be random bits: on constant or zero inputs a GEMM draws
+// less power and the GPU holds higher clocks than on real data.
+Tensor Random(const Shape& shape, DType dtype, Device device, float scale, uint32_t seed) {
+  const int64_t numel = NumElements(shape);
+  const int64_t block = std::min<int64_t>(numel, int64_t{1} << 20);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(block);
+  for (float& v : values) v = normal(rng);
+  const Tensor source = Tensor::Empty({block}, DType::kF32, device);
+  ops::CopyFromHost(values.data(), source);
+  Tensor t = Tensor::Empty(shape, dtype, device);
+  const Tensor flat = t.View({numel});
+  for (int64_t begin = 0; begin < numel; begin += block) {
+    const int64_t end = std::min(numel, begin + block);
+    ops::Cast(source.Rows(0, end - begin), flat.Rows(begin, end));
+  }
   return t;
 }
 
@@ -27,9 +50,11 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   const Tensor device_offsets = Tensor::Empty({s.experts + 1}, DType::kI32, device);
   ops::CopyFromHost(offsets.data(), device_offsets);
   const int64_t f = s.ffn, h = s.hidden;
-  const Tensor x = Constant({s.rows, h}, dtype, device, 0.01f);
-  const Tensor w1 = Constant({s.experts, 2 * f, h}, dtype, device, 0.01f);
-  const Tensor w2 = Constant({s.experts, h, f}, dtype, device, 0.01f);
+  // Random inputs; every other operand is the output of an op timed before its reader (fc1 -> h1,
+  // SwiGLU -> a, fc2 data gradient -> da, SwiGLU backward -> dh), so all GEMMs see real data.
+  const Tensor x = Random({s.rows, h}, dtype, device, 1.0f, 1);
+  const Tensor w1 = Random({s.experts, 2 * f, h}, dtype, device, 0.02f, 2);
+  const Tensor w2 = Random({s.experts, h, f}, dtype, device, 0.02f, 3);
   const Tensor scale = Constant({s.rows}, DType::kF32, device, 0.5f);
   const Tensor h1 = Constant({s.rows, 2 * f}, dtype, device, 0.0f);
   const Tensor a = Constant({s.rows, f}, dtype, device, 0.0f);
@@ -37,7 +62,7 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   const Tensor dw1 = Constant(w1.shape(), DType::kF32, device, 0.0f);
   const Tensor dw2 = Constant(w2.shape(), DType::kF32, device, 0.0f);
   const Tensor dscale = Constant({s.rows}, DType::kF32, device, 0.0f);
-  const Tensor dy = Constant({s.rows, h}, dtype, device, 0.01f);
+  const Tensor dy = Random({s.rows, h}, dtype, device, 1.0f, 4);
   const Tensor da = Constant({s.rows, f}, dtype, device, 0.0f);
   const Tensor dh = Constant({s.rows, 2 * f}, dtype, device, 0.0f);
   const Tensor dx = Constant({s.rows, h}, dtype, device, 0.0f);
@@ -48,8 +73,8 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   };
   // One dense GEMM (m, k) x (k, n) of the grouped GEMM's total size.
   const auto dense = [&](int64_t m, int64_t n, int64_t k) {
-    const Tensor lhs = Constant({m, k}, dtype, device, 0.01f);
-    const Tensor rhs = Constant({n, k}, dtype, device, 0.01f);
+    const Tensor lhs = Random({m, k}, dtype, device, 1.0f, 5);
+    const Tensor rhs = Random({n, k}, dtype, device, 0.02f, 6);
     const Tensor out = Tensor::Empty({m, n}, dtype, device);
     return time([&] { ops::Matmul(lhs, rhs, out, false, true); });
   };
