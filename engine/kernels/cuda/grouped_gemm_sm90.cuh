@@ -129,7 +129,6 @@ static_assert(kProducerRegisters * kWarpgroupThreads +
                   kConsumerRegisters * kWarpgroupThreads * kConsumers <=
               65536);
 
-
 namespace detail {
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -646,7 +645,6 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
     }
   }
 }
-
 
 // ---------------------------------------------------------------- kernels
 
