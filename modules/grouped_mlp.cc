@@ -48,7 +48,7 @@ Tensor HostOffsets(const Tensor& offsets) {
 std::span<const int32_t> OffsetValues(const Tensor& host_offsets) {
   if (!host_offsets.defined()) return {};
   CHECK(host_offsets.device() == Device::CPU()) << "offsets not on the host";
-  return {host_offsets.data<int32_t>(), static_cast<size_t>(host_offsets.numel())};
+  return host_offsets.values<int32_t>();
 }
 
 }  // namespace moe

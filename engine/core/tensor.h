@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,10 @@ class Tensor {
   template <typename T> T* data() const {
     CheckDType(DTypeOf<T>());
     return static_cast<T*>(data());
+  }
+  // The elements, for memory the host can read (a CPU tensor, pinned host memory).
+  template <typename T> std::span<T> values() const {
+    return {data<T>(), static_cast<size_t>(numel())};
   }
 
   // Rows [begin, end) of the leading dimension, sharing storage.

@@ -179,7 +179,7 @@ void CheckGroupOffsets(const Tensor& offsets, std::span<const int32_t> host_offs
   CheckDType(offsets, DType::kI32, what);
   if (!host_offsets.empty()) CheckGroupOffsetValues(host_offsets, groups, rows, what);
   if (offsets.device().is_cuda()) return;
-  const std::span<const int32_t> values(offsets.data<int32_t>(), groups + 1);
+  const std::span<const int32_t> values = offsets.values<int32_t>();
   CheckGroupOffsetValues(values, groups, rows, what);
   CHECK(host_offsets.empty() || std::ranges::equal(host_offsets, values))
       << what << ": host offsets differ from the offsets tensor";

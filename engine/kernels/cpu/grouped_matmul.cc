@@ -12,15 +12,11 @@ Tensor GroupMatrix(const Tensor& stacked, int64_t g) {
   return stacked.Rows(g, g + 1).View({stacked.dim(1), stacked.dim(2)});
 }
 
-std::span<const int32_t> OffsetValues(const Tensor& offsets) {
-  return {offsets.data<int32_t>(), static_cast<size_t>(offsets.numel())};
-}
-
 }  // namespace
 
 void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
                    std::span<const int32_t> /*host_offsets*/, const Tensor& y, bool transpose_w) {
-  const std::span<const int32_t> rows = OffsetValues(offsets);
+  const std::span<const int32_t> rows = offsets.values<int32_t>();
   for (size_t g = 0; g + 1 < rows.size(); ++g) {
     const int64_t begin = rows[g], end = rows[g + 1];
     if (begin == end) continue;
@@ -33,7 +29,7 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& of
                              std::span<const int32_t> /*host_offsets*/, const Tensor& dw,
                              bool accumulate) {
   if (!accumulate) Fill(dw, 0.0f);
-  const std::span<const int32_t> rows = OffsetValues(offsets);
+  const std::span<const int32_t> rows = offsets.values<int32_t>();
   for (size_t g = 0; g + 1 < rows.size(); ++g) {
     const int64_t begin = rows[g], end = rows[g + 1];
     if (begin == end) continue;
