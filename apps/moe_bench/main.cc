@@ -9,7 +9,6 @@
 // --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include <gflags/gflags.h>
@@ -18,6 +17,7 @@
 
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/op_breakdown.h"
+#include "apps/moe_bench/random_tensor.h"
 #include "engine/core/bfloat16.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
@@ -65,17 +65,9 @@ GptConfig LayerConfig(const Shape& shape, GroupedMlpKind kind) {
   return c;
 }
 
+// (tokens, hidden) standard normal values, all distinct.
 Tensor RandomInput(const Shape& shape, int64_t tokens, DType dtype, Device device, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> values(tokens * shape.hidden);
-  for (float& v : values) v = normal(rng);
-  Tensor f32 = Tensor::Empty({tokens, shape.hidden}, DType::kF32, device);
-  ops::CopyFromHost(values.data(), f32);
-  if (dtype == DType::kF32) return f32;
-  Tensor out = Tensor::Empty(f32.shape(), dtype, device);
-  ops::Cast(f32, out);
-  return out;
+  return RandomTensor({tokens, shape.hidden}, dtype, device, 1.0f, seed, tokens * shape.hidden);
 }
 
 std::vector<float> HostFloats(const Tensor& t) {

@@ -1,10 +1,9 @@
 #include "apps/moe_bench/op_breakdown.h"
 
-#include <algorithm>
 #include <functional>
-#include <random>
 
 #include "apps/moe_bench/median_time.h"
+#include "apps/moe_bench/random_tensor.h"
 #include "engine/core/tensor.h"
 #include "engine/kernels/ops.h"
 
@@ -17,25 +16,9 @@ Tensor Constant(const Shape& shape, DType dtype, Device device, float value) {
   return t;
 }
 
-// Normal values (mean 0, deviation `scale`): a block of 2^20 drawn on the host once, repeated
-// through the tensor. GEMM inputs must be random bits: on constant or zero inputs a GEMM draws
-// less power and the GPU holds higher clocks than on real data.
+// Normal values; the weights (GBs at some shapes) repeat a block of 2^20 drawn on the host.
 Tensor Random(const Shape& shape, DType dtype, Device device, float scale, uint32_t seed) {
-  const int64_t numel = NumElements(shape);
-  const int64_t block = std::min<int64_t>(numel, int64_t{1} << 20);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(block);
-  for (float& v : values) v = normal(rng);
-  const Tensor source = Tensor::Empty({block}, DType::kF32, device);
-  ops::CopyFromHost(values.data(), source);
-  Tensor t = Tensor::Empty(shape, dtype, device);
-  const Tensor flat = t.View({numel});
-  for (int64_t begin = 0; begin < numel; begin += block) {
-    const int64_t end = std::min(numel, begin + block);
-    ops::Cast(source.Rows(0, end - begin), flat.Rows(begin, end));
-  }
-  return t;
+  return RandomTensor(shape, dtype, device, scale, seed, int64_t{1} << 20);
 }
 
 }  // namespace

@@ -2,8 +2,7 @@
 // gradients both stored (=, a step's first micro-batch) and accumulated (+=)), at one
 // layer shape with balanced routing (rows / experts rows per expert), each beside one dense GEMM
 // of the same m, n, k: where the block's time goes and what fraction of the dense rate each
-// grouped GEMM reaches. Inputs are random (GEMM speed depends on the bits: constant inputs draw
-// less power, so the GPU holds higher clocks and times look better than on real data).
+// grouped GEMM reaches. Inputs are random (random_tensor.h says why).
 #pragma once
 
 #include <cstdint>
