@@ -94,7 +94,7 @@ constexpr int kBlockN = 256;  // C columns per tile: one m64n256k16 per consumer
 constexpr int kBlockK = 64;   // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
 constexpr int kForwardStages = 4;     // 4 x 48 KiB, beside the offsets (8 KiB)
-constexpr int kWeightGradStages = 4;  // 4 x 48 KiB, beside the reduce staging (32 KiB)
+constexpr int kWeightGradStages = 4;  // 4 x 48 KiB, beside the write staging (32 KiB)
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
@@ -115,14 +115,14 @@ constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next
 
 // Weight-gradient TMA writes (reduce-add or store): each consumer writes its 64 x 256 f32 result
 // in chunks of 64 rows x 32 columns (one 128-byte swizzle row of f32 per tile row), through
-// kReduceBuffers staging buffers; that many chunks' writes can be in flight while it goes on.
-constexpr int kReduceColumns = 32;
-constexpr int kReduceChunkBytes = 64 * kReduceColumns * 4;  // 8 KiB
-constexpr int kReduceBuffers = 2;
-static_assert((kBlockN / kReduceColumns) % kReduceBuffers == 0,
+// kWriteBuffers staging buffers; that many chunks' writes can be in flight while it goes on.
+constexpr int kWriteColumns = 32;
+constexpr int kWriteChunkBytes = 64 * kWriteColumns * 4;  // 8 KiB
+constexpr int kWriteBuffers = 2;
+static_assert((kBlockN / kWriteColumns) % kWriteBuffers == 0,
               "each tile's first chunk must reuse the buffer of the previous tile's oldest chunk");
 
-static_assert(kBlockK * 2 == kSwizzleRowBytes && kReduceColumns * 4 == kSwizzleRowBytes);
+static_assert(kBlockK * 2 == kSwizzleRowBytes && kWriteColumns * 4 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
 static_assert(kBlockM == 64 * kConsumers && kBlockN % 64 == 0 && kBlockN / 8 * 4 == kAccumulators);
 static_assert(kProducerRegisters * kWarpgroupThreads +
@@ -605,7 +605,7 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int vali
 }
 
 // dw_g[tile rows, tile columns] += (accumulate: TMA reduce-add) or = (TMA store) this
-// warpgroup's accumulators, in 64 x 32 chunks staged through kReduceBuffers 128B-swizzled
+// warpgroup's accumulators, in 64 x 32 chunks staged through kWriteBuffers 128B-swizzled
 // buffers (`staging`); TMA clips the boxes to dw. The warpgroup's thread 0 issues the writes and
 // waits for a buffer's previous write to have read it before the warpgroup refills it (named
 // barrier `barrier_id`).
@@ -618,13 +618,13 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
   // Row r's 16-byte chunk c lies at chunk c ^ (r % 8); Row() % 8 = lane / 4, also for Row() + 8.
   const int swizzle = at.lane / 4;
 #pragma unroll
-  for (int chunk = 0; chunk < kBlockN / kReduceColumns; ++chunk) {
-    uint8_t* const buffer = staging + chunk % kReduceBuffers * kReduceChunkBytes;
-    if (leader) BulkWaitGroupRead<kReduceBuffers - 1>();
+  for (int chunk = 0; chunk < kBlockN / kWriteColumns; ++chunk) {
+    uint8_t* const buffer = staging + chunk % kWriteBuffers * kWriteChunkBytes;
+    if (leader) BulkWaitGroupRead<kWriteBuffers - 1>();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
 #pragma unroll
-    for (int j = 0; j < kReduceColumns / 8; ++j) {
-      const int i = chunk * (kReduceColumns / 8) + j;  // accumulator column block
+    for (int j = 0; j < kWriteColumns / 8; ++j) {
+      const int i = chunk * (kWriteColumns / 8) + j;  // accumulator column block
       const int column = 8 * j + at.Column();          // within the chunk
       const int offset = ((column / 4) ^ swizzle) * 16 + column % 4 * 4;
       *reinterpret_cast<float2*>(buffer + row * kSwizzleRowBytes + offset) =
@@ -635,7 +635,7 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
     FenceProxyAsync();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     if (leader) {
-      const int column = column0 + chunk * kReduceColumns;
+      const int column = column0 + chunk * kWriteColumns;
       if (accumulate) {
         TmaReduceAdd3d(dw_map, SmemAddress(buffer), column, row0, group);
       } else {
@@ -790,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   IncreaseMaxRegisters<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
-  uint8_t* const staging = ring.Extra() + consumer * kReduceBuffers * kReduceChunkBytes;
+  uint8_t* const staging = ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes;
   Accumulators acc;
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
@@ -827,7 +827,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kForwardSmemBytes =
     StageRing<kForwardStages>::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
 constexpr int kWeightGradSmemBytes = StageRing<kWeightGradStages>::kBytesBeforeExtra +
-                                     kConsumers * kReduceBuffers * kReduceChunkBytes;
+                                     kConsumers * kWriteBuffers * kWriteChunkBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
@@ -949,7 +949,7 @@ inline cudaError_t GroupedMatmulWeightGradSm90(
   if (status != cudaSuccess) return status;
   status = EncodeTensorMap<3>(&dw_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dw,
                               {uk, un, static_cast<uint64_t>(groups)}, {uk * 4, un * uk * 4},
-                              {kReduceColumns, 64, 1});
+                              {kWriteColumns, 64, 1});
   if (status != cudaSuccess) return status;
   status = cudaFuncSetAttribute(GroupedWeightGradKernel,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightGradSmemBytes);
