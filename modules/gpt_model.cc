@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include "engine/kernels/ops.h"
+#include "engine/runtime/step_timeline.h"
 #include "modules/linear.h"
 
 namespace moe {
@@ -40,6 +41,7 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
 
   Tensor x = input;
   if (stage_.first) {
+    const TraceSpan span(device, "embedding forward");
     x = Tensor::Empty({tokens, config_.hidden_size}, embedding_->value.dtype(), device);
     ops::EmbeddingForward(input, embedding_->value, x);
     saved.Save("ids", input);
@@ -49,6 +51,7 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
     result.output = x;
     return result;
   }
+  const TraceSpan span(device, "head and loss forward");
   const Tensor normed = final_norm_->Forward(saved, x);
   const Tensor logits = LinearForward(normed, *lm_head_);
 
@@ -72,6 +75,7 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
   };
   Tensor dx = output_grad;
   if (stage_.last) {
+    const TraceSpan span(lm_head_->value.device(), "head and loss backward");
     const Tensor logits = saved.Load("logits");
     Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
     ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad,
@@ -86,6 +90,7 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     grads_done(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
   }
   if (!stage_.first) return dx;
+  const TraceSpan span(dx.device(), "embedding backward");
   ops::EmbeddingBackward(saved.Load("ids"), dx, MaterializedGrad(*embedding_));
   grads_done("embedding.");
   return Tensor();

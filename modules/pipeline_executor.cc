@@ -7,6 +7,7 @@
 
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
+#include "engine/runtime/step_timeline.h"
 
 namespace moe {
 namespace {
@@ -74,7 +75,15 @@ class StepRun {
   // Posts one batch of adjacent communication actions; compute after it waits for all of them.
   void Communicate(const Action* begin, const Action* end) {
     CHECK(pipeline_ != nullptr) << begin->ToString() << " without a pipeline group";
+    StepTimeline* timeline = DeviceContext::Get(device_).timeline();
+    if (timeline != nullptr) timeline->SetPhase(StepPhase::kPipelineWait);
     EnqueueBetween(*pipeline_, DeviceContext::Get(device_).compute_stream(), [&] {
+      int span = -1;
+      if (timeline != nullptr && timeline->tracing()) {
+        std::string name;
+        for (const Action* a = begin; a != end; ++a) name += (name.empty() ? "" : ", ") + a->ToString();
+        span = timeline->BeginSpan(TraceTrack::kPipelineComm, pipeline_->stream(), name);
+      }
       pipeline_->GroupStart();
       for (const Action* a = begin; a != end; ++a) {
         const Key key{a->microbatch, a->chunk};
@@ -96,18 +105,37 @@ class StepRun {
         }
       }
       pipeline_->GroupEnd();
+      if (span >= 0) timeline->EndSpan(span, pipeline_->stream());
     });
   }
 
   // Brackets one forward or backward on the compute stream (its input waits are already
-  // enqueued, so the span starts once its inputs are there).
-  void BeginCompute() {
+  // enqueued, so the span starts once its inputs are there), and marks its phase on the step's
+  // timeline: the action's phase inside, kOther after it.
+  void BeginCompute(const Action& action) {
     Stream& compute = DeviceContext::Get(device_).compute_stream();
+    if (StepTimeline* timeline = DeviceContext::Get(device_).timeline()) {
+      timeline->SetPhase(action.kind == Kind::kForward ? StepPhase::kForward
+                                                       : StepPhase::kBackward);
+      if (timeline->tracing()) {
+        action_span_ = timeline->BeginSpan(
+            TraceTrack::kCompute, compute,
+            std::string(action.kind == Kind::kForward ? "forward" : "backward") + " m" +
+                std::to_string(action.microbatch) + " c" + std::to_string(action.chunk));
+      }
+    }
     spans_.emplace_back(compute.CreateEvent(/*enable_timing=*/true),
                         compute.CreateEvent(/*enable_timing=*/true));
     spans_.back().first->Record(compute);
   }
-  void EndCompute() { spans_.back().second->Record(DeviceContext::Get(device_).compute_stream()); }
+  void EndCompute() {
+    Stream& compute = DeviceContext::Get(device_).compute_stream();
+    spans_.back().second->Record(compute);
+    if (StepTimeline* timeline = DeviceContext::Get(device_).timeline()) {
+      timeline->EndSpan(action_span_, compute);
+      timeline->SetPhase(StepPhase::kOther);
+    }
+  }
 
   PipelineStepTotals Finish() {
     CHECK(saved_.empty() && outputs_.empty() && input_grads_.empty() &&
@@ -144,6 +172,7 @@ class StepRun {
   std::map<Key, std::unique_ptr<SavedTensors>> saved_;
   std::map<Key, Tensor> outputs_, input_grads_, received_activations_, received_grads_;
   std::vector<std::pair<std::unique_ptr<Event>, std::unique_ptr<Event>>> spans_;
+  int action_span_ = -1;  // the traced span of the running forward or backward
   PipelineStepTotals totals_;
 };
 
@@ -163,7 +192,7 @@ PipelineStepTotals RunPipelineStep(const RankActions& actions,
   for (size_t i = 0; i < actions.size();) {
     const Action& action = actions[i];
     if (action.kind == Kind::kForward || action.kind == Kind::kBackward) {
-      run.BeginCompute();
+      run.BeginCompute(action);
       if (action.kind == Kind::kForward) {
         run.Forward(action.microbatch, action.chunk);
       } else {

@@ -12,6 +12,10 @@
 // - Training: one SavedTensors per (microbatch, chunk), all created before the first action and
 //   destroyed after their backward; with an offload manager they carry it as hooks, and its
 //   backward order is the list's (BackwardOrder). Forward-only (evaluation): nothing is saved.
+// - Step timeline (engine/runtime/step_timeline.h), when the device has one: each forward or
+//   backward is phase kForward / kBackward, from a communication batch up to the next compute
+//   kPipelineWait, the rest kOther; a traced step gets a compute span per action ("Forward(m0,c0)")
+//   and a pipeline comm span per batch.
 // Gradients accumulate (+=) into the chunks' parameters.
 #pragma once
 

@@ -13,6 +13,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
+#include "engine/runtime/step_timeline.h"
 #include "modules/offload_groups.h"
 
 namespace moe {
@@ -75,7 +76,8 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       partition_(partition),
       train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),
-      sampler_(std::move(sampler)) {
+      sampler_(std::move(sampler)),
+      timeline_(std::make_unique<StepTimeline>(device)) {
   const int rank = GroupRank(pipeline_);
   chunk_parameters_.push_back(0);
   for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
@@ -124,8 +126,13 @@ bool Trainer::whole_model() const {
   return chunks_.size() == 1 && chunks_[0]->stage().first && chunks_[0]->stage().last;
 }
 
-StepStats Trainer::TrainStep() {
+StepStats Trainer::TrainStep(bool trace) {
   const auto start = std::chrono::steady_clock::now();
+  DeviceContext& context = DeviceContext::Get(device_);
+  timeline_->BeginStep(trace);
+  context.set_timeline(timeline_.get());
+  const int step_span = timeline_->BeginSpan(TraceTrack::kCompute, context.compute_stream(),
+                                             "step " + std::to_string(step_ + 1));
   const int64_t micro = options_.micro_batch_size;
   const int64_t micro_batches = options_.global_batch_size / micro;  // of the global batch
   const int64_t tokens = options_.global_batch_size * config_.seq_length;
@@ -143,35 +150,51 @@ StepStats Trainer::TrainStep() {
   step.offload = offload_.get();
   std::optional<GradientSync> gradient_sync;  // data parallel: all-reduces overlap backward
   if (GroupSize(data_) > 1) {
-    gradient_sync.emplace(*data_, parameters_, DeviceContext::Get(device_).compute_stream());
+    gradient_sync.emplace(*data_, parameters_, context.compute_stream());
     step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
   }
   const PipelineStepTotals totals =
       RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
   sampler_.SkipTrainSamples(options_.global_batch_size);
-  if (gradient_sync) gradient_sync->Finish();
+  if (gradient_sync) {
+    timeline_->SetPhase(StepPhase::kDataParallelWait);
+    gradient_sync->Finish();
+  }
 
   StepStats stats;
   stats.lr = LearningRate(step_, options_.lr, options_.min_lr, options_.warmup_steps,
                           options_.train_steps);
-  stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_).grad_norm;
-  parameters_.ZeroGrads();
-  // One all-reduce over the world: loss, aux loss, bubble, then one slot per rank for its peak.
+  timeline_->SetPhase(StepPhase::kOptimizer);
+  {
+    const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
+    stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_).grad_norm;
+    parameters_.ZeroGrads();
+  }
+  timeline_->SetPhase(StepPhase::kOther);
+  if (offload_) stats.offload = offload_->EndStep();
+  timeline_->EndSpan(step_span, context.compute_stream());
+  context.set_timeline(nullptr);
+  TimelineStep timed = timeline_->EndStep();
+  stats.trace = std::move(timed.trace);
+
+  // One all-reduce over the world: loss, aux loss, bubble, the breakdown (mean over ranks), then
+  // one slot per rank for its peak.
+  constexpr int kPeaks = 3 + kNumStepPhases;
   const int ranks = GroupSize(pipeline_) * GroupSize(data_);
   const int world_rank = GroupRank(pipeline_) * GroupSize(data_) + GroupRank(data_);
-  std::vector<float> sums(3 + ranks, 0.0f);
+  std::vector<float> sums(kPeaks + ranks, 0.0f);
   ops::CopyToHost(totals.loss_sum, &sums[0]);
   ops::CopyToHost(totals.aux_loss, &sums[1]);
   if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
-  sums[3 + world_rank] =
-      DeviceContext::Get(device_).allocator().stats().peak_allocated_bytes / double(1 << 20);
+  for (int i = 0; i < kNumStepPhases; ++i) sums[3 + i] = timed.breakdown.ms[i] / ranks;
+  sums[kPeaks + world_rank] = context.allocator().stats().peak_allocated_bytes / double(1 << 20);
   AllReduceHostValues(pipeline_, sums);
   AllReduceHostValues(data_, sums);
-  if (offload_) stats.offload = offload_->EndStep();
   stats.loss = sums[0] / static_cast<double>(tokens);
   stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
   stats.pipeline_bubble = sums[2];
-  stats.peak_device_mib.assign(sums.begin() + 3, sums.end());
+  for (int i = 0; i < kNumStepPhases; ++i) stats.breakdown.ms[i] = sums[3 + i];
+  stats.peak_device_mib.assign(sums.begin() + kPeaks, sums.end());
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;

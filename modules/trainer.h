@@ -23,6 +23,12 @@
 // schedule's backward order (evaluation passes none); StepStats::offload reports what a step
 // moved on this rank, and the manager's policy table exists after the first step.
 //
+// Each step runs under a StepTimeline (engine/runtime/step_timeline.h) set on the device for
+// the step: forward, backward and the pipeline wait are the executor's, the offload wait the
+// offload manager's, the data-parallel wait (GradientSync::Finish), the optimizer (norm, clip,
+// update, zeroing) and other (the rest: host gaps, data, statistics) the trainer's. A traced step
+// also has a "step N" span around it and an optimizer span.
+//
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
 // moments (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq") and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
@@ -55,6 +61,7 @@
 #include "engine/optim/parameters.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
+#include "engine/runtime/step_timeline.h"
 #include "modules/gpt_config.h"
 #include "modules/gpt_model.h"
 #include "modules/pipeline_executor.h"
@@ -89,6 +96,11 @@ struct StepStats {
   double pipeline_bubble = 0;
   std::vector<double> peak_device_mib;  // by world rank (pipeline rank x data size + data rank)
   OffloadStepStats offload;  // zero without offloading
+  // Where the step's time went on the compute stream, ms, mean over ranks: the phases add up to
+  // the compute stream's span of the step, which is `seconds` less the step's closing all-reduce
+  // of these statistics.
+  StepBreakdown breakdown;
+  std::vector<TraceEvent> trace;  // this rank's traced events (TrainStep(trace=true) only)
 };
 
 class Trainer {
@@ -101,7 +113,8 @@ class Trainer {
                                                    const TokenSource* source,
                                                    const ProcessGroups* groups = nullptr);
 
-  StepStats TrainStep();
+  // One optimizer step. `trace`: also record this rank's trace events (StepStats::trace).
+  StepStats TrainStep(bool trace = false);
   // Mean validation cross-entropy over options.eval_steps batches.
   double Evaluate();
 
@@ -155,6 +168,7 @@ class Trainer {
   AdamW optimizer_;
   BatchSampler sampler_;
   std::unique_ptr<OffloadManager> offload_;
+  std::unique_ptr<StepTimeline> timeline_;
   int64_t step_ = 0;
 };
 

@@ -1,6 +1,9 @@
 #include "modules/transformer_layer.h"
 
+#include <optional>
+
 #include "engine/kernels/ops.h"
+#include "engine/runtime/step_timeline.h"
 
 namespace moe {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
@@ -18,12 +21,14 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
 }
 
 Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
+  std::optional<TraceSpan> span(std::in_place, x.device(), "attention forward", layer_);
   const size_t attn_norm_group = saved.OpenGroup("attn_norm", layer_);
   const Tensor normed = attn_norm_.Forward(saved, x);
   saved.CloseGroup(attn_norm_group);
   Tensor h = attention_.Forward(saved, normed);
   ops::Add(x, h, h);
   saved.CommitGroup(attn_norm_group);
+  span.emplace(x.device(), moe_mlp_ ? "moe forward" : "mlp forward", layer_);
 
   const size_t mlp_norm_group = saved.OpenGroup("mlp_norm", layer_);
   const Tensor mlp_in = mlp_norm_.Forward(saved, h);
@@ -35,9 +40,12 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
 }
 
 Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+  std::optional<TraceSpan> span(std::in_place, dy.device(),
+                                moe_mlp_ ? "moe backward" : "mlp backward", layer_);
   const Tensor dmlp_in = moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
   Tensor dh = mlp_norm_.Backward(saved, dmlp_in);
   ops::Add(dh, dy, dh);  // residual
+  span.emplace(dy.device(), "attention backward", layer_);
   const Tensor dnormed = attention_.Backward(saved, dh);
   Tensor dx = attn_norm_.Backward(saved, dnormed);
   ops::Add(dx, dh, dx);  // residual

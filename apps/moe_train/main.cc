@@ -3,7 +3,8 @@
 // mpirun it is one rank. Every rank checks the flags, and every check is agreed over all ranks
 // (World::AllAgree), so a problem is one line on stderr from each rank and all exit together:
 // code 2 for flags (before any work), 1 for runtime errors a user can cause (data, checkpoints).
-// Only rank 0 prints the log and writes metrics and checkpoints.
+// Only rank 0 prints the log and writes metrics and checkpoints; --trace_file is written by every
+// rank (run_flags.h, TraceFilePath).
 #include <cstdio>
 #include <optional>
 
@@ -15,6 +16,7 @@
 #include "engine/core/check.h"
 #include "engine/dist/process_groups.h"
 #include "engine/dist/world.h"
+#include "engine/io/chrome_trace.h"
 #include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
 
@@ -88,6 +90,21 @@ int Run() {
     return 0;
   }
 
+  std::unique_ptr<ChromeTraceWriter> trace;
+  const auto [trace_first, trace_last] = run.trace_steps;
+  if (!FLAGS_trace_file.empty()) {
+    if (trace_last <= trainer.step()) {
+      return Fail(InvalidArgument("--trace_steps=" + FLAGS_trace_steps + ": the run resumes after step " +
+                                  std::to_string(trainer.step())),
+                  2);
+    }
+    StatusOr<std::unique_ptr<ChromeTraceWriter>> opened =
+        ChromeTraceWriter::Create(TraceFilePath(world.rank(), world.size()), world.rank());
+    agreed = world.AllAgree(opened.status());
+    if (!agreed.ok()) return Fail(agreed, 2);
+    trace = std::move(opened).value();
+  }
+
   const bool leader = world.rank() == 0;
   std::optional<RunLog> log;
   if (leader) {
@@ -98,9 +115,22 @@ int Run() {
   const nlohmann::json description = RunDescription(run);
   bool offload_policy_reported = false;
   while (trainer.step() < run.trainer.train_steps) {
-    const StepStats stats = trainer.TrainStep();
+    const bool traced =
+        trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
+    const StepStats stats = trainer.TrainStep(traced);
     const int64_t step = trainer.step();
     if (log) log->Step(step, stats);
+    if (traced) {
+      trace->AddStep(step, stats.trace);
+      if (step == trace_last) {
+        trace->Close();
+        if (leader) {
+          printf("wrote trace of steps %lld-%lld to %s%s\n", (long long)trace_first,
+                 (long long)trace_last, TraceFilePath(0, world.size()).c_str(),
+                 world.size() > 1 ? " (and one file per further rank)" : "");
+        }
+      }
+    }
     if (trainer.offload_manager() != nullptr && !offload_policy_reported) {  // after the warm-up
       const auto by_rank = trainer.OffloadPolicyByPipelineRank();  // collective
       if (log) log->OffloadPolicy(*trainer.offload_manager(), by_rank);

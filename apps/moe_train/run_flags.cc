@@ -1,6 +1,8 @@
 #include "apps/moe_train/run_flags.h"
 
-#include <fstream>
+#include <unistd.h>
+
+#include <filesystem>
 #include <set>
 
 #include "apps/moe_train/offload_flags.h"
@@ -54,6 +56,10 @@ DEFINE_string(metrics_file, "", "append one JSON object per log line to this fil
 DEFINE_int64(log_interval, 10, "log every N steps");
 DEFINE_string(device, "auto", "cpu | cuda | cuda:N | auto (cuda when a GPU is present)");
 DEFINE_double(peak_flops, 989e12, "peak FLOP/s of one device, for MFU");
+DEFINE_string(trace_file, "",
+              "write a Chrome trace (Perfetto, chrome://tracing) of --trace_steps here; under "
+              "mpirun one file per rank, <stem>.rank<r><ext>");
+DEFINE_string(trace_steps, "2:2", "A:B: the steps (1-based, inclusive) that --trace_file records");
 
 namespace moe {
 namespace {
@@ -147,6 +153,30 @@ Status CheckTraining(const TrainerOptions& t) {
   return NonNegative("clip_grad", t.adamw.clip_grad);
 }
 
+// An output file's path, checked without creating it: empty (no output), or a file that can be
+// written (an existing regular file, or a new name in an existing writable directory).
+Status CheckOutputFile(const char* flag, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  namespace fs = std::filesystem;
+  const std::string bad = "--" + std::string(flag) + " " + path;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::exists(status)) {
+    if (!fs::is_regular_file(status)) return InvalidArgument(bad + ": not a regular file");
+    if (access(path.c_str(), W_OK) != 0) return InvalidArgument(bad + ": not writable");
+    return Status::Ok();
+  }
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, error)) {
+    return InvalidArgument(bad + ": directory " + parent.string() + " does not exist");
+  }
+  if (access(parent.c_str(), W_OK) != 0) {
+    return InvalidArgument(bad + ": directory " + parent.string() + " is not writable");
+  }
+  return Status::Ok();
+}
+
 Status CheckOutputs() {
   RETURN_IF_ERROR(Positive("log_interval", FLAGS_log_interval));
   RETURN_IF_ERROR(NonNegative("eval_interval", static_cast<double>(FLAGS_eval_interval)));
@@ -155,11 +185,37 @@ Status CheckOutputs() {
     return InvalidArgument("--save_interval needs --save");
   }
   if (!(FLAGS_peak_flops > 0)) return InvalidArgument("--peak_flops must be positive");
-  if (!FLAGS_metrics_file.empty()) {
-    std::ofstream probe(FLAGS_metrics_file, std::ios::app);
-    if (!probe) return InvalidArgument("--metrics_file " + FLAGS_metrics_file + ": cannot open for writing");
+  RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
+  return CheckOutputFile("trace_file", FLAGS_trace_file);
+}
+
+// --trace_steps=A:B within [1, --train_steps]; only with --trace_file.
+StatusOr<std::pair<int64_t, int64_t>> ParseTraceSteps(int64_t train_steps) {
+  const std::string& text = FLAGS_trace_steps;
+  if (FLAGS_trace_file.empty()) {
+    if (!gflags::GetCommandLineFlagInfoOrDie("trace_steps").is_default) {
+      return InvalidArgument("--trace_steps=" + text + " needs --trace_file");
+    }
+    return std::pair<int64_t, int64_t>{0, -1};
   }
-  return Status::Ok();
+  const std::string bad = "--trace_steps=" + text;
+  const size_t colon = text.find(':');
+  const auto number = [](const std::string& part) -> int64_t {
+    if (part.empty() || part.size() > 18 || part.find_first_not_of("0123456789") != std::string::npos) {
+      return -1;
+    }
+    return std::stoll(part);
+  };
+  if (colon == std::string::npos) return InvalidArgument(bad + " must be A:B (two step numbers)");
+  const int64_t first = number(text.substr(0, colon));
+  const int64_t last = number(text.substr(colon + 1));
+  if (first < 1 || last < first) {
+    return InvalidArgument(bad + " must be A:B with 1 <= A <= B");
+  }
+  if (last > train_steps) {
+    return InvalidArgument(bad + " ends after --train_steps=" + std::to_string(train_steps));
+  }
+  return std::pair<int64_t, int64_t>{first, last};
 }
 
 Status CheckParallel(int world_size) {
@@ -176,6 +232,13 @@ Status CheckParallel(int world_size) {
 }
 
 }  // namespace
+
+std::string TraceFilePath(int rank, int world_size) {
+  if (world_size == 1) return FLAGS_trace_file;
+  const std::filesystem::path path(FLAGS_trace_file);
+  std::filesystem::path out = path.parent_path() / path.stem();
+  return out.string() + ".rank" + std::to_string(rank) + path.extension().string();
+}
 
 StatusOr<RunConfig> ValidateFlags(int world_size) {
   RunConfig run;
@@ -209,6 +272,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.seed = static_cast<uint64_t>(FLAGS_seed);
   RETURN_IF_ERROR(CheckTraining(t));
   RETURN_IF_ERROR(CheckOutputs());
+  ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
   RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
   run.data_parallel = world_size / run.pipeline_parallel;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include <gflags/gflags.h>
 
@@ -21,6 +22,8 @@ DECLARE_string(load);
 DECLARE_string(dump_reference_case);
 DECLARE_string(metrics_file);
 DECLARE_double(peak_flops);
+DECLARE_string(trace_file);
+DECLARE_string(trace_steps);
 
 namespace moe {
 
@@ -31,7 +34,14 @@ struct RunConfig {
   Device device;
   int pipeline_parallel = 1;
   int data_parallel = 1;  // world size / pipeline_parallel
+  // --trace_steps: the traced steps [first, last] (1-based); empty (last < first) without
+  // --trace_file.
+  std::pair<int64_t, int64_t> trace_steps{0, -1};
 };
+
+// The trace file of `rank`: --trace_file itself in a one-rank run, else with ".rank<r>" before
+// its extension (trace.json -> trace.rank1.json).
+std::string TraceFilePath(int rank, int world_size);
 
 StatusOr<RunConfig> ValidateFlags(int world_size);
 

@@ -4,12 +4,16 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/moe_train/throughput.h"
 #include "engine/pipeline/schedule.h"
 
 namespace moe {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+// The log line's names of the StepPhases, in their order (the metrics file uses StepPhaseName).
+constexpr const char* kPhaseShortNames[kNumStepPhases] = {"fwd", "bwd",    "opt",  "pp wait",
+                                                          "dp wait", "reload wait", "other"};
 
 std::string Millions(int64_t n) {
   char buffer[32];
@@ -77,24 +81,32 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   bubble_ += stats.pipeline_bubble;
   ++steps_;
   offload_ += stats.offload;
+  breakdown_ += stats.breakdown;
   if (step % FLAGS_log_interval != 0 && step != run_.trainer.train_steps) return;
   const double ms_per_step = 1e3 * seconds_ / steps_;
   const double tokens_per_second = tokens_ / seconds_;
   const double peak_mib =
       *std::max_element(stats.peak_device_mib.begin(), stats.peak_device_mib.end());
-  printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step | "
-         "%.0f tokens/s",
-         (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step,
-         tokens_per_second);
+  printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step (",
+         (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step);
   nlohmann::json record = {{"step", step},           {"loss", stats.loss},
                            {"aux_loss", stats.aux_loss}, {"lr", stats.lr},
-                           {"grad_norm", stats.grad_norm}, {"ms_per_step", ms_per_step},
-                           {"tokens_per_second", tokens_per_second},
-                           {"peak_device_mib", peak_mib}};
+                           {"grad_norm", stats.grad_norm}, {"ms_per_step", ms_per_step}};
+  for (int i = 0; i < kNumStepPhases; ++i) {
+    const auto phase = static_cast<StepPhase>(i);
+    const double ms = breakdown_[phase] / steps_;
+    printf("%s%s %.1f", i == 0 ? "" : " ", kPhaseShortNames[i], ms);
+    record[std::string(StepPhaseName(phase)) + "_ms"] = ms;
+  }
+  printf(") | %.0f tokens/s", tokens_per_second);
+  record["tokens_per_second"] = tokens_per_second;
+  record["peak_device_mib"] = peak_mib;
   if (run_.device.is_cuda()) {
-    const double mfu = tokens_per_second * run_.model.train_flops_per_token() / FLAGS_peak_flops;
+    const int devices = run_.pipeline_parallel * run_.data_parallel;
+    const double mfu = MfuPerDevice(tokens_per_second, run_.model.train_flops_per_token(),
+                                    devices, FLAGS_peak_flops);
     printf(" | MFU %.1f%%", 100 * mfu);
-    record["mfu"] = mfu;
+    record["mfu"] = mfu;  // per device
   }
   printf(" | peak mem %.0f MiB", peak_mib);
   if (stats.peak_device_mib.size() > 1) {
@@ -120,7 +132,7 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   if (run_.trainer.offload) {
     const double out_mib = offload_.offloaded_bytes / kMiB / steps_;
     const double in_mib = offload_.reloaded_bytes / kMiB / steps_;
-    const double wait_ms = offload_.wait_ms / steps_;
+    const double wait_ms = breakdown_[StepPhase::kOffloadWait] / steps_;
     printf("            offload | out %.1f MiB/step (%lld tensors) | in %.1f MiB/step | D2H %.2f GB/s "
            "| H2D %.2f GB/s | reload wait %.2f ms/step\n",
            out_mib, (long long)(offload_.offloaded_tensors / steps_), in_mib, offload_.d2h_gbps(),
@@ -129,11 +141,11 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["reload_bytes_per_step"] = offload_.reloaded_bytes / steps_;
     record["offload_d2h_gbps"] = offload_.d2h_gbps();
     record["offload_h2d_gbps"] = offload_.h2d_gbps();
-    record["offload_wait_ms_per_step"] = wait_ms;
   }
   fflush(stdout);
   Metrics(record);
   offload_ = {};
+  breakdown_ = {};
   bubble_ = 0;
   seconds_ = 0;
   tokens_ = 0;

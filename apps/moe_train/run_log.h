@@ -1,7 +1,12 @@
 // What moe_train prints: the start-up summary, one line per log interval (and the same as one
 // JSON object per line in --metrics_file), evaluation results. Under mpirun only rank 0 has a
-// RunLog: losses, the gradient norm, the pipeline bubble (mean over ranks) and peak device memory
-// (the largest rank's, and every rank's) are global; offload figures are rank 0's.
+// RunLog: losses, the gradient norm, the pipeline bubble and the step breakdown (means over
+// ranks) and peak device memory (the largest rank's, and every rank's) are global; offload
+// figures are rank 0's. MFU is per device: the run's FLOP/s over its ranks, against one
+// device's --peak_flops. A log line's time is the mean over the steps since the last one, split
+// into the StepTimeline phases ("(fwd 40.2 bwd 70.1 opt 10.3 pp wait 0.0 dp wait 0.0 reload wait
+// 0.0 other 4.5)"; metrics fields forward_ms, backward_ms, optimizer_ms, pipeline_wait_ms,
+// data_parallel_wait_ms, offload_wait_ms, other_ms).
 #pragma once
 
 #include <fstream>
@@ -34,6 +39,7 @@ class RunLog {
   int64_t tokens_ = 0;
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
+  StepBreakdown breakdown_;   // summed since the last log line
 };
 
 }  // namespace moe

@@ -4,6 +4,8 @@
 
 #include <glog/logging.h>
 
+#include "engine/runtime/step_timeline.h"
+
 namespace moe {
 
 GradientSync::GradientSync(Communicator& data, const ParameterSet& parameters, Stream& compute)
@@ -20,7 +22,13 @@ void GradientSync::GradsFinal(const std::string& prefix) {
   const std::unique_ptr<Event> produced = compute_.CreateEvent();
   produced->Record(compute_);
   data_.stream().Wait(*produced);
+  StepTimeline* timeline = TracingTimeline(compute_.device());
+  const int span = timeline == nullptr
+                       ? -1
+                       : timeline->BeginSpan(TraceTrack::kDataParallelComm, data_.stream(),
+                                             "all-reduce " + (prefix.empty() ? "rest" : prefix));
   for (auto it = first_reduced; it != pending_.end(); ++it) data_.AllReduceSum((*it)->grad);
+  if (timeline != nullptr) timeline->EndSpan(span, data_.stream());
   pending_.erase(first_reduced, pending_.end());
 }
 

@@ -6,7 +6,8 @@
 // Finish() reduces whatever was not announced and makes the compute stream wait for every
 // all-reduce, so the optimizer sees summed gradients. grad = the sum over replicas (=, in place).
 //
-// Between GradsFinal(prefix) and Finish() nothing may write those gradients.
+// Between GradsFinal(prefix) and Finish() nothing may write those gradients. A traced step
+// (step_timeline.h) gets one data-parallel comm span per bucket ("all-reduce layers.7.").
 #pragma once
 
 #include <string>

@@ -18,7 +18,6 @@ OffloadStepStats& OffloadStepStats::operator+=(const OffloadStepStats& other) {
   reloaded_tensors += other.reloaded_tensors;
   d2h_ms += other.d2h_ms;
   h2d_ms += other.h2d_ms;
-  wait_ms += other.wait_ms;
   return *this;
 }
 
@@ -40,7 +39,8 @@ struct OffloadManager::GroupState {
   std::vector<Copy> copies;
   int64_t bytes = 0;
   int64_t tensors = 0;
-  std::unique_ptr<Event> d2h_start, d2h_done, h2d_start, h2d_done, wait_start, wait_end;
+  std::unique_ptr<Event> d2h_start, d2h_done, h2d_start, h2d_done;
+  int64_t flow = -1;  // the traced flow: commit, copy out, copy back, first use
 
   bool Moves(const std::string& key) const {
     for (const Copy& copy : copies) {
@@ -186,6 +186,14 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
   // D2H: after everything compute has enqueued so far; compute does not wait for it.
   compute_marker_->Record(compute_);
   d2h_->Wait(*compute_marker_);
+  StepTimeline* timeline = TracingTimeline(device_);
+  int span = -1;
+  if (timeline != nullptr) {
+    g.flow = timeline->NewFlow();
+    timeline->Instant(TraceTrack::kCompute, compute_, g.name + " commit", g.layer, g.flow);
+    span = timeline->BeginSpan(TraceTrack::kDeviceToHost, *d2h_, g.name + " offload copy", g.layer,
+                               g.flow);
+  }
   g.d2h_start = TakeEvent();
   g.d2h_start->Record(*d2h_);
   for (size_t i = 0; i < eligible.size(); ++i) {
@@ -203,6 +211,7 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
   eligible.clear();  // drop the last device references held here
   g.d2h_done = TakeEvent();
   g.d2h_done->Record(*d2h_);
+  if (timeline != nullptr) timeline->EndSpan(span, *d2h_);
   g.offloaded = true;
   g.bytes = bytes;
   g.tensors = tensors;
@@ -250,6 +259,10 @@ void OffloadManager::Prefetch(Record& record, int current_slot) {
 
 void OffloadManager::IssueReload(Record& record, GroupState& g) {
   h2d_->Wait(*g.d2h_done);  // never read a host buffer before its copy out has finished
+  StepTimeline* timeline = TracingTimeline(device_);
+  const int span = timeline == nullptr ? -1
+                                       : timeline->BeginSpan(TraceTrack::kHostToDevice, *h2d_,
+                                                             g.name + " reload", g.layer, g.flow);
   g.h2d_start = TakeEvent();
   g.h2d_start->Record(*h2d_);
   std::vector<Tensor> hosts;
@@ -263,6 +276,7 @@ void OffloadManager::IssueReload(Record& record, GroupState& g) {
   }
   g.h2d_done = TakeEvent();
   g.h2d_done->Record(*h2d_);
+  if (timeline != nullptr) timeline->EndSpan(span, *h2d_);
   pending_releases_.push_back({g.h2d_done.get(), std::move(hosts)});
   g.reload_issued = true;
   step_.reloaded_bytes += g.bytes;
@@ -290,11 +304,11 @@ void OffloadManager::BeforeLoad(SavedTensors& saved, const SavedGroup* group,
   if (!g.offloaded || !g.Moves(key)) return;
   if (!g.reload_issued) IssueReload(*record, g);  // used earlier than the prefetch expected
   if (!g.waited) {
-    g.wait_start = TakeEvent();
-    g.wait_start->Record(compute_);
+    const PhaseScope waiting(device_, StepPhase::kOffloadWait);
     compute_.Wait(*g.h2d_done);
-    g.wait_end = TakeEvent();
-    g.wait_end->Record(compute_);
+    if (StepTimeline* timeline = TracingTimeline(device_)) {
+      timeline->Instant(TraceTrack::kCompute, compute_, g.name + " reloaded", g.layer, g.flow);
+    }
     g.waited = true;
   }
 }
@@ -333,9 +347,7 @@ void OffloadManager::ReleaseCompleted(bool wait) {
 void OffloadManager::Harvest(GroupState& g) {
   if (g.d2h_done) step_.d2h_ms += g.d2h_done->ElapsedMillisecondsSince(*g.d2h_start);
   if (g.h2d_done) step_.h2d_ms += g.h2d_done->ElapsedMillisecondsSince(*g.h2d_start);
-  if (g.wait_end) step_.wait_ms += g.wait_end->ElapsedMillisecondsSince(*g.wait_start);
-  for (auto* event : {&g.d2h_start, &g.d2h_done, &g.h2d_start, &g.h2d_done, &g.wait_start,
-                      &g.wait_end}) {
+  for (auto* event : {&g.d2h_start, &g.d2h_done, &g.h2d_start, &g.h2d_done}) {
     if (*event) free_events_.push_back(std::move(*event));
   }
 }

@@ -38,6 +38,11 @@
 //     and the rest are kept resident.
 //   - summary()/SummaryTable() report the policy per group name after the first step (the
 //     table for every pipeline rank when given their summaries).
+// Step timeline (engine/runtime/step_timeline.h), when the device has one: the compute stream's
+// wait for a reload is phase kOffloadWait (the step's breakdown is where that time is reported);
+// a traced step gets, per offloaded group, a "commit" instant on the compute track, an "offload
+// copy" span on the D2H track, a "reload" span on the H2D track and a "reloaded" instant where
+// compute first waits for it, joined as one flow.
 // EndStep() ends an optimizer step: it synchronises the copy streams, releases pinned buffers,
 // collects the step's statistics (copy times from timing events) and fixes the policy after the
 // first step. Not thread-safe: call from the thread that runs forward and backward.
@@ -54,6 +59,7 @@
 #include "engine/autograd/saved_tensors.h"
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
+#include "engine/runtime/step_timeline.h"
 #include "engine/runtime/stream.h"
 
 namespace moe {
@@ -77,7 +83,6 @@ struct OffloadStepStats {
   int64_t reloaded_tensors = 0;
   double d2h_ms = 0;
   double h2d_ms = 0;
-  double wait_ms = 0;  // time the compute stream waited on reloads
 
   OffloadStepStats& operator+=(const OffloadStepStats& other);
   double d2h_gbps() const { return d2h_ms > 0 ? offloaded_bytes / (d2h_ms * 1e6) : 0.0; }

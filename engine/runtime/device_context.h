@@ -13,6 +13,8 @@
 
 namespace moe {
 
+class StepTimeline;
+
 class DeviceContext {
  public:
   static DeviceContext& Get(Device device);
@@ -24,6 +26,10 @@ class DeviceContext {
   std::unique_ptr<Stream> CreateSideStream();
   CachingAllocator& allocator() { return *allocator_; }
   PinnedHostPool& pinned_pool() { return *pinned_pool_; }
+  // The training step's timeline (step_timeline.h) while a step runs on this device, else
+  // nullptr. The trainer sets it for the duration of its step.
+  StepTimeline* timeline() const { return timeline_; }
+  void set_timeline(StepTimeline* timeline) { timeline_ = timeline; }
 
  private:
   explicit DeviceContext(Device device);
@@ -32,6 +38,7 @@ class DeviceContext {
   std::unique_ptr<Stream> compute_stream_;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<PinnedHostPool> pinned_pool_;
+  StepTimeline* timeline_ = nullptr;
 };
 
 // Number of CUDA devices usable by this build on this machine (0 when built without CUDA).
