@@ -2,9 +2,11 @@
 # The GPU-machine benchmark pass (after tests/gpu_suite.sh has built into /tmp/moe-build): moe_bench
 # beside the PyTorch layer peer (which also times save_on_cpu) and its block timed with fresh and
 # with accumulating gradients (tests/reference/torch_moe_block_grads.py), the offload comparison on
-# the 8-layer Qwen3-30B-A3B-shaped model, and the training presets. Logs and JSON go to $OUT; a short
+# the 8-layer Qwen3-30B-A3B-shaped model, the training presets, and (timeline) the step breakdown of
+# that model at global batch 1 and 8 with a trace of an offloaded step. Logs and JSON go to $OUT; a short
 # summary is printed last.
-#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets; default all three)
+#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline; default the
+#   first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +51,21 @@ if [[ $sections == *presets* ]]; then
 echo "== presets"
 timeout 120 "$bin/moe_train" --device=cuda --log_interval=100 > "$out/tiny_cuda.log" 2>&1; tail -2 "$out/tiny_cuda.log"
 timeout 150 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=100 --log_interval=20 --eval_interval=0 --eval_steps=2 > "$out/moe_100m.log" 2>&1; grep -E "^parameters|^step|^eval" "$out/moe_100m.log" | tail -4
+fi
+
+if [[ $sections == *timeline* ]]; then
+echo "== timeline: the 8-layer model's step breakdown at global batch 1 and 8, and an offloaded step"
+common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+for gb in 1 8; do
+  timeout 150 "$bin/moe_train" $common --global_batch_size=$gb --train_steps=12 --log_interval=6 \
+    > "$out/breakdown_gb$gb.log" 2>&1
+  echo "global batch $gb (rc $?): $(grep '^step' "$out/breakdown_gb$gb.log" | tail -1)"
+done
+offload="--offload_modules=fused_group_mlp --offload_fraction=0.5 --train_steps=10 --log_interval=5"
+timeout 150 "$bin/moe_train" $common $offload --trace_file="$out/trace_offload.json" --trace_steps=9:9 \
+  > "$out/trace_offload.log" 2>&1
+echo "offloaded, traced (rc $?): $(grep '^step' "$out/trace_offload.log" | tail -1)"
+timeout 150 "$bin/moe_train" $common $offload > "$out/untraced_offload.log" 2>&1
+echo "offloaded, untraced (rc $?): $(grep '^step' "$out/untraced_offload.log" | tail -1)"
+for f in trace untraced; do grep '^eval\|^step' "$out/${f}_offload.log" | tail -2 | cut -c1-60; done
 fi
