@@ -4,6 +4,7 @@
 
 #include "engine/kernels/ops.h"
 #include "modules/linear.h"
+#include "modules/offload_groups.h"
 
 namespace moe {
 
@@ -28,7 +29,7 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
   const int64_t d = config_.head_dim();
   Tensor q, k, v;
   {
-    ScopedSaveGroup group(saved, "qkv_linear", layer_);
+    ScopedSaveGroup group(saved, kQkvLinearGroup, layer_);
     q = LinearForward(x, q_proj_).View({tokens, heads, d});
     k = LinearForward(x, k_proj_).View({tokens, groups, d});
     v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
@@ -40,7 +41,7 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
   k = k.View({batch, seq, groups, d});
   Tensor out = Tensor::Empty(q.shape(), x.dtype(), x.device());
   {
-    ScopedSaveGroup group(saved, "core_attn", layer_);
+    ScopedSaveGroup group(saved, kCoreAttnGroup, layer_);
     Tensor lse = Tensor::Empty({batch, heads, seq}, DType::kF32, x.device());
     ops::AttentionForward(q, k, v, out, lse);
     saved.Save(name_ + ".q", q);
@@ -48,7 +49,7 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     saved.Save(name_ + ".v", v);
     saved.Save(name_ + ".lse", lse);
   }
-  ScopedSaveGroup group(saved, "attn_proj", layer_);
+  ScopedSaveGroup group(saved, kAttnProjGroup, layer_);
   out = out.View({tokens, heads * d});
   saved.Save(name_ + ".out", out);
   return LinearForward(out, o_proj_);

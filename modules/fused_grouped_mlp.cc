@@ -1,6 +1,7 @@
 #include "modules/fused_grouped_mlp.h"
 
 #include "engine/kernels/ops.h"
+#include "modules/offload_groups.h"
 
 namespace moe {
 
@@ -21,7 +22,7 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   if (host_offsets.defined()) saved.Save(name_ + ".host_offsets", host_offsets);
   saved.Save(name_ + ".weights", weights);
 
-  ScopedSaveGroup group(saved, "fused_group_mlp", layer_);
+  ScopedSaveGroup group(saved, kFusedGroupMlpGroup, layer_);
   saved.Save(name_ + ".x", x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
   ops::GroupedMatmul(x, fc1_.value, offsets, host_rows, h, /*transpose_w=*/true);

@@ -1,6 +1,8 @@
 // The offload groups the model's modules open in a SavedTensors context (see DESIGN.md,
-// "Fine-grained activation offloading"), for configuring the OffloadManager, which knows none of
-// them. A group holds exactly what its module saved while it was open:
+// "Fine-grained activation offloading"), and the rules for combining them: the one home of the
+// group names. The OffloadManager knows none of them; the modules open groups by these
+// constants, the flag parsing and the trainer configure the manager with them. A group holds
+// exactly what its module saved while it was open:
 //   attn_norm        layers.N.attn_norm.{x, rstd}             commits after the residual add
 //   qkv_linear       layers.N.attention.x                     (the QKV projections' input)
 //   core_attn        layers.N.attention.{q, k, v, lse}
@@ -15,11 +17,31 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/status.h"
+#include "modules/gpt_config.h"
+
 namespace moe {
+
+inline constexpr char kAttnNormGroup[] = "attn_norm";
+inline constexpr char kQkvLinearGroup[] = "qkv_linear";
+inline constexpr char kCoreAttnGroup[] = "core_attn";
+inline constexpr char kAttnProjGroup[] = "attn_proj";
+inline constexpr char kMlpNormGroup[] = "mlp_norm";
+inline constexpr char kExpertFc1Group[] = "expert_fc1";
+inline constexpr char kMoeActGroup[] = "moe_act";
+inline constexpr char kFusedGroupMlpGroup[] = "fused_group_mlp";
 
 // Every group name, in forward order within a layer.
 const std::vector<std::string>& OffloadGroupNames();
 // Groups whose shapes depend on routing: their pinned buffers bypass the pool.
 const std::set<std::string>& RoutedOffloadGroups();
+
+// The combination rules for a set of known group names, with the grouped MLP `mlp`: attn_proj
+// needs core_attn (core attention's backward reads the output it moves); fused_group_mlp needs
+// the fused grouped MLP and excludes expert_fc1 and moe_act (it holds their tensors);
+// expert_fc1 and moe_act need the unfused one. The first problem is one line that starts with
+// `flag` (e.g. "--offload_modules").
+Status CheckOffloadGroups(const std::set<std::string>& groups, GroupedMlpKind mlp,
+                          const std::string& flag);
 
 }  // namespace moe

@@ -85,11 +85,7 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
     chunks_.push_back(std::make_unique<GptModel>(config_, parameters_, StageOf(stage)));
     chunk_parameters_.push_back(parameters_.all().size());
   }
-  if (options_.offload) {
-    OffloadOptions offload = *options_.offload;
-    offload.pp_rank = rank;
-    offload_ = std::make_unique<OffloadManager>(device_, std::move(offload));
-  }
+  if (options_.offload) offload_ = std::make_unique<OffloadManager>(device_, *options_.offload, rank);
 }
 
 Microbatch Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows) const {

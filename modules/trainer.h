@@ -18,9 +18,9 @@
 // reports the global values. Evaluation runs forward-only passes (nothing saved) over a fixed
 // set of validation batches, through the pipeline; every replica evaluates the same batches.
 //
-// With TrainerOptions::offload set, the trainer owns an OffloadManager (its pp_rank set to the
-// pipeline rank) and passes it to each (micro-batch, chunk) saved-tensor context, with the
-// schedule's backward order (evaluation passes none); StepStats::offload reports what a step
+// With TrainerOptions::offload set, the trainer owns an OffloadManager (made with the pipeline
+// rank) and passes it to each (micro-batch, chunk) saved-tensor context, with the schedule's
+// backward order (evaluation passes none); StepStats::offload reports what a step
 // moved on this rank, and the manager's policy table exists after the first step.
 //
 // Each step runs under a StepTimeline (engine/runtime/step_timeline.h) set on the device for

@@ -4,6 +4,7 @@
 
 #include "engine/kernels/ops.h"
 #include "engine/runtime/step_timeline.h"
+#include "modules/offload_groups.h"
 
 namespace moe {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
@@ -22,7 +23,7 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
 
 Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
   std::optional<TraceSpan> span(std::in_place, x.device(), "attention forward", layer_);
-  const size_t attn_norm_group = saved.OpenGroup("attn_norm", layer_);
+  const size_t attn_norm_group = saved.OpenGroup(kAttnNormGroup, layer_);
   const Tensor normed = attn_norm_.Forward(saved, x);
   saved.CloseGroup(attn_norm_group);
   Tensor h = attention_.Forward(saved, normed);
@@ -30,7 +31,7 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
   saved.CommitGroup(attn_norm_group);
   span.emplace(x.device(), moe_mlp_ ? "moe forward" : "mlp forward", layer_);
 
-  const size_t mlp_norm_group = saved.OpenGroup("mlp_norm", layer_);
+  const size_t mlp_norm_group = saved.OpenGroup(kMlpNormGroup, layer_);
   const Tensor mlp_in = mlp_norm_.Forward(saved, h);
   saved.CloseGroup(mlp_norm_group);
   Tensor y = moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);

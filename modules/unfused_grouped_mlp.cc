@@ -2,6 +2,7 @@
 
 #include "engine/kernels/ops.h"
 #include "modules/linear.h"
+#include "modules/offload_groups.h"
 
 namespace moe {
 
@@ -44,11 +45,11 @@ Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Te
   Tensor h = Tensor::Empty({x.dim(0), 2 * ffn}, x.dtype(), x.device());
   saved.Save(name_ + ".offsets", host_offsets);
   {
-    ScopedSaveGroup group(saved, "expert_fc1", layer_);
+    ScopedSaveGroup group(saved, kExpertFc1Group, layer_);
     PerExpertForward(rows, x, fc1_, h);
     saved.Save(name_ + ".x", x);
   }
-  ScopedSaveGroup group(saved, "moe_act", layer_);
+  ScopedSaveGroup group(saved, kMoeActGroup, layer_);
   Tensor a = Tensor::Empty({x.dim(0), ffn}, x.dtype(), x.device());
   ops::SwigluForward(h, weights, a);
   saved.Save(name_ + ".h", h);

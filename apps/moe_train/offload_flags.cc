@@ -70,36 +70,7 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
   }
   if (chosen.empty()) return std::optional<OffloadOptions>();
 
-  const bool fused = model.moe_grouped_mlp == GroupedMlpKind::kFused;
-  if (chosen.count("attn_proj") && !chosen.count("core_attn")) {
-    return InvalidArgument(
-        "--offload_modules: attn_proj needs core_attn (the attention output it moves is read by "
-        "core attention's backward too); add core_attn or drop attn_proj");
-  }
-  if (chosen.count("fused_group_mlp")) {
-    for (const char* unfused_group : {"expert_fc1", "moe_act"}) {
-      if (chosen.count(unfused_group)) {
-        return InvalidArgument(std::string("--offload_modules: fused_group_mlp cannot be combined "
-                                           "with ") +
-                               unfused_group +
-                               " (fused_group_mlp already holds the fc1 and activation inputs)");
-      }
-    }
-    if (!fused) {
-      return InvalidArgument(
-          "--offload_modules=fused_group_mlp needs --moe_grouped_mlp=fused; with the unfused "
-          "grouped MLP offload expert_fc1 and/or moe_act");
-    }
-  }
-  if (fused) {
-    for (const char* unfused_group : {"expert_fc1", "moe_act"}) {
-      if (chosen.count(unfused_group)) {
-        return InvalidArgument(std::string("--offload_modules=") + unfused_group +
-                               " does not exist with --moe_grouped_mlp=fused: offload "
-                               "fused_group_mlp instead, or use --moe_grouped_mlp=unfused");
-      }
-    }
-  }
+  RETURN_IF_ERROR(CheckOffloadGroups(chosen, model.moe_grouped_mlp, "--offload_modules"));
 
   OffloadOptions options;
   options.groups = chosen;
@@ -109,7 +80,6 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
   options.min_tensor_bytes = values.min_tensor_bytes;
   options.fraction = values.fraction;
   options.pp_delta_bytes = values.pp_delta_bytes;
-  options.pp_rank = values.pp_rank;
   options.prefetch_layers = static_cast<int>(values.prefetch_layers);
   return std::optional<OffloadOptions>(std::move(options));
 }

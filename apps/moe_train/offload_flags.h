@@ -27,7 +27,6 @@ struct OffloadFlagValues {
   double fraction = 1.0;
   int64_t pp_delta_bytes = 0;
   int64_t prefetch_layers = 1;
-  int pp_rank = 0;  // this process's pipeline rank (0 without pipeline parallelism)
 };
 
 // The manager's options for `values` and `model`, nullopt when no module is listed, or the first

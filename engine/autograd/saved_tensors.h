@@ -5,7 +5,7 @@
 //   memory is released as backward proceeds. Keys are module-scoped names
 //   ("layers.3.attention.q"); saving a key twice is a bug.
 // - In a forward-only pass (training() == false, e.g. evaluation) Save does nothing.
-// - Groups: a module opens a named group (an offload unit: "attn_norm", "expert_fc1", ...) for a
+// - Groups: a module opens a named group (an offload unit, named by the module) for a
 //   layer at its input; every Save until the group is closed belongs to it (one group is open at
 //   a time; saves outside any group are never offloaded). The group is committed at its defined
 //   point, which may come later than its close: a norm's group commits after the residual add.
@@ -23,7 +23,7 @@
 namespace moe {
 
 struct SavedGroup {
-  std::string name;               // module group name, e.g. "core_attn"
+  std::string name;               // module group name (modules/offload_groups.h)
   int layer = -1;                 // layer index in the model
   std::vector<std::string> keys;  // saved while the group was open, in order
   bool committed = false;

@@ -69,14 +69,15 @@ struct OffloadManager::Observation {
   int64_t skipped = 0;
 };
 
-OffloadManager::OffloadManager(Device device, OffloadOptions options)
+OffloadManager::OffloadManager(Device device, OffloadOptions options, int pp_rank)
     : device_(device),
       options_(std::move(options)),
+      pp_rank_(pp_rank),
       compute_(DeviceContext::Get(device).compute_stream()) {
   CHECK_GE(options_.min_tensor_bytes, 0);
   CHECK(options_.fraction >= 0 && options_.fraction <= 1) << options_.fraction;
   CHECK_GE(options_.pp_delta_bytes, 0);
-  CHECK_GE(options_.pp_rank, 0);
+  CHECK_GE(pp_rank_, 0);
   CHECK_GE(options_.prefetch_layers, 0);
   DeviceContext& context = DeviceContext::Get(device);
   d2h_ = context.CreateSideStream();
@@ -377,7 +378,7 @@ void OffloadManager::FixPolicy() {
   });
   std::vector<bool> offload(candidates.size(), true);
   // Pipeline rank r keeps r x delta bytes resident, taken from the last groups.
-  const int64_t keep_bytes = options_.pp_rank * options_.pp_delta_bytes;
+  const int64_t keep_bytes = pp_rank_ * options_.pp_delta_bytes;
   int64_t kept = 0;
   for (size_t i = candidates.size(); i-- > 0 && kept < keep_bytes;) {
     offload[i] = false;
@@ -430,7 +431,7 @@ std::string OffloadManager::SummaryTable(
            "from the next step (min tensor %lld bytes, fraction %g, pp rank %d x delta %lld bytes, "
            "prefetch %d layer(s)), per micro-batch:\n",
            warmup_.offloaded_bytes / kMiB, static_cast<long long>(warmup_.offloaded_tensors),
-           static_cast<long long>(options_.min_tensor_bytes), options_.fraction, options_.pp_rank,
+           static_cast<long long>(options_.min_tensor_bytes), options_.fraction, pp_rank_,
            static_cast<long long>(options_.pp_delta_bytes), options_.prefetch_layers);
   out += line;
   snprintf(line, sizeof(line), "  %4s  %-16s %9s %8s %12s %8s  %s\n", "rank", "group", "groups",
@@ -456,7 +457,7 @@ std::string OffloadManager::SummaryTable(
     row(rank, total, "");
   };
   if (by_pipeline_rank.empty()) {
-    rank_rows(options_.pp_rank, summary_);
+    rank_rows(pp_rank_, summary_);
   } else {
     for (size_t rank = 0; rank < by_pipeline_rank.size(); ++rank) {
       rank_rows(static_cast<int>(rank), by_pipeline_rank[rank]);

@@ -70,7 +70,6 @@ struct OffloadOptions {
   int64_t min_tensor_bytes = 1 << 20;     // smaller tensors stay on the device
   double fraction = 1.0;                  // of candidate groups kept offloaded, earliest first
   int64_t pp_delta_bytes = 0;             // pipeline rank r keeps r x this many bytes resident
-  int pp_rank = 0;
   int prefetch_layers = 1;                // reload distance in layers (0: on demand)
 };
 
@@ -101,7 +100,8 @@ struct OffloadGroupSummary {
 
 class OffloadManager final : public SavedTensorHooks {
  public:
-  OffloadManager(Device device, OffloadOptions options);
+  // `pp_rank`: this process's pipeline rank (the policy's pp_delta_bytes and the table's rank).
+  OffloadManager(Device device, OffloadOptions options, int pp_rank = 0);
   ~OffloadManager() override;
   OffloadManager(const OffloadManager&) = delete;
   OffloadManager& operator=(const OffloadManager&) = delete;
@@ -122,10 +122,11 @@ class OffloadManager final : public SavedTensorHooks {
   bool policy_fixed() const { return policy_fixed_; }
   int64_t steps() const { return steps_; }
   const OffloadOptions& options() const { return options_; }
+  int pp_rank() const { return pp_rank_; }
   // Per group name, in order of first commit; empty before the first step has ended.
   const std::vector<OffloadGroupSummary>& summary() const { return summary_; }
   // The policy as a table ("rank | group | offloaded/candidates | tensors | MiB"), one line per
-  // group name and a total per rank: this manager's rows (rank options().pp_rank), or, given
+  // group name and a total per rank: this manager's rows (rank pp_rank()), or, given
   // by_pipeline_rank (every pipeline rank's summary(), by rank), all of them.
   std::string SummaryTable(
       const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank = {}) const;
@@ -153,6 +154,7 @@ class OffloadManager final : public SavedTensorHooks {
 
   const Device device_;
   const OffloadOptions options_;
+  const int pp_rank_;
   Stream& compute_;
   std::unique_ptr<Stream> d2h_;
   std::unique_ptr<Stream> h2d_;

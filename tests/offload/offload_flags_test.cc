@@ -112,7 +112,6 @@ TEST(OffloadFlagsTest, GoodFlagsBecomeOptions) {
   v.fraction = 0.25;
   v.pp_delta_bytes = 1 << 20;
   v.prefetch_layers = 2;
-  v.pp_rank = 3;
   const auto result = MakeOffloadOptions(v, Model(kUnfused));
   ASSERT_TRUE(result.ok()) << result.status().message();
   const OffloadOptions& o = *result.value();
@@ -122,7 +121,6 @@ TEST(OffloadFlagsTest, GoodFlagsBecomeOptions) {
   EXPECT_EQ(o.min_tensor_bytes, 0);
   EXPECT_EQ(o.fraction, 0.25);
   EXPECT_EQ(o.pp_delta_bytes, 1 << 20);
-  EXPECT_EQ(o.pp_rank, 3);
   EXPECT_EQ(o.prefetch_layers, 2);
 }
 

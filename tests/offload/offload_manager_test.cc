@@ -248,9 +248,8 @@ struct PolicyRun {
 PolicyRun RunPolicy(double fraction, int pp_rank, int64_t pp_delta_bytes) {
   OffloadOptions options = Options({"a", "b"});
   options.fraction = fraction;
-  options.pp_rank = pp_rank;
   options.pp_delta_bytes = pp_delta_bytes;
-  OffloadManager manager(kCpu, options);
+  OffloadManager manager(kCpu, options, pp_rank);
   PolicyRun run;
   for (int step = 0; step < 2; ++step) {
     {
