@@ -47,22 +47,29 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     saved.Save(name_ + ".q", q);
     saved.Save(name_ + ".k", k);
     saved.Save(name_ + ".v", v);
-    saved.Save(name_ + ".lse", lse);
+    if (!config_.recompute.core_attn) saved.Save(name_ + ".lse", lse);
   }
   ScopedSaveGroup group(saved, kAttnProjGroup, layer_);
   out = out.View({tokens, heads * d});
-  saved.Save(name_ + ".out", out);
+  if (!config_.recompute.core_attn) saved.Save(name_ + ".out", out);
   return LinearForward(out, o_proj_);
 }
 
 Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
-  const Tensor out = saved.Load(name_ + ".out");
-  const Tensor dout = LinearBackward(dy, out, o_proj_);
-
+  const bool recompute = config_.recompute.core_attn;
+  Tensor out = recompute ? Tensor() : saved.Load(name_ + ".out");
   const Tensor q = saved.Load(name_ + ".q");
   const Tensor k = saved.Load(name_ + ".k");
   const Tensor v = saved.Load(name_ + ".v");
-  const Tensor lse = saved.Load(name_ + ".lse");
+  Tensor lse = recompute ? Tensor() : saved.Load(name_ + ".lse");
+  if (recompute) {
+    out = Tensor::Empty(q.shape(), q.dtype(), q.device());
+    lse = Tensor::Empty({q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, q.device());
+    ops::AttentionForward(q, k, v, out, lse);
+    out = out.View({dy.dim(0), config_.hidden_size});
+  }
+  const Tensor dout = LinearBackward(dy, out, o_proj_);
+
   Tensor dq = Tensor::Empty(q.shape(), q.dtype(), q.device());
   Tensor dk = Tensor::Empty(k.shape(), k.dtype(), k.device());
   Tensor dv = Tensor::Empty(v.shape(), v.dtype(), v.device());

@@ -29,7 +29,7 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   saved.Save(name_ + ".h", h);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::SwigluForward(h, weights, a);
-  saved.Save(name_ + ".a", a);
+  if (!config_.recompute.moe_act) saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
@@ -42,12 +42,18 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   const Tensor weights = saved.Load(name_ + ".weights");
   const Device device = dy.device();
 
-  const Tensor a = saved.Load(name_ + ".a");
+  const Tensor h = saved.Load(name_ + ".h");
+  Tensor a;
+  if (config_.recompute.moe_act) {
+    a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, h.dtype(), device);
+    ops::SwigluForward(h, weights, a);
+  } else {
+    a = saved.Load(name_ + ".a");
+  }
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
   ops::GroupedMatmul(dy, fc2_.value, offsets, host_rows, da, /*transpose_w=*/false);
   ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, AccumulateIntoGrad(fc2_));
 
-  const Tensor h = saved.Load(name_ + ".h");
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
   grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, device);

@@ -10,6 +10,17 @@ namespace moe {
 
 enum class GroupedMlpKind { kFused, kUnfused };
 
+// Selective recompute (--recompute_modules, modules/offload_groups.h has the names and rules):
+// what a module drops in forward and recomputes in backward from what it keeps.
+struct RecomputeModules {
+  bool layernorm = false;  // the attn_norm and mlp_norm outputs, from the norms' inputs
+  bool moe_act = false;    // the SwiGLU output (fc2's input), from the fc1 output
+  bool moe = false;        // the whole MoE layer (router, permutation, grouped MLP), from its input
+  bool core_attn = false;  // core attention's output and softmax statistics, from q, k, v
+
+  bool any() const { return layernorm || moe_act || moe || core_attn; }
+};
+
 struct GptConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -22,6 +33,7 @@ struct GptConfig {
   float moe_aux_loss_coeff = 1e-2f;
   float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kUnfused;
+  RecomputeModules recompute;  // how the model runs, not its shape
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;

@@ -1,5 +1,7 @@
 #include "modules/moe_layer.h"
 
+#include <glog/logging.h>
+
 #include "engine/kernels/ops.h"
 
 namespace moe {
@@ -12,6 +14,26 @@ MoeLayer::MoeLayer(ParameterSet& parameters, const std::string& name, const GptC
       experts_(MakeGroupedMlp(parameters, name + ".experts", config, layer)) {}
 
 Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
+  if (!config_.recompute.moe || !saved.training()) return ForwardSaving(saved, x, aux_loss);
+  SavedTensors nothing_saved(/*training=*/false);
+  const Tensor y = ForwardSaving(nothing_saved, x, aux_loss);
+  saved.Save(name_ + ".input", x);
+  return y;
+}
+
+Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+  if (!config_.recompute.moe) return BackwardSaved(saved, dy, aux_grad);
+  const Tensor x = saved.Load(name_ + ".input");
+  SavedTensors replay(/*training=*/true);
+  Tensor aux_loss = Tensor::Empty({1}, DType::kF32, x.device());
+  ops::Fill(aux_loss, 0.0f);
+  ForwardSaving(replay, x, aux_loss);
+  const Tensor dx = BackwardSaved(replay, dy, aux_grad);
+  CHECK(replay.empty()) << name_ << " recompute left saved tensors behind";
+  return dx;
+}
+
+Tensor MoeLayer::ForwardSaving(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
   const int64_t tokens = x.dim(0), k = config_.moe_router_topk, rows = tokens * k;
   const Device device = x.device();
   const Routing routing = router_.Forward(saved, x);
@@ -33,7 +55,7 @@ Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux
   return y;
 }
 
-Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad) {
   const int64_t tokens = dy.dim(0), k = config_.moe_router_topk, rows = tokens * k;
   const Device device = dy.device();
   const Tensor source_rows = saved.Load(name_ + ".source_rows");

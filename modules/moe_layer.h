@@ -3,6 +3,9 @@
 // Permutation: the (tokens, k) choices sorted stably by expert; row i of the permuted batch is
 // token source_rows[i] = order[i] / k, and choice (t, j) lands at row inverse[t * k + j].
 // Saves (no group): source_rows and inverse; the router and the grouped MLP save their own.
+// With config.recompute.moe the layer saves only its input x: forward runs without saving, and
+// backward first runs forward again from x (into a context of its own, aux loss discarded),
+// then backward through it: the same kernels on the same input, so the same bits.
 // Backward: dx =; returns nothing else (router and expert weight grads +=).
 #pragma once
 
@@ -24,6 +27,9 @@ class MoeLayer {
   Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
 
  private:
+  Tensor ForwardSaving(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
+  Tensor BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad);
+
   std::string name_;
   const GptConfig& config_;
   Router router_;

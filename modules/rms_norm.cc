@@ -18,6 +18,14 @@ Tensor RmsNorm::Forward(SavedTensors& saved, const Tensor& x) {
   return y;
 }
 
+Tensor RmsNorm::Recompute(const SavedTensors& saved) const {
+  const Tensor& x = saved.Peek(name_ + ".x");
+  Tensor y = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  Tensor rstd = Tensor::Empty({x.dim(0)}, DType::kF32, x.device());
+  ops::RmsNormForward(x, weight_.value, eps_, y, rstd);
+  return y;
+}
+
 Tensor RmsNorm::Backward(SavedTensors& saved, const Tensor& dy) {
   const Tensor x = saved.Load(name_ + ".x");
   const Tensor rstd = saved.Load(name_ + ".rstd");

@@ -1,5 +1,6 @@
 // RMSNorm module. x, y (tokens, hidden); weight (hidden), initialised to 1, no weight decay.
 // Saves under `name`: x and rstd (tokens) f32. Backward: dx =, weight.grad += (MaterializedGrad).
+// Recompute(saved) gives forward's y again from the saved x (before Backward; bit-identical).
 #pragma once
 
 #include <string>
@@ -14,6 +15,7 @@ class RmsNorm {
   RmsNorm(ParameterSet& parameters, const std::string& name, int64_t hidden, float eps);
   Tensor Forward(SavedTensors& saved, const Tensor& x);
   Tensor Backward(SavedTensors& saved, const Tensor& dy);
+  Tensor Recompute(const SavedTensors& saved) const;
 
  private:
   std::string name_;

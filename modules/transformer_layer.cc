@@ -11,6 +11,7 @@ std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
 
 TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
     : layer_(layer),
+      recompute_layernorm_(config.recompute.layernorm),
       attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_eps),
       attention_(parameters, LayerName(layer) + ".attention", config, layer),
       mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_eps) {
@@ -21,12 +22,26 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
   }
 }
 
+void TransformerLayer::DropNormOutput(SavedTensors& saved, const Tensor& output,
+                                      std::vector<std::string>& keys) const {
+  if (!recompute_layernorm_ || !saved.training()) return;
+  keys = saved.Drop(output);
+}
+
+void TransformerLayer::RecomputeNormOutput(SavedTensors& saved, const RmsNorm& norm,
+                                           const std::vector<std::string>& keys) const {
+  if (!recompute_layernorm_) return;
+  const Tensor output = norm.Recompute(saved);
+  for (const std::string& key : keys) saved.Save(key, output);
+}
+
 Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
   std::optional<TraceSpan> span(std::in_place, x.device(), "attention forward", layer_);
   const size_t attn_norm_group = saved.OpenGroup(kAttnNormGroup, layer_);
   const Tensor normed = attn_norm_.Forward(saved, x);
   saved.CloseGroup(attn_norm_group);
   Tensor h = attention_.Forward(saved, normed);
+  DropNormOutput(saved, normed, attn_norm_output_keys_);
   ops::Add(x, h, h);
   saved.CommitGroup(attn_norm_group);
   span.emplace(x.device(), moe_mlp_ ? "moe forward" : "mlp forward", layer_);
@@ -35,6 +50,7 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
   const Tensor mlp_in = mlp_norm_.Forward(saved, h);
   saved.CloseGroup(mlp_norm_group);
   Tensor y = moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);
+  DropNormOutput(saved, mlp_in, mlp_norm_output_keys_);
   ops::Add(h, y, y);
   saved.CommitGroup(mlp_norm_group);
   return y;
@@ -43,10 +59,12 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
 Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
   std::optional<TraceSpan> span(std::in_place, dy.device(),
                                 moe_mlp_ ? "moe backward" : "mlp backward", layer_);
+  RecomputeNormOutput(saved, mlp_norm_, mlp_norm_output_keys_);
   const Tensor dmlp_in = moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
   Tensor dh = mlp_norm_.Backward(saved, dmlp_in);
   ops::Add(dh, dy, dh);  // residual
   span.emplace(dy.device(), "attention backward", layer_);
+  RecomputeNormOutput(saved, attn_norm_, attn_norm_output_keys_);
   const Tensor dnormed = attention_.Backward(saved, dh);
   Tensor dx = attn_norm_.Backward(saved, dnormed);
   ops::Add(dx, dh, dx);  // residual

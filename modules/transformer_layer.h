@@ -2,11 +2,15 @@
 //   h = x + attention(attn_norm(x));  y = h + mlp(mlp_norm(h)),  mlp dense or MoE.
 // x, y (tokens, hidden). The norms' offload groups (attn_norm, mlp_norm) hold the norm's saved
 // tensors and commit after their residual add.
+// With config.recompute.layernorm, the norms' outputs are not kept by the modules that saved them
+// (the attention's and the MLP's inputs): forward drops them (SavedTensors::Drop) and backward
+// recomputes each from its norm's saved input just before the module's backward reads it.
 // Backward: dx =; every weight grad +=.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/autograd/saved_tensors.h"
 #include "modules/attention.h"
@@ -27,12 +31,22 @@ class TransformerLayer {
   Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
 
  private:
+  void DropNormOutput(SavedTensors& saved, const Tensor& output,
+                      std::vector<std::string>& keys) const;
+  void RecomputeNormOutput(SavedTensors& saved, const RmsNorm& norm,
+                           const std::vector<std::string>& keys) const;
+
   int layer_;
+  bool recompute_layernorm_;
   RmsNorm attn_norm_;
   SelfAttention attention_;
   RmsNorm mlp_norm_;
   std::unique_ptr<DenseMlp> dense_mlp_;  // exactly one of these two
   std::unique_ptr<MoeLayer> moe_mlp_;
+  // The keys that held each norm's output, dropped under layernorm recompute (the same for every
+  // micro-batch: module-scoped names).
+  std::vector<std::string> attn_norm_output_keys_;
+  std::vector<std::string> mlp_norm_output_keys_;
 };
 
 }  // namespace moe

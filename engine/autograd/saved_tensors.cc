@@ -38,6 +38,20 @@ void SavedTensors::Replace(const std::string& key, const Tensor& t) {
   it->second = t;
 }
 
+std::vector<std::string> SavedTensors::Drop(const Tensor& t) {
+  std::vector<std::string> keys;
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    const Tensor& saved = it->second;
+    if (saved.data() == t.data() && saved.shape() == t.shape() && saved.dtype() == t.dtype()) {
+      keys.push_back(it->first);
+      it = tensors_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return keys;
+}
+
 const Tensor& SavedTensors::Peek(const std::string& key) const {
   auto it = tensors_.find(key);
   CHECK(it != tensors_.end()) << "no saved tensor " << key;

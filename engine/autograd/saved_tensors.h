@@ -57,6 +57,10 @@ class SavedTensors {
   // Replaces a saved tensor in place (the offload manager swapping device and host copies).
   void Replace(const std::string& key, const Tensor& t);
   const Tensor& Peek(const std::string& key) const;
+  // Recompute: forgets every saved entry that holds `t` (the same view of the same storage) and
+  // returns their keys, for the module that produced `t` to Save them again in backward once it
+  // has recomputed it. Nothing in a forward-only pass.
+  std::vector<std::string> Drop(const Tensor& t);
 
   // Returns the group's id. Groups are ignored (id 0, nothing recorded) in forward-only passes.
   size_t OpenGroup(const std::string& name, int layer);
