@@ -1,5 +1,8 @@
 #include "modules/offload_groups.h"
 
+#include <algorithm>
+#include <sstream>
+
 namespace moe {
 
 const std::vector<std::string>& OffloadGroupNames() {
@@ -43,6 +46,76 @@ Status CheckOffloadGroups(const std::set<std::string>& groups, GroupedMlpKind ml
     }
   }
   return Status::Ok();
+}
+
+const std::vector<std::string>& RecomputeModuleNames() {
+  static const std::vector<std::string> names = {kLayerNormRecompute, kMoeActRecompute,
+                                                 kMoeRecompute, kCoreAttnRecompute};
+  return names;
+}
+
+StatusOr<RecomputeModules> MakeRecomputeModules(const std::set<std::string>& names,
+                                                const std::string& flag) {
+  RecomputeModules r;
+  r.layernorm = names.count(kLayerNormRecompute) > 0;
+  r.moe_act = names.count(kMoeActRecompute) > 0;
+  r.moe = names.count(kMoeRecompute) > 0;
+  r.core_attn = names.count(kCoreAttnRecompute) > 0;
+  if (r.moe && r.moe_act) {
+    return InvalidArgument(flag + ": " + kMoeRecompute + " already recomputes " + kMoeActRecompute +
+                           "; list one of them");
+  }
+  return r;
+}
+
+Status CheckRecomputeWithOffload(const RecomputeModules& recompute,
+                                 const std::set<std::string>& offload_groups) {
+  const std::pair<bool, const char*> modules[] = {{recompute.layernorm, kLayerNormRecompute},
+                                                  {recompute.core_attn, kCoreAttnRecompute},
+                                                  {recompute.moe, kMoeRecompute},
+                                                  {recompute.moe_act, kMoeActRecompute}};
+  const auto conflicts = [](const std::string& module) -> std::vector<const char*> {
+    if (module == kLayerNormRecompute) return {kAttnNormGroup, kMlpNormGroup, kQkvLinearGroup};
+    if (module == kCoreAttnRecompute) return {kCoreAttnGroup, kAttnProjGroup};
+    if (module == kMoeRecompute) return {kFusedGroupMlpGroup, kExpertFc1Group, kMoeActGroup};
+    return {kMoeActGroup};
+  };
+  for (const auto& [on, module] : modules) {
+    if (!on) continue;
+    for (const char* group : conflicts(module)) {
+      if (offload_groups.count(group)) {
+        return InvalidArgument(std::string("--recompute_modules=") + module +
+                               " cannot be combined with --offload_modules=" + group + " (" +
+                               (std::string(module) == group
+                                    ? "a module is either recomputed or offloaded"
+                                    : std::string(module) + " recompute reads or drops what " +
+                                          group + " holds") +
+                               ")");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::set<std::string>> ParseNameList(const std::string& list,
+                                              const std::vector<std::string>& known,
+                                              const std::string& flag) {
+  std::set<std::string> chosen;
+  if (list.empty()) return chosen;
+  if (list.back() == ',') return InvalidArgument("--" + flag + "=" + list + " has an empty entry");
+  std::stringstream entries(list);
+  std::string name;
+  while (std::getline(entries, name, ',')) {
+    if (name.empty()) return InvalidArgument("--" + flag + "=" + list + " has an empty entry");
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string choices;
+      for (const std::string& k : known) choices += (choices.empty() ? "" : ", ") + k;
+      return InvalidArgument("--" + flag + ": unknown module \"" + name + "\"; choose from " +
+                             choices);
+    }
+    if (!chosen.insert(name).second) return InvalidArgument("--" + flag + " lists " + name + " twice");
+  }
+  return chosen;
 }
 
 }  // namespace moe

@@ -1,6 +1,7 @@
-// The offload groups the model's modules open in a SavedTensors context (see DESIGN.md,
-// "Fine-grained activation offloading"), and the rules for combining them: the one home of the
-// group names. The OffloadManager knows none of them; the modules open groups by these
+// The names of the two activation-memory policies and the rules for combining them: the offload
+// groups the model's modules open in a SavedTensors context (see DESIGN.md, "Fine-grained
+// activation offloading") and the selective-recompute modules (GptConfig::recompute). The one
+// home of these names. The OffloadManager knows none of them; the modules open groups by these
 // constants, the flag parsing and the trainer configure the manager with them. A group holds
 // exactly what its module saved while it was open:
 //   attn_norm        layers.N.attn_norm.{x, rstd}             commits after the residual add
@@ -43,5 +44,29 @@ const std::set<std::string>& RoutedOffloadGroups();
 // `flag` (e.g. "--offload_modules").
 Status CheckOffloadGroups(const std::set<std::string>& groups, GroupedMlpKind mlp,
                           const std::string& flag);
+
+// Recompute modules (Megatron-LM's names), see RecomputeModules in gpt_config.h.
+inline constexpr char kLayerNormRecompute[] = "layernorm";
+inline constexpr char kMoeActRecompute[] = "moe_act";
+inline constexpr char kMoeRecompute[] = "moe";
+inline constexpr char kCoreAttnRecompute[] = "core_attn";
+
+const std::vector<std::string>& RecomputeModuleNames();
+// `names` (known recompute modules) as flags; a problem starts with `flag`: moe together with
+// moe_act (moe already recomputes the activation).
+StatusOr<RecomputeModules> MakeRecomputeModules(const std::set<std::string>& names,
+                                                const std::string& flag);
+// A module both recomputed and offloaded, or an offload group that recompute empties, is an
+// error naming both flags' entries: layernorm with attn_norm, mlp_norm or qkv_linear (the norms'
+// inputs are read to recompute, qkv_linear holds the output it drops); core_attn with core_attn
+// or attn_proj; moe with fused_group_mlp, expert_fc1 or moe_act; moe_act with moe_act.
+Status CheckRecomputeWithOffload(const RecomputeModules& recompute,
+                                 const std::set<std::string>& offload_groups);
+
+// A comma list of names from `known` (e.g. a flag's value), each at most once, no empty entry;
+// problems start with "--<flag>".
+StatusOr<std::set<std::string>> ParseNameList(const std::string& list,
+                                              const std::vector<std::string>& known,
+                                              const std::string& flag);
 
 }  // namespace moe

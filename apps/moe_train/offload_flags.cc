@@ -15,19 +15,14 @@ DEFINE_double(offload_fraction, 1.0,
               "forward order first, in [0, 1]");
 DEFINE_int64(offload_pp_delta_bytes, 0,
               "pipeline rank r keeps r x this many bytes of its last offload groups on the device");
+DEFINE_string(recompute_modules, "",
+              "comma list of modules that drop activations in forward and recompute them in "
+              "backward: layernorm (the norms' outputs), moe_act (the SwiGLU output), moe (the "
+              "whole MoE layer from its input), core_attn (attention from q, k, v); empty: off");
 DEFINE_int64(offload_prefetch_layers, 1,
              "how many layers ahead of backward reloads run (0: on demand), in [0, --num_layers]");
 
 namespace moe {
-namespace {
-
-std::string Join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
-  return out;
-}
-
-}  // namespace
 
 StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValues& values,
                                                            const GptConfig& model) {
@@ -49,27 +44,9 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
                            " must be in [0, --num_layers=" + std::to_string(model.num_layers) + "]");
   }
 
-  const std::vector<std::string>& known = OffloadGroupNames();
-  std::set<std::string> chosen;
-  std::stringstream list(values.modules);
-  std::string name;
-  while (!values.modules.empty() && std::getline(list, name, ',')) {
-    if (name.empty()) {
-      return InvalidArgument("--offload_modules=" + values.modules + " has an empty entry");
-    }
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      return InvalidArgument("--offload_modules: unknown module \"" + name + "\"; choose from " +
-                             Join(known));
-    }
-    if (!chosen.insert(name).second) {
-      return InvalidArgument("--offload_modules lists " + name + " twice");
-    }
-  }
-  if (!values.modules.empty() && values.modules.back() == ',') {
-    return InvalidArgument("--offload_modules=" + values.modules + " has an empty entry");
-  }
+  ASSIGN_OR_RETURN(const std::set<std::string> chosen,
+                   ParseNameList(values.modules, OffloadGroupNames(), "offload_modules"));
   if (chosen.empty()) return std::optional<OffloadOptions>();
-
   RETURN_IF_ERROR(CheckOffloadGroups(chosen, model.moe_grouped_mlp, "--offload_modules"));
 
   OffloadOptions options;
@@ -92,6 +69,20 @@ StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(const GptConfig&
   values.pp_delta_bytes = FLAGS_offload_pp_delta_bytes;
   values.prefetch_layers = FLAGS_offload_prefetch_layers;
   return MakeOffloadOptions(values, model);
+}
+
+StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
+                                         const std::optional<OffloadOptions>& offload) {
+  ASSIGN_OR_RETURN(const std::set<std::string> names,
+                   ParseNameList(list, RecomputeModuleNames(), "recompute_modules"));
+  ASSIGN_OR_RETURN(const RecomputeModules recompute,
+                   MakeRecomputeModules(names, "--recompute_modules"));
+  if (offload) RETURN_IF_ERROR(CheckRecomputeWithOffload(recompute, offload->groups));
+  return recompute;
+}
+
+StatusOr<RecomputeModules> RecomputeFromFlags(const std::optional<OffloadOptions>& offload) {
+  return MakeRecompute(FLAGS_recompute_modules, offload);
 }
 
 }  // namespace moe

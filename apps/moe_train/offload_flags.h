@@ -1,5 +1,5 @@
-// moe_train's fine-grained activation offload flags (defined in offload_flags.cc) and their
-// validation against the model. Every problem is one line naming the flag(s), found before any
+// moe_train's activation-memory flags (defined in offload_flags.cc): fine-grained activation
+// offloading and selective recompute, and their validation against the model and each other. Every problem is one line naming the flag(s), found before any
 // work; see DESIGN.md, "Fine-grained activation offloading".
 #pragma once
 
@@ -18,6 +18,7 @@ DECLARE_int64(offload_min_tensor_bytes);
 DECLARE_double(offload_fraction);
 DECLARE_int64(offload_pp_delta_bytes);
 DECLARE_int64(offload_prefetch_layers);
+DECLARE_string(recompute_modules);
 
 namespace moe {
 
@@ -35,5 +36,11 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
                                                            const GptConfig& model);
 // The same from the command-line flags.
 StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(const GptConfig& model);
+
+// --recompute_modules's list, checked against the offload options chosen (nullopt: none).
+StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
+                                         const std::optional<OffloadOptions>& offload);
+// The same from the command-line flag.
+StatusOr<RecomputeModules> RecomputeFromFlags(const std::optional<OffloadOptions>& offload);
 
 }  // namespace moe

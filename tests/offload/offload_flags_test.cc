@@ -1,5 +1,6 @@
-// moe_train's offload flags: every validation rule is one clear line naming the flag(s); good
-// values become the manager's options (routed groups bypass the pinned pool).
+// moe_train's activation-memory flags (offload and recompute): every validation rule is one clear
+// line naming the flag(s); good values become the manager's options (routed groups bypass the
+// pinned pool) and the model's recompute set.
 #include "apps/moe_train/offload_flags.h"
 
 #include <gtest/gtest.h>
@@ -146,6 +147,79 @@ TEST(OffloadFlagsTest, DefaultsAreInRange) {
   EXPECT_EQ(result.value()->prefetch_layers, 1);
   EXPECT_EQ(result.value()->fraction, 1.0);
   EXPECT_EQ(result.value()->min_tensor_bytes, 1 << 20);
+}
+
+// --recompute_modules, alone and against --offload_modules (fused grouped MLP).
+struct BadRecompute {
+  std::string recompute;
+  std::string offload;
+  std::string message;  // must appear in the error
+};
+
+void PrintTo(const BadRecompute& bad, std::ostream* os) {
+  *os << "--recompute_modules=" << bad.recompute << " --offload_modules=" << bad.offload;
+}
+
+class RecomputeFlagsErrorTest : public ::testing::TestWithParam<BadRecompute> {};
+
+TEST_P(RecomputeFlagsErrorTest, IsOneLineNamingTheFlags) {
+  const BadRecompute& bad = GetParam();
+  const GptConfig model = Model(kFused);
+  const auto offload = MakeOffloadOptions(Modules(bad.offload), model);
+  ASSERT_TRUE(offload.ok()) << offload.status().message();
+  const auto result = MakeRecompute(bad.recompute, offload.value());
+  ASSERT_FALSE(result.ok());
+  const std::string& message = result.status().message();
+  EXPECT_NE(message.find(bad.message), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_EQ(message.rfind("--recompute_modules", 0), 0u) << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, RecomputeFlagsErrorTest,
+    ::testing::Values(
+        BadRecompute{"mlp", "", "--recompute_modules: unknown module \"mlp\"; choose from "
+                                "layernorm, moe_act, moe, core_attn"},
+        BadRecompute{"moe,", "", "--recompute_modules=moe, has an empty entry"},
+        BadRecompute{"moe,,core_attn", "", "has an empty entry"},
+        BadRecompute{"core_attn,core_attn", "", "--recompute_modules lists core_attn twice"},
+        BadRecompute{"moe,moe_act", "", "moe already recomputes moe_act"},
+        BadRecompute{"layernorm", "attn_norm",
+                     "--recompute_modules=layernorm cannot be combined with "
+                     "--offload_modules=attn_norm"},
+        BadRecompute{"layernorm", "mlp_norm", "--offload_modules=mlp_norm"},
+        BadRecompute{"layernorm", "qkv_linear", "--offload_modules=qkv_linear"},
+        BadRecompute{"core_attn", "core_attn",
+                     "--recompute_modules=core_attn cannot be combined with "
+                     "--offload_modules=core_attn (a module is either recomputed or offloaded)"},
+        BadRecompute{"core_attn", "core_attn,attn_proj", "--offload_modules=core_attn"},
+        BadRecompute{"moe", "fused_group_mlp",
+                     "--recompute_modules=moe cannot be combined with "
+                     "--offload_modules=fused_group_mlp"}));
+
+TEST(RecomputeFlagsTest, UnfusedMoeActConflictsWithItsOffloadGroup) {
+  const auto offload = MakeOffloadOptions(Modules("expert_fc1,moe_act"), Model(kUnfused));
+  ASSERT_TRUE(offload.ok());
+  EXPECT_FALSE(MakeRecompute("moe_act", offload.value()).ok());
+  EXPECT_FALSE(MakeRecompute("moe", offload.value()).ok());
+}
+
+TEST(RecomputeFlagsTest, GoodListsBecomeTheModelsRecomputeSet) {
+  const auto none = MakeRecompute("", std::nullopt);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none.value().any());
+  const auto offload = MakeOffloadOptions(Modules("attn_norm,mlp_norm,fused_group_mlp"),
+                                          Model(kFused));
+  ASSERT_TRUE(offload.ok());
+  const auto r = MakeRecompute("core_attn,moe_act", offload.value());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r.value().core_attn);
+  EXPECT_TRUE(r.value().moe_act);
+  EXPECT_FALSE(r.value().layernorm);
+  EXPECT_FALSE(r.value().moe);
+  const auto all = MakeRecompute("layernorm,moe,core_attn", std::nullopt);
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  EXPECT_TRUE(all.value().layernorm && all.value().moe && all.value().core_attn);
 }
 
 }  // namespace
