@@ -2,11 +2,12 @@
 # The GPU-machine benchmark pass (after tests/gpu_suite.sh has built into /tmp/moe-build): moe_bench
 # beside the PyTorch layer peer (which also times save_on_cpu) and its block timed with fresh and
 # with accumulating gradients (tests/reference/torch_moe_block_grads.py), the offload comparison on
-# the 8-layer Qwen3-30B-A3B-shaped model, the training presets, and (timeline) the step breakdown of
-# that model at global batch 1 and 8 with a trace of an offloaded step. Logs and JSON go to $OUT; a short
-# summary is printed last.
-#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline; default the
-#   first three)
+# the 8-layer Qwen3-30B-A3B-shaped model, the training presets, (timeline) the step breakdown of
+# that model at global batch 1 and 8 with a trace of an offloaded step, and (recompute) each
+# recompute module's step time and peak, and larger micro-batches with and without recompute.
+# Logs and JSON go to $OUT; a short summary is printed last.
+#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute;
+#   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,4 +69,26 @@ echo "offloaded, traced (rc $?): $(grep '^step' "$out/trace_offload.log" | tail 
 timeout 150 "$bin/moe_train" $common $offload > "$out/untraced_offload.log" 2>&1
 echo "offloaded, untraced (rc $?): $(grep '^step' "$out/untraced_offload.log" | tail -1)"
 for f in trace untraced; do grep '^eval\|^step' "$out/${f}_offload.log" | tail -2 | cut -c1-60; done
+fi
+
+if [[ $sections == *recompute* ]]; then
+echo "== recompute: the 8-layer model, global batch 8 of micro-batch 1, then larger micro-batches"
+common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+line() { grep '^step' "$1" | tail -1 | sed 's/.*| \([0-9.]* ms\/step\).*| \([0-9]* tokens\/s\).*| \(peak mem [0-9]* MiB\).*/\1 | \2 | \3/'; }
+for r in none layernorm moe_act moe core_attn layernorm,moe,core_attn; do
+  flags=""; [ $r != none ] && flags="--recompute_modules=$r"
+  timeout 150 "$bin/moe_train" $common --global_batch_size=8 --train_steps=8 --log_interval=4 $flags \
+    > "$out/recompute_$r.log" 2>&1
+  printf "%-26s rc %3d | %s\n" "$r" $? "$(line "$out/recompute_$r.log")"
+done
+for mb in 12 16 20; do
+  for r in none layernorm,moe,core_attn; do
+    flags=""; [ $r != none ] && flags="--recompute_modules=$r"
+    timeout 150 "$bin/moe_train" $common --micro_batch_size=$mb --global_batch_size=$mb \
+      --train_steps=4 --log_interval=2 $flags > /tmp/mb.log 2>&1
+    rc=$?
+    printf "micro-batch %2d %-24s rc %3d | %s | %s\n" $mb "$r" $rc "$(line /tmp/mb.log)" \
+      "$(grep -m1 -i 'memory\|error' /tmp/mb.log | grep -v '^model\|^parameters' | cut -c1-150)"
+  done
+done
 fi

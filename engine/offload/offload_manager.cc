@@ -210,9 +210,11 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
     g.copies.push_back({host, std::move(p.keys), static_cast<int64_t>(n)});
   }
   eligible.clear();  // drop the last device references held here
+  // The span ends before the event others wait on, so a trace never shows a reload that starts
+  // before its copy out has ended.
+  if (timeline != nullptr) timeline->EndSpan(span, *d2h_);
   g.d2h_done = TakeEvent();
   g.d2h_done->Record(*d2h_);
-  if (timeline != nullptr) timeline->EndSpan(span, *d2h_);
   g.offloaded = true;
   g.bytes = bytes;
   g.tensors = tensors;
@@ -275,9 +277,9 @@ void OffloadManager::IssueReload(Record& record, GroupState& g) {
     hosts.push_back(std::move(copy.host));
     copy.host = Tensor();
   }
+  if (timeline != nullptr) timeline->EndSpan(span, *h2d_);  // before the event compute waits on
   g.h2d_done = TakeEvent();
   g.h2d_done->Record(*h2d_);
-  if (timeline != nullptr) timeline->EndSpan(span, *h2d_);
   pending_releases_.push_back({g.h2d_done.get(), std::move(hosts)});
   g.reload_issued = true;
   step_.reloaded_bytes += g.bytes;

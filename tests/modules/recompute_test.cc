@@ -84,13 +84,6 @@ std::unique_ptr<Trainer> NewTrainer(const GptConfig& config, const TokenSource* 
   return std::move(Trainer::Create(config, o, kDevice, source)).value();
 }
 
-std::vector<uint32_t> Bits(const Tensor& t) {
-  const std::vector<float> values = testing::ToFloats(t);
-  std::vector<uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
-}
-
 // What one forward on random tokens leaves saved: key -> bytes (the context is then backward'd).
 std::map<std::string, int64_t> SavedAfterForward(const GptConfig& config) {
   ParameterSet parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
@@ -130,7 +123,7 @@ TEST_P(RecomputeTest, TrainingIsBitIdentical) {
   }
   for (size_t i = 0; i < reference->parameters().all().size(); ++i) {
     const Parameter& a = *reference->parameters().all()[i];
-    EXPECT_EQ(Bits(a.master), Bits(trainer->parameters().all()[i]->master)) << a.name;
+    EXPECT_EQ(testing::FloatBits(a.master), testing::FloatBits(trainer->parameters().all()[i]->master)) << a.name;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "engine/runtime/device_context.h"
+#include "tests/testing/copy_latency.h"
 #include "tests/testing/tensor_testing.h"
 
 namespace moe {
@@ -19,12 +20,6 @@ using testing::FromFloats;
 using testing::ToFloats;
 
 const Device kCpu = Device::CPU();
-
-class LatencyKnob {  // the test-only CPU copy latency, for one scope
- public:
-  explicit LatencyKnob(std::chrono::microseconds latency) { SetCpuCopyLatencyForTesting(latency); }
-  ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
-};
 
 std::vector<float> Values(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -129,7 +124,7 @@ TEST(OffloadManagerTest, ATensorSavedTwiceInAGroupIsCopiedOnce) {
 // Forward then backward, the copy streams slowed down: a reload that did not wait for its copy
 // out, or a load that did not wait for its reload, would read garbage.
 TEST(OffloadManagerTest, ReloadsAndLoadsWaitForTheCopiesWithSlowCopyStreams) {
-  LatencyKnob knob(std::chrono::milliseconds(3));
+  testing::LatencyKnob knob(std::chrono::milliseconds(3));
   for (int prefetch : {0, 1, 3}) {
     OffloadOptions options = Options({"a", "b"});
     options.prefetch_layers = prefetch;
@@ -329,7 +324,7 @@ TEST(OffloadManagerTest, ForwardOnlyContextsNeitherOffloadNorTouchThePolicy) {
 }
 
 TEST(OffloadManagerTest, AnAbandonedContextReleasesItsPinnedBuffers) {
-  LatencyKnob knob(std::chrono::milliseconds(2));
+  testing::LatencyKnob knob(std::chrono::milliseconds(2));
   OffloadOptions options = Options({"g"});
   options.unpooled_groups = {"g"};
   OffloadManager manager(kCpu, options);

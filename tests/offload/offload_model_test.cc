@@ -19,6 +19,7 @@
 #include "modules/gpt_model.h"
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
+#include "tests/testing/copy_latency.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -39,12 +40,6 @@ GptConfig TestModel() {
   if (kDevice.is_cuda()) c.hidden_size = 256;
   return c;
 }
-
-class LatencyKnob {  // the test-only CPU copy latency, for one scope (CPU streams only)
- public:
-  explicit LatencyKnob(std::chrono::microseconds latency) { SetCpuCopyLatencyForTesting(latency); }
-  ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
-};
 
 
 std::set<std::string> UnfusedGroups() {
@@ -83,13 +78,6 @@ std::unique_ptr<Trainer> NewTrainer(const GptConfig& config, const TrainerOption
   return std::move(Trainer::Create(config, options, kDevice, source)).value();
 }
 
-std::vector<uint32_t> Bits(const Tensor& t) {
-  const std::vector<float> values = testing::ToFloats(t);
-  std::vector<uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
-}
-
 // One forward and backward of the model on random tokens; returns the loss sum.
 float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
   const GptConfig& c = model.config();
@@ -110,7 +98,7 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
 // Every gradient, bit for bit, over several micro-batches (the first one included), with the
 // copy streams slowed down so that a missing wait reads a buffer before its copy has landed.
 TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
-  LatencyKnob knob(std::chrono::microseconds(1500));
+  testing::LatencyKnob knob(std::chrono::microseconds(1500));
   const GptConfig config = TestModel();
   ParameterSet reference_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
   ParameterSet offload_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
@@ -132,7 +120,7 @@ TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
       for (size_t i = 0; i < reference_parameters.all().size(); ++i) {
         Parameter& a = *reference_parameters.all()[i];
         Parameter& b = *offload_parameters.all()[i];
-        ASSERT_EQ(Bits(MaterializedGrad(a)), Bits(MaterializedGrad(b)))
+        ASSERT_EQ(testing::FloatBits(MaterializedGrad(a)), testing::FloatBits(MaterializedGrad(b)))
             << a.name << " step " << step << " prefetch " << prefetch;
       }
     }
@@ -142,7 +130,7 @@ TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
 // The training loop: losses, gradient norms and the weights after several steps (which depend on
 // every gradient), bit for bit; several micro-batches per step.
 TEST(OffloadModelTest, TrainingIsBitIdentical) {
-  LatencyKnob knob(std::chrono::microseconds(500));
+  testing::LatencyKnob knob(std::chrono::microseconds(500));
   auto source = Synthetic(64);
   OffloadOptions half = Options(UnfusedGroups());
   half.fraction = 0.5;
@@ -163,7 +151,7 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
   for (Trainer* trainer : {all.get(), some.get()}) {
     for (size_t i = 0; i < reference->parameters().all().size(); ++i) {
       const Parameter& a = *reference->parameters().all()[i];
-      EXPECT_EQ(Bits(a.master), Bits(trainer->parameters().all()[i]->master)) << a.name;
+      EXPECT_EQ(testing::FloatBits(a.master), testing::FloatBits(trainer->parameters().all()[i]->master)) << a.name;
     }
   }
 }

@@ -7,20 +7,16 @@
 #include <chrono>
 #include <vector>
 
+#include "tests/testing/copy_latency.h"
+
 namespace moe {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class LatencyKnob {  // sets the test-only copy latency for one scope
- public:
-  explicit LatencyKnob(std::chrono::microseconds latency) { SetCpuCopyLatencyForTesting(latency); }
-  ~LatencyKnob() { SetCpuCopyLatencyForTesting(std::chrono::microseconds(0)); }
-};
-
 TEST(CpuStreamTest, InlineStreamCopiesBeforeReturning) {
   CpuStream stream(CpuStream::Mode::kInline);
-  LatencyKnob knob(std::chrono::milliseconds(500));  // never applies to the inline stream
+  testing::LatencyKnob knob(std::chrono::milliseconds(500));  // never applies to the inline stream
   int src = 42, dst = 0;
   const auto start = Clock::now();
   stream.CopyAsync(&dst, &src, sizeof(int));
@@ -30,7 +26,7 @@ TEST(CpuStreamTest, InlineStreamCopiesBeforeReturning) {
 
 TEST(CpuStreamTest, WorkerCopyIsAsynchronousAndLatencyKnobDelaysIt) {
   CpuStream worker(CpuStream::Mode::kWorker);
-  LatencyKnob knob(std::chrono::milliseconds(100));
+  testing::LatencyKnob knob(std::chrono::milliseconds(100));
   std::vector<int> src(1024, 7), dst(1024, 0);
   const auto start = Clock::now();
   worker.CopyAsync(dst.data(), src.data(), src.size() * sizeof(int));
@@ -46,7 +42,7 @@ TEST(CpuStreamTest, WorkerCopyIsAsynchronousAndLatencyKnobDelaysIt) {
 TEST(CpuStreamTest, StreamWaitOrdersWorkAcrossStreams) {
   CpuStream first(CpuStream::Mode::kWorker);
   CpuStream second(CpuStream::Mode::kWorker);
-  LatencyKnob knob(std::chrono::milliseconds(100));
+  testing::LatencyKnob knob(std::chrono::milliseconds(100));
   int a = 1, b = 0, c = 0;
   first.CopyAsync(&b, &a, sizeof(int));  // b = 1 after 100 ms
   auto done = first.CreateEvent(false);
@@ -60,7 +56,7 @@ TEST(CpuStreamTest, StreamWaitOrdersWorkAcrossStreams) {
 TEST(CpuStreamTest, InlineWaitBlocksTheCaller) {
   CpuStream worker(CpuStream::Mode::kWorker);
   CpuStream compute(CpuStream::Mode::kInline);
-  LatencyKnob knob(std::chrono::milliseconds(100));
+  testing::LatencyKnob knob(std::chrono::milliseconds(100));
   int src = 5, dst = 0;
   worker.CopyAsync(&dst, &src, sizeof(int));
   auto event = worker.CreateEvent(false);
@@ -79,7 +75,7 @@ TEST(CpuStreamTest, WaitUsesTheRecordAtCallTime) {
   std::atomic<bool> ran{false};
   waiter.Enqueue([&ran] { ran = true; });  // a host task: the copy latency does not apply
   {
-    LatencyKnob knob(std::chrono::milliseconds(200));
+    testing::LatencyKnob knob(std::chrono::milliseconds(200));
     int src = 1, dst = 0;
     worker.CopyAsync(&dst, &src, sizeof(int));  // a later, slow copy
     event->Record(worker);                      // re-recorded after the Wait
@@ -93,7 +89,7 @@ TEST(CpuStreamTest, WaitUsesTheRecordAtCallTime) {
 
 TEST(CpuStreamTest, EventTimingMeasuresWorkerTime) {
   CpuStream worker(CpuStream::Mode::kWorker);
-  LatencyKnob knob(std::chrono::milliseconds(50));
+  testing::LatencyKnob knob(std::chrono::milliseconds(50));
   auto start = worker.CreateEvent(true);
   auto stop = worker.CreateEvent(true);
   int x = 0, y = 1;

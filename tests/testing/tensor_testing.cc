@@ -34,6 +34,13 @@ Tensor FromInts(const std::vector<int32_t>& values, const Shape& shape, Device d
   return t;
 }
 
+std::vector<uint32_t> FloatBits(const Tensor& t) {
+  const std::vector<float> values = ToFloats(t);
+  std::vector<uint32_t> bits(values.size());
+  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
+  return bits;
+}
+
 std::vector<float> ToFloats(const Tensor& t) {
   std::vector<float> out(t.numel());
   if (t.dtype() == DType::kF32) {

@@ -14,6 +14,8 @@ Tensor FromFloats(const std::vector<float>& values, const Shape& shape, DType dt
 Tensor FromInts(const std::vector<int32_t>& values, const Shape& shape, Device device);
 std::vector<float> ToFloats(const Tensor& t);     // f32 or bf16
 std::vector<int32_t> ToInts(const Tensor& t);     // i32
+// The bits of ToFloats(t), for bit-identity checks (NaN compares equal to itself).
+std::vector<uint32_t> FloatBits(const Tensor& t);
 
 // Normal(0, scale) values; each call draws fresh numbers from `rng`.
 std::vector<float> RandomFloats(int64_t n, std::mt19937& rng, float scale = 1.0f);
