@@ -17,18 +17,14 @@
 #include "modules/gpt_model.h"
 #include "modules/trainer.h"
 #include "tests/testing/tensor_testing.h"
+#include "tests/testing/test_device.h"
 #include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
 
-#if MOE_TEST_ON_CUDA
-const Device kDevice = Device::CUDA(0);
-constexpr DType kCompute = DType::kBF16;
-#else
-const Device kDevice = Device::CPU();
-constexpr DType kCompute = DType::kF32;
-#endif
+const Device kDevice = testing::kTestDevice;
+constexpr DType kCompute = testing::kTestCompute;
 
 struct Case {
   std::string name;

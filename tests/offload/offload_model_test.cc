@@ -21,18 +21,14 @@
 #include "modules/trainer.h"
 #include "tests/testing/copy_latency.h"
 #include "tests/testing/tensor_testing.h"
+#include "tests/testing/test_device.h"
 #include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
 
-#if MOE_TEST_ON_CUDA
-const Device kDevice = Device::CUDA(0);
-constexpr DType kCompute = DType::kBF16;
-#else
-const Device kDevice = Device::CPU();
-constexpr DType kCompute = DType::kF32;
-#endif
+const Device kDevice = testing::kTestDevice;
+constexpr DType kCompute = testing::kTestCompute;
 
 // The shared tiny model; on CUDA with head dim 64, as the CUDA attention kernels take.
 GptConfig TestModel() {
