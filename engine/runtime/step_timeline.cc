@@ -56,11 +56,24 @@ StepTimeline::StepTimeline(Device device)
 
 StepTimeline::~StepTimeline() = default;
 
-Event& StepTimeline::Record(Stream& stream) {
+namespace {
+
+std::string SpanName(const std::string& name, int layer) {
+  return layer >= 0 ? "layer " + std::to_string(layer) + " " + name : name;
+}
+
+}  // namespace
+
+int StepTimeline::Record(Stream& stream) {
   if (used_ == pool_.size()) pool_.push_back(compute_.CreateEvent(/*enable_timing=*/true));
-  Event& event = *pool_[used_++];
-  event.Record(stream);
-  return event;
+  pool_[used_]->Record(stream);
+  return static_cast<int>(used_++);
+}
+
+void StepTimeline::Marker(StepPhase opens) {
+  const int event = Record(compute_);
+  markers_.push_back({event, opens});
+  if (tracing_) SampleMemory(event);
 }
 
 void StepTimeline::SampleMemory(int event) {
@@ -80,18 +93,14 @@ void StepTimeline::BeginStep(bool trace) {
     origin_recorded_ = true;
   }
   phase_ = StepPhase::kOther;
-  Record(compute_);
-  markers_.push_back({static_cast<int>(used_ - 1), phase_});
-  if (tracing_) SampleMemory(static_cast<int>(used_ - 1));
+  Marker(phase_);
 }
 
 StepPhase StepTimeline::SetPhase(StepPhase phase) {
   CHECK(in_step_) << "SetPhase outside a step";
   const StepPhase previous = phase_;
   if (phase == phase_) return previous;
-  Record(compute_);
-  markers_.push_back({static_cast<int>(used_ - 1), phase});
-  if (tracing_) SampleMemory(static_cast<int>(used_ - 1));
+  Marker(phase);
   phase_ = phase;
   return previous;
 }
@@ -99,10 +108,8 @@ StepPhase StepTimeline::SetPhase(StepPhase phase) {
 int StepTimeline::BeginSpan(TraceTrack track, Stream& stream, const std::string& name, int layer,
                             int64_t flow) {
   if (!tracing_) return -1;
-  Record(stream);
-  marks_.push_back({TraceEvent::Kind::kSpan, track,
-                    layer >= 0 ? "layer " + std::to_string(layer) + " " + name : name, flow,
-                    static_cast<int>(used_ - 1), -1, 0});
+  const int event = Record(stream);
+  marks_.push_back({TraceEvent::Kind::kSpan, track, SpanName(name, layer), flow, event, -1, 0});
   return static_cast<int>(marks_.size() - 1);
 }
 
@@ -110,26 +117,21 @@ void StepTimeline::EndSpan(int span, Stream& stream) {
   if (!tracing_ || span < 0) return;
   CHECK_LT(span, static_cast<int>(marks_.size()));
   CHECK_EQ(marks_[span].end, -1) << marks_[span].name << " ended twice";
-  Record(stream);
-  marks_[span].end = static_cast<int>(used_ - 1);
+  marks_[span].end = Record(stream);
   if (marks_[span].track == TraceTrack::kCompute) SampleMemory(marks_[span].end);
 }
 
 void StepTimeline::Instant(TraceTrack track, Stream& stream, const std::string& name, int layer,
                            int64_t flow) {
   if (!tracing_) return;
-  Record(stream);
-  const int event = static_cast<int>(used_ - 1);
-  marks_.push_back({TraceEvent::Kind::kInstant, track,
-                    layer >= 0 ? "layer " + std::to_string(layer) + " " + name : name, flow, event,
-                    event, 0});
+  const int event = Record(stream);
+  marks_.push_back(
+      {TraceEvent::Kind::kInstant, track, SpanName(name, layer), flow, event, event, 0});
 }
 
 TimelineStep StepTimeline::EndStep() {
   CHECK(in_step_) << "EndStep without BeginStep";
-  Record(compute_);  // the last marker: it closes the current phase's interval
-  markers_.push_back({static_cast<int>(used_ - 1), phase_});
-  if (tracing_) SampleMemory(static_cast<int>(used_ - 1));
+  Marker(phase_);  // the last marker: it closes the current phase's interval
   TimelineStep out;
   const Event& first = *pool_[markers_.front().first];
   double previous = 0;

@@ -106,7 +106,8 @@ class StepTimeline {
 
  private:
   struct Mark;
-  Event& Record(Stream& stream);  // a pooled timing event, recorded now
+  int Record(Stream& stream);  // a pooled timing event recorded on `stream` now; its index
+  void Marker(StepPhase opens);  // a marker on the compute stream opening `opens`'s interval
   void SampleMemory(int event);
 
   const Device device_;
