@@ -14,6 +14,7 @@
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "engine/runtime/step_timeline.h"
+#include "modules/model_shape.h"
 #include "modules/offload_groups.h"
 
 namespace moe {
@@ -260,22 +261,8 @@ double Trainer::Evaluate() {
   return sums[0] / static_cast<double>(options_.eval_steps * rows * config_.seq_length);
 }
 
-nlohmann::json Trainer::ModelShape() const {
-  return {{"num_layers", config_.num_layers},
-          {"hidden_size", config_.hidden_size},
-          {"num_attention_heads", config_.num_attention_heads},
-          {"num_query_groups", config_.num_query_groups},
-          {"ffn_hidden_size", config_.ffn_hidden_size},
-          {"num_experts", config_.num_experts},
-          {"moe_router_topk", config_.moe_router_topk},
-          {"moe_ffn_hidden_size", config_.moe_ffn_hidden_size},
-          {"first_dense_layers", config_.first_dense_layers},
-          {"seq_length", config_.seq_length},
-          {"vocab_size", config_.vocab_size}};
-}
-
 nlohmann::json Trainer::ModelConfig() const {
-  nlohmann::json config = ModelShape();
+  nlohmann::json config = ModelShapeJson(config_);
   config["moe_aux_loss_coeff"] = config_.moe_aux_loss_coeff;
   config["moe_z_loss_coeff"] = config_.moe_z_loss_coeff;
   config["rope_base"] = config_.rope_base;
@@ -354,7 +341,7 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
                                 {"optimizer_step", optimizer_.step()},
                                 {"consumed_train_samples", sampler_.consumed_train_samples()},
                                 {"seed", options_.seed},
-                                {"model", ModelShape()},
+                                {"model", ModelShapeJson(config_)},
                                 {"run", description}};
   return SaveCheckpoint(root, step_, model, optimizer, state, /*overwrite=*/true);
 }
@@ -366,9 +353,9 @@ Status Trainer::Load(const std::string& path) {
   if (peek.is_discarded() || !peek.contains("model")) {
     return DataLoss("--load " + dir + ": state.json is missing or not valid JSON");
   }
-  if (peek["model"] != ModelShape()) {
-    return InvalidArgument("--load " + dir + ": checkpoint model " + peek["model"].dump() +
-                           " differs from this run's " + ModelShape().dump());
+  const std::string differences = ModelShapeDifferences(peek["model"], config_);
+  if (!differences.empty()) {
+    return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
   }
   // The checkpoint holds the whole model; this rank loads its stages' parameters by name.
   std::vector<NamedTensor> model, optimizer;

@@ -151,7 +151,6 @@ class Trainer {
   PipelineStepOptions StepOptions(bool training) const;
   bool whole_model() const;  // one chunk, first and last stage
   GptStage StageOf(int stage) const;  // of partition_
-  nlohmann::json ModelShape() const;
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;

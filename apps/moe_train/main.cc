@@ -5,18 +5,34 @@
 // code 2 for flags (before any work), 1 for runtime errors a user can cause (data, checkpoints).
 // Only rank 0 prints the log and writes metrics and checkpoints; --trace_file is written by every
 // rank (run_flags.h, TraceFilePath).
+//
+// Before any work: the command line is read strictly (command_line.h: every argument and
+// flagfile line used or refused), every flag, file and output is checked (run_flags.h), and the
+// run's estimated memory is checked against the device (memory_check.h); only then are the
+// metrics file and checkpoints created. During the run: a step whose loss, aux loss or gradient
+// norm is not finite stops the run (exit 1) before anything of that step is saved, so the last
+// checkpoint holds finite weights; a device or host allocation that fails is one line and exit 1
+// (the allocator's out-of-memory handler, installed here), not an abort.
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
+#include <new>
 #include <optional>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include "apps/moe_train/command_line.h"
+#include "apps/moe_train/flag_table.h"
+#include "apps/moe_train/memory_check.h"
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
 #include "engine/core/check.h"
 #include "engine/dist/process_groups.h"
 #include "engine/dist/world.h"
 #include "engine/io/chrome_trace.h"
+#include "engine/memory/caching_allocator.h"
 #include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
 
@@ -37,12 +53,49 @@ int Fail(const Status& status, int code) {
   return code;
 }
 
+// The allocator's out-of-memory handler (caching_allocator.h) and the host's (operator new):
+// one line and exit 1, without running exit-time code that could allocate again.
+[[noreturn]] void OutOfMemory(const std::string& message) {
+  fflush(stdout);
+  fprintf(stderr, "moe_train: %s; the run does not fit (reduce --micro_batch_size, --seq_length or "
+          "the model)\n", message.c_str());
+  fflush(stderr);
+  _exit(1);
+}
+
+// Allocates nothing: it runs when operator new has failed.
+void OutOfHostMemory() {
+  fflush(stdout);
+  fputs("moe_train: out of host memory (an allocation failed); the run does not fit (reduce "
+        "--micro_batch_size, --seq_length or the model)\n", stderr);
+  fflush(stderr);
+  _exit(1);
+}
+
+std::string NotFinite(double value) {
+  return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+}
+
+// "loss is nan", "gradient norm is inf", ... for the step's non-finite statistics; "" if none.
+std::string NonFiniteStatistics(const StepStats& stats) {
+  std::string out;
+  for (const auto& [name, value] : {std::pair<const char*, double>{"loss", stats.loss},
+                                    {"aux loss", stats.aux_loss},
+                                    {"gradient norm", stats.grad_norm}}) {
+    if (std::isfinite(value)) continue;
+    out += std::string(out.empty() ? "" : ", ") + name + " is " + NotFinite(value);
+  }
+  return out;
+}
+
 nlohmann::json RunDescription(const RunConfig& run) {
   std::vector<gflags::CommandLineFlagInfo> flags;
   gflags::GetAllFlags(&flags);
   nlohmann::json out;
   for (const auto& flag : flags) {
-    if (flag.filename.find("apps/moe_train") != std::string::npos) out[flag.name] = flag.current_value;
+    if (flag.filename.find("apps/moe_train") != std::string::npos) {
+      out[flag.name] = FlagValueText(flag.name);
+    }
   }
   return {{"flags", out}, {"device", run.device.ToString()}};
 }
@@ -53,19 +106,28 @@ StatusOr<Device> RankDevice(const World& world, Device device) {
   return world.SelectDevice(device.type);
 }
 
-int Run() {
+int Run(const Status& parsed) {
   // Declared first: the World outlives every communicator below.
   StatusOr<std::unique_ptr<World>> initialized = World::Init();
   if (!initialized.ok()) return Fail(initialized.status(), 2);
   World& world = **initialized;
+  Status agreed = world.AllAgree(parsed);
+  if (!agreed.ok()) return Fail(agreed, 2);
   StatusOr<RunConfig> validated = ValidateFlags(world.size());
-  Status agreed = world.AllAgree(validated.status());
+  agreed = world.AllAgree(validated.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   RunConfig run = std::move(validated).value();
   StatusOr<Device> device = RankDevice(world, run.device);
   agreed = world.AllAgree(device.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   run.device = *device;
+  // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
+  const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
+  agreed = world.AllAgree(
+      CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
+  if (!agreed.ok()) return Fail(agreed, 2);
+  SetOutOfMemoryHandler(&OutOfMemory);
+  std::set_new_handler(&OutOfHostMemory);
 
   StatusOr<std::unique_ptr<TokenSource>> data = OpenTokenSource(run.data);
   agreed = world.AllAgree(data.status());
@@ -92,12 +154,7 @@ int Run() {
 
   std::unique_ptr<ChromeTraceWriter> trace;
   const auto [trace_first, trace_last] = run.trace_steps;
-  if (!FLAGS_trace_file.empty()) {
-    if (trace_last <= trainer.step()) {
-      return Fail(InvalidArgument("--trace_steps=" + FLAGS_trace_steps + ": the run resumes after step " +
-                                  std::to_string(trainer.step())),
-                  2);
-    }
+  if (!FLAGS_trace_file.empty()) {  // --trace_steps lie after a resumed step (resume_check.h)
     StatusOr<std::unique_ptr<ChromeTraceWriter>> opened =
         ChromeTraceWriter::Create(TraceFilePath(world.rank(), world.size()), world.rank());
     agreed = world.AllAgree(opened.status());
@@ -110,6 +167,8 @@ int Run() {
   if (leader) {
     log.emplace(run);
     log->Summary(**data, trainer.step());
+    for (const std::string& note : run.notes) printf("%s\n", note.c_str());
+    fflush(stdout);
   }
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
@@ -119,6 +178,15 @@ int Run() {
         trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
     const StepStats stats = trainer.TrainStep(traced);
     const int64_t step = trainer.step();
+    // Global values, the same on every rank: every rank stops here together.
+    const std::string non_finite = NonFiniteStatistics(stats);
+    if (!non_finite.empty()) {
+      fflush(stdout);
+      return Fail(InvalidArgument("step " + std::to_string(step) + ": " + non_finite +
+                                  "; stopped before saving anything of it (lower --lr, or keep "
+                                  "--clip_grad on)"),
+                  1);
+    }
     if (log) log->Step(step, stats);
     if (traced) {
       trace->AddStep(step, stats.trace);
@@ -155,8 +223,24 @@ int Run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("trains a Mixture-of-Experts GPT (see README.md)");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  FLAGS_logtostderr = true;
+  gflags::SetArgv(argc, const_cast<const char**>(argv));  // the program name gflags' help shows
+  FLAGS_logtostderr = true;  // a default: --logtostderr=false still wins
+  moe::StatusOr<moe::HelpRequest> parsed = moe::ParseCommandLine(argc, argv);
+  if (parsed.ok() && *parsed != moe::HelpRequest::kNone) {
+    switch (*parsed) {
+      case moe::HelpRequest::kHelp:
+      case moe::HelpRequest::kHelpShort:
+        printf("%s", moe::FlagHelp("moe_train", *parsed == moe::HelpRequest::kHelpShort).c_str());
+        return 0;
+      case moe::HelpRequest::kHelpFull:
+        printf("%s\n", moe::FlagHelp("moe_train", false).c_str());
+        gflags::ShowUsageWithFlags(argv[0]);
+        return 0;
+      default:
+        gflags::HandleCommandLineHelpFlags();  // gflags' --helpxml, --version, ...: exits
+        return 0;
+    }
+  }
   google::InitGoogleLogging(argv[0], &moe::LogPrefix);
-  return moe::Run();
+  return moe::Run(parsed.status());
 }

@@ -1,11 +1,13 @@
 #include "apps/moe_train/run_flags.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <set>
 
+#include "apps/moe_train/flag_rules.h"
+#include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/offload_flags.h"
+#include "apps/moe_train/output_checks.h"
+#include "apps/moe_train/resume_check.h"
 #include "engine/runtime/device_context.h"
 
 // Model shape.
@@ -64,17 +66,6 @@ DEFINE_string(trace_steps, "2:2", "A:B: the steps (1-based, inclusive) that --tr
 namespace moe {
 namespace {
 
-Status Positive(const char* flag, int64_t value) {
-  if (value > 0) return Status::Ok();
-  return InvalidArgument("--" + std::string(flag) + "=" + std::to_string(value) + " must be positive");
-}
-
-Status NonNegative(const char* flag, double value) {
-  if (value >= 0) return Status::Ok();
-  return InvalidArgument("--" + std::string(flag) + "=" + std::to_string(value) +
-                         " must not be negative");
-}
-
 StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
   if (text == "fused") return GroupedMlpKind::kFused;
   if (text == "unfused") return GroupedMlpKind::kUnfused;
@@ -92,16 +83,8 @@ StatusOr<Device> ParseDevice(const std::string& text) {
   return InvalidArgument("--device=" + text + " must be cpu, cuda, cuda:N or auto");
 }
 
+// The relations between model flags (each flag's own range: flag_table.cc).
 Status CheckModel(const GptConfig& m) {
-  for (auto [flag, value] : {std::pair{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size},
-                             {"num_attention_heads", m.num_attention_heads},
-                             {"num_query_groups", m.num_query_groups},
-                             {"ffn_hidden_size", m.ffn_hidden_size}, {"num_experts", m.num_experts},
-                             {"moe_router_topk", m.moe_router_topk},
-                             {"moe_ffn_hidden_size", m.moe_ffn_hidden_size},
-                             {"seq_length", m.seq_length}, {"vocab_size", m.vocab_size}}) {
-    RETURN_IF_ERROR(Positive(flag, value));
-  }
   if (m.hidden_size % m.num_attention_heads != 0) {
     return InvalidArgument("--hidden_size=" + std::to_string(m.hidden_size) +
                            " is not a multiple of --num_attention_heads=" +
@@ -120,84 +103,31 @@ Status CheckModel(const GptConfig& m) {
     return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
                            " exceeds --num_experts=" + std::to_string(m.num_experts));
   }
-  if (m.first_dense_layers < 0 || m.first_dense_layers > m.num_layers) {
+  if (m.first_dense_layers > m.num_layers) {
     return InvalidArgument("--first_dense_layers=" + std::to_string(m.first_dense_layers) +
                            " must be in [0, --num_layers=" + std::to_string(m.num_layers) + "]");
   }
-  if (m.vocab_size > (int64_t{1} << 31) - 1) {
-    return InvalidArgument("--vocab_size=" + std::to_string(m.vocab_size) + " does not fit int32 token ids");
-  }
-  RETURN_IF_ERROR(NonNegative("moe_aux_loss_coeff", m.moe_aux_loss_coeff));
-  return NonNegative("moe_z_loss_coeff", m.moe_z_loss_coeff);
+  return Status::Ok();
 }
 
+// The relations between training flags.
 Status CheckTraining(const TrainerOptions& t) {
-  RETURN_IF_ERROR(Positive("micro_batch_size", t.micro_batch_size));
-  RETURN_IF_ERROR(Positive("global_batch_size", t.global_batch_size));
-  RETURN_IF_ERROR(Positive("train_steps", t.train_steps));
-  RETURN_IF_ERROR(Positive("eval_steps", t.eval_steps));
   if (t.global_batch_size % t.micro_batch_size != 0) {
     return InvalidArgument("--global_batch_size=" + std::to_string(t.global_batch_size) +
                            " is not a multiple of --micro_batch_size=" +
                            std::to_string(t.micro_batch_size));
   }
-  if (!(t.lr > 0)) return InvalidArgument("--lr=" + std::to_string(t.lr) + " must be positive");
-  if (!(t.min_lr >= 0 && t.min_lr <= t.lr)) {
-    return InvalidArgument("--min_lr=" + std::to_string(t.min_lr) + " must be in [0, --lr]");
-  }
-  if (t.warmup_steps < 0 || t.warmup_steps > t.train_steps) {
-    return InvalidArgument("--warmup_steps=" + std::to_string(t.warmup_steps) +
-                           " must be in [0, --train_steps]");
-  }
-  RETURN_IF_ERROR(NonNegative("weight_decay", t.adamw.weight_decay));
-  return NonNegative("clip_grad", t.adamw.clip_grad);
-}
-
-// An output file's path, checked without creating it: empty (no output), or a file that can be
-// written (an existing regular file, or a new name in an existing writable directory).
-Status CheckOutputFile(const char* flag, const std::string& path) {
-  if (path.empty()) return Status::Ok();
-  namespace fs = std::filesystem;
-  const std::string bad = "--" + std::string(flag) + " " + path;
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  if (fs::exists(status)) {
-    if (!fs::is_regular_file(status)) return InvalidArgument(bad + ": not a regular file");
-    if (access(path.c_str(), W_OK) != 0) return InvalidArgument(bad + ": not writable");
-    return Status::Ok();
-  }
-  fs::path parent = fs::path(path).parent_path();
-  if (parent.empty()) parent = ".";
-  if (!fs::is_directory(parent, error)) {
-    return InvalidArgument(bad + ": directory " + parent.string() + " does not exist");
-  }
-  if (access(parent.c_str(), W_OK) != 0) {
-    return InvalidArgument(bad + ": directory " + parent.string() + " is not writable");
+  if (FLAGS_min_lr > FLAGS_lr) {
+    return InvalidArgument("--min_lr=" + FlagValueText("min_lr") + " must be in [0, --lr=" +
+                           FlagValueText("lr") + "]");
   }
   return Status::Ok();
 }
 
-Status CheckOutputs() {
-  RETURN_IF_ERROR(Positive("log_interval", FLAGS_log_interval));
-  RETURN_IF_ERROR(NonNegative("eval_interval", static_cast<double>(FLAGS_eval_interval)));
-  RETURN_IF_ERROR(NonNegative("save_interval", static_cast<double>(FLAGS_save_interval)));
-  if (FLAGS_save_interval > 0 && FLAGS_save.empty()) {
-    return InvalidArgument("--save_interval needs --save");
-  }
-  if (!(FLAGS_peak_flops > 0)) return InvalidArgument("--peak_flops must be positive");
-  RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
-  return CheckOutputFile("trace_file", FLAGS_trace_file);
-}
-
-// --trace_steps=A:B within [1, --train_steps]; only with --trace_file.
+// --trace_steps=A:B within [1, --train_steps]; only with --trace_file (else unused: the rules).
 StatusOr<std::pair<int64_t, int64_t>> ParseTraceSteps(int64_t train_steps) {
   const std::string& text = FLAGS_trace_steps;
-  if (FLAGS_trace_file.empty()) {
-    if (!gflags::GetCommandLineFlagInfoOrDie("trace_steps").is_default) {
-      return InvalidArgument("--trace_steps=" + text + " needs --trace_file");
-    }
-    return std::pair<int64_t, int64_t>{0, -1};
-  }
+  if (FLAGS_trace_file.empty()) return std::pair<int64_t, int64_t>{0, -1};  // flag_rules.cc
   const std::string bad = "--trace_steps=" + text;
   const size_t colon = text.find(':');
   const auto number = [](const std::string& part) -> int64_t {
@@ -219,8 +149,6 @@ StatusOr<std::pair<int64_t, int64_t>> ParseTraceSteps(int64_t train_steps) {
 }
 
 Status CheckParallel(int world_size) {
-  RETURN_IF_ERROR(Positive("pipeline_parallel", FLAGS_pipeline_parallel));
-  RETURN_IF_ERROR(Positive("virtual_pipeline", FLAGS_virtual_pipeline));
   if (world_size % FLAGS_pipeline_parallel != 0) {
     return InvalidArgument("--pipeline_parallel=" + std::to_string(FLAGS_pipeline_parallel) +
                            " does not divide " + std::to_string(world_size) + " ranks");
@@ -241,6 +169,12 @@ std::string TraceFilePath(int rank, int world_size) {
 }
 
 StatusOr<RunConfig> ValidateFlags(int world_size) {
+  RETURN_IF_ERROR(CheckFlagRanges());
+  FlagRuleContext context;
+  context.world_size = world_size;
+  context.cuda =
+      FLAGS_device.rfind("cuda", 0) == 0 || (FLAGS_device == "auto" && CudaDeviceCount() > 0);
+  RETURN_IF_ERROR(CheckFlagRules(context));
   RunConfig run;
   GptConfig& m = run.model;
   m.num_layers = FLAGS_num_layers;
@@ -271,7 +205,13 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.eval_steps = FLAGS_eval_steps;
   t.seed = static_cast<uint64_t>(FLAGS_seed);
   RETURN_IF_ERROR(CheckTraining(t));
-  RETURN_IF_ERROR(CheckOutputs());
+  if (t.warmup_steps > t.train_steps) {
+    run.notes.push_back("schedule: --warmup_steps=" + std::to_string(t.warmup_steps) +
+                        " is longer than the run (--train_steps=" + std::to_string(t.train_steps) +
+                        "): warmup clamped to " + std::to_string(t.train_steps) + " steps");
+    t.warmup_steps = t.train_steps;
+  }
+  RETURN_IF_ERROR(CheckOutputFlags());
   ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
   RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
@@ -301,6 +241,8 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
                            ": the CUDA attention kernels take head dims 64 and 128");
   }
   ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m));
+  ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
+  RETURN_IF_ERROR(CheckResume(run));
   return run;
 }
 

@@ -1,10 +1,17 @@
 // moe_train's flags: defined in run_flags.cc, checked all together before any work.
-// ValidateFlags returns the first problem as one line naming the flag(s); it checks the layout
-// against the world size (the layer split and the batch split are Trainer::Create's).
+// ValidateFlags returns the first problem as one line naming the flag(s), in this order: every
+// numeric flag within its documented range (flag_table.h), no flag set whose feature is off
+// (flag_rules.h), the relations between flags (model shape, batch, learning rates), outputs
+// (output_checks.h), the layout against the world size (the layer split and the batch split are
+// Trainer::Create's), data format, device, offloading, and the checkpoint to resume from
+// (resume_check.h). Memory (memory_check.h) needs the device and is checked by main.
+// --warmup_steps longer than the run is clamped to --train_steps (a smoke run of a preset with
+// --train_steps=5 then runs), with a note that main prints.
 #pragma once
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gflags/gflags.h>
 
@@ -14,6 +21,11 @@
 #include "modules/gpt_config.h"
 #include "modules/trainer.h"
 
+DECLARE_int64(num_layers);
+DECLARE_int64(first_dense_layers);
+DECLARE_int64(pipeline_parallel);
+DECLARE_string(data_format);
+DECLARE_string(device);
 DECLARE_int64(log_interval);
 DECLARE_int64(eval_interval);
 DECLARE_int64(save_interval);
@@ -37,6 +49,8 @@ struct RunConfig {
   // --trace_steps: the traced steps [first, last] (1-based); empty (last < first) without
   // --trace_file.
   std::pair<int64_t, int64_t> trace_steps{0, -1};
+  // What the validation adjusted, one log line each (e.g. the clamped warmup).
+  std::vector<std::string> notes;
 };
 
 // The trace file of `rank`: --trace_file itself in a one-rank run, else with ".rank<r>" before

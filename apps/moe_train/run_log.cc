@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/throughput.h"
 #include "engine/pipeline/schedule.h"
 
@@ -62,14 +63,17 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
          run_.pipeline_parallel * run_.data_parallel, run_.pipeline_parallel, run_.data_parallel,
          t.virtual_pipeline,
          ScheduleKindName(DefaultScheduleKind(run_.pipeline_parallel, t.virtual_pipeline)));
-  printf("schedule: steps %lld from %lld, lr %.3g -> %.3g (warmup %lld, cosine)\n",
-         (long long)t.train_steps, (long long)start_step, t.lr, t.min_lr, (long long)t.warmup_steps);
+  // Flag values as they can be passed back (flag_table.h).
+  printf("schedule: steps %lld from %lld, lr %s -> %s (warmup %lld, cosine)\n",
+         (long long)t.train_steps, (long long)start_step, FlagValueText("lr").c_str(),
+         FlagValueText("min_lr").c_str(), (long long)t.warmup_steps);
   if (t.offload) {
     std::string groups;
     for (const std::string& name : t.offload->groups) groups += (groups.empty() ? "" : ", ") + name;
-    printf("offload: %s (tensors >= %lld bytes, fraction %g, prefetch %d layer(s), pp delta %lld "
+    printf("offload: %s (tensors >= %lld bytes, fraction %s, prefetch %d layer(s), pp delta %lld "
            "bytes)\n",
-           groups.c_str(), (long long)t.offload->min_tensor_bytes, t.offload->fraction,
+           groups.c_str(), (long long)t.offload->min_tensor_bytes,
+           ShortestDouble(t.offload->fraction).c_str(),
            t.offload->prefetch_layers, (long long)t.offload->pp_delta_bytes);
   }
   fflush(stdout);
@@ -112,7 +116,8 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   if (stats.peak_device_mib.size() > 1) {
     std::string by_rank;
     for (double mib : stats.peak_device_mib) {
-      by_rank += (by_rank.empty() ? "" : "/") + std::to_string(std::lround(mib));
+      if (!by_rank.empty()) by_rank += '/';
+      by_rank += std::to_string(std::lround(mib));
     }
     printf(" (by rank %s)", by_rank.c_str());
     record["peak_device_mib_by_rank"] = stats.peak_device_mib;

@@ -4,6 +4,7 @@
 #include <stdio.h>  // renameat2
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -170,21 +171,47 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
                             "step directory (no 'state.json')");
 }
 
-StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
-                                        const std::vector<NamedTensor>& model,
-                                        const std::vector<NamedTensor>& optimizer,
-                                        bool subset) {
-  ASSIGN_OR_RETURN(const fs::path dir, ResolveCheckpointDir(path));
+StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string resolved, ResolveCheckpointDir(path));
+  const fs::path dir(resolved);
   std::ifstream in(dir / kStateFile);
   std::stringstream text;
   text << in.rdbuf();
   if (!in) return DataLoss("cannot read " + Quoted(dir / kStateFile));
-  nlohmann::json state;
+  CheckpointState out{resolved, {}};
   try {
-    state = nlohmann::json::parse(text.str());
+    out.state = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
   }
+  return out;
+}
+
+std::vector<std::string> ListCheckpointEntries(const std::string& root) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return names;
+  bool latest = false;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == kLatest) {
+      latest = true;
+    } else if (name.rfind("step_", 0) == 0 && it->is_directory(ec)) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  if (latest) names.push_back(kLatest);
+  return names;
+}
+
+StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
+                                        const std::vector<NamedTensor>& model,
+                                        const std::vector<NamedTensor>& optimizer,
+                                        bool subset) {
+  ASSIGN_OR_RETURN(CheckpointState read, ReadCheckpointState(path));
+  const fs::path dir(read.dir);
+  nlohmann::json state = std::move(read.state);
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
   RETURN_IF_ERROR(load((dir / kModelFile).string(), model));
   RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer));

@@ -44,6 +44,18 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
 // state.json.
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
 
+// The step directory `path` denotes (ResolveCheckpointDir) and its state.json, parsed: for
+// checks made before any tensor is allocated (model shape, step).
+struct CheckpointState {
+  std::string dir;
+  nlohmann::json state;
+};
+StatusOr<CheckpointState> ReadCheckpointState(const std::string& path);
+
+// The names of root's step directories ("step_00000100"), sorted, and `latest` if present
+// ("latest" last); empty if root holds none (or does not exist).
+std::vector<std::string> ListCheckpointEntries(const std::string& root);
+
 // Loads model.safetensors and optimizer.safetensors of the resolved step directory into the
 // given tensors and returns its state.json. With `subset`, the files may hold further tensors.
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,

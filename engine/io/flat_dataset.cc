@@ -17,6 +17,9 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian");
 
+// Shorter flat_u16 files are not checked for being uint32 files (OpenFlatDataset).
+constexpr int64_t kMinTokensForWidthCheck = 64;
+
 // Calls f(const T* tokens) with the file's tokens as their C++ type.
 template <typename F>
 auto VisitTokens(TokenType type, const std::byte* data, F&& f) {
@@ -112,9 +115,14 @@ StatusOr<std::unique_ptr<FlatTokenSource>> FlatTokenSource::Create(std::unique_p
   if (bad >= 0) {
     const int64_t id = VisitTokens(type, file->bytes().data(),
                                    [&](const auto* tokens) { return int64_t{tokens[bad]}; });
+    // Two uint16 tokens read as one uint32 are >= 65536 unless the second is 0.
+    const std::string hint = type == TokenType::kUint32 && id >= 65536 && vocab_size <= 65536
+                                 ? " (a file of uint16 tokens? that is --data_format=flat_u16)"
+                                 : "";
     return DataPathError(StatusCode::kInvalidArgument, file->path(),
                          "token id " + std::to_string(id) + " at position " + std::to_string(bad) +
-                             " is outside [0, --vocab_size " + std::to_string(vocab_size) + ")");
+                             " is outside [0, --vocab_size " + std::to_string(vocab_size) + ")" +
+                             hint);
   }
   const auto num_validation =
       static_cast<int64_t>(static_cast<double>(num_tokens) * validation_fraction);
@@ -162,6 +170,23 @@ StatusOr<std::unique_ptr<TokenSource>> OpenFlatDataset(const std::string& path, 
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
   const std::string description =
       std::string(type == TokenType::kUint16 ? "flat_u16 " : "flat_u32 ") + path;
+  // uint32 tokens below 65536 read as uint16: every second token (the high halves) is 0, which a
+  // real uint16 stream of this length never is. Checked where the flag chose the type.
+  if (type == TokenType::kUint16) {
+    const auto* tokens = reinterpret_cast<const uint16_t*>(file->bytes().data());
+    const int64_t count = static_cast<int64_t>(file->bytes().size()) / 2;
+    bool high_halves_zero = count >= kMinTokensForWidthCheck && count % 2 == 0;
+    bool low_halves_zero = true;
+    for (int64_t i = 0; high_halves_zero && i < count; i += 2) {
+      high_halves_zero = tokens[i + 1] == 0;
+      low_halves_zero = low_halves_zero && tokens[i] == 0;
+    }
+    if (high_halves_zero && !low_halves_zero) {
+      return DataPathError(StatusCode::kInvalidArgument, path,
+                           "every second uint16 token is 0, as in a file of uint32 tokens: that "
+                           "is --data_format=flat_u32");
+    }
+  }
   ASSIGN_OR_RETURN(
       std::unique_ptr<FlatTokenSource> source,
       FlatTokenSource::Create(std::move(file), type, vocab_size, validation_fraction, description));

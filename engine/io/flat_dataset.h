@@ -9,7 +9,10 @@
 // Megatron's GPT dataset. No window crosses the split boundary: no token is in both splits.
 //
 // Opening scans every token once and rejects the first id outside [0, vocab_size), with its
-// position. Every error reads "--data_path FILE: what is wrong" on one line.
+// position (for uint32, an id that two uint16 tokens would make says so). A --data_format file's
+// token width is checked where the data allows: a flat_u16 file of at least 64 tokens whose every
+// second token is 0 (and not every token) is uint32 tokens read as uint16, and refused. Every
+// error reads "--data_path FILE: what is wrong" on one line.
 #pragma once
 
 #include <cstddef>

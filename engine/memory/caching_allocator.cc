@@ -1,6 +1,7 @@
 #include "engine/memory/caching_allocator.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include <glog/logging.h>
 
@@ -8,6 +9,16 @@ namespace moe {
 
 // A cached block serves a request of `size` bytes if it is at most size / kMaxSlackDivisor larger.
 constexpr size_t kMaxSlackDivisor = 8;
+
+namespace {
+
+std::atomic<OutOfMemoryHandler> out_of_memory_handler{nullptr};
+
+}  // namespace
+
+OutOfMemoryHandler SetOutOfMemoryHandler(OutOfMemoryHandler handler) {
+  return out_of_memory_handler.exchange(handler);
+}
 
 struct CachingAllocator::Block {
   void* ptr = nullptr;
@@ -43,6 +54,7 @@ std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream
                                     << stream.device().ToString();
   const size_t size = std::max<size_t>(kRoundBytes, (bytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes);
   Block* block = nullptr;
+  std::string out_of_memory;  // set when the source is exhausted
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.num_allocations;
@@ -60,15 +72,24 @@ std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream
         ReleaseCachedBlocks();
         ptr = raw_->Allocate(size);
       }
-      CHECK(ptr != nullptr) << "out of " << device_.ToString() << " memory allocating " << bytes
-                            << " bytes: " << stats_.ToString();
-      block = new Block{ptr, size, &stream, {}, {}};
-      ++stats_.num_raw_allocations;
-      stats_.reserved_bytes += size;
-      stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+      if (ptr == nullptr) {
+        out_of_memory = "out of " + device_.ToString() + " memory allocating " +
+                        std::to_string(bytes) + " bytes: " + stats_.ToString();
+      } else {
+        block = new Block{ptr, size, &stream, {}, {}};
+        ++stats_.num_raw_allocations;
+        stats_.reserved_bytes += size;
+        stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+      }
     }
-    stats_.allocated_bytes += block->size;  // what Free subtracts: a cached block may be larger
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    if (block != nullptr) {
+      stats_.allocated_bytes += block->size;  // what Free subtracts: a cached block may be larger
+      stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    }
+  }
+  if (block == nullptr) {  // outside the lock: the handler may run exit-time code
+    if (OutOfMemoryHandler handler = out_of_memory_handler.load()) handler(out_of_memory);
+    LOG(FATAL) << out_of_memory;
   }
   return std::make_shared<Storage>(
       block->ptr, bytes, device_, MemorySpace::kDevice, [this, block] { Free(block); },

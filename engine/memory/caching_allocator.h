@@ -12,6 +12,14 @@
 //   eighth larger than the request (blocks are not split, so a looser fit holds memory no tensor
 //   uses). On a miss it polls pending events, then asks the raw source, then synchronises
 //   pending frees and empties the cache once before failing.
+// - Out of memory is a user error (a run too large for the device), but Allocate has no way to
+//   return one: every op allocates, and threading a Status through all of them would buy
+//   nothing, since no caller can recover mid-step. So the allocator reports through a
+//   process-wide out-of-memory handler (SetOutOfMemoryHandler): it is called, after the lock is
+//   released, with one line ("out of cuda:0 memory allocating 2147483648 bytes: allocated ...,
+//   reserved ..."). The library never exits: an app installs a handler that prints the line and
+//   exits non-zero (moe_train does, before any work). Without a handler (tests, benchmarks), or
+//   if the handler returns, the failure is a CHECK, as for any other broken invariant.
 //
 // Thread-safe: tensors may be freed from any thread.
 #pragma once
@@ -19,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -30,13 +39,22 @@
 
 namespace moe {
 
+// Called with one line when a device allocation fails for lack of memory; must not return (an
+// app reports and exits). nullptr removes the handler. Returns the previous one.
+using OutOfMemoryHandler = void (*)(const std::string& message);
+OutOfMemoryHandler SetOutOfMemoryHandler(OutOfMemoryHandler handler);
+
 class CachingAllocator {
  public:
   CachingAllocator(Device device, std::unique_ptr<RawMemory> raw);
   ~CachingAllocator();
 
-  // Memory ordered on `stream`. Aborts with the allocator's stats if the source is exhausted.
+  // Memory ordered on `stream`. If the source is exhausted: the out-of-memory handler, else a
+  // CHECK failure with the allocator's stats.
   std::shared_ptr<Storage> Allocate(size_t bytes, Stream& stream);
+  // What the raw source can hold at most (device total memory, or physical memory for the CPU
+  // backend's arena); 0 if unknown.
+  size_t capacity_bytes() const { return raw_->CapacityBytes(); }
 
   MemoryStats stats() const;
   void ResetPeakStats();

@@ -21,6 +21,12 @@ class CudaDeviceRawMemory final : public RawMemory {
     return ptr;
   }
   void Free(void* ptr) override { CUDA_CALL(cudaFree(ptr)); }
+  size_t CapacityBytes() const override {
+    CUDA_CALL(cudaSetDevice(device_index_));
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CALL(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes;
+  }
 
  private:
   int device_index_;

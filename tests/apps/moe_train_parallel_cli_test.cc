@@ -1,18 +1,27 @@
-// moe_train under mpirun, as a user meets it: a world size or layout that does not fit is one
-// clear line from every rank and a non-zero exit of the whole job (no hang, no work); a good
-// pipeline-parallel run logs once (rank 0) and reports the single-process losses, and one process
-// resumes from its checkpoint. A plain (label cpu) test, as it starts mpirun itself.
+// moe_train under mpirun, as a user meets it: a world size or layout that does not fit, a flag
+// whose feature is off, a run too large for the host, or a --save holding another run's
+// checkpoints is one clear line from every rank and a non-zero exit of the whole job (no hang,
+// no work); a non-finite loss stops every rank before the step is saved; a good pipeline-parallel
+// run logs once (rank 0) and reports the single-process losses, and one process resumes from its
+// checkpoint. A plain (label cpu) test, as it starts mpirun itself. Every test that writes files
+// works in a temporary directory of its own.
 #include <gtest/gtest.h>
 
 #include "tests/testing/command.h"
 
 #if MOE_WITH_MPI
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace moe {
 namespace {
@@ -74,7 +83,16 @@ INSTANTIATE_TEST_SUITE_P(
                   "--num_layers=8 does not split evenly over 6 pipeline stages"},
         BadLayout{2, "--global_batch_size=8 --micro_batch_size=8",
                   "--global_batch_size=8 is not a multiple of --micro_batch_size=8 x data-parallel "
-                  "size 2"}));
+                  "size 2"},
+        // The rule table's row for ranks (apps/moe_train/flag_rules.cc).
+        BadLayout{2, "--device=cuda:1",
+                  "moe_train: --device=cuda:1 needs one process: under mpirun each rank takes the "
+                  "GPU of its local rank: use --device=cuda (rank 0; 2 of 2 ranks failed)"},
+        BadLayout{2, "--virtual_pipeline=2",
+                  "--virtual_pipeline=2 needs --pipeline_parallel > 1: chunks interleave across "
+                  "pipeline ranks"},
+        BadLayout{2, "configs/tiny.flags", "unexpected argument 'configs/tiny.flags'"},
+        BadLayout{2, "--pipeline_parallel=2 --seq_length=1000000", "the run needs about "}));
 
 std::vector<std::string> LossLines(const std::string& output) {
   static const std::regex kLoss(R"(step +\d+ \| loss [0-9.]+ \| aux [0-9.]+)");
@@ -90,7 +108,7 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
   ASSERT_EQ(single.exit_code, 0) << single.output;
   const std::vector<std::string> expected = LossLines(single.output);
   ASSERT_EQ(expected.size(), 2u) << single.output;
-  for (const std::string& layout : {"--pipeline_parallel=2", "--pipeline_parallel=1"}) {
+  for (const char* layout : {"--pipeline_parallel=2", "--pipeline_parallel=1"}) {
     const Result r = RunMoeTrain(2, layout);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(LossLines(r.output), expected) << r.output;
@@ -123,8 +141,8 @@ TEST(ParallelRunTest, OffloadPolicyTableHasEveryPipelineRank) {
 // A checkpoint saved by a pipeline run is the full model: one process resumes from it and logs
 // the pipeline run's next loss.
 TEST(ParallelRunTest, OneProcessResumesFromAPipelineCheckpoint) {
-  const std::string root = ::testing::TempDir() + "/moe_train_parallel_cli_pipeline_ckpt";
-  std::remove((root + "/latest").c_str());
+  const testing::ScopedTempDir dir;
+  const std::string root = dir.Path("ckpt");
   const Result pipelined = RunMoeTrain(2, "--pipeline_parallel=2 --save_interval=1 --save=" + root);
   ASSERT_EQ(pipelined.exit_code, 0) << pipelined.output;
   EXPECT_EQ(Count(pipelined.output, "saved checkpoint"), 2) << pipelined.output;
@@ -133,6 +151,60 @@ TEST(ParallelRunTest, OneProcessResumesFromAPipelineCheckpoint) {
   const Result resumed = RunMoeTrain(0, "--load=" + root + "/step_00000001");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(LossLines(resumed.output), std::vector<std::string>{losses[1]}) << resumed.output;
+}
+
+// Writes NaN over every float of the tensors of `file` (a safetensors file) named like `part`.
+void PoisonTensors(const std::string& file, const std::string& part) {
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
+  const float nan = std::nanf("");
+  for (const auto& [name, entry] : header.items()) {
+    if (name.find(part) == std::string::npos || !entry.contains("data_offsets")) continue;
+    for (uint64_t at = entry["data_offsets"][0]; at < entry["data_offsets"][1]; at += 4) {
+      std::memcpy(bytes.data() + 8 + header_size + at, &nan, 4);
+    }
+  }
+  std::ofstream(file, std::ios::binary) << bytes;
+}
+
+// Every rank stops at the first non-finite loss, with one line, before saving that step.
+TEST(ParallelRunTest, ANonFiniteLossStopsEveryRankBeforeItIsSaved) {
+  const testing::ScopedTempDir dir;
+  const std::string root = dir.Path("ckpt");
+  const Result first = RunMoeTrain(0, "--train_steps=1 --save=" + root);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  PoisonTensors(root + "/step_00000001/model.safetensors", "final_norm");
+  const std::vector<std::string> before = dir.List();
+  const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --train_steps=3 --save_interval=1 "
+                                  "--load=" + root + " --save=" + root);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
+  EXPECT_EQ(Count(r.output, "moe_train: step 2: loss is nan, gradient norm is nan; stopped before "
+                            "saving anything of it"),
+            2)
+      << r.output;
+  EXPECT_EQ(Count(r.output, "saved checkpoint"), 0) << r.output;
+  EXPECT_EQ(dir.List(), before);
+}
+
+// A second job into the same --save without --load is refused on every rank, before any work.
+TEST(ParallelRunTest, ASecondRunIntoTheSameSaveIsRefusedOnEveryRank) {
+  const testing::ScopedTempDir dir;
+  const std::string root = dir.Path("ckpt");
+  const Result first = RunMoeTrain(0, "--train_steps=1 --save=" + root);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::vector<std::string> before = dir.List();
+  const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --save=" + root);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Count(r.output, "--save " + root + " already holds checkpoints (up to step_00000001); "
+                                               "resume with --load=" + root),
+            2)
+      << r.output;
+  EXPECT_EQ(r.output.find("step "), std::string::npos) << "work started: " << r.output;
+  EXPECT_EQ(dir.List(), before);
 }
 
 }  // namespace

@@ -1,0 +1,32 @@
+// moe_train's command line, read strictly: every argument and every flagfile line is used or
+// refused, in one line naming it. This replaces gflags::ParseCommandLineFlags, which ignores
+// positional arguments, unknown flags inside a flagfile, and a --flagfile naming a directory or a
+// binary file, and which exits 1 (not moe_train's 2 for flags) on the errors it does find.
+//
+// Accepted, as gflags spells them: --name=value or -name=value; --name value (not for bools);
+// --bool, --nobool; --flagfile=FILE[,FILE...] (nested flagfiles too), whose lines are blank,
+// `#` comments, or one --name=value / --bool / --nobool each. Later settings override earlier
+// ones. Values are set through gflags (its parsers; a value it refuses is an error naming the
+// flag and its type), so gflags::GetCommandLineFlagInfoOrDie(name).is_default is false exactly
+// for the flags the user set, on the command line or in a flagfile.
+// Refused: positional arguments (and anything after a bare --), unknown flags (with the nearest
+// known name), a --flagfile that is missing, a directory, not text or over 1 MiB, a flagfile line
+// that is not a flag, and gflags' --fromenv, --tryfromenv and --undefok.
+// Help: -h, --help (the project's flags, grouped as in README.md), --helpshort (their names),
+// --helpfull (then every flag of every library); gflags' other help flags (--helpxml,
+// --helpon=, --helpmatch=, --version) are passed to gflags.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace moe {
+
+enum class HelpRequest { kNone, kHelp, kHelpShort, kHelpFull, kGflags };
+
+// Sets the flags that argv names (argv[0] is the program). Returns which help was asked for;
+// kNone: run.
+StatusOr<HelpRequest> ParseCommandLine(int argc, char** argv);
+
+}  // namespace moe

@@ -1,0 +1,54 @@
+#include "apps/moe_train/memory_check.h"
+
+#include <cstdio>
+#include <string>
+
+#include "modules/memory_estimate.h"
+
+namespace moe {
+namespace {
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 6) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[64];
+  snprintf(text, sizeof(text), unit == 6 && bytes >= 1024 ? "%.3g %s" : "%.1f %s", bytes,
+           units[unit]);
+  return text;
+}
+
+}  // namespace
+
+Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
+  if (capacity_bytes == 0) return Status::Ok();
+  MemoryEstimateOptions options;
+  options.model = run.model;
+  options.micro_batch_size = run.trainer.micro_batch_size;
+  options.micro_batches =
+      run.trainer.global_batch_size / (run.trainer.micro_batch_size * run.data_parallel);
+  options.pipeline_parallel = run.pipeline_parallel;
+  options.virtual_pipeline = run.trainer.virtual_pipeline;
+  options.first_stage_layers = run.trainer.first_stage_layers;
+  options.last_stage_layers = run.trainer.last_stage_layers;
+  options.cuda = run.device.is_cuda();
+  const MemoryEstimate e = EstimateTrainingMemory(options);
+  const double needed = e.total_bytes * ranks_sharing;
+  if (needed <= static_cast<double>(capacity_bytes)) return Status::Ok();
+  const std::string device = run.device.is_cuda() ? run.device.ToString() : "cpu (physical memory)";
+  std::string per_rank =
+      ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"
+                        : "";
+  return InvalidArgument("the run needs about " + Bytes(e.total_bytes) + per_rank +
+                         " (weights, gradients and " + "optimizer state " + Bytes(e.state_bytes) +
+                         ", activations " + Bytes(e.activation_bytes) + ", backward workspace " +
+                         Bytes(e.workspace_bytes) + ", +10% and 256 MiB margin) but " + device +
+                         " has " + Bytes(static_cast<double>(capacity_bytes)) +
+                         ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
+                         "--micro_batch_size");
+}
+
+}  // namespace moe

@@ -1,0 +1,148 @@
+#include "apps/moe_train/output_checks.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "apps/moe_train/run_flags.h"
+#include "engine/io/checkpoint.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "" if an entry can be created in the existing directory `dir`, else why not.
+std::string ProbeDirectory(const fs::path& dir) {
+  const fs::path probe = dir / (".moe_train_probe-" + std::to_string(::getpid()));
+  if (::mkdir(probe.c_str(), 0700) != 0) return std::strerror(errno);
+  ::rmdir(probe.c_str());
+  return "";
+}
+
+// The nearest existing ancestor of `path` (itself if it exists).
+fs::path ExistingAncestor(const fs::path& path) {
+  std::error_code error;
+  fs::path at = fs::absolute(path, error);
+  while (!fs::exists(at, error) && at.has_relative_path()) at = at.parent_path();
+  return at;
+}
+
+// Refuses a directory-to-be whose nearest existing ancestor is not a directory we can write.
+Status CheckCreatable(const std::string& bad, const fs::path& path) {
+  const fs::path ancestor = ExistingAncestor(path);
+  std::error_code error;
+  if (!fs::is_directory(ancestor, error)) {
+    return InvalidArgument(bad + ": cannot create it: " + ancestor.string() +
+                           " is not a directory");
+  }
+  const std::string why = ProbeDirectory(ancestor);
+  if (!why.empty()) {
+    return InvalidArgument(bad + ": cannot create it: directory " + ancestor.string() +
+                           " is not writable (" + why + ")");
+  }
+  return Status::Ok();
+}
+
+// The canonical form of a path for comparisons (whether or not it exists).
+std::string Canonical(const std::string& path) {
+  std::error_code error;
+  const fs::path out = fs::weakly_canonical(fs::absolute(path, error), error);
+  return error ? path : out.string();
+}
+
+}  // namespace
+
+Status CheckOutputFile(const char* flag, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  const std::string bad = "--" + std::string(flag) + " " + path;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (fs::exists(status)) {
+    if (!fs::is_regular_file(status)) return InvalidArgument(bad + ": not a regular file");
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return InvalidArgument(bad + ": not writable (" + std::strerror(errno) + ")");
+    ::close(fd);
+    return Status::Ok();
+  }
+  if (!path.empty() && path.back() == '/') return InvalidArgument(bad + ": names a directory");
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, error)) {
+    return InvalidArgument(bad + ": directory " + parent.string() + " does not exist");
+  }
+  const std::string why = ProbeDirectory(parent);
+  if (!why.empty()) {
+    return InvalidArgument(bad + ": directory " + parent.string() + " is not writable (" + why +
+                           ")");
+  }
+  return Status::Ok();
+}
+
+Status CheckOutputDirectory(const char* flag, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  const std::string bad = "--" + std::string(flag) + " " + path;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) return CheckCreatable(bad, path);
+  if (!fs::is_directory(status)) return InvalidArgument(bad + " exists and is not a directory");
+  const std::string why = ProbeDirectory(path);
+  if (!why.empty()) return InvalidArgument(bad + ": directory is not writable (" + why + ")");
+  return Status::Ok();
+}
+
+Status CheckSaveRoot(const std::string& root, const std::string& load) {
+  if (root.empty()) return Status::Ok();
+  const std::vector<std::string> entries = ListCheckpointEntries(root);
+  if (entries.empty()) return Status::Ok();
+  const std::string newest = entries.back() == "latest" && entries.size() > 1
+                                 ? entries[entries.size() - 2]
+                                 : entries.back();
+  if (load.empty()) {
+    return InvalidArgument("--save " + root + " already holds checkpoints (up to " + newest +
+                           "); resume with --load=" + root + ", or save to a new directory");
+  }
+  // --load is the root itself, or a step directory in it.
+  const std::string canonical_root = Canonical(root);
+  const std::string canonical_load = Canonical(load);
+  if (canonical_load == canonical_root ||
+      Canonical(fs::path(canonical_load).parent_path().string()) == canonical_root) {
+    return Status::Ok();
+  }
+  return InvalidArgument("--save " + root + " already holds checkpoints (up to " + newest +
+                         ") of another run than --load=" + load + "; save to a new directory");
+}
+
+Status CheckOutputFlags() {
+  RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
+  RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
+  RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
+  RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
+  RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
+  const std::vector<std::pair<const char*, std::string>> outputs = {
+      {"metrics_file", FLAGS_metrics_file},
+      {"trace_file", FLAGS_trace_file},
+      {"save", FLAGS_save},
+      {"dump_reference_case", FLAGS_dump_reference_case},
+      {"load", FLAGS_load}};
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (outputs[i].second.empty() || outputs[j].second.empty()) continue;
+      const bool load_pair = std::string(outputs[j].first) == "load";
+      if (load_pair && std::string(outputs[i].first) == "save") continue;  // resuming in place
+      if (Canonical(outputs[i].second) == Canonical(outputs[j].second)) {
+        return InvalidArgument("--" + std::string(outputs[i].first) + " and --" + outputs[j].first +
+                               " name the same path " + outputs[i].second);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace moe

@@ -1,0 +1,32 @@
+// moe_train's outputs, checked before any work and without leaving anything behind: a run must
+// never fail after its training steps because of where it writes.
+//
+// - --metrics_file, --trace_file: empty (no output), an existing regular file that opens for
+//   appending, or a new name in an existing directory where a file can be created.
+// - --save: empty, an existing directory where entries can be created, or a path whose nearest
+//   existing ancestor is such a directory (Save creates the rest). A root that already holds
+//   checkpoints (step_XXXXXXXX/ or latest) is refused unless --load resumes from it (the root
+//   or one of its step directories): a new run would replace the earlier run's checkpoints.
+// - --dump_reference_case: like --save, without the checkpoint rule.
+// - No two of them name the same path.
+// "Can be created" is tried, not inferred from permission bits (root passes every access()
+// check, a read-only filesystem fails none of them): a probe directory is made and removed.
+#pragma once
+
+#include <string>
+
+#include "engine/core/status.h"
+
+namespace moe {
+
+// An output file's path: see above. `flag` names it in the message ("metrics_file").
+Status CheckOutputFile(const char* flag, const std::string& path);
+// A directory to be created or written into (--save, --dump_reference_case).
+Status CheckOutputDirectory(const char* flag, const std::string& path);
+// --save's checkpoint rule: refuses a root holding checkpoints unless `load` resumes from it.
+Status CheckSaveRoot(const std::string& root, const std::string& load);
+
+// All of the above for the current flags.
+Status CheckOutputFlags();
+
+}  // namespace moe

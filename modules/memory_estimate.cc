@@ -1,0 +1,118 @@
+#include "modules/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moe {
+namespace {
+
+constexpr double kMargin = 1.1;
+constexpr double kFixedBytes = 256.0 * 1024 * 1024;
+
+double D(int64_t value) { return static_cast<double>(value); }
+double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
+
+}  // namespace
+
+double StateBytesPerParameter(bool cuda) { return cuda ? 18.0 : 16.0; }
+
+double LayerParameters(const GptConfig& m, bool moe_layer) {
+  const double h = D(m.hidden_size);
+  const double kv = D(m.num_query_groups) * (h / D(m.num_attention_heads));
+  const double attention = 2 * h * h + 2 * h * kv + 2 * h;  // GptConfig::attention_parameters
+  if (!moe_layer) return attention + 3 * h * D(m.ffn_hidden_size);
+  return attention + h * D(m.num_experts) + D(m.num_experts) * 3 * h * D(m.moe_ffn_hidden_size);
+}
+
+double ActivationBytesPerLayer(const GptConfig& m, int64_t micro_batch_size, bool moe_layer,
+                               bool cuda) {
+  const double b = ComputeBytes(cuda);
+  const double tokens = D(micro_batch_size) * D(m.seq_length);
+  const double h = D(m.hidden_size);
+  const double kv = D(m.num_query_groups) * (h / D(m.num_attention_heads));
+  // Attention: norm input + rstd, q, k, v, output (also the projection's input), lse per head.
+  const double attention = tokens * (b * (h + h + 2 * kv + h) + 4 + 4 * D(m.num_attention_heads));
+  // Second norm: input + rstd.
+  const double norm = tokens * (b * h + 4);
+  if (!moe_layer) {
+    // Dense SwiGLU MLP: input, fc1 output (2 x ffn).
+    return attention + norm + tokens * b * (h + 2 * D(m.ffn_hidden_size));
+  }
+  const double rows = tokens * D(m.moe_router_topk);
+  const double f = D(m.moe_ffn_hidden_size);
+  // Router: input, f32 logits and probabilities; per routed row: permuted input, fc1 output
+  // (2 f), activation (f), f32 weight and i32 source row and inverse index.
+  const double router = tokens * (b * h + 8 * D(m.num_experts));
+  const double experts = rows * (b * (h + 3 * f) + 12);
+  return attention + norm + router + experts;
+}
+
+double HeadActivationBytes(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
+  const double b = ComputeBytes(cuda);
+  const double tokens = D(micro_batch_size) * D(m.seq_length);
+  // Final norm input + rstd, head input, logits, lse, ids and targets (i32).
+  return tokens * (b * 2 * D(m.hidden_size) + 4 + b * D(m.vocab_size) + 4 + 8);
+}
+
+MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
+  const GptConfig& m = o.model;
+  const double p = D(std::max<int64_t>(1, o.pipeline_parallel));
+  const double v = D(std::max<int64_t>(1, o.virtual_pipeline));
+  const double stages = p * v;
+  const double layers = D(m.num_layers);
+  // Layers per stage: the largest stage (a fixed first or last stage may be the largest).
+  double stage_layers = std::ceil(layers / stages);
+  if (o.first_stage_layers >= 0 || o.last_stage_layers >= 0) {
+    const double fixed = D(std::max<int64_t>(0, o.first_stage_layers)) +
+                         D(std::max<int64_t>(0, o.last_stage_layers));
+    const double rest_stages =
+        stages - (o.first_stage_layers >= 0 ? 1 : 0) - (o.last_stage_layers >= 0 ? 1 : 0);
+    const double rest =
+        rest_stages > 0 ? std::ceil(std::max(0.0, layers - fixed) / rest_stages) : 0;
+    stage_layers = std::max({rest, D(o.first_stage_layers), D(o.last_stage_layers)});
+  }
+  const double rank_layers = std::min(layers, stage_layers * v);
+  // The busiest layer kind, for a conservative count of a rank's layers.
+  const bool has_moe = m.num_moe_layers() > 0;
+  const bool has_dense = m.first_dense_layers > 0;
+  const double layer_parameters = std::max(has_moe ? LayerParameters(m, true) : 0.0,
+                                           has_dense ? LayerParameters(m, false) : 0.0);
+  const double layer_activations =
+      std::max(has_moe ? ActivationBytesPerLayer(m, o.micro_batch_size, true, o.cuda) : 0.0,
+               has_dense ? ActivationBytesPerLayer(m, o.micro_batch_size, false, o.cuda) : 0.0);
+  const double h = D(m.hidden_size);
+  const double embedding = D(m.vocab_size) * h;
+  const double head = D(m.vocab_size) * h + h;
+
+  MemoryEstimate e;
+  if (p == 1 && v == 1) {
+    // One stage: every layer, exactly.
+    const double dense = D(std::min(m.num_layers, m.first_dense_layers));
+    e.parameters = embedding + head + dense * LayerParameters(m, false) +
+                   D(m.num_moe_layers()) * (has_moe ? LayerParameters(m, true) : 0.0);
+  } else {
+    // The busiest rank: its layers, plus the embedding and the head if it has both ends.
+    e.parameters = rank_layers * layer_parameters + embedding + head;
+  }
+  e.state_bytes = e.parameters * StateBytesPerParameter(o.cuda);
+
+  const double m_batches = D(std::max<int64_t>(1, o.micro_batches));
+  double in_flight_layers;  // layer passes whose activations are held at the peak
+  if (p == 1 && v == 1) {
+    in_flight_layers = layers;
+  } else if (v == 1) {
+    in_flight_layers = std::min(p, m_batches) * rank_layers;
+  } else {
+    const double chunk_passes = std::min(2 * (p - 1) + (v - 1) * p + 1, v * m_batches);
+    in_flight_layers = chunk_passes * stage_layers;
+  }
+  const double head_activations = HeadActivationBytes(m, o.micro_batch_size, o.cuda);
+  e.activation_bytes = in_flight_layers * layer_activations + head_activations;
+  const double logits_gradient =
+      D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
+  e.workspace_bytes = logits_gradient + layer_activations;
+  e.total_bytes = kMargin * (e.state_bytes + e.activation_bytes + e.workspace_bytes) + kFixedBytes;
+  return e;
+}
+
+}  // namespace moe

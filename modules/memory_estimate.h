@@ -1,0 +1,69 @@
+// How much device memory a training run needs: the figures moe_train checks against the device
+// at start (and a memory planner can reuse). All in bytes, as doubles (the products of absurd
+// flag values overflow int64; a double only rounds).
+//
+// What it counts, for the busiest pipeline rank (one replica; data parallelism does not change
+// a rank's memory):
+// - State: per parameter StateBytesPerParameter: f32 master + f32 gradient + two f32 AdamW
+//   moments (16 bytes); on CUDA also the bf16 copy compute reads (18). The rank's parameters are
+//   those of its layers plus the embedding (first stage) and the head and final norm (last
+//   stage); with one stage, all of them (GptConfig::total_parameters, recomputed in doubles).
+// - Activations: the tensors forward saves for backward, per layer per micro-batch
+//   (ActivationBytesPerLayer, in compute bytes: 4 on the CPU, 2 on CUDA; routing tensors f32/i32):
+//   attention: norm input, q, k, v, output, log-sum-exp; dense MLP: norm input, input, fc1
+//   output; MoE: norm input, router logits and probabilities, permuted rows, fc1 output and
+//   activation per routed row (tokens x top-k), routing indices and weights. The head
+//   (HeadActivationBytes): final norm input, head input, logits, log-sum-exp, ids and targets.
+//   Micro-batches in flight: 1 without a pipeline (forward then backward per micro-batch),
+//   min(p, m) on 1F1B's first rank, min(2(p - 1) + (v - 1)p + 1, v m) chunk passes on the
+//   interleaved first rank (engine/pipeline/schedule.h).
+// - Workspace: what backward allocates beside the saved tensors: the logits gradient, and one
+//   layer's gradients of its saved tensors (as large as its activations).
+// - Margin: total = 1.1 x (state + activations + workspace) + 256 MiB, for allocator rounding
+//   and caching (blocks are reused only within 1/8 of their size), the pinned pool and small
+//   tensors not listed. Offloading is not subtracted, so with --offload_modules the estimate
+//   is an upper bound.
+// Before the margin, the counted bytes were 1.11-1.28x the allocator's measured peak on CPU runs
+// of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
+// they lie within [1, 2]x). It is meant to refuse runs that cannot fit, not to predict peaks to
+// the megabyte; CUDA peaks are not checked by a test here.
+#pragma once
+
+#include <cstdint>
+
+#include "modules/gpt_config.h"
+
+namespace moe {
+
+struct MemoryEstimateOptions {
+  GptConfig model;
+  int64_t micro_batch_size = 1;
+  int64_t micro_batches = 1;  // per optimizer step on one replica (accumulation steps)
+  int64_t pipeline_parallel = 1;
+  int64_t virtual_pipeline = 1;
+  int64_t first_stage_layers = -1;  // -1: even split
+  int64_t last_stage_layers = -1;
+  bool cuda = false;
+};
+
+struct MemoryEstimate {
+  double parameters = 0;        // on the busiest rank
+  double state_bytes = 0;       // weights, gradients, optimizer state
+  double activation_bytes = 0;  // saved for backward, every micro-batch in flight
+  double workspace_bytes = 0;   // backward's transient gradients
+  double total_bytes = 0;       // with the margin
+};
+
+// Bytes of weights, gradient and optimizer state per parameter.
+double StateBytesPerParameter(bool cuda);
+// Parameters of one transformer layer (dense or MoE).
+double LayerParameters(const GptConfig& model, bool moe_layer);
+// Saved activations of one layer for one micro-batch.
+double ActivationBytesPerLayer(const GptConfig& model, int64_t micro_batch_size, bool moe_layer,
+                               bool cuda);
+// Saved activations of the embedding, final norm, head and loss for one micro-batch.
+double HeadActivationBytes(const GptConfig& model, int64_t micro_batch_size, bool cuda);
+
+MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& options);
+
+}  // namespace moe

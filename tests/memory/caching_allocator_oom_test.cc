@@ -1,0 +1,76 @@
+// Out of memory in the caching allocator: with no handler a CHECK failure naming the device and
+// the request; with the app's handler, the handler gets that one line, outside the allocator's
+// lock (it may read the allocator's stats), and ends the process its way. The raw sources
+// report a capacity (physical memory for the CPU backend).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "engine/memory/caching_allocator.h"
+#include "engine/runtime/cpu_stream.h"
+
+namespace moe {
+namespace {
+
+// A raw source that holds `capacity` bytes in all.
+class SmallRawMemory final : public RawMemory {
+ public:
+  explicit SmallRawMemory(size_t capacity) : capacity_(capacity) {}
+  void* Allocate(size_t bytes) override {
+    if (used_ + bytes > capacity_) return nullptr;
+    used_ += bytes;
+    return host_->Allocate(bytes);
+  }
+  void Free(void* ptr) override { host_->Free(ptr); }  // (used_ is not given back: a test)
+  size_t CapacityBytes() const override { return capacity_; }
+
+ private:
+  size_t capacity_;
+  size_t used_ = 0;
+  std::unique_ptr<RawMemory> host_ = NewHostRawMemory();
+};
+
+CachingAllocator* handled_allocator = nullptr;
+
+[[noreturn]] void ReportAndExit(const std::string& message) {
+  // stats() takes the allocator's lock: this would deadlock if the handler ran under it.
+  fprintf(stderr, "handled: %s | stats still readable: %lld allocations\n", message.c_str(),
+          static_cast<long long>(handled_allocator->stats().num_allocations));
+  fflush(stderr);
+  _exit(3);
+}
+
+TEST(CachingAllocatorOomDeathTest, WithoutAHandlerTheFailureIsACheck) {
+  CpuStream stream(CpuStream::Mode::kInline);
+  CachingAllocator allocator(Device::CPU(), std::make_unique<SmallRawMemory>(4096));
+  EXPECT_DEATH(allocator.Allocate(8192, stream), "out of cpu memory allocating 8192 bytes");
+}
+
+TEST(CachingAllocatorOomDeathTest, TheHandlerGetsOneLineOutsideTheLock) {
+  CpuStream stream(CpuStream::Mode::kInline);
+  CachingAllocator allocator(Device::CPU(), std::make_unique<SmallRawMemory>(4096));
+  auto fits = allocator.Allocate(2048, stream);
+  EXPECT_EXIT(
+      {
+        handled_allocator = &allocator;
+        SetOutOfMemoryHandler(&ReportAndExit);
+        allocator.Allocate(4096, stream);
+      },
+      ::testing::ExitedWithCode(3),
+      "handled: out of cpu memory allocating 4096 bytes: allocated .*, 2 allocations, 0 cache "
+      "hits \\| stats still readable: 2 allocations");
+  EXPECT_EQ(SetOutOfMemoryHandler(nullptr), nullptr) << "the handler was set in the child only";
+}
+
+TEST(CachingAllocatorOomTest, SourcesReportTheirCapacity) {
+  EXPECT_EQ(
+      CachingAllocator(Device::CPU(), std::make_unique<SmallRawMemory>(4096)).capacity_bytes(),
+      4096u);
+  const size_t physical = CachingAllocator(Device::CPU(), NewHostRawMemory()).capacity_bytes();
+  EXPECT_GT(physical, size_t{256} << 20);
+  EXPECT_EQ(physical % static_cast<size_t>(sysconf(_SC_PAGE_SIZE)), 0u);
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,119 @@
+// The memory estimate moe_train checks at start (modules/memory_estimate.h): its parameter count
+// is the model's, its state bytes are the trainer's, and on real CPU runs it is an upper bound of
+// the measured peak (without its fixed margin) that is not far off (within 2x).
+#include "modules/memory_estimate.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/runtime/device_context.h"
+#include "modules/trainer.h"
+#include "tests/testing/tiny_model.h"
+
+namespace moe {
+namespace {
+
+GptConfig DefaultRunModel() {  // moe_train's default flags
+  GptConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 128;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 256;
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 128;
+  m.first_dense_layers = 1;
+  m.seq_length = 64;
+  m.vocab_size = 256;
+  m.moe_grouped_mlp = GroupedMlpKind::kFused;
+  return m;
+}
+
+TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
+  for (const GptConfig& m : {testing::TinyModel(), DefaultRunModel()}) {
+    MemoryEstimateOptions o;
+    o.model = m;
+    const MemoryEstimate e = EstimateTrainingMemory(o);
+    EXPECT_EQ(e.parameters, static_cast<double>(m.total_parameters()));
+    EXPECT_EQ(e.state_bytes, 16.0 * m.total_parameters());
+    o.cuda = true;
+    EXPECT_EQ(EstimateTrainingMemory(o).state_bytes, 18.0 * m.total_parameters());
+  }
+}
+
+TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {
+  MemoryEstimateOptions o;
+  o.model = DefaultRunModel();
+  o.model.num_layers = 8;
+  o.micro_batch_size = 8;
+  const MemoryEstimate base = EstimateTrainingMemory(o);
+  MemoryEstimateOptions longer = o;
+  longer.model.seq_length *= 4;
+  EXPECT_GT(EstimateTrainingMemory(longer).activation_bytes, 3.9 * base.activation_bytes);
+  MemoryEstimateOptions piped = o;
+  piped.pipeline_parallel = 4;
+  piped.micro_batches = 8;
+  const MemoryEstimate per_rank = EstimateTrainingMemory(piped);
+  EXPECT_LT(per_rank.state_bytes, base.state_bytes);
+  // 1F1B's first rank holds min(p, m) = 4 micro-batches of its 2 layers: 8 layer passes, as many
+  // as one process holds for its 8 layers.
+  EXPECT_NEAR(per_rank.activation_bytes, base.activation_bytes, 1e-6 * base.activation_bytes);
+  // Absurd sizes stay finite (doubles, no int64 overflow).
+  MemoryEstimateOptions huge = o;
+  huge.model.num_layers = 1 << 20;
+  huge.model.hidden_size = 1 << 20;
+  huge.model.moe_ffn_hidden_size = 1 << 24;
+  huge.model.num_experts = 1 << 16;
+  EXPECT_TRUE(std::isfinite(EstimateTrainingMemory(huge).total_bytes));
+  EXPECT_GT(EstimateTrainingMemory(huge).total_bytes, 1e24);
+}
+
+// Trains two steps on the CPU and compares the allocator's peak with the estimate.
+double MeasuredPeakBytes(const GptConfig& model, const TrainerOptions& options) {
+  DataOptions data;
+  data.vocab_size = model.vocab_size;
+  const std::unique_ptr<TokenSource> source = std::move(OpenTokenSource(data)).value();
+  CachingAllocator& allocator = DeviceContext::Get(Device::CPU()).allocator();
+  allocator.EmptyCache();
+  allocator.ResetPeakStats();
+  const double before = static_cast<double>(allocator.stats().allocated_bytes);
+  {
+    auto trainer = std::move(Trainer::Create(model, options, Device::CPU(), source.get())).value();
+    trainer->TrainStep();
+    trainer->TrainStep();
+  }
+  return static_cast<double>(allocator.stats().peak_allocated_bytes) - before;
+}
+
+TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
+  struct Case {
+    GptConfig model;
+    int64_t micro, global;
+  };
+  for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{DefaultRunModel(), 8, 16},
+                        Case{DefaultRunModel(), 64, 64}}) {
+    TrainerOptions options;
+    options.micro_batch_size = c.micro;
+    options.global_batch_size = c.global;
+    options.train_steps = 2;
+    options.warmup_steps = 1;
+    options.eval_steps = 1;
+    const double measured = MeasuredPeakBytes(c.model, options);
+    MemoryEstimateOptions o;
+    o.model = c.model;
+    o.micro_batch_size = c.micro;
+    o.micro_batches = c.global / c.micro;
+    const MemoryEstimate e = EstimateTrainingMemory(o);
+    const double counted = e.state_bytes + e.activation_bytes + e.workspace_bytes;
+    const std::string what = "micro " + std::to_string(c.micro) + ", hidden " +
+                             std::to_string(c.model.hidden_size) + ": measured " +
+                             std::to_string(measured / 1048576) + " MiB, estimated " +
+                             std::to_string(counted / 1048576) + " MiB";
+    EXPECT_GE(counted, measured) << what;
+    EXPECT_LE(counted, 2.0 * measured) << what;
+    std::cout << what << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace moe
