@@ -6,8 +6,6 @@
 namespace moe {
 namespace {
 
-constexpr double kMargin = 1.1;
-constexpr double kFixedBytes = 256.0 * 1024 * 1024;
 
 double D(int64_t value) { return static_cast<double>(value); }
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
@@ -111,7 +109,7 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   const double logits_gradient =
       D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
   e.workspace_bytes = logits_gradient + layer_activations;
-  e.total_bytes = kMargin * (e.state_bytes + e.activation_bytes + e.workspace_bytes) + kFixedBytes;
+  e.total_bytes = e.state_bytes + e.activation_bytes + e.workspace_bytes;
   return e;
 }
 

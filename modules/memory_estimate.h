@@ -19,11 +19,9 @@
 //   interleaved first rank (engine/pipeline/schedule.h).
 // - Workspace: what backward allocates beside the saved tensors: the logits gradient, and one
 //   layer's gradients of its saved tensors (as large as its activations).
-// - Margin: total = 1.1 x (state + activations + workspace) + 256 MiB, for allocator rounding
-//   and caching (blocks are reused only within 1/8 of their size), the pinned pool and small
-//   tensors not listed. Offloading is not subtracted, so with --offload_modules the estimate
-//   is an upper bound.
-// Before the margin, the counted bytes were 1.11-1.28x the allocator's measured peak on CPU runs
+// - No margin and no offloading or recompute: with --offload_modules or --recompute_modules the
+//   activations are an upper bound.
+// The counted bytes were 1.11-1.28x the allocator's measured peak on CPU runs
 // of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
 // they lie within [1, 2]x). It is meant to refuse runs that cannot fit, not to predict peaks to
 // the megabyte; CUDA peaks are not checked by a test here.
@@ -51,7 +49,7 @@ struct MemoryEstimate {
   double state_bytes = 0;       // weights, gradients, optimizer state
   double activation_bytes = 0;  // saved for backward, every micro-batch in flight
   double workspace_bytes = 0;   // backward's transient gradients
-  double total_bytes = 0;       // with the margin
+  double total_bytes = 0;       // the sum of the three
 };
 
 // Bytes of weights, gradient and optimizer state per parameter.
