@@ -78,8 +78,9 @@ line() { grep '^step' "$1" | tail -1 | sed 's/.*| \([0-9.]* ms\/step\).*| \([0-9
 for r in none layernorm moe_act moe core_attn layernorm,moe,core_attn; do
   flags=""; [ $r != none ] && flags="--recompute_modules=$r"
   timeout 150 "$bin/moe_train" $common --global_batch_size=8 --train_steps=8 --log_interval=4 $flags \
-    > "$out/recompute_$r.log" 2>&1
-  printf "%-26s rc %3d | %s\n" "$r" $? "$(line "$out/recompute_$r.log")"
+    > /tmp/r.log 2>&1
+  printf "%-26s rc %3d | %s\n" "$r" $? "$(line /tmp/r.log)"
+  (echo "=== $r"; cat /tmp/r.log) >> "$out/recompute.log"
 done
 for mb in 12 16 20; do
   for r in none layernorm,moe,core_attn; do
@@ -87,6 +88,7 @@ for mb in 12 16 20; do
     timeout 150 "$bin/moe_train" $common --micro_batch_size=$mb --global_batch_size=$mb \
       --train_steps=4 --log_interval=2 $flags > /tmp/mb.log 2>&1
     rc=$?
+    (echo "=== micro-batch $mb $r"; cat /tmp/mb.log) >> "$out/recompute.log"
     printf "micro-batch %2d %-24s rc %3d | %s | %s\n" $mb "$r" $rc "$(line /tmp/mb.log)" \
       "$(grep -m1 -i 'memory\|error' /tmp/mb.log | grep -v '^model\|^parameters' | cut -c1-150)"
   done
