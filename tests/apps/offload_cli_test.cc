@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
-#include "tests/testing/tensor_testing.h"
 
 namespace moe {
 namespace {
@@ -54,9 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "--offload_prefetch_layers=9 must be in [0, --num_layers=2]"}));
 
 TEST(OffloadCliTest, ReportsThePolicyAndTheTraffic) {
-  const std::string metrics = ::testing::TempDir() + "/offload_cli_" +
-                              std::to_string(testing::TestSeed()) + ".jsonl";
-  std::remove(metrics.c_str());
+  const testing::ScopedTempDir dir;
+  const std::string metrics = dir.Path("metrics.jsonl");
   const Result r = RunMoeTrain(
       "--device=cpu --moe_grouped_mlp=unfused --train_steps=3 --warmup_steps=1 --log_interval=1 --eval_interval=0 "
       "--offload_modules=core_attn,expert_fc1,moe_act --offload_min_tensor_bytes=0 "

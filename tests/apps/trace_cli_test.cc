@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
-#include "tests/testing/tensor_testing.h"
 
 namespace moe {
 namespace {
@@ -29,10 +28,6 @@ std::string TinyFlags() {
 
 Result RunMoeTrain(const std::string& args) {
   return testing::RunCommand(std::string(MOE_TRAIN_BINARY) + " --device=cpu " + args);
-}
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "/trace_cli_" + std::to_string(testing::TestSeed()) + "_" + name;
 }
 
 json ReadJson(const std::string& path) {
@@ -59,10 +54,9 @@ const char* const kPhaseFields[] = {"forward_ms",         "backward_ms",
 
 TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
   ASSERT_TRUE(std::filesystem::exists(TinyFlags())) << TinyFlags();
-  const std::string trace_path = TempPath("t.json");
-  const std::string metrics = TempPath("metrics.jsonl");
-  std::filesystem::remove(trace_path);
-  std::filesystem::remove(metrics);
+  const testing::ScopedTempDir dir;
+  const std::string trace_path = dir.Path("t.json");
+  const std::string metrics = dir.Path("metrics.jsonl");
   const Result r = RunMoeTrain("--flagfile=" + TinyFlags() +
                                " --train_steps=4 --warmup_steps=1 --log_interval=1 "
                                "--eval_interval=0 --eval_steps=1 --trace_file=" + trace_path +
@@ -106,8 +100,6 @@ TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
     EXPECT_GT(record.at("backward_ms").get<double>(), 0.0) << line;
   }
   EXPECT_EQ(steps, 4);
-  std::filesystem::remove(trace_path);
-  std::filesystem::remove(metrics);
 }
 
 struct BadInput {
@@ -128,10 +120,10 @@ TEST_P(TraceBadInputTest, ExitsWithOneLineNamingTheFlag) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
-// A directory where the trace file should be (made once for every run of the suite).
+// A directory where the trace file should be: the test temporary directory, which exists.
 std::string ADirectory() {
-  const std::string dir = ::testing::TempDir() + "/trace_cli_a_directory";
-  std::filesystem::create_directories(dir);
+  std::string dir = ::testing::TempDir();
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return dir;
 }
 
@@ -155,10 +147,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Two ranks, two pipeline stages: t.rank0.json and t.rank1.json, each its own process, with the
 // stage's pipeline sends and receives on the pipeline comm track.
 TEST(TraceCliTest, EveryRankWritesItsOwnTraceUnderMpirun) {
-  const std::string stem = TempPath("pp");
-  for (const std::string suffix : {".json", ".rank0.json", ".rank1.json"}) {
-    std::filesystem::remove(stem + suffix);
-  }
+  const testing::ScopedTempDir dir;
+  const std::string stem = dir.Path("pp");
   const Result r = testing::RunCommand(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
       "--oversubscribe " + std::string(MOE_TRAIN_BINARY) +
@@ -186,9 +176,6 @@ TEST(TraceCliTest, EveryRankWritesItsOwnTraceUnderMpirun) {
     }
     EXPECT_NE(comm.find(sends + "m0,c0)->" + peer), std::string::npos) << rank << ": " << comm;
     EXPECT_NE(comm.find(receives + "m0,c0)<-" + peer), std::string::npos) << rank << ": " << comm;
-  }
-  for (const std::string suffix : {".rank0.json", ".rank1.json"}) {
-    std::filesystem::remove(stem + suffix);
   }
 }
 

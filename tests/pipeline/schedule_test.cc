@@ -464,7 +464,8 @@ TEST(ScheduleTest, ForwardOnly) {
         std::string expected;
         for (int i = 0; i < m; ++i) {
           for (int c = 0; c < v; ++c) {
-            expected += (expected.empty() ? "" : " ") + Action{Kind::kForward, i, c, -1}.ToString();
+            if (!expected.empty()) expected += " ";
+            expected += Action{Kind::kForward, i, c, -1}.ToString();
           }
         }
         std::map<std::pair<int, int>, std::vector<Message>> sent, received;  // by (from, to)
