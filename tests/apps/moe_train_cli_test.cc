@@ -298,14 +298,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"--num_layers=100000", "the run needs at least about 712.6 GiB (weights, "
                                                      "gradients and optimizer state 367.4 GiB, ..."}));
 
-// A run that passes the estimate but finds less memory than it needs mid-step (here: a 400 MB
-// address-space limit) ends in one line and exit code 1, not an abort with a stack trace.
+// A run that passes the estimate but finds less memory than it needs mid-step (here: a 1.5 GB
+// address-space limit, which a build linked with the CUDA libraries also starts under, against
+// about 3 GB that micro-batch 1536 needs) ends in one line and exit code 1, not an abort with a
+// stack trace.
 TEST(MoeTrainTest, AnAllocationThatFailsInAStepIsOneLineAndExitOne) {
   const ScopedTempDir dir;
   const SplitCommandResult r = testing::RunCommandSplit(
-      "ulimit -v 400000 && " + std::string(MOE_TRAIN_BINARY) +
-      " --device=cpu --train_steps=1 --warmup_steps=0 --micro_batch_size=256 "
-      "--global_batch_size=256 --eval_steps=1 --save=" + dir.Path("ckpt"));
+      "ulimit -v 1500000 && " + std::string(MOE_TRAIN_BINARY) +
+      " --device=cpu --train_steps=1 --warmup_steps=0 --micro_batch_size=1536 "
+      "--global_batch_size=1536 --eval_steps=1 --save=" + dir.Path("ckpt"));
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_EQ(r.err.rfind("moe_train: out of cpu memory allocating ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
