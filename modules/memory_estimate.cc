@@ -6,7 +6,6 @@
 namespace moe {
 namespace {
 
-
 double D(int64_t value) { return static_cast<double>(value); }
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
 
@@ -25,23 +24,34 @@ double LayerParameters(const GptConfig& m, bool moe_layer) {
 double ActivationBytesPerLayer(const GptConfig& m, int64_t micro_batch_size, bool moe_layer,
                                bool cuda) {
   const double b = ComputeBytes(cuda);
+  const RecomputeModules& r = m.recompute;
   const double tokens = D(micro_batch_size) * D(m.seq_length);
   const double h = D(m.hidden_size);
   const double kv = D(m.num_query_groups) * (h / D(m.num_attention_heads));
-  // Attention: norm input + rstd, q, k, v, output (also the projection's input), lse per head.
-  const double attention = tokens * (b * (h + h + 2 * kv + h) + 4 + 4 * D(m.num_attention_heads));
-  // Second norm: input + rstd.
+  // Each norm: its input + rstd; its output, kept by the module after it unless layernorm is
+  // recomputed (counted there).
   const double norm = tokens * (b * h + 4);
+  const double norm_output = r.layernorm ? 0.0 : tokens * b * h;
+  // Attention: its input (the norm output), q, k, v; its output (also the projection's input) and
+  // lse per head unless core_attn is recomputed.
+  const double core_attention =
+      r.core_attn ? 0.0 : tokens * (b * h + 4 * D(m.num_attention_heads));
+  const double attention = norm + norm_output + tokens * b * (h + 2 * kv) + core_attention;
   if (!moe_layer) {
-    // Dense SwiGLU MLP: input, fc1 output (2 x ffn).
-    return attention + norm + tokens * b * (h + 2 * D(m.ffn_hidden_size));
+    // Dense SwiGLU MLP: its input (the norm output), fc1 output (2 x ffn).
+    return attention + norm + norm_output + tokens * b * 2 * D(m.ffn_hidden_size);
   }
+  // With moe recomputed, the layer keeps only its input (the norm output, counted unless
+  // layernorm drops it too).
+  if (r.moe) return attention + norm + norm_output;
   const double rows = tokens * D(m.moe_router_topk);
   const double f = D(m.moe_ffn_hidden_size);
-  // Router: input, f32 logits and probabilities; per routed row: permuted input, fc1 output
-  // (2 f), activation (f), f32 weight and i32 source row and inverse index.
-  const double router = tokens * (b * h + 8 * D(m.num_experts));
-  const double experts = rows * (b * (h + 3 * f) + 12);
+  // Router: its input (the norm output), f32 logits and probabilities; per routed row: permuted
+  // input, fc1 output (2 f), activation (f; the fused path's, unless moe_act is recomputed), f32
+  // weight and i32 source row and inverse index.
+  const bool activation_kept = m.moe_grouped_mlp == GroupedMlpKind::kFused && !r.moe_act;
+  const double router = norm_output + tokens * 8 * D(m.num_experts);
+  const double experts = rows * (b * (h + 2 * f + (activation_kept ? f : 0.0)) + 12);
   return attention + norm + router + experts;
 }
 
@@ -108,7 +118,15 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   e.activation_bytes = in_flight_layers * layer_activations + head_activations;
   const double logits_gradient =
       D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
-  e.workspace_bytes = logits_gradient + layer_activations;
+  // Backward of one layer holds its gradients, as large as everything it saves; a recomputed
+  // layer first holds everything it saves again (its recompute).
+  GptConfig saving_all = m;
+  saving_all.recompute = {};
+  const double full_layer_activations =
+      std::max(has_moe ? ActivationBytesPerLayer(saving_all, o.micro_batch_size, true, o.cuda) : 0.0,
+               has_dense ? ActivationBytesPerLayer(saving_all, o.micro_batch_size, false, o.cuda)
+                         : 0.0);
+  e.workspace_bytes = logits_gradient + full_layer_activations;
   e.total_bytes = e.state_bytes + e.activation_bytes + e.workspace_bytes;
   return e;
 }

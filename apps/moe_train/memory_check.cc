@@ -37,9 +37,9 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
   options.cuda = run.device.is_cuda();
   const MemoryEstimate e = EstimateTrainingMemory(options);
   // Refuse only what cannot fit: the counted bytes (on the H200 within 0.3% of the measured peak;
-  // on CPU above it), without the activations when offloading or recompute keep fewer of them on
-  // the device than the estimate counts.
-  const bool fewer_activations = run.trainer.offload.has_value() || run.model.recompute.any();
+  // on CPU above it; recompute included), without the activations when offloading keeps fewer of
+  // them on the device than the estimate counts.
+  const bool fewer_activations = run.trainer.offload.has_value();
   const double counted = fewer_activations ? e.state_bytes + e.workspace_bytes : e.total_bytes;
   if (counted * ranks_sharing <= static_cast<double>(capacity_bytes)) return Status::Ok();
   const std::string device = run.device.is_cuda() ? run.device.ToString() : "cpu (physical memory)";
@@ -47,7 +47,7 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
       ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"
                         : "";
   const std::string activations =
-      fewer_activations ? "activations not counted (offloaded or recomputed)"
+      fewer_activations ? "activations not counted (offloaded)"
                         : "activations " + Bytes(e.activation_bytes);
   return InvalidArgument("the run needs at least about " + Bytes(counted) + per_rank +
                          " (weights, gradients and optimizer state " + Bytes(e.state_bytes) +
@@ -55,7 +55,7 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                          ") but " + device + " has " +
                          Bytes(static_cast<double>(capacity_bytes)) +
                          ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
-                         "--micro_batch_size, or add --recompute_modules");
+                         "--micro_batch_size, or add --recompute_modules or --offload_modules");
 }
 
 }  // namespace moe

@@ -293,9 +293,9 @@ INSTANTIATE_TEST_SUITE_P(
 // Issue 14, class 4: too large for the machine, refused at start with the estimate.
 INSTANTIATE_TEST_SUITE_P(
     Memory, RefusalTest,
-    ::testing::Values(Refusal{"--seq_length=1000000", "the run needs at least about 184.8 GiB (weights, "
+    ::testing::Values(Refusal{"--seq_length=1000000", "the run needs at least about 196.3 GiB (weights, "
                                                       "gradients and optimizer state 7.0 MiB, ..."},
-                      Refusal{"--num_layers=100000", "the run needs at least about 712.6 GiB (weights, "
+                      Refusal{"--num_layers=100000", "the run needs at least about 737.0 GiB (weights, "
                                                      "gradients and optimizer state 367.4 GiB, ..."}));
 
 // A run that passes the estimate but finds less memory than it needs mid-step (here: a 1.5 GB

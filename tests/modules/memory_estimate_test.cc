@@ -1,6 +1,7 @@
 // The memory estimate moe_train checks at start (modules/memory_estimate.h): its parameter count
-// is the model's, its state bytes are the trainer's, and on real CPU runs it is an upper bound of
-// the measured peak (without its fixed margin) that is not far off (within 2x).
+// is the model's, its state bytes are the trainer's, on real CPU runs (with and without
+// recompute) it is an upper bound of the measured peak that is not far off (within 2x), and
+// recompute lowers only the activations.
 #include "modules/memory_estimate.h"
 
 #include <gtest/gtest.h>
@@ -90,8 +91,14 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
     GptConfig model;
     int64_t micro, global;
   };
+  GptConfig recomputed = DefaultRunModel();
+  recomputed.recompute.layernorm = recomputed.recompute.moe = recomputed.recompute.core_attn = true;
+  GptConfig fused_moe_act = DefaultRunModel();
+  fused_moe_act.moe_grouped_mlp = GroupedMlpKind::kFused;
+  fused_moe_act.recompute.moe_act = true;
   for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{DefaultRunModel(), 8, 16},
-                        Case{DefaultRunModel(), 64, 64}}) {
+                        Case{DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
+                        Case{fused_moe_act, 64, 64}}) {
     TrainerOptions options;
     options.micro_batch_size = c.micro;
     options.global_batch_size = c.global;
@@ -112,6 +119,25 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
     EXPECT_GE(counted, measured) << what;
     EXPECT_LE(counted, 2.0 * measured) << what;
     std::cout << what << "\n";
+  }
+}
+
+// Recompute lowers the activations by what the modules no longer keep, and not the workspace
+// (a recomputed layer holds everything again while its backward runs).
+TEST(MemoryEstimateTest, RecomputeLowersTheActivationsOnly) {
+  MemoryEstimateOptions o;
+  o.model = DefaultRunModel();
+  o.micro_batch_size = 8;
+  const MemoryEstimate plain = EstimateTrainingMemory(o);
+  double previous = plain.activation_bytes;
+  for (bool RecomputeModules::*module :
+       {&RecomputeModules::layernorm, &RecomputeModules::core_attn, &RecomputeModules::moe}) {
+    o.model.recompute.*module = true;
+    const MemoryEstimate e = EstimateTrainingMemory(o);
+    EXPECT_LT(e.activation_bytes, previous);
+    EXPECT_EQ(e.workspace_bytes, plain.workspace_bytes);
+    EXPECT_EQ(e.state_bytes, plain.state_bytes);
+    previous = e.activation_bytes;
   }
 }
 
