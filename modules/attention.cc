@@ -47,16 +47,16 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     saved.Save(name_ + ".q", q);
     saved.Save(name_ + ".k", k);
     saved.Save(name_ + ".v", v);
-    if (!config_.recompute.core_attn) saved.Save(name_ + ".lse", lse);
+    if (!config_.recompute_in(layer_).core_attn) saved.Save(name_ + ".lse", lse);
   }
   ScopedSaveGroup group(saved, kAttnProjGroup, layer_);
   out = out.View({tokens, heads * d});
-  if (!config_.recompute.core_attn) saved.Save(name_ + ".out", out);
+  if (!config_.recompute_in(layer_).core_attn) saved.Save(name_ + ".out", out);
   return LinearForward(out, o_proj_);
 }
 
 Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
-  const bool recompute = config_.recompute.core_attn;
+  const bool recompute = config_.recompute_in(layer_).core_attn;
   Tensor out = recompute ? Tensor() : saved.Load(name_ + ".out");
   const Tensor q = saved.Load(name_ + ".q");
   const Tensor k = saved.Load(name_ + ".k");

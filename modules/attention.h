@@ -5,7 +5,7 @@
 // Saved tensors, each in its offload group for `layer`:
 //   qkv_linear: x;   core_attn: q, k (after RoPE), v, lse;   attn_proj: out (the input of o_proj,
 //   which core attention's backward also reads).
-// With config.recompute.core_attn, lse and out are not saved: backward runs the attention
+// With config.recompute_in(layer).core_attn, lse and out are not saved: backward runs the attention
 // forward again from q, k, v first (the same kernel, so the same bits).
 // Backward: dx =; every weight grad +=.
 #pragma once

@@ -29,7 +29,7 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   saved.Save(name_ + ".h", h);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::SwigluForward(h, weights, a);
-  if (!config_.recompute.moe_act) saved.Save(name_ + ".a", a);
+  if (!config_.recompute_in(layer_).moe_act) saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
@@ -44,7 +44,7 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
 
   const Tensor h = saved.Load(name_ + ".h");
   Tensor a;
-  if (config_.recompute.moe_act) {
+  if (config_.recompute_in(layer_).moe_act) {
     a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, h.dtype(), device);
     ops::SwigluForward(h, weights, a);
   } else {

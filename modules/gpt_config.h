@@ -34,6 +34,7 @@ struct GptConfig {
   float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kUnfused;
   RecomputeModules recompute;  // how the model runs, not its shape
+  int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;
@@ -44,6 +45,11 @@ struct GptConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
   bool is_moe_layer(int64_t layer) const { return layer >= first_dense_layers; }
+  // What `layer` recomputes: `recompute` in the first recompute_num_layers layers, else nothing.
+  RecomputeModules recompute_in(int64_t layer) const {
+    return recompute_num_layers < 0 || layer < recompute_num_layers ? recompute
+                                                                    : RecomputeModules{};
+  }
   int64_t num_moe_layers() const { return num_layers - std::min(num_layers, first_dense_layers); }
 
   // Parameter counts: all of them, and those one token's forward touches (top-k experts only).

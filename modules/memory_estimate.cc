@@ -85,9 +85,20 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   const bool has_dense = m.first_dense_layers > 0;
   const double layer_parameters = std::max(has_moe ? LayerParameters(m, true) : 0.0,
                                            has_dense ? LayerParameters(m, false) : 0.0);
-  const double layer_activations =
-      std::max(has_moe ? ActivationBytesPerLayer(m, o.micro_batch_size, true, o.cuda) : 0.0,
-               has_dense ? ActivationBytesPerLayer(m, o.micro_batch_size, false, o.cuda) : 0.0);
+  // A layer's activations, the larger kind's, with `recompute` or with nothing recomputed.
+  const auto layer_activations_with = [&](const RecomputeModules& recompute) {
+    GptConfig c = m;
+    c.recompute = recompute;
+    return std::max(has_moe ? ActivationBytesPerLayer(c, o.micro_batch_size, true, o.cuda) : 0.0,
+                    has_dense ? ActivationBytesPerLayer(c, o.micro_batch_size, false, o.cuda)
+                              : 0.0);
+  };
+  const double recomputed_layer = layer_activations_with(m.recompute);
+  const double full_layer_activations = layer_activations_with({});
+  // Recompute limited to the first layers (recompute_num_layers) is counted exactly with one
+  // stage; with a pipeline a rank's layers count as not recomputed (an upper bound).
+  const double recomputed_layers =
+      m.recompute_num_layers < 0 ? layers : std::min(layers, D(m.recompute_num_layers));
   const double h = D(m.hidden_size);
   const double embedding = D(m.vocab_size) * h;
   const double head = D(m.vocab_size) * h + h;
@@ -106,8 +117,12 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
 
   const double m_batches = D(std::max<int64_t>(1, o.micro_batches));
   double in_flight_layers;  // layer passes whose activations are held at the peak
+  double layer_activations = m.recompute_num_layers < 0 ? recomputed_layer : full_layer_activations;
   if (p == 1 && v == 1) {
     in_flight_layers = layers;
+    layer_activations =
+        (recomputed_layers * recomputed_layer + (layers - recomputed_layers) * full_layer_activations) /
+        std::max(1.0, layers);
   } else if (v == 1) {
     in_flight_layers = std::min(p, m_batches) * rank_layers;
   } else {
@@ -120,12 +135,6 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
       D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
   // Backward of one layer holds its gradients, as large as everything it saves; a recomputed
   // layer first holds everything it saves again (its recompute).
-  GptConfig saving_all = m;
-  saving_all.recompute = {};
-  const double full_layer_activations =
-      std::max(has_moe ? ActivationBytesPerLayer(saving_all, o.micro_batch_size, true, o.cuda) : 0.0,
-               has_dense ? ActivationBytesPerLayer(saving_all, o.micro_batch_size, false, o.cuda)
-                         : 0.0);
   e.workspace_bytes = logits_gradient + full_layer_activations;
   e.total_bytes = e.state_bytes + e.activation_bytes + e.workspace_bytes;
   return e;

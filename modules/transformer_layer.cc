@@ -11,7 +11,7 @@ std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
 
 TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
     : layer_(layer),
-      recompute_layernorm_(config.recompute.layernorm),
+      recompute_layernorm_(config.recompute_in(layer).layernorm),
       attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_eps),
       attention_(parameters, LayerName(layer) + ".attention", config, layer),
       mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_eps) {

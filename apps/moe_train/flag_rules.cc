@@ -12,6 +12,7 @@ namespace {
 using Context = FlagRuleContext;
 
 bool Offloading(const Context&) { return !FLAGS_offload_modules.empty(); }
+bool Recomputing(const Context&) { return !FLAGS_recompute_modules.empty(); }
 bool Pipeline(const Context&) { return FLAGS_pipeline_parallel > 1; }
 bool FileData(const Context&) { return FLAGS_data_format != "synthetic"; }
 bool Saving(const Context&) { return !FLAGS_save.empty(); }
@@ -42,6 +43,9 @@ const std::vector<FlagRule>& FlagRules() {
        "without it nothing is offloaded"},
       {"offload_prefetch_layers", nullptr, "--offload_modules", Offloading,
        "without it nothing is offloaded"},
+      // Recompute.
+      {"recompute_num_layers", nullptr, "--recompute_modules", Recomputing,
+       "without it nothing is recomputed"},
       {"offload_pp_delta_bytes", nullptr, "--pipeline_parallel > 1", Pipeline,
        "it sets the bytes kept per pipeline rank"},
       // Pipeline parallelism.

@@ -19,6 +19,8 @@ DEFINE_string(recompute_modules, "",
               "comma list of modules that drop activations in forward and recompute them in "
               "backward: layernorm (the norms' outputs), moe_act (the SwiGLU output), moe (the "
               "whole MoE layer from its input), core_attn (attention from q, k, v); empty: off");
+DEFINE_int64(recompute_num_layers, -1,
+             "recompute --recompute_modules only in the first N layers of the model");
 DEFINE_int64(offload_prefetch_layers, 1,
              "how many layers ahead of backward reloads run (0: on demand), in [0, --num_layers]");
 
@@ -83,6 +85,17 @@ StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
 
 StatusOr<RecomputeModules> RecomputeFromFlags(const std::optional<OffloadOptions>& offload) {
   return MakeRecompute(FLAGS_recompute_modules, offload);
+}
+
+StatusOr<int64_t> RecomputeNumLayers(int64_t value, const GptConfig& model) {
+  if (value == -1 || (value >= 1 && value <= model.num_layers)) return value;
+  return InvalidArgument("--recompute_num_layers=" + std::to_string(value) +
+                         " must be -1 (every layer) or in [1, --num_layers=" +
+                         std::to_string(model.num_layers) + "]");
+}
+
+StatusOr<int64_t> RecomputeNumLayersFromFlags(const GptConfig& model) {
+  return RecomputeNumLayers(FLAGS_recompute_num_layers, model);
 }
 
 }  // namespace moe

@@ -19,6 +19,7 @@ DECLARE_double(offload_fraction);
 DECLARE_int64(offload_pp_delta_bytes);
 DECLARE_int64(offload_prefetch_layers);
 DECLARE_string(recompute_modules);
+DECLARE_int64(recompute_num_layers);
 
 namespace moe {
 
@@ -42,5 +43,8 @@ StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
                                          const std::optional<OffloadOptions>& offload);
 // The same from the command-line flag.
 StatusOr<RecomputeModules> RecomputeFromFlags(const std::optional<OffloadOptions>& offload);
+// --recompute_num_layers: -1 (every layer) or a layer count of `model`.
+StatusOr<int64_t> RecomputeNumLayers(int64_t value, const GptConfig& model);
+StatusOr<int64_t> RecomputeNumLayersFromFlags(const GptConfig& model);
 
 }  // namespace moe

@@ -242,6 +242,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   }
   ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m));
   ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
+  ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
   RETURN_IF_ERROR(CheckResume(run));
   return run;
 }

@@ -103,6 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--moe_router_topk=5", "--moe_router_topk=5 exceeds --num_experts=4"},
         Refusal{"--moe_grouped_mlp=cutlass", "--moe_grouped_mlp=cutlass must be fused or unfused"},
         Refusal{"--first_dense_layers=3", "--first_dense_layers=3 must be in [0, --num_layers=2]"},
+        Refusal{"--recompute_modules=moe --recompute_num_layers=0",
+                "--recompute_num_layers=0 must be -1 (every layer) or in [1, --num_layers=2]"},
         Refusal{"--global_batch_size=12",
                 "--global_batch_size=12 is not a multiple of --micro_batch_size=8"},
         Refusal{"--min_lr=0.5", "--min_lr=0.5 must be in [0, --lr=0.003]"},
@@ -169,6 +171,8 @@ std::vector<Refusal> RuleCases() {
       {"--offload_fraction=0.5", "--offload_fraction=0.5" + offload},
       {"--offload_pp_delta_bytes=1024", "--offload_pp_delta_bytes=1024" + offload},
       {"--offload_prefetch_layers=0", "--offload_prefetch_layers=0" + offload},
+      {"--recompute_num_layers=1",
+       "--recompute_num_layers=1 needs --recompute_modules: without it nothing is recomputed"},
       {"--offload_modules=core_attn --offload_pp_delta_bytes=1024",
        "--offload_pp_delta_bytes=1024" + pipeline + "it sets the bytes kept per pipeline rank"},
       {"--virtual_pipeline=2", "--virtual_pipeline=2" + pipeline +
@@ -245,6 +249,7 @@ std::vector<Refusal> RangeCases() {
       {"offload_fraction=1.5", "[0, 1]"},
       {"offload_pp_delta_bytes=-1", "[0, 1125899906842624]"},
       {"offload_prefetch_layers=-1", "[0, 1048576]"},
+      {"recompute_num_layers=-2", "[-1, 1048576]"},
   };
   std::vector<Refusal> cases;
   for (const auto& [flag, range] : outside) {

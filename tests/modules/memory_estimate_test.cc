@@ -139,6 +139,11 @@ TEST(MemoryEstimateTest, RecomputeLowersTheActivationsOnly) {
     EXPECT_EQ(e.state_bytes, plain.state_bytes);
     previous = e.activation_bytes;
   }
+  // In the first of the model's 2 layers only: between none and all.
+  o.model.recompute_num_layers = 1;
+  const double first_layer_only = EstimateTrainingMemory(o).activation_bytes;
+  EXPECT_LT(first_layer_only, plain.activation_bytes);
+  EXPECT_GT(first_layer_only, previous);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct Case {
   std::string name;
   RecomputeModules recompute;
   GroupedMlpKind mlp;
+  int64_t num_layers = -1;  // GptConfig::recompute_num_layers
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -53,6 +54,7 @@ std::vector<Case> Cases() {
     r.layernorm = true;
     r.moe = true;
     cases.push_back({"layernorm_moe_core_attn" + path, r, mlp});
+    cases.push_back({"layernorm_moe_core_attn_in_layer_0" + path, r, mlp, /*num_layers=*/1});
   }
   return cases;
 }
@@ -62,6 +64,12 @@ GptConfig Model(const Case& c) {
   GptConfig config = testing::TinyModel();
   if (kDevice.is_cuda()) config.hidden_size = 256;
   config.moe_grouped_mlp = c.mlp;
+  return config;
+}
+
+GptConfig Recomputing(GptConfig config, const Case& c) {
+  config.recompute = c.recompute;
+  config.recompute_num_layers = c.num_layers;
   return config;
 }
 
@@ -107,8 +115,7 @@ class RecomputeTest : public ::testing::TestWithParam<Case> {};
 TEST_P(RecomputeTest, TrainingIsBitIdentical) {
   const Case& c = GetParam();
   GptConfig plain = Model(c);
-  GptConfig recomputed = plain;
-  recomputed.recompute = c.recompute;
+  const GptConfig recomputed = Recomputing(plain, c);
   auto source = Synthetic(plain.vocab_size);
   auto reference = NewTrainer(plain, source.get());
   auto trainer = NewTrainer(recomputed, source.get());
@@ -130,35 +137,36 @@ TEST_P(RecomputeTest, KeepsExactlyWhatItDoesNotRecompute) {
   const Case& c = GetParam();
   GptConfig config = Model(c);
   const std::map<std::string, int64_t> plain = SavedAfterForward(config);
-  config.recompute = c.recompute;
-  const std::map<std::string, int64_t> kept = SavedAfterForward(config);
+  const std::map<std::string, int64_t> kept = SavedAfterForward(Recomputing(config, c));
 
   std::set<std::string> want;
   for (const auto& [key, bytes] : plain) want.insert(key);
   const auto drop = [&](const std::string& key) {
     EXPECT_EQ(want.erase(key), 1u) << key << " was not saved without recompute";
   };
-  const RecomputeModules& r = c.recompute;
+  const RecomputeModules r0 = Recomputing(config, c).recompute_in(0);  // the dense layer
+  const RecomputeModules r1 = Recomputing(config, c).recompute_in(1);  // the MoE layer
   const bool fused = c.mlp == GroupedMlpKind::kFused;
-  if (r.moe) {
+  if (r1.moe) {
     for (const auto& [key, bytes] : plain) {
       if (key.starts_with("layers.1.moe.")) want.erase(key);
     }
-    if (!r.layernorm) want.insert("layers.1.moe.input");
+    if (!r1.layernorm) want.insert("layers.1.moe.input");
   }
-  if (r.layernorm) {
+  if (r0.layernorm) {
     drop("layers.0.attention.x");
-    drop("layers.1.attention.x");
     drop("layers.0.mlp.x");
-    if (!r.moe) drop("layers.1.moe.router.x");
   }
-  if (r.core_attn) {
-    for (const char* layer : {"layers.0", "layers.1"}) {
-      drop(std::string(layer) + ".attention.out");
-      drop(std::string(layer) + ".attention.lse");
-    }
+  if (r1.layernorm) {
+    drop("layers.1.attention.x");
+    if (!r1.moe) drop("layers.1.moe.router.x");
   }
-  if (r.moe_act && fused) drop("layers.1.moe.experts.a");  // unfused never keeps it
+  for (const auto& [layer, r] : {std::pair{"layers.0", r0}, {"layers.1", r1}}) {
+    if (!r.core_attn) continue;
+    drop(std::string(layer) + ".attention.out");
+    drop(std::string(layer) + ".attention.lse");
+  }
+  if (r1.moe_act && fused) drop("layers.1.moe.experts.a");  // unfused never keeps it
   std::set<std::string> got;
   for (const auto& [key, bytes] : kept) got.insert(key);
   EXPECT_EQ(got, want);
@@ -175,19 +183,20 @@ TEST_P(RecomputeTest, DevicePeakFallsByTheBytesNotKept) {
   config.moe_ffn_hidden_size = 256;  // the SwiGLU output alone is above the floor below in bf16
   config.seq_length = 128;
   config.vocab_size = 256;
+  // In 4 layers, a case limited to layer 0 (dense) recomputes layers 0 and 1 (one dense, one MoE
+  // layer) instead, so that what it drops is large enough to measure.
+  Case limited = c;
+  if (c.num_layers > 0) limited.num_layers = 2;
+  const GptConfig recomputed = Recomputing(config, limited);
   int64_t not_kept = 0;
   {
     const std::map<std::string, int64_t> plain = SavedAfterForward(config);
-    GptConfig recomputed = config;
-    recomputed.recompute = c.recompute;
     const std::map<std::string, int64_t> kept = SavedAfterForward(recomputed);
     for (const auto& [key, bytes] : plain) not_kept += bytes;
     for (const auto& [key, bytes] : kept) not_kept -= bytes;
   }
   auto source = Synthetic(config.vocab_size);
   auto plain = NewTrainer(config, source.get(), /*global_batch=*/2);
-  GptConfig recomputed = config;
-  recomputed.recompute = c.recompute;
   auto trainer = NewTrainer(recomputed, source.get(), /*global_batch=*/2);
   CachingAllocator& allocator = DeviceContext::Get(kDevice).allocator();
   const auto step_peak = [&](Trainer& t) {

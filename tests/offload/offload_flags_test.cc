@@ -222,5 +222,17 @@ TEST(RecomputeFlagsTest, GoodListsBecomeTheModelsRecomputeSet) {
   EXPECT_TRUE(all.value().layernorm && all.value().moe && all.value().core_attn);
 }
 
+TEST(RecomputeFlagsTest, NumLayersIsEveryLayerOrALayerCountOfTheModel) {
+  const GptConfig model = Model(kFused);  // 4 layers
+  for (int64_t good : {-1, 1, 4}) EXPECT_EQ(RecomputeNumLayers(good, model).value(), good);
+  for (int64_t bad : {-2, 0, 5}) {
+    const auto result = RecomputeNumLayers(bad, model);
+    ASSERT_FALSE(result.ok()) << bad;
+    EXPECT_EQ(result.status().message(),
+              "--recompute_num_layers=" + std::to_string(bad) +
+                  " must be -1 (every layer) or in [1, --num_layers=4]");
+  }
+}
+
 }  // namespace
 }  // namespace moe
