@@ -9,22 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
+#include "tests/testing/moe_train_run.h"
 
 namespace moe {
 namespace {
 
 using Result = testing::CommandResult;
-
-Result RunMoeTrain(const std::string& args) {
-  return testing::RunCommand(std::string(MOE_TRAIN_BINARY) + " " + args);
-}
-
-struct BadInput {
-  std::string args;
-  std::string message;  // must appear in the output
-};
-
-void PrintTo(const BadInput& input, std::ostream* os) { *os << input.args; }
+using testing::BadInput;
+using testing::RunMoeTrain;
 
 class OffloadBadInputTest : public ::testing::TestWithParam<BadInput> {};
 

@@ -12,11 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
+#include "tests/testing/moe_train_run.h"
 
 namespace moe {
 namespace {
 
 using Result = testing::CommandResult;
+using testing::BadInput;
+using testing::RunMoeTrain;
 using nlohmann::json;
 
 // configs/tiny.flags of this source tree.
@@ -24,10 +27,6 @@ std::string TinyFlags() {
   return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs" /
           "tiny.flags")
       .string();
-}
-
-Result RunMoeTrain(const std::string& args) {
-  return testing::RunCommand(std::string(MOE_TRAIN_BINARY) + " --device=cpu " + args);
 }
 
 json ReadJson(const std::string& path) {
@@ -57,7 +56,7 @@ TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
   const testing::ScopedTempDir dir;
   const std::string trace_path = dir.Path("t.json");
   const std::string metrics = dir.Path("metrics.jsonl");
-  const Result r = RunMoeTrain("--flagfile=" + TinyFlags() +
+  const Result r = RunMoeTrain("--device=cpu --flagfile=" + TinyFlags() +
                                " --train_steps=4 --warmup_steps=1 --log_interval=1 "
                                "--eval_interval=0 --eval_steps=1 --trace_file=" + trace_path +
                                " --trace_steps=2:3 --metrics_file=" + metrics);
@@ -102,17 +101,10 @@ TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
   EXPECT_EQ(steps, 4);
 }
 
-struct BadInput {
-  std::string args;
-  std::string message;  // must appear in the output
-};
-
-void PrintTo(const BadInput& input, std::ostream* os) { *os << input.args; }
-
 class TraceBadInputTest : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(TraceBadInputTest, ExitsWithOneLineNamingTheFlag) {
-  const Result r = RunMoeTrain("--train_steps=4 --warmup_steps=1 " + GetParam().args);
+  const Result r = RunMoeTrain("--device=cpu --train_steps=4 --warmup_steps=1 " + GetParam().args);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(GetParam().message), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("| loss"), std::string::npos) << "work started: " << r.output;
