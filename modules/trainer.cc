@@ -347,13 +347,12 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
 }
 
 Status Trainer::Load(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpointDir(path));
-  std::ifstream state_file(dir + "/state.json");
-  nlohmann::json peek = nlohmann::json::parse(state_file, nullptr, /*allow_exceptions=*/false);
-  if (peek.is_discarded() || !peek.contains("model")) {
-    return DataLoss("--load " + dir + ": state.json is missing or not valid JSON");
+  ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
+  const std::string& dir = peek.dir;
+  if (!peek.state.is_object() || !peek.state.contains("model")) {
+    return DataLoss("--load " + dir + ": state.json has no model shape");
   }
-  const std::string differences = ModelShapeDifferences(peek["model"], config_);
+  const std::string differences = ModelShapeDifferences(peek.state["model"], config_);
   if (!differences.empty()) {
     return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
   }

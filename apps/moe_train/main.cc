@@ -53,24 +53,19 @@ int Fail(const Status& status, int code) {
   return code;
 }
 
-// The allocator's out-of-memory handler (caching_allocator.h) and the host's (operator new):
-// one line and exit 1, without running exit-time code that could allocate again.
-[[noreturn]] void OutOfMemory(const std::string& message) {
+// One line and exit 1, without running exit-time code that could allocate again; allocates
+// nothing itself (it also runs when operator new has failed).
+[[noreturn]] void ExitDoesNotFit(const char* what) {
   fflush(stdout);
   fprintf(stderr, "moe_train: %s; the run does not fit (reduce --micro_batch_size, --seq_length or "
-          "the model)\n", message.c_str());
+          "the model)\n", what);
   fflush(stderr);
   _exit(1);
 }
 
-// Allocates nothing: it runs when operator new has failed.
-void OutOfHostMemory() {
-  fflush(stdout);
-  fputs("moe_train: out of host memory (an allocation failed); the run does not fit (reduce "
-        "--micro_batch_size, --seq_length or the model)\n", stderr);
-  fflush(stderr);
-  _exit(1);
-}
+// The allocator's out-of-memory handler (caching_allocator.h) and the host's (operator new).
+[[noreturn]] void OutOfMemory(const std::string& message) { ExitDoesNotFit(message.c_str()); }
+void OutOfHostMemory() { ExitDoesNotFit("out of host memory (an allocation failed)"); }
 
 std::string NotFinite(double value) {
   return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
