@@ -95,10 +95,6 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   };
   const double recomputed_layer = layer_activations_with(m.recompute);
   const double full_layer_activations = layer_activations_with({});
-  // Recompute limited to the first layers (recompute_num_layers) is counted exactly with one
-  // stage; with a pipeline a rank's layers count as not recomputed (an upper bound).
-  const double recomputed_layers =
-      m.recompute_num_layers < 0 ? layers : std::min(layers, D(m.recompute_num_layers));
   const double h = D(m.hidden_size);
   const double embedding = D(m.vocab_size) * h;
   const double head = D(m.vocab_size) * h + h;
@@ -115,22 +111,24 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   }
   e.state_bytes = e.parameters * StateBytesPerParameter(o.cuda);
 
-  const double m_batches = D(std::max<int64_t>(1, o.micro_batches));
-  double in_flight_layers;  // layer passes whose activations are held at the peak
-  double layer_activations = m.recompute_num_layers < 0 ? recomputed_layer : full_layer_activations;
+  // The activations of the layer passes held at the peak. Recompute limited to the first layers
+  // (recompute_num_layers) is counted exactly with one stage; with a pipeline a rank's layers
+  // count as not recomputed (an upper bound).
+  double layer_passes_bytes;
   if (p == 1 && v == 1) {
-    in_flight_layers = layers;
-    layer_activations =
-        (recomputed_layers * recomputed_layer + (layers - recomputed_layers) * full_layer_activations) /
-        std::max(1.0, layers);
-  } else if (v == 1) {
-    in_flight_layers = std::min(p, m_batches) * rank_layers;
+    const double recomputed_layers =
+        m.recompute_num_layers < 0 ? layers : std::min(layers, D(m.recompute_num_layers));
+    layer_passes_bytes = recomputed_layers * recomputed_layer +
+                         (layers - recomputed_layers) * full_layer_activations;
   } else {
-    const double chunk_passes = std::min(2 * (p - 1) + (v - 1) * p + 1, v * m_batches);
-    in_flight_layers = chunk_passes * stage_layers;
+    const double m_batches = D(std::max<int64_t>(1, o.micro_batches));
+    const double passes =
+        v == 1 ? std::min(p, m_batches) * rank_layers
+               : std::min(2 * (p - 1) + (v - 1) * p + 1, v * m_batches) * stage_layers;
+    layer_passes_bytes =
+        passes * (m.recompute_num_layers < 0 ? recomputed_layer : full_layer_activations);
   }
-  const double head_activations = HeadActivationBytes(m, o.micro_batch_size, o.cuda);
-  e.activation_bytes = in_flight_layers * layer_activations + head_activations;
+  e.activation_bytes = layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda);
   const double logits_gradient =
       D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
   // Backward of one layer holds its gradients, as large as everything it saves; a recomputed
