@@ -71,7 +71,7 @@ Status CheckOutputFile(const char* flag, const std::string& path) {
     ::close(fd);
     return Status::Ok();
   }
-  if (!path.empty() && path.back() == '/') return InvalidArgument(bad + ": names a directory");
+  if (path.back() == '/') return InvalidArgument(bad + ": names a directory");
   fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, error)) {
