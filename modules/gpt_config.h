@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace moe {
 
@@ -35,6 +36,9 @@ struct GptConfig {
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kUnfused;
   RecomputeModules recompute;  // how the model runs, not its shape
   int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
+  // Non-empty (one entry per layer): what each layer recomputes, the memory planner's choice
+  // (modules/memory_planner.h); recompute and recompute_num_layers are then unused.
+  std::vector<RecomputeModules> recompute_by_layer;
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;
@@ -45,8 +49,10 @@ struct GptConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
   bool is_moe_layer(int64_t layer) const { return layer >= first_dense_layers; }
-  // What `layer` recomputes: `recompute` in the first recompute_num_layers layers, else nothing.
+  // What `layer` recomputes: its recompute_by_layer entry, else `recompute` in the first
+  // recompute_num_layers layers, else nothing.
   RecomputeModules recompute_in(int64_t layer) const {
+    if (!recompute_by_layer.empty()) return recompute_by_layer[static_cast<size_t>(layer)];
     return recompute_num_layers < 0 || layer < recompute_num_layers ? recompute
                                                                     : RecomputeModules{};
   }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "modules/offload_groups.h"
+
 namespace moe {
 namespace {
 
@@ -21,45 +23,83 @@ double LayerParameters(const GptConfig& m, bool moe_layer) {
   return attention + h * D(m.num_experts) + D(m.num_experts) * 3 * h * D(m.moe_ffn_hidden_size);
 }
 
+std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_size,
+                                        bool moe_layer, bool cuda, const RecomputeModules& r) {
+  const double b = ComputeBytes(cuda);
+  const double tokens = D(micro_batch_size) * D(m.seq_length);
+  const double h = D(m.hidden_size), kv = D(m.num_query_groups) * D(m.head_dim()), heads = D(m.num_attention_heads);
+  std::vector<SavedTensorSize> out;
+  const auto add = [&out](const char* group, double bytes) { out.push_back({group, bytes}); };
+  // Attention: each norm saves its input and f32 rstd; the norm's output (the attention's and
+  // the MLP's input) is dropped by layernorm recompute; out and lse by core_attn recompute.
+  add(kAttnNormGroup, tokens * b * h);
+  add(kAttnNormGroup, tokens * 4);
+  if (!r.layernorm) add(kQkvLinearGroup, tokens * b * h);
+  add(kCoreAttnGroup, tokens * b * h);       // q
+  add(kCoreAttnGroup, tokens * b * kv);      // k
+  add(kCoreAttnGroup, tokens * b * kv);      // v
+  if (!r.core_attn) add(kCoreAttnGroup, tokens * 4 * heads);  // lse
+  if (!r.core_attn) add(kAttnProjGroup, tokens * b * h);       // out
+  add(kMlpNormGroup, tokens * b * h);
+  add(kMlpNormGroup, tokens * 4);
+  if (!r.layernorm) add("", tokens * b * h);  // the MLP's input: router.x, mlp.x or moe.input
+  if (!moe_layer) {
+    add("", tokens * b * 2 * D(m.ffn_hidden_size));  // fc1 output
+    return out;
+  }
+  if (r.moe) return out;  // the MoE layer keeps only its input
+  const double experts = D(m.num_experts), k = D(m.moe_router_topk), rows = tokens * k;
+  const double f = D(m.moe_ffn_hidden_size);
+  if (m.moe_z_loss_coeff != 0.0f) add("", tokens * 4 * experts);  // router logits
+  add("", tokens * 4 * experts);   // probabilities
+  add("", tokens * 4 * k);         // top values
+  add("", tokens * 4 * k);         // experts
+  add("", (experts + 1) * 4);      // router offsets
+  add("", rows * 4);               // source rows
+  add("", rows * 4);               // inverse
+  if (m.moe_grouped_mlp == GroupedMlpKind::kFused) {
+    add("", (experts + 1) * 4);    // device offsets
+    add("", rows * 4);             // weights
+    add(kFusedGroupMlpGroup, rows * b * h);      // permuted input
+    add(kFusedGroupMlpGroup, rows * b * 2 * f);  // fc1 output
+    if (!r.moe_act) add(kFusedGroupMlpGroup, rows * b * f);  // activation
+  } else {
+    add(kExpertFc1Group, rows * b * h);
+    add(kMoeActGroup, rows * b * 2 * f);
+    add(kMoeActGroup, rows * 4);  // weights
+  }
+  return out;
+}
+
+std::vector<SavedTensorSize> EmbeddingSaves(const GptConfig& m, int64_t micro_batch_size) {
+  return {{"", D(micro_batch_size) * D(m.seq_length) * 4}};  // ids
+}
+
+std::vector<SavedTensorSize> HeadSaves(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
+  const double b = ComputeBytes(cuda);
+  const double tokens = D(micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+  // Final norm input and rstd, head input, logits, lse, targets.
+  return {{"", tokens * b * h}, {"", tokens * 4},  {"", tokens * b * h},
+          {"", tokens * b * D(m.vocab_size)},    {"", tokens * 4}, {"", tokens * 4}};
+}
+
+namespace {
+
+double Sum(const std::vector<SavedTensorSize>& saves) {
+  double total = 0;
+  for (const SavedTensorSize& s : saves) total += s.bytes;
+  return total;
+}
+
+}  // namespace
+
 double ActivationBytesPerLayer(const GptConfig& m, int64_t micro_batch_size, bool moe_layer,
                                bool cuda) {
-  const double b = ComputeBytes(cuda);
-  const RecomputeModules& r = m.recompute;
-  const double tokens = D(micro_batch_size) * D(m.seq_length);
-  const double h = D(m.hidden_size);
-  const double kv = D(m.num_query_groups) * (h / D(m.num_attention_heads));
-  // Each norm: its input + rstd; its output, kept by the module after it unless layernorm is
-  // recomputed (counted there).
-  const double norm = tokens * (b * h + 4);
-  const double norm_output = r.layernorm ? 0.0 : tokens * b * h;
-  // Attention: its input (the norm output), q, k, v; its output (also the projection's input) and
-  // lse per head unless core_attn is recomputed.
-  const double core_attention =
-      r.core_attn ? 0.0 : tokens * (b * h + 4 * D(m.num_attention_heads));
-  const double attention = norm + norm_output + tokens * b * (h + 2 * kv) + core_attention;
-  if (!moe_layer) {
-    // Dense SwiGLU MLP: its input (the norm output), fc1 output (2 x ffn).
-    return attention + norm + norm_output + tokens * b * 2 * D(m.ffn_hidden_size);
-  }
-  // With moe recomputed, the layer keeps only its input (the norm output, counted unless
-  // layernorm drops it too).
-  if (r.moe) return attention + norm + norm_output;
-  const double rows = tokens * D(m.moe_router_topk);
-  const double f = D(m.moe_ffn_hidden_size);
-  // Router: its input (the norm output), f32 logits and probabilities; per routed row: permuted
-  // input, fc1 output (2 f), activation (f; the fused path's, unless moe_act is recomputed), f32
-  // weight and i32 source row and inverse index.
-  const bool activation_kept = m.moe_grouped_mlp == GroupedMlpKind::kFused && !r.moe_act;
-  const double router = norm_output + tokens * 8 * D(m.num_experts);
-  const double experts = rows * (b * (h + 2 * f + (activation_kept ? f : 0.0)) + 12);
-  return attention + norm + router + experts;
+  return Sum(LayerSaves(m, micro_batch_size, moe_layer, cuda, m.recompute));
 }
 
 double HeadActivationBytes(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
-  const double b = ComputeBytes(cuda);
-  const double tokens = D(micro_batch_size) * D(m.seq_length);
-  // Final norm input + rstd, head input, logits, lse, ids and targets (i32).
-  return tokens * (b * 2 * D(m.hidden_size) + 4 + b * D(m.vocab_size) + 4 + 8);
+  return Sum(EmbeddingSaves(m, micro_batch_size)) + Sum(HeadSaves(m, micro_batch_size, cuda));
 }
 
 MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {

@@ -32,6 +32,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "modules/gpt_config.h"
 
@@ -60,7 +62,23 @@ struct MemoryEstimate {
 double StateBytesPerParameter(bool cuda);
 // Parameters of one transformer layer (dense or MoE).
 double LayerParameters(const GptConfig& model, bool moe_layer);
-// Saved activations of one layer for one micro-batch.
+// One device tensor that forward saves for backward: its bytes and the offload group that holds
+// it (offload_groups.h; "" when none). What a layer saves depends on what it recomputes.
+struct SavedTensorSize {
+  std::string group;
+  double bytes = 0;
+};
+// What one layer saves for one micro-batch when it recomputes `recompute`, tensor by tensor
+// (the one home of these sizes; ActivationBytesPerLayer is their sum). Host tensors (the grouped
+// MLP's host offsets) are not listed.
+std::vector<SavedTensorSize> LayerSaves(const GptConfig& model, int64_t micro_batch_size,
+                                        bool moe_layer, bool cuda,
+                                        const RecomputeModules& recompute);
+// What the first stage (embedding: ids) and the last (final norm, head, loss) save.
+std::vector<SavedTensorSize> EmbeddingSaves(const GptConfig& model, int64_t micro_batch_size);
+std::vector<SavedTensorSize> HeadSaves(const GptConfig& model, int64_t micro_batch_size,
+                                       bool cuda);
+// Saved activations of one layer for one micro-batch (with model.recompute).
 double ActivationBytesPerLayer(const GptConfig& model, int64_t micro_batch_size, bool moe_layer,
                                bool cuda);
 // Saved activations of the embedding, final norm, head and loss for one micro-batch.

@@ -17,6 +17,17 @@ const std::set<std::string>& RoutedOffloadGroups() {
   return names;
 }
 
+std::set<std::string> EligibleOffloadGroups(GroupedMlpKind mlp) {
+  std::set<std::string> out(OffloadGroupNames().begin(), OffloadGroupNames().end());
+  if (mlp == GroupedMlpKind::kFused) {
+    out.erase(kExpertFc1Group);
+    out.erase(kMoeActGroup);
+  } else {
+    out.erase(kFusedGroupMlpGroup);
+  }
+  return out;
+}
+
 Status CheckOffloadGroups(const std::set<std::string>& groups, GroupedMlpKind mlp,
                           const std::string& flag) {
   const auto has = [&](const char* group) { return groups.count(group) > 0; };

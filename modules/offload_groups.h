@@ -36,6 +36,8 @@ inline constexpr char kFusedGroupMlpGroup[] = "fused_group_mlp";
 const std::vector<std::string>& OffloadGroupNames();
 // Groups whose shapes depend on routing: their pinned buffers bypass the pool.
 const std::set<std::string>& RoutedOffloadGroups();
+// Every group that exists with the grouped MLP `mlp` ("auto" for the memory planner).
+std::set<std::string> EligibleOffloadGroups(GroupedMlpKind mlp);
 
 // The combination rules for a set of known group names, with the grouped MLP `mlp`: attn_proj
 // needs core_attn (core attention's backward reads the output it moves); fused_group_mlp needs

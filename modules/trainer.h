@@ -123,6 +123,10 @@ class Trainer {
   const ParameterSet& parameters() const { return parameters_; }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
+  // A new planned offload policy (TrainerOptions::offload->planned was set), from the next step.
+  void SetOffloadPlan(std::set<std::pair<int, std::string>> planned) {
+    offload_->SetPlanned(std::move(planned));
+  }
   // Collective over the pipeline group, after the first step with offloading: every pipeline
   // rank's OffloadManager::summary(), by rank (for OffloadManager::SummaryTable).
   std::vector<std::vector<OffloadGroupSummary>> OffloadPolicyByPipelineRank() const;

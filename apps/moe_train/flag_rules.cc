@@ -11,7 +11,9 @@ namespace {
 
 using Context = FlagRuleContext;
 
-bool Offloading(const Context&) { return !FLAGS_offload_modules.empty(); }
+bool Budget(const Context&) { return FLAGS_memory_budget_gib > 0; }
+bool NoBudget(const Context& c) { return !Budget(c); }
+bool Offloading(const Context& c) { return !FLAGS_offload_modules.empty() || Budget(c); }
 bool Recomputing(const Context&) { return !FLAGS_recompute_modules.empty(); }
 bool Pipeline(const Context&) { return FLAGS_pipeline_parallel > 1; }
 bool FileData(const Context&) { return FLAGS_data_format != "synthetic"; }
@@ -46,6 +48,13 @@ const std::vector<FlagRule>& FlagRules() {
       // Recompute.
       {"recompute_num_layers", nullptr, "--recompute_modules", Recomputing,
        "without it nothing is recomputed"},
+      // The memory plan decides per layer what the fraction knobs set by hand.
+      {"offload_fraction", nullptr, "no --memory_budget_gib", NoBudget,
+       "the memory plan decides per layer and group"},
+      {"offload_pp_delta_bytes", nullptr, "no --memory_budget_gib", NoBudget,
+       "the memory plan decides per pipeline rank"},
+      {"recompute_num_layers", nullptr, "no --memory_budget_gib", NoBudget,
+       "the memory plan decides per layer"},
       {"offload_pp_delta_bytes", nullptr, "--pipeline_parallel > 1", Pipeline,
        "it sets the bytes kept per pipeline rank"},
       // Pipeline parallelism.
@@ -88,6 +97,7 @@ const std::vector<FlagRule>& FlagRules() {
       {"log_interval", nullptr, kTrainingRun, Training, kNotUsed},
       {"trace_file", nullptr, kTrainingRun, Training, kNotUsed},
       {"offload_modules", nullptr, kTrainingRun, Training, kNotUsed},
+      {"memory_budget_gib", nullptr, kTrainingRun, Training, kNotUsed},
   };
   return kRules;
 }

@@ -51,7 +51,7 @@ std::string RangeText(const FlagRow& row, const std::string& type) {
 const std::vector<std::string>& FlagGroups() {
   static const std::vector<std::string> kGroups = {
       "model",         "expert layer", "training", "parallelism", "data", "eval, checkpoints",
-      "seeing a step", "offloading",   "recompute"};
+      "seeing a step", "memory budget", "offloading", "recompute"};
   return kGroups;
 }
 
@@ -99,6 +99,7 @@ const std::vector<FlagRow>& FlagTable() {
       Text("trace_file", "seeing a step"),
       Text("trace_steps", "seeing a step"),
       Positive("peak_flops", "seeing a step", 1e18),
+      Range("memory_budget_gib", "memory budget", 0, 1048576, "0: off"),
       Text("offload_modules", "offloading"),
       Range("offload_min_tensor_bytes", "offloading", 0, 1125899906842624.0),
       Range("offload_fraction", "offloading", 0, 1),

@@ -15,6 +15,7 @@
 // (the allocator's out-of-memory handler, installed here), not an abort.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <new>
@@ -95,6 +96,34 @@ nlohmann::json RunDescription(const RunConfig& run) {
   return {{"flags", out}, {"device", run.device.ToString()}};
 }
 
+// With a memory plan, after a step: when a pipeline rank's measured peak (the largest of its
+// replicas') went over the budget, plans its offloading again around the excess over the
+// prediction (what each layer recomputes is built into the model and stays). Every rank computes
+// the same plan from the step's global peaks. True when `plan` changed.
+StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run, size_t capacity,
+                                std::vector<double>& excess, MemoryPlan& plan) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  bool over = false;
+  for (int rank = 0; rank < run.pipeline_parallel; ++rank) {
+    double measured = 0;
+    for (int d = 0; d < run.data_parallel; ++d) {
+      measured = std::max(measured, stats.peak_device_mib[rank * run.data_parallel + d] * kMiB);
+    }
+    if (measured <= run.memory_budget->bytes) continue;
+    over = true;
+    excess[rank] = std::max(excess[rank], measured - plan.ranks[rank].peak_bytes);
+  }
+  if (!over) return false;
+  StatusOr<MemoryPlan> replanned = PlanRunMemory(run, capacity, excess, plan.recompute_by_layer);
+  if (!replanned.ok()) {
+    return InvalidArgument("the measured peak went over the budget and re-planning failed: " +
+                           replanned.status().message());
+  }
+  const bool changed = !(*replanned == plan);
+  plan = std::move(replanned).value();
+  return changed;
+}
+
 // The device of this rank: the flag's, or under mpirun on CUDA the GPU of its local rank.
 StatusOr<Device> RankDevice(const World& world, Device device) {
   if (world.size() == 1 || !device.is_cuda()) return device;
@@ -117,10 +146,19 @@ int Run(const Status& parsed) {
   if (!agreed.ok()) return Fail(agreed, 2);
   run.device = *device;
   // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
+  const int ranks_sharing = run.device.is_cuda() ? 1 : world.local_size();
   const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
-  agreed = world.AllAgree(
-      CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
-  if (!agreed.ok()) return Fail(agreed, 2);
+  std::optional<MemoryPlan> plan;
+  if (run.memory_budget) {
+    StatusOr<MemoryPlan> planned = PlanRunMemory(run, capacity / ranks_sharing);
+    agreed = world.AllAgree(planned.status());
+    if (!agreed.ok()) return Fail(agreed, 2);
+    plan = std::move(planned).value();
+    ApplyMemoryPlan(*plan, run);
+  } else {
+    agreed = world.AllAgree(CheckMemoryFits(run, capacity, ranks_sharing));
+    if (!agreed.ok()) return Fail(agreed, 2);
+  }
   SetOutOfMemoryHandler(&OutOfMemory);
   std::set_new_handler(&OutOfHostMemory);
 
@@ -164,7 +202,9 @@ int Run(const Status& parsed) {
     log->Summary(**data, trainer.step());
     for (const std::string& note : run.notes) printf("%s\n", note.c_str());
     fflush(stdout);
+    if (plan) log->Plan(*plan);
   }
+  std::vector<double> plan_excess(run.pipeline_parallel, 0.0);
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
   bool offload_policy_reported = false;
@@ -183,6 +223,15 @@ int Run(const Status& parsed) {
                   1);
     }
     if (log) log->Step(step, stats);
+    if (plan) {
+      StatusOr<bool> replanned = ReplanOverBudget(stats, run, capacity / ranks_sharing, plan_excess,
+                                                  *plan);
+      if (!replanned.ok()) return Fail(replanned.status(), 1);
+      if (*replanned) {
+        trainer.SetOffloadPlan(plan->offload);
+        if (log) log->Plan(*plan);
+      }
+    }
     if (traced) {
       trace->AddStep(step, stats.trace);
       if (step == trace_last) {

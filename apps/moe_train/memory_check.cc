@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <string>
 
+#include "apps/moe_train/flag_table.h"
+#include "engine/core/check.h"
 #include "modules/memory_estimate.h"
 
 namespace moe {
@@ -56,6 +58,44 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                          Bytes(static_cast<double>(capacity_bytes)) +
                          ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
                          "--micro_batch_size, or add --recompute_modules or --offload_modules");
+}
+
+StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, size_t capacity_bytes,
+                                   const std::vector<double>& excess_bytes,
+                                   const std::vector<RecomputeModules>& fixed_recompute) {
+  CHECK(run.memory_budget.has_value());
+  const MemoryBudget& budget = *run.memory_budget;
+  if (capacity_bytes > 0 && budget.bytes > static_cast<double>(capacity_bytes)) {
+    return InvalidArgument("--memory_budget_gib=" + FlagValueText("memory_budget_gib") +
+                           " is more than " + run.device.ToString() + " has (" +
+                           Bytes(static_cast<double>(capacity_bytes)) + ")");
+  }
+  MemoryPlanRequest request;
+  request.model = run.model;
+  request.micro_batch_size = run.trainer.micro_batch_size;
+  request.micro_batches =
+      run.trainer.global_batch_size / (run.trainer.micro_batch_size * run.data_parallel);
+  request.pipeline_parallel = run.pipeline_parallel;
+  request.virtual_pipeline = run.trainer.virtual_pipeline;
+  request.first_stage_layers = run.trainer.first_stage_layers;
+  request.last_stage_layers = run.trainer.last_stage_layers;
+  request.cuda = run.device.is_cuda();
+  request.budget_bytes = budget.bytes;
+  request.offload_candidates = budget.offload_candidates;
+  request.recompute_candidates = budget.recompute_candidates;
+  if (run.trainer.offload) {
+    request.min_tensor_bytes = run.trainer.offload->min_tensor_bytes;
+    request.prefetch_layers = run.trainer.offload->prefetch_layers;
+  }
+  request.speeds = PlannerSpeeds::Defaults(request.cuda);
+  request.excess_bytes = excess_bytes;
+  request.fixed_recompute = fixed_recompute;
+  return PlanMemory(request);
+}
+
+void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run) {
+  run.model.recompute_by_layer = plan.recompute_by_layer;
+  if (run.trainer.offload) run.trainer.offload->planned = plan.offload;
 }
 
 }  // namespace moe

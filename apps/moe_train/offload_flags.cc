@@ -1,6 +1,7 @@
 #include "apps/moe_train/offload_flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "modules/offload_groups.h"
@@ -21,6 +22,10 @@ DEFINE_string(recompute_modules, "",
               "whole MoE layer from its input), core_attn (attention from q, k, v); empty: off");
 DEFINE_int64(recompute_num_layers, -1,
              "recompute --recompute_modules only in the first N layers of the model");
+DEFINE_double(memory_budget_gib, 0,
+              "device memory the run may use, GiB: the planner chooses per layer which of "
+              "--offload_modules and --recompute_modules to offload, recompute or keep (auto, or "
+              "both empty: every one) for the least step time; 0: off");
 DEFINE_int64(offload_prefetch_layers, 1,
              "how many layers ahead of backward reloads run (0: on demand), in [0, --num_layers]");
 
@@ -60,17 +65,70 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
   options.fraction = values.fraction;
   options.pp_delta_bytes = values.pp_delta_bytes;
   options.prefetch_layers = static_cast<int>(values.prefetch_layers);
+  if (values.planned) options.planned.emplace();
   return std::optional<OffloadOptions>(std::move(options));
 }
 
-StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(const GptConfig& model) {
+StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(
+    const GptConfig& model, const std::optional<MemoryBudget>& budget) {
   OffloadFlagValues values;
   values.modules = FLAGS_offload_modules;
+  if (budget) {
+    values.planned = true;
+    values.modules.clear();
+    for (const std::string& group : budget->offload_candidates) {
+      values.modules += (values.modules.empty() ? "" : ",") + group;
+    }
+  }
   values.min_tensor_bytes = FLAGS_offload_min_tensor_bytes;
   values.fraction = FLAGS_offload_fraction;
   values.pp_delta_bytes = FLAGS_offload_pp_delta_bytes;
   values.prefetch_layers = FLAGS_offload_prefetch_layers;
   return MakeOffloadOptions(values, model);
+}
+
+StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::string& offload_list,
+                                                       const std::string& recompute_list,
+                                                       const GptConfig& model) {
+  if (gib == 0) {
+    for (const auto& [flag, list] : {std::pair<const char*, const std::string&>{
+                                         "offload_modules", offload_list},
+                                     {"recompute_modules", recompute_list}}) {
+      if (list == kAutoCandidates) {
+        return InvalidArgument(std::string("--") + flag + "=" + kAutoCandidates +
+                               " needs --memory_budget_gib (the planner chooses among them)");
+      }
+    }
+    return std::optional<MemoryBudget>();
+  }
+  if (!(gib > 0) || !std::isfinite(gib)) {
+    std::ostringstream text;
+    text << gib;
+    return InvalidArgument("--memory_budget_gib=" + text.str() + " must be positive (0: off)");
+  }
+  MemoryBudget budget;
+  budget.bytes = gib * 1024.0 * 1024.0 * 1024.0;
+  const bool both_auto = offload_list.empty() && recompute_list.empty();
+  if (both_auto || offload_list == kAutoCandidates) {
+    budget.offload_candidates = EligibleOffloadGroups(model.moe_grouped_mlp);
+  } else {
+    ASSIGN_OR_RETURN(budget.offload_candidates,
+                     ParseNameList(offload_list, OffloadGroupNames(), "offload_modules"));
+    RETURN_IF_ERROR(
+        CheckOffloadGroups(budget.offload_candidates, model.moe_grouped_mlp, "--offload_modules"));
+  }
+  if (both_auto || recompute_list == kAutoCandidates) {
+    budget.recompute_candidates = {RecomputeModuleNames().begin(), RecomputeModuleNames().end()};
+  } else {
+    ASSIGN_OR_RETURN(budget.recompute_candidates,
+                     ParseNameList(recompute_list, RecomputeModuleNames(), "recompute_modules"));
+  }
+  return std::optional<MemoryBudget>(std::move(budget));
+}
+
+StatusOr<std::optional<MemoryBudget>> MemoryBudgetFromFlags(const GptConfig& model) {
+  return MakeMemoryBudget(FLAGS_memory_budget_gib, FLAGS_offload_modules, FLAGS_recompute_modules,
+                          model);
 }
 
 StatusOr<RecomputeModules> MakeRecompute(const std::string& list,

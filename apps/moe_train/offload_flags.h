@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <gflags/gflags.h>
@@ -20,6 +21,7 @@ DECLARE_int64(offload_pp_delta_bytes);
 DECLARE_int64(offload_prefetch_layers);
 DECLARE_string(recompute_modules);
 DECLARE_int64(recompute_num_layers);
+DECLARE_double(memory_budget_gib);
 
 namespace moe {
 
@@ -29,14 +31,35 @@ struct OffloadFlagValues {
   double fraction = 1.0;
   int64_t pp_delta_bytes = 0;
   int64_t prefetch_layers = 1;
+  // --memory_budget_gib is on: `modules` are the planner's candidates and the options get an
+  // (empty) planned policy for the plan.
+  bool planned = false;
 };
+
+// The candidates' list value meaning every eligible name (with --memory_budget_gib only).
+inline constexpr char kAutoCandidates[] = "auto";
+
+// --memory_budget_gib: the budget and what the planner (modules/memory_planner.h) may choose.
+struct MemoryBudget {
+  double bytes = 0;
+  std::set<std::string> offload_candidates;    // group names
+  std::set<std::string> recompute_candidates;  // recompute module names
+};
+
+// nullopt for `gib` 0 (then "auto" in a list is an error); else the lists as candidates: "auto"
+// is every eligible name, and two empty lists are both "auto".
+StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::string& offload_list,
+                                                       const std::string& recompute_list,
+                                                       const GptConfig& model);
+StatusOr<std::optional<MemoryBudget>> MemoryBudgetFromFlags(const GptConfig& model);
 
 // The manager's options for `values` and `model`, nullopt when no module is listed, or the first
 // problem.
 StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValues& values,
                                                            const GptConfig& model);
-// The same from the command-line flags.
-StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(const GptConfig& model);
+// The same from the command-line flags; with `budget`, its offload candidates, planned.
+StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(
+    const GptConfig& model, const std::optional<MemoryBudget>& budget);
 
 // --recompute_modules's list, checked against the offload options chosen (nullopt: none).
 StatusOr<RecomputeModules> MakeRecompute(const std::string& list,

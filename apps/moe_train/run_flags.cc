@@ -240,9 +240,12 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
     return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
                            ": the CUDA attention kernels take head dims 64 and 128");
   }
-  ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m));
-  ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
-  ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
+  ASSIGN_OR_RETURN(run.memory_budget, MemoryBudgetFromFlags(m));
+  ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m, run.memory_budget));
+  if (!run.memory_budget) {  // else the plan sets what each layer recomputes (memory_check.h)
+    ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
+    ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
+  }
   RETURN_IF_ERROR(CheckResume(run));
   return run;
 }

@@ -9,12 +9,14 @@
 // --train_steps=5 then runs), with a note that main prints.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <gflags/gflags.h>
 
+#include "apps/moe_train/offload_flags.h"
 #include "engine/core/device.h"
 #include "engine/core/status.h"
 #include "engine/io/dataset.h"
@@ -46,6 +48,7 @@ struct RunConfig {
   Device device;
   int pipeline_parallel = 1;
   int data_parallel = 1;  // world size / pipeline_parallel
+  std::optional<MemoryBudget> memory_budget;  // --memory_budget_gib; planned in memory_check.h
   // --trace_steps: the traced steps [first, last] (1-based); empty (last < first) without
   // --trace_file.
   std::pair<int64_t, int64_t> trace_steps{0, -1};

@@ -79,6 +79,12 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   fflush(stdout);
 }
 
+void RunLog::Plan(const MemoryPlan& plan) {
+  printf("%s", MemoryPlanTable(plan).c_str());
+  fflush(stdout);
+  predicted_peak_mib_ = plan.peak_bytes() / (1024.0 * 1024.0);
+}
+
 void RunLog::Step(int64_t step, const StepStats& stats) {
   seconds_ += stats.seconds;
   tokens_ += stats.tokens;
@@ -113,6 +119,11 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["mfu"] = mfu;  // per device
   }
   printf(" | peak mem %.0f MiB", peak_mib);
+  if (predicted_peak_mib_ > 0) {
+    printf(" (plan %.0f MiB, budget %.0f MiB)", predicted_peak_mib_,
+           run_.memory_budget->bytes / (1024.0 * 1024.0));
+    record["predicted_peak_device_mib"] = predicted_peak_mib_;
+  }
   if (stats.peak_device_mib.size() > 1) {
     std::string by_rank;
     for (double mib : stats.peak_device_mib) {

@@ -14,6 +14,7 @@
 
 #include "apps/moe_train/run_flags.h"
 #include "engine/io/token_source.h"
+#include "modules/memory_planner.h"
 
 namespace moe {
 
@@ -28,6 +29,8 @@ class RunLog {
   // The offload policy table of every pipeline rank (Trainer::OffloadPolicyByPipelineRank).
   void OffloadPolicy(const OffloadManager& manager,
                      const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank);
+  // The memory plan's table (--memory_budget_gib); later log lines show its predicted peak.
+  void Plan(const MemoryPlan& plan);
 
  private:
   void Metrics(const nlohmann::json& record);
@@ -40,6 +43,7 @@ class RunLog {
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
   StepBreakdown breakdown_;   // summed since the last log line
+  double predicted_peak_mib_ = 0;  // of the memory plan; 0 without one
 };
 
 }  // namespace moe

@@ -107,7 +107,15 @@ OffloadManager::Record* OffloadManager::FindRecord(const SavedTensors* saved) {
 }
 
 bool OffloadManager::ShouldOffload(const std::string& name, int layer) const {
+  if (options_.planned) return options_.planned->count({layer, name}) > 0;
   return !policy_fixed_ || policy_.count({layer, name}) > 0;
+}
+
+void OffloadManager::SetPlanned(std::set<std::pair<int, std::string>> planned) {
+  CHECK(options_.planned) << "SetPlanned needs a manager made with a planned policy";
+  options_.planned = std::move(planned);
+  policy_ = *options_.planned;
+  if (policy_fixed_) Summarize();
 }
 
 void OffloadManager::Observe(const GroupState& group, int64_t eligible_bytes,
@@ -171,7 +179,7 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
     bytes += static_cast<int64_t>(t.nbytes());
     tensors += 1;
   }
-  if (!policy_fixed_) Observe(g, bytes, tensors, skipped);
+  if (steps_ == 0) Observe(g, bytes, tensors, skipped);
   if (eligible.empty() || !ShouldOffload(g.name, g.layer)) return;
 
   // Pinned buffers first (pinning new memory is slow host work), so the timed copies hold only
@@ -378,6 +386,13 @@ void OffloadManager::FixPolicy() {
   std::sort(candidates.begin(), candidates.end(), [](const Observation* a, const Observation* b) {
     return std::tie(a->layer, a->order) < std::tie(b->layer, b->order);
   });
+  warmup_ = step_;
+  policy_fixed_ = true;
+  if (options_.planned) {
+    policy_ = *options_.planned;
+    Summarize();
+    return;
+  }
   std::vector<bool> offload(candidates.size(), true);
   // Pipeline rank r keeps r x delta bytes resident, taken from the last groups.
   const int64_t keep_bytes = pp_rank_ * options_.pp_delta_bytes;
@@ -398,7 +413,10 @@ void OffloadManager::FixPolicy() {
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (offload[i]) policy_.insert({candidates[i]->layer, candidates[i]->name});
   }
+  Summarize();
+}
 
+void OffloadManager::Summarize() {
   summary_.clear();
   auto entry = [this](const std::string& name) -> OffloadGroupSummary& {
     for (auto& s : summary_) {
@@ -419,8 +437,6 @@ void OffloadManager::FixPolicy() {
     }
   }
   for (const std::string& name : options_.groups) entry(name);  // named but never committed
-  warmup_ = step_;
-  policy_fixed_ = true;
 }
 
 std::string OffloadManager::SummaryTable(
@@ -428,13 +444,20 @@ std::string OffloadManager::SummaryTable(
   constexpr double kMiB = 1024.0 * 1024.0;
   std::string out;
   char line[256];
-  snprintf(line, sizeof(line),
-           "offload: warm-up step moved %.2f MiB in %lld tensors (every candidate group); policy "
-           "from the next step (min tensor %lld bytes, fraction %g, pp rank %d x delta %lld bytes, "
-           "prefetch %d layer(s)), per micro-batch:\n",
-           warmup_.offloaded_bytes / kMiB, static_cast<long long>(warmup_.offloaded_tensors),
-           static_cast<long long>(options_.min_tensor_bytes), options_.fraction, pp_rank_,
-           static_cast<long long>(options_.pp_delta_bytes), options_.prefetch_layers);
+  if (options_.planned) {
+    snprintf(line, sizeof(line),
+             "offload: the memory plan's groups (min tensor %lld bytes, prefetch %d layer(s)), "
+             "per micro-batch:\n",
+             static_cast<long long>(options_.min_tensor_bytes), options_.prefetch_layers);
+  } else {
+    snprintf(line, sizeof(line),
+             "offload: warm-up step moved %.2f MiB in %lld tensors (every candidate group); "
+             "policy from the next step (min tensor %lld bytes, fraction %g, pp rank %d x delta "
+             "%lld bytes, prefetch %d layer(s)), per micro-batch:\n",
+             warmup_.offloaded_bytes / kMiB, static_cast<long long>(warmup_.offloaded_tensors),
+             static_cast<long long>(options_.min_tensor_bytes), options_.fraction, pp_rank_,
+             static_cast<long long>(options_.pp_delta_bytes), options_.prefetch_layers);
+  }
   out += line;
   snprintf(line, sizeof(line), "  %4s  %-16s %9s %8s %12s %8s  %s\n", "rank", "group", "groups",
            "tensors", "MiB", "skipped", "pinned memory");

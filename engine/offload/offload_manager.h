@@ -36,6 +36,8 @@
 //     resident from the last candidate backwards (whole groups, until at least that many bytes
 //     are kept), then of the remaining candidates the earliest floor(fraction x n) stay offloaded
 //     and the rest are kept resident.
+//   - With options.planned, the policy is that set from the first step on (SetPlanned replaces
+//     it between steps); the first step still observes every candidate for the summary.
 //   - summary()/SummaryTable() report the policy per group name after the first step (the
 //     table for every pipeline rank when given their summaries).
 // Step timeline (engine/runtime/step_timeline.h), when the device has one: the compute stream's
@@ -51,6 +53,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -71,6 +74,9 @@ struct OffloadOptions {
   double fraction = 1.0;                  // of candidate groups kept offloaded, earliest first
   int64_t pp_delta_bytes = 0;             // pipeline rank r keeps r x this many bytes resident
   int prefetch_layers = 1;                // reload distance in layers (0: on demand)
+  // Set (a memory planner's plan): exactly these (layer, group) pairs are offloaded, from the
+  // first step on (no warm-up); fraction and pp_delta_bytes are then unused.
+  std::optional<std::set<std::pair<int, std::string>>> planned;
 };
 
 // What one optimizer step moved. Copy times are the sums, over groups, of the time between
@@ -118,6 +124,8 @@ class OffloadManager final : public SavedTensorHooks {
 
   // Ends an optimizer step (see the top of the file) and returns what it moved.
   OffloadStepStats EndStep();
+  // A new planned policy (options().planned), from the next step on; call between steps.
+  void SetPlanned(std::set<std::pair<int, std::string>> planned);
 
   bool policy_fixed() const { return policy_fixed_; }
   int64_t steps() const { return steps_; }
@@ -150,10 +158,11 @@ class OffloadManager final : public SavedTensorHooks {
   void ReleaseCompleted(bool wait);
   void Harvest(GroupState& group);
   void FixPolicy();
+  void Summarize();
   std::unique_ptr<Event> TakeEvent();
 
   const Device device_;
-  const OffloadOptions options_;
+  OffloadOptions options_;
   const int pp_rank_;
   Stream& compute_;
   std::unique_ptr<Stream> d2h_;

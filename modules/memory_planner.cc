@@ -1,0 +1,549 @@
+#include "modules/memory_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "engine/memory/caching_allocator.h"
+#include "engine/pipeline/partition.h"
+#include "engine/pipeline/schedule.h"
+#include "modules/memory_estimate.h"
+#include "modules/offload_groups.h"
+
+namespace moe {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+
+double D(int64_t value) { return static_cast<double>(value); }
+double Rounded(double bytes) {
+  const double round = CachingAllocator::kRoundBytes;
+  return std::ceil(bytes / round) * round;
+}
+
+// What one layer does: its recompute modules and offloaded groups.
+struct LayerChoice {
+  RecomputeModules recompute;
+  std::set<std::string> offload;
+};
+
+bool Recomputes(const RecomputeModules& r, const std::string& name) {
+  return (name == kLayerNormRecompute && r.layernorm) || (name == kMoeActRecompute && r.moe_act) ||
+         (name == kMoeRecompute && r.moe) || (name == kCoreAttnRecompute && r.core_attn);
+}
+void SetRecompute(RecomputeModules& r, const std::string& name, bool on) {
+  if (name == kLayerNormRecompute) r.layernorm = on;
+  if (name == kMoeActRecompute) r.moe_act = on;
+  if (name == kMoeRecompute) r.moe = on;
+  if (name == kCoreAttnRecompute) r.core_attn = on;
+}
+RecomputeModules OnlyModule(const std::string& name) {
+  RecomputeModules r;
+  SetRecompute(r, name, true);
+  return r;
+}
+bool Conflict(const std::string& module, const std::string& group) {
+  return !CheckRecomputeWithOffload(OnlyModule(module), {group}).ok();
+}
+
+// Makes `c` valid after `name` was added (offload_groups.h's rules): recompute modules and
+// offload groups that conflict with it leave; attn_proj comes with core_attn. False when the
+// addition cannot be made valid from the candidates.
+bool Repair(LayerChoice& c, const std::string& name, bool is_recompute,
+            const std::set<std::string>& offload_candidates) {
+  if (is_recompute) {
+    if (name == kMoeActRecompute && c.recompute.moe) return false;
+    if (name == kMoeRecompute) c.recompute.moe_act = false;
+    for (auto it = c.offload.begin(); it != c.offload.end();) {
+      it = Conflict(name, *it) ? c.offload.erase(it) : std::next(it);
+    }
+  } else {
+    if (name == kAttnProjGroup && !c.offload.count(kCoreAttnGroup)) {
+      if (!offload_candidates.count(kCoreAttnGroup)) return false;
+      c.offload.insert(kCoreAttnGroup);
+    }
+    for (const std::string& module : RecomputeModuleNames()) {
+      for (const std::string& group : c.offload) {
+        if (Recomputes(c.recompute, module) && Conflict(module, group)) {
+          SetRecompute(c.recompute, module, false);
+        }
+      }
+    }
+  }
+  if (c.offload.count(kAttnProjGroup) && !c.offload.count(kCoreAttnGroup)) {
+    c.offload.erase(kAttnProjGroup);
+  }
+  return true;
+}
+
+int RecomputeBits(const RecomputeModules& r) {
+  return (r.layernorm ? 1 : 0) | (r.moe_act ? 2 : 0) | (r.moe ? 4 : 0) | (r.core_attn ? 8 : 0);
+}
+
+// One pipeline rank's fixed facts and its predictions for a set of choices.
+class RankModel {
+ public:
+  RankModel(const MemoryPlanRequest& request, const LayerPartition& partition,
+            const RankActions& actions, int rank)
+      : request_(request), actions_(actions) {
+    const GptConfig& m = request.model;
+    double parameters = 0;
+    for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
+      const int stage = StageIndex(rank, chunk, partition.pipeline_size());
+      Chunk c;
+      c.range = partition.layers(rank, chunk);
+      c.first = partition.is_first_stage(stage);
+      c.last = partition.is_last_stage(stage);
+      for (int l = c.range.begin; l < c.range.end; ++l) {
+        layers_.push_back(l);
+        parameters += LayerParameters(m, m.is_moe_layer(l));
+      }
+      if (c.first) {
+        parameters += D(m.vocab_size) * D(m.hidden_size);
+        c.embedding_saves = SumRounded(EmbeddingSaves(m, request.micro_batch_size));
+      }
+      if (c.last) {
+        parameters += D(m.vocab_size) * D(m.hidden_size) + D(m.hidden_size);
+        c.head_saves = SumRounded(HeadSaves(m, request.micro_batch_size, request.cuda));
+        const double tokens = D(request.micro_batch_size) * D(m.seq_length);
+        c.logits_gradient = Rounded(tokens * D(m.vocab_size) * (request.cuda ? 2 : 4));
+        c.head_forward_ms = Ms(2 * tokens * D(m.hidden_size) * D(m.vocab_size), 0);
+      }
+      chunks_.push_back(c);
+    }
+    state_bytes_ = parameters * StateBytesPerParameter(request.cuda);
+  }
+
+  const std::vector<int>& layers() const { return layers_; }
+
+  struct Prediction {
+    double peak = 0;
+    double ms = 0;                    // per step: waits for reloads and recompute
+    std::map<int, double> exposed_ms;  // per layer, per step: the reload wait
+  };
+
+  Prediction Predict(const std::vector<LayerChoice>& choices) const {
+    Prediction p;
+    std::vector<Pass> passes;
+    for (const Chunk& c : chunks_) passes.push_back(SimulatePass(c, choices));
+    // Walk the schedule: each backward starts with the other passes in flight holding their
+    // resident saves; each forward end holds every pass in flight.
+    std::vector<int> in_flight;  // chunks of the passes in flight
+    double held = 0;
+    for (const Action& a : actions_) {
+      if (a.kind == Action::Kind::kForward) {
+        in_flight.push_back(a.chunk);
+        held += passes[a.chunk].resident;
+        p.peak = std::max(p.peak, held + passes[a.chunk].lag_at_forward_end);
+      } else if (a.kind == Action::Kind::kBackward) {
+        const Pass& pass = passes[a.chunk];
+        p.peak = std::max(p.peak, held - pass.resident + pass.peak);
+        in_flight.erase(std::find(in_flight.begin(), in_flight.end(), a.chunk));
+        held -= pass.resident;
+        p.ms += pass.exposed_ms + pass.recompute_ms;
+        for (const auto& [layer, ms] : pass.exposed_by_layer) p.exposed_ms[layer] += ms;
+      }
+    }
+    p.peak += state_bytes_;
+    return p;
+  }
+
+  // Per micro-batch: bytes offloaded or dropped by `name` in `layer` when chosen as in `c`.
+  double CandidateBytes(int layer, const LayerChoice& c, const std::string& name,
+                        bool is_recompute) const {
+    const bool moe = request_.model.is_moe_layer(layer);
+    if (is_recompute) {
+      RecomputeModules without = c.recompute;
+      SetRecompute(without, name, false);
+      return SumRounded(Saves(moe, without)) - SumRounded(Saves(moe, c.recompute));
+    }
+    double bytes = 0;
+    for (const SavedTensorSize& s : Saves(moe, c.recompute)) {
+      if (s.group == name && s.bytes >= D(request_.min_tensor_bytes)) bytes += Rounded(s.bytes);
+    }
+    return bytes;
+  }
+
+  double RecomputeMs(int layer, const std::string& module) const {
+    const GptConfig& m = request_.model;
+    const bool moe = m.is_moe_layer(layer);
+    const double tokens = D(request_.micro_batch_size) * D(m.seq_length);
+    const double h = D(m.hidden_size), b = request_.cuda ? 2 : 4;
+    if (module == kLayerNormRecompute) return Ms(0, 4 * tokens * h * b);
+    if (module == kCoreAttnRecompute) return Ms(AttentionCoreFlops(), 4 * tokens * h * b);
+    if (!moe) return 0;
+    const double rows = tokens * D(m.moe_router_topk), f = D(m.moe_ffn_hidden_size);
+    if (module == kMoeActRecompute) {
+      return m.moe_grouped_mlp == GroupedMlpKind::kFused ? Ms(0, 4 * rows * f * b) : 0;
+    }
+    return Ms(MoeFlops(), SumRounded(Saves(true, {})) - SumRounded(Saves(true, OnlyModule(module))));
+  }
+
+ private:
+  struct Chunk {
+    LayerRange range;
+    bool first = false, last = false;
+    double embedding_saves = 0, head_saves = 0;
+    double logits_gradient = 0;
+    double head_forward_ms = 0;
+  };
+  struct Pass {
+    double resident = 0;  // kept on the device from forward to backward
+    double peak = 0;      // during its backward, other passes excluded
+    double lag_at_forward_end = 0;
+    double exposed_ms = 0, recompute_ms = 0;
+    std::map<int, double> exposed_by_layer;
+  };
+
+  static double SumRounded(const std::vector<SavedTensorSize>& saves) {
+    double total = 0;
+    for (const SavedTensorSize& s : saves) total += Rounded(s.bytes);
+    return total;
+  }
+  const std::vector<SavedTensorSize>& Saves(bool moe, const RecomputeModules& r) const {
+    auto& entry = saves_cache_[{moe, RecomputeBits(r)}];
+    if (entry.empty()) {
+      entry = LayerSaves(request_.model, request_.micro_batch_size, moe, request_.cuda, r);
+    }
+    return entry;
+  }
+  double Ms(double flops, double bytes) const {
+    return 1e3 * (flops / request_.speeds.matmul_flops_per_s +
+                  bytes / request_.speeds.memory_bytes_per_s);
+  }
+  double AttentionCoreFlops() const {  // causal: half of QK^T and PV
+    const GptConfig& m = request_.model;
+    return 2 * D(request_.micro_batch_size) * D(m.seq_length) * D(m.seq_length) *
+           D(m.hidden_size);
+  }
+  double MoeFlops() const {
+    const GptConfig& m = request_.model;
+    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    return 2 * tokens * h * D(m.num_experts) +
+           6 * tokens * D(m.moe_router_topk) * h * D(m.moe_ffn_hidden_size);
+  }
+  // What a layer's backward allocates beside its saves, at its largest: the MLP's gradients of
+  // its rows (output, activation, fc1 output, input) and of the tokens, or the attention's (output,
+  // q, k, v, input); the unfused grouped MLP also recomputes its activation (it never saves it).
+  double BackwardWorkspace(int layer) const {
+    const GptConfig& m = request_.model;
+    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    const double b = request_.cuda ? 2 : 4, kv = D(m.num_query_groups) * D(m.head_dim());
+    const double attention = tokens * (3 * h + 2 * kv) * b;
+    if (!m.is_moe_layer(layer)) {
+      return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
+    }
+    const double rows = tokens * D(m.moe_router_topk), f = D(m.moe_ffn_hidden_size);
+    const double unfused = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? rows * f * b : 0;
+    return Rounded(std::max(attention, rows * (2 * h + 3 * f) * b + tokens * h * b + unfused));
+  }
+  double LayerForwardMs(int layer) const {
+    const GptConfig& m = request_.model;
+    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    const double kv = D(m.num_query_groups) * D(m.head_dim());
+    double flops = 2 * tokens * (2 * h * h + 2 * h * kv) + AttentionCoreFlops();
+    flops += m.is_moe_layer(layer) ? MoeFlops() : 6 * tokens * h * D(m.ffn_hidden_size);
+    return Ms(flops, SumRounded(Saves(m.is_moe_layer(layer), {})));
+  }
+
+  Pass SimulatePass(const Chunk& c, const std::vector<LayerChoice>& choices) const {
+    const double copy = request_.speeds.copy_bytes_per_s / 1e3;  // bytes per ms
+    const int prefetch = request_.prefetch_layers;
+    const int n = c.range.size();
+    std::vector<double> resident(n), offloaded(n), workspace(n), backward_ms(n), d2h_end(n, 0),
+        h2d_end(n, 0);
+    Pass pass;
+    double t = 0, d2h_free = 0;
+    for (int i = 0; i < n; ++i) {
+      const int layer = c.range.begin + i;
+      const LayerChoice& choice = choices[layer];
+      const bool moe = request_.model.is_moe_layer(layer);
+      const double full = SumRounded(Saves(moe, {}));
+      for (const SavedTensorSize& s : Saves(moe, choice.recompute)) {
+        const bool moves = choice.offload.count(s.group) && s.bytes >= D(request_.min_tensor_bytes);
+        (moves ? offloaded : resident)[i] += Rounded(s.bytes);
+      }
+      const double dropped = full - resident[i] - offloaded[i];
+      workspace[i] = BackwardWorkspace(layer) + dropped;
+      double recompute_ms = 0;
+      for (const std::string& module : RecomputeModuleNames()) {
+        if (Recomputes(choice.recompute, module)) recompute_ms += RecomputeMs(layer, module);
+      }
+      pass.recompute_ms += recompute_ms;
+      const double forward_ms = LayerForwardMs(layer);
+      backward_ms[i] = 2 * forward_ms + recompute_ms;
+      t += forward_ms;
+      if (offloaded[i] > 0) {
+        d2h_free = std::max(d2h_free, t) + offloaded[i] / copy;
+        d2h_end[i] = d2h_free;
+      }
+      pass.resident += resident[i];
+    }
+    const double layer_resident = pass.resident;
+    pass.resident += c.embedding_saves + c.head_saves;
+    const auto lag = [&](double when) {
+      double bytes = 0;
+      for (int i = 0; i < n; ++i) bytes += d2h_end[i] > when ? offloaded[i] : 0;
+      return bytes;
+    };
+    t += c.head_forward_ms;
+    pass.lag_at_forward_end = lag(t);
+    double h2d_free = 0;
+    std::vector<bool> issued(n, false);
+    const auto issue = [&](int i, double when) {
+      if (i < 0 || i >= n || issued[i] || offloaded[i] == 0) return;
+      issued[i] = true;
+      h2d_free = std::max({h2d_free, when, d2h_end[i]}) + offloaded[i] / copy;
+      h2d_end[i] = h2d_free;
+    };
+    const auto reloaded = [&](int low, int high) {  // issued and not yet freed, layers [low, high]
+      double bytes = 0;
+      for (int i = std::max(low, 0); i <= high; ++i) bytes += issued[i] ? offloaded[i] : 0;
+      return bytes;
+    };
+    for (int k = 0; k < prefetch; ++k) issue(n - 1 - k, t);  // at backward start
+    double below = layer_resident;  // resident saves of the layers not yet through backward
+    pass.peak = pass.resident + c.logits_gradient + reloaded(0, n - 1) + lag(t);
+    t += 2 * c.head_forward_ms;
+    for (int i = n - 1; i >= 0; --i) {
+      issue(i - prefetch, t);
+      issue(i, t);  // on demand, when the prefetch did not reach it
+      const double start = std::max(t, h2d_end[i]);
+      if (start > t) {
+        pass.exposed_ms += start - t;
+        pass.exposed_by_layer[c.range.begin + i] += start - t;
+      }
+      t = start;
+      const double held =
+          below + c.embedding_saves + reloaded(i - prefetch, i) + lag(t) + workspace[i];
+      pass.peak = std::max(pass.peak, held);
+      below -= resident[i];
+      t += backward_ms[i];
+    }
+    return pass;
+  }
+
+  const MemoryPlanRequest& request_;
+  const RankActions& actions_;
+  std::vector<Chunk> chunks_;
+  std::vector<int> layers_;
+  double state_bytes_ = 0;
+  mutable std::map<std::pair<bool, int>, std::vector<SavedTensorSize>> saves_cache_;
+};
+
+struct Candidate {
+  std::string name;
+  bool is_recompute;
+};
+
+std::vector<Candidate> Candidates(const MemoryPlanRequest& r) {
+  std::vector<Candidate> out;
+  for (const std::string& g : OffloadGroupNames()) {
+    if (r.offload_candidates.count(g)) out.push_back({g, false});
+  }
+  if (r.fixed_recompute.empty()) {
+    for (const std::string& m : RecomputeModuleNames()) {
+      if (r.recompute_candidates.count(m)) out.push_back({m, true});
+    }
+  }
+  return out;
+}
+
+bool Has(const LayerChoice& c, const Candidate& x) {
+  return x.is_recompute ? Recomputes(c.recompute, x.name) : c.offload.count(x.name) > 0;
+}
+
+// "1.25 GiB", or "37.5 MiB" below a GiB.
+std::string Size(double bytes) {
+  char text[32];
+  if (bytes >= kGiB) {
+    snprintf(text, sizeof(text), "%.2f GiB", bytes / kGiB);
+  } else {
+    snprintf(text, sizeof(text), "%.1f MiB", bytes / kMiB);
+  }
+  return text;
+}
+
+}  // namespace
+
+PlannerSpeeds PlannerSpeeds::Defaults(bool cuda) {
+  // H200: the 8-layer Qwen3-shaped preset's forward (about 330 TFLOP/s in its matmuls), 3 TB/s
+  // element-wise, 55 GB/s pinned copies; CPU: the one-thread backend.
+  return cuda ? PlannerSpeeds{3.3e14, 3.0e12, 55e9} : PlannerSpeeds{2e10, 4e9, 4e9};
+}
+
+double MemoryPlan::peak_bytes() const {
+  double peak = 0;
+  for (const RankPlanSummary& r : ranks) peak = std::max(peak, r.peak_bytes);
+  return peak;
+}
+
+bool MemoryPlan::SameRecompute(const MemoryPlan& other) const {
+  for (size_t i = 0; i < recompute_by_layer.size(); ++i) {
+    if (RecomputeBits(recompute_by_layer[i]) != RecomputeBits(other.recompute_by_layer[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
+  PartitionOptions layout;
+  layout.num_layers = static_cast<int>(request.model.num_layers);
+  layout.pipeline_size = request.pipeline_parallel;
+  layout.virtual_chunks = request.virtual_pipeline;
+  layout.first_stage_layers = request.first_stage_layers;
+  layout.last_stage_layers = request.last_stage_layers;
+  ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
+  ScheduleSpec spec;
+  spec.pipeline_size = request.pipeline_parallel;
+  spec.virtual_chunks = request.virtual_pipeline;
+  spec.microbatches = static_cast<int>(request.micro_batches);
+  ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
+
+  const std::vector<Candidate> candidates = Candidates(request);
+  MemoryPlan plan;
+  plan.budget_bytes = request.budget_bytes;
+  std::vector<LayerChoice> choices(request.model.num_layers);
+  for (size_t l = 0; l < request.fixed_recompute.size() && l < choices.size(); ++l) {
+    choices[l].recompute = request.fixed_recompute[l];
+  }
+  for (int rank = 0; rank < request.pipeline_parallel; ++rank) {
+    const RankModel model(request, partition, schedule[rank], rank);
+    const double excess =
+        rank < static_cast<int>(request.excess_bytes.size()) ? request.excess_bytes[rank] : 0;
+    const double target = request.budget_bytes * (1 - kPlanMargin) - excess;
+    RankPlanSummary summary;
+    summary.baseline_peak_bytes = model.Predict(choices).peak;
+    RankModel::Prediction now = model.Predict(choices);
+    // Add: the change with the most peak bytes saved per ms added.
+    while (now.peak > target) {
+      double best_score = 0;
+      std::vector<LayerChoice> best;
+      RankModel::Prediction best_prediction;
+      for (int layer : model.layers()) {
+        for (const Candidate& x : candidates) {
+          if (Has(choices[layer], x)) continue;
+          std::vector<LayerChoice> trial = choices;
+          LayerChoice& c = trial[layer];
+          if (x.is_recompute) {
+            SetRecompute(c.recompute, x.name, true);
+          } else {
+            c.offload.insert(x.name);
+          }
+          if (!Repair(c, x.name, x.is_recompute, request.offload_candidates)) continue;
+          const RankModel::Prediction p = model.Predict(trial);
+          const double saved = now.peak - p.peak;
+          if (saved <= 0) continue;
+          const double score = saved / std::max(p.ms - now.ms, 1e-6);
+          if (score > best_score) {
+            best_score = score;
+            best = std::move(trial);
+            best_prediction = p;
+          }
+        }
+      }
+      if (best.empty()) break;
+      choices = std::move(best);
+      now = best_prediction;
+    }
+    if (now.peak > request.budget_bytes - excess) {
+      char budget[32];
+      snprintf(budget, sizeof(budget), "%g", request.budget_bytes / kGiB);
+      return InvalidArgument(
+          std::string("--memory_budget_gib=") + budget + ": pipeline rank " +
+          std::to_string(rank) + " needs at least " + Size(now.peak + excess) +
+          " even with every candidate offloaded or recomputed, " +
+          Size(now.peak + excess - request.budget_bytes) +
+          " more than the budget (raise it, add candidates to --offload_modules or "
+          "--recompute_modules (auto: all), or reduce --micro_batch_size or --seq_length)");
+    }
+    // Undo: the choice whose removal saves the most time while the peak stays under target.
+    for (;;) {
+      double best_gain = 0;
+      std::vector<LayerChoice> best;
+      RankModel::Prediction best_prediction;
+      for (int layer : model.layers()) {
+        for (const Candidate& x : candidates) {
+          if (!Has(choices[layer], x)) continue;
+          std::vector<LayerChoice> trial = choices;
+          LayerChoice& c = trial[layer];
+          if (x.is_recompute) {
+            SetRecompute(c.recompute, x.name, false);
+          } else {
+            c.offload.erase(x.name);
+            if (x.name == kCoreAttnGroup) c.offload.erase(kAttnProjGroup);
+          }
+          const RankModel::Prediction p = model.Predict(trial);
+          const double gain = now.ms - p.ms;
+          if (p.peak > target || gain < best_gain || (gain == best_gain && !best.empty())) continue;
+          best_gain = gain;
+          best = std::move(trial);
+          best_prediction = p;
+        }
+      }
+      if (best.empty()) break;
+      choices = std::move(best);
+      now = best_prediction;
+    }
+    summary.peak_bytes = now.peak;
+    summary.exposed_ms = now.ms;
+    plan.ranks.push_back(summary);
+    const double passes = static_cast<double>(request.micro_batches);
+    for (int layer : model.layers()) {
+      const LayerChoice& c = choices[layer];
+      const double offloaded = [&] {
+        double total = 0;
+        for (const std::string& g : c.offload) total += model.CandidateBytes(layer, c, g, false);
+        return total;
+      }();
+      for (const Candidate& x : candidates) {
+        PlanRow row{rank, layer, x.name, x.is_recompute};
+        row.chosen = Has(c, x);
+        row.bytes = model.CandidateBytes(layer, c, x.name, x.is_recompute);
+        if (row.bytes == 0 && !row.chosen) continue;  // nothing to move in this layer
+        if (row.chosen && x.is_recompute) row.exposed_ms = passes * model.RecomputeMs(layer, x.name);
+        if (row.chosen && !x.is_recompute && offloaded > 0) {
+          const auto wait = now.exposed_ms.find(layer);
+          row.exposed_ms = wait == now.exposed_ms.end() ? 0 : wait->second * row.bytes / offloaded;
+        }
+        plan.rows.push_back(row);
+      }
+    }
+  }
+  for (int layer = 0; layer < static_cast<int>(choices.size()); ++layer) {
+    plan.recompute_by_layer.push_back(choices[layer].recompute);
+    for (const std::string& g : choices[layer].offload) plan.offload.insert({layer, g});
+  }
+  return plan;
+}
+
+std::string MemoryPlanTable(const MemoryPlan& plan) {
+  std::string out;
+  char line[256];
+  snprintf(line, sizeof(line),
+           "memory plan for a budget of %.2f GiB (%.0f%% kept free), per micro-batch:\n"
+           "  %4s %5s  %-16s %10s  %-9s %10s\n",
+           plan.budget_bytes / kGiB, 100 * kPlanMargin, "rank", "layer", "candidate", "MiB",
+           "decision", "exposed ms");
+  out += line;
+  for (const PlanRow& row : plan.rows) {
+    const char* decision = !row.chosen ? "keep" : (row.is_recompute ? "recompute" : "offload");
+    snprintf(line, sizeof(line), "  %4d %5d  %-16s %10.2f  %-9s %10.2f\n", row.rank, row.layer,
+             row.name.c_str(), row.bytes / kMiB, decision, row.exposed_ms);
+    out += line;
+  }
+  for (size_t rank = 0; rank < plan.ranks.size(); ++rank) {
+    const RankPlanSummary& r = plan.ranks[rank];
+    snprintf(line, sizeof(line),
+             "  rank %zu: predicted peak %.2f GiB (%.2f GiB keeping everything), predicted cost "
+             "%.1f ms per step\n",
+             rank, r.peak_bytes / kGiB, r.baseline_peak_bytes / kGiB, r.exposed_ms);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace moe

@@ -1,0 +1,118 @@
+// The memory planner (--memory_budget_gib): decides, for each layer of each pipeline rank and each
+// candidate offload group and recompute module, keep / offload / recompute, so that the rank's
+// predicted peak device memory stays under the budget at the least predicted step time.
+//
+// What it knows (all per micro-batch, from modules/memory_estimate.h, tensor by tensor, rounded
+// as the caching allocator rounds): what each layer saves under each recompute choice and which
+// offload group holds it; the rank's weights, gradients and optimizer state; the head's saves.
+// The schedule (engine/pipeline/schedule.h) says which (micro-batch, chunk) passes a rank holds
+// when each backward starts.
+//
+// Peak model, per rank: the maximum over the schedule's backward starts of
+//   state + what the other passes in flight keep (their resident saves)
+//   + the pass's own peak during its backward: for each layer j (last first), the resident saves
+//     of its layers <= j, the embedding's and head's saves, the reloaded groups of layers
+//     j - prefetch_layers .. j, the bytes whose copy out has not finished yet (time model), and
+//     the layer's backward workspace (the gradients its MLP or attention allocates, plus what it
+//     recomputes); before the first layer, the head's logits gradient.
+// Time model, per pass: each layer's forward takes its matmul FLOPs at matmul_flops_per_s plus
+// its saved bytes at memory_bytes_per_s (element-wise work), backward twice that. Offloaded
+// groups copy out after their layer's forward, one at a time at copy_bytes_per_s, and copy back
+// prefetch_layers layers ahead of their backward (not before their copy out ends); backward waits
+// for a late reload: that wait is the offload's exposed time. A recompute costs its module's
+// forward time again. The predicted step cost is the sum over the rank's passes.
+//
+// Search, per rank: from "keep everything", repeatedly apply the one change (add an offload or
+// a recompute to one layer; conflicting choices of that layer, offload_groups.h's rules, are
+// dropped) with the most predicted peak bytes saved per predicted ms added, until the peak is
+// under budget - margin; then undo choices that the budget does not need, costliest first.
+// Routed groups' sizes do not vary in total (tokens x top-k rows, no capacity drop), only their
+// split among experts; the margin (kPlanMargin of the budget) covers allocator rounding and
+// fragmentation, and re-planning (main) covers a measured peak above the budget.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "modules/gpt_config.h"
+
+namespace moe {
+
+inline constexpr double kPlanMargin = 0.02;      // of the budget, kept free
+
+struct PlannerSpeeds {
+  double matmul_flops_per_s = 0;
+  double memory_bytes_per_s = 0;  // element-wise kernels
+  double copy_bytes_per_s = 0;    // device <-> pinned host, each direction
+  // Starting values before anything is measured (H200: 2026-12-01 runs; CPU: the 2-core machine).
+  static PlannerSpeeds Defaults(bool cuda);
+};
+
+struct MemoryPlanRequest {
+  GptConfig model;  // its recompute fields are ignored (the plan sets them)
+  int64_t micro_batch_size = 1;
+  int64_t micro_batches = 1;  // per replica and step
+  int pipeline_parallel = 1;
+  int virtual_pipeline = 1;
+  int first_stage_layers = -1;  // -1: even split
+  int last_stage_layers = -1;
+  bool cuda = false;
+  double budget_bytes = 0;
+  std::set<std::string> offload_candidates;    // offload group names
+  std::set<std::string> recompute_candidates;  // recompute module names
+  int64_t min_tensor_bytes = 0;                // smaller saves are never offloaded
+  int prefetch_layers = 1;
+  PlannerSpeeds speeds;
+  // Re-planning: per pipeline rank, bytes the measured peak exceeded the predicted one by (planned
+  // around), and the recompute choices already built into the model (non-empty: kept as they are).
+  std::vector<double> excess_bytes;
+  std::vector<RecomputeModules> fixed_recompute;
+};
+
+// One candidate of one layer in the plan table.
+struct PlanRow {
+  int rank = 0;
+  int layer = 0;
+  std::string name;    // offload group or recompute module
+  bool is_recompute = false;
+  double bytes = 0;    // per micro-batch: offloaded or dropped by recompute
+  bool chosen = false;
+  double exposed_ms = 0;  // per step: a late reload's wait, or the recompute
+};
+
+struct RankPlanSummary {
+  double peak_bytes = 0;     // predicted
+  double baseline_peak_bytes = 0;  // predicted with nothing offloaded or recomputed
+  double exposed_ms = 0;     // predicted per step
+};
+
+struct MemoryPlan {
+  std::vector<RecomputeModules> recompute_by_layer;  // every layer of the model
+  std::set<std::pair<int, std::string>> offload;     // (layer, group) pairs
+  std::vector<RankPlanSummary> ranks;                 // by pipeline rank
+  std::vector<PlanRow> rows;
+  double budget_bytes = 0;
+
+  double peak_bytes() const;  // the largest rank's
+  bool operator==(const MemoryPlan& other) const {
+    return recompute_by_layer.size() == other.recompute_by_layer.size() &&
+           offload == other.offload && SameRecompute(other);
+  }
+
+ private:
+  bool SameRecompute(const MemoryPlan& other) const;
+};
+
+// The plan, or, when even every candidate everywhere does not bring a rank under the budget, an
+// error naming --memory_budget_gib, the rank and by how many GiB it misses.
+StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request);
+
+// "memory plan (budget ...): rank layer candidate MiB decision exposed-ms" rows and a line per rank
+// with the predicted peak.
+std::string MemoryPlanTable(const MemoryPlan& plan);
+
+}  // namespace moe
