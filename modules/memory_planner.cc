@@ -130,18 +130,41 @@ class RankModel {
     for (const Chunk& c : chunks_) passes.push_back(SimulatePass(c, choices));
     // Walk the schedule: each backward starts with the other passes in flight holding their
     // resident saves; each forward end holds every pass in flight.
-    std::vector<int> in_flight;  // chunks of the passes in flight
-    double held = 0;
-    for (const Action& a : actions_) {
+    // A backward's last prefetch_layers layers also reload the top layers of the next backward
+    // pass whose forward has run (the offload manager's prefetch across contexts); those stay
+    // until that pass's backward.
+    std::set<std::pair<int, int>> forwarded;  // (micro-batch, chunk) passes in flight
+    double held = 0, prefetched = 0;
+    for (size_t index = 0; index < actions_.size(); ++index) {
+      const Action& a = actions_[index];
       if (a.kind == Action::Kind::kForward) {
-        in_flight.push_back(a.chunk);
+        forwarded.insert({a.microbatch, a.chunk});
+        p.peak = std::max(p.peak, held + prefetched + passes[a.chunk].forward_peak);
         held += passes[a.chunk].resident;
-        p.peak = std::max(p.peak, held + passes[a.chunk].lag_at_forward_end);
       } else if (a.kind == Action::Kind::kBackward) {
         const Pass& pass = passes[a.chunk];
-        p.peak = std::max(p.peak, held - pass.resident + pass.peak);
-        in_flight.erase(std::find(in_flight.begin(), in_flight.end(), a.chunk));
+        forwarded.erase({a.microbatch, a.chunk});
         held -= pass.resident;
+        prefetched = 0;
+        const Pass* next = nullptr;
+        for (size_t j = index + 1; j < actions_.size() && next == nullptr; ++j) {
+          const Action& b = actions_[j];
+          if (b.kind == Action::Kind::kBackward && forwarded.count({b.microbatch, b.chunk})) {
+            next = &passes[b.chunk];
+          }
+        }
+        double peak = pass.peak;
+        const int n = static_cast<int>(pass.layer_held.size());
+        for (int i = 0; next != nullptr && i < std::min(request_.prefetch_layers, n); ++i) {
+          double reloads = 0;  // of the next pass's top prefetch_layers - i layers
+          for (int k = 0; k < request_.prefetch_layers - i && k < (int)next->top_offloaded.size();
+               ++k) {
+            reloads += next->top_offloaded[k];
+          }
+          peak = std::max(peak, pass.layer_held[i] + reloads);
+          prefetched = std::max(prefetched, reloads);
+        }
+        p.peak = std::max(p.peak, held + peak);
         p.ms += pass.exposed_ms + pass.recompute_ms;
         for (const auto& [layer, ms] : pass.exposed_by_layer) p.exposed_ms[layer] += ms;
       }
@@ -192,9 +215,12 @@ class RankModel {
   struct Pass {
     double resident = 0;  // kept on the device from forward to backward
     double peak = 0;      // during its backward, other passes excluded
-    double lag_at_forward_end = 0;
+    double forward_peak = 0;  // during its forward: its saves so far, the layer's offloaded
+                              // groups before their copy out, the copies not yet done
     double exposed_ms = 0, recompute_ms = 0;
     std::map<int, double> exposed_by_layer;
+    std::vector<double> layer_held;     // during each layer's backward (by layer in the chunk)
+    std::vector<double> top_offloaded;  // offloaded bytes of its layers, last layer first
   };
 
   static double SumRounded(const std::vector<SavedTensorSize>& saves) {
@@ -252,8 +278,8 @@ class RankModel {
     const double copy = request_.speeds.copy_bytes_per_s / 1e3;  // bytes per ms
     const int prefetch = request_.prefetch_layers;
     const int n = c.range.size();
-    std::vector<double> resident(n), offloaded(n), workspace(n), backward_ms(n), d2h_end(n, 0),
-        h2d_end(n, 0);
+    std::vector<double> resident(n), offloaded(n), workspace(n), backward_ms(n), forward_end(n),
+        d2h_end(n, 0), h2d_end(n, 0);
     Pass pass;
     double t = 0, d2h_free = 0;
     for (int i = 0; i < n; ++i) {
@@ -275,6 +301,7 @@ class RankModel {
       const double forward_ms = LayerForwardMs(layer);
       backward_ms[i] = 2 * forward_ms + recompute_ms;
       t += forward_ms;
+      forward_end[i] = t;
       if (offloaded[i] > 0) {
         d2h_free = std::max(d2h_free, t) + offloaded[i] / copy;
         d2h_end[i] = d2h_free;
@@ -288,8 +315,15 @@ class RankModel {
       for (int i = 0; i < n; ++i) bytes += d2h_end[i] > when ? offloaded[i] : 0;
       return bytes;
     };
+    double so_far = c.embedding_saves;
+    for (int i = 0; i < n; ++i) {
+      so_far += resident[i];
+      double copying = offloaded[i];  // saved by this layer, not yet copied out
+      for (int j = 0; j < i; ++j) copying += d2h_end[j] > forward_end[i] ? offloaded[j] : 0;
+      pass.forward_peak = std::max(pass.forward_peak, so_far + copying);
+    }
     t += c.head_forward_ms;
-    pass.lag_at_forward_end = lag(t);
+    pass.forward_peak = std::max(pass.forward_peak, pass.resident + lag(t));
     double h2d_free = 0;
     std::vector<bool> issued(n, false);
     const auto issue = [&](int i, double when) {
@@ -305,6 +339,8 @@ class RankModel {
     };
     for (int k = 0; k < prefetch; ++k) issue(n - 1 - k, t);  // at backward start
     double below = layer_resident;  // resident saves of the layers not yet through backward
+    pass.layer_held.assign(n, 0);
+    for (int i = n - 1; i >= 0; --i) pass.top_offloaded.push_back(offloaded[i]);
     pass.peak = pass.resident + c.logits_gradient + reloaded(0, n - 1) + lag(t);
     t += 2 * c.head_forward_ms;
     for (int i = n - 1; i >= 0; --i) {
@@ -319,6 +355,7 @@ class RankModel {
       const double held =
           below + c.embedding_saves + reloaded(i - prefetch, i) + lag(t) + workspace[i];
       pass.peak = std::max(pass.peak, held);
+      pass.layer_held[i] = held;
       below -= resident[i];
       t += backward_ms[i];
     }
@@ -401,6 +438,7 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
   spec.pipeline_size = request.pipeline_parallel;
   spec.virtual_chunks = request.virtual_pipeline;
   spec.microbatches = static_cast<int>(request.micro_batches);
+  spec.kind = DefaultScheduleKind(request.pipeline_parallel, request.virtual_pipeline);
   ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
 
   const std::vector<Candidate> candidates = Candidates(request);
@@ -524,23 +562,24 @@ std::string MemoryPlanTable(const MemoryPlan& plan) {
   std::string out;
   char line[256];
   snprintf(line, sizeof(line),
-           "memory plan for a budget of %.2f GiB (%.0f%% kept free), per micro-batch:\n"
-           "  %4s %5s  %-16s %10s  %-9s %10s\n",
-           plan.budget_bytes / kGiB, 100 * kPlanMargin, "rank", "layer", "candidate", "MiB",
-           "decision", "exposed ms");
+           "memory plan for a budget of %s (%.0f%% kept free); MiB per micro-batch, exposed ms "
+           "per step:\n  %4s %5s  %-9s %-16s %10s  %-9s %10s\n",
+           Size(plan.budget_bytes).c_str(), 100 * kPlanMargin, "rank", "layer", "kind",
+           "candidate", "MiB", "decision", "exposed ms");
   out += line;
   for (const PlanRow& row : plan.rows) {
-    const char* decision = !row.chosen ? "keep" : (row.is_recompute ? "recompute" : "offload");
-    snprintf(line, sizeof(line), "  %4d %5d  %-16s %10.2f  %-9s %10.2f\n", row.rank, row.layer,
-             row.name.c_str(), row.bytes / kMiB, decision, row.exposed_ms);
+    const char* kind = row.is_recompute ? "recompute" : "offload";
+    snprintf(line, sizeof(line), "  %4d %5d  %-9s %-16s %10.2f  %-9s %10.2f\n", row.rank,
+             row.layer, kind, row.name.c_str(), row.bytes / kMiB, row.chosen ? kind : "keep",
+             row.exposed_ms);
     out += line;
   }
   for (size_t rank = 0; rank < plan.ranks.size(); ++rank) {
     const RankPlanSummary& r = plan.ranks[rank];
     snprintf(line, sizeof(line),
-             "  rank %zu: predicted peak %.2f GiB (%.2f GiB keeping everything), predicted cost "
-             "%.1f ms per step\n",
-             rank, r.peak_bytes / kGiB, r.baseline_peak_bytes / kGiB, r.exposed_ms);
+             "  rank %zu: predicted peak %s (%s keeping everything), predicted cost %.1f ms per "
+             "step\n",
+             rank, Size(r.peak_bytes).c_str(), Size(r.baseline_peak_bytes).c_str(), r.exposed_ms);
     out += line;
   }
   return out;

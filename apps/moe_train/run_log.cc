@@ -70,11 +70,17 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   if (t.offload) {
     std::string groups;
     for (const std::string& name : t.offload->groups) groups += (groups.empty() ? "" : ", ") + name;
-    printf("offload: %s (tensors >= %lld bytes, fraction %s, prefetch %d layer(s), pp delta %lld "
-           "bytes)\n",
-           groups.c_str(), (long long)t.offload->min_tensor_bytes,
-           ShortestDouble(t.offload->fraction).c_str(),
-           t.offload->prefetch_layers, (long long)t.offload->pp_delta_bytes);
+    if (t.offload->planned) {
+      printf("offload: %s as the memory plan's candidates (tensors >= %lld bytes, prefetch %d "
+             "layer(s))\n",
+             groups.c_str(), (long long)t.offload->min_tensor_bytes, t.offload->prefetch_layers);
+    } else {
+      printf("offload: %s (tensors >= %lld bytes, fraction %s, prefetch %d layer(s), pp delta "
+             "%lld bytes)\n",
+             groups.c_str(), (long long)t.offload->min_tensor_bytes,
+             ShortestDouble(t.offload->fraction).c_str(), t.offload->prefetch_layers,
+             (long long)t.offload->pp_delta_bytes);
+    }
   }
   fflush(stdout);
 }
@@ -82,7 +88,10 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
 void RunLog::Plan(const MemoryPlan& plan) {
   printf("%s", MemoryPlanTable(plan).c_str());
   fflush(stdout);
-  predicted_peak_mib_ = plan.peak_bytes() / (1024.0 * 1024.0);
+  predicted_peak_mib_.clear();
+  for (const RankPlanSummary& rank : plan.ranks) {
+    predicted_peak_mib_.push_back(rank.peak_bytes / (1024.0 * 1024.0));
+  }
 }
 
 void RunLog::Step(int64_t step, const StepStats& stats) {
@@ -119,10 +128,13 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["mfu"] = mfu;  // per device
   }
   printf(" | peak mem %.0f MiB", peak_mib);
-  if (predicted_peak_mib_ > 0) {
-    printf(" (plan %.0f MiB, budget %.0f MiB)", predicted_peak_mib_,
+  if (!predicted_peak_mib_.empty()) {
+    const double predicted =
+        *std::max_element(predicted_peak_mib_.begin(), predicted_peak_mib_.end());
+    printf(" (plan %.0f MiB, budget %.0f MiB)", predicted,
            run_.memory_budget->bytes / (1024.0 * 1024.0));
-    record["predicted_peak_device_mib"] = predicted_peak_mib_;
+    record["predicted_peak_device_mib"] = predicted;
+    record["predicted_peak_device_mib_by_pipeline_rank"] = predicted_peak_mib_;
   }
   if (stats.peak_device_mib.size() > 1) {
     std::string by_rank;

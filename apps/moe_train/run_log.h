@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "apps/moe_train/run_flags.h"
 #include "engine/io/token_source.h"
@@ -43,7 +44,7 @@ class RunLog {
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
   StepBreakdown breakdown_;   // summed since the last log line
-  double predicted_peak_mib_ = 0;  // of the memory plan; 0 without one
+  std::vector<double> predicted_peak_mib_;  // the memory plan's, by pipeline rank; empty: none
 };
 
 }  // namespace moe
