@@ -23,6 +23,11 @@ std::string Bytes(double bytes) {
   return text;
 }
 
+// What the capacity is: the GPU, or the host's physical memory.
+std::string CapacityName(const Device& device) {
+  return device.is_cuda() ? device.ToString() : "cpu (physical memory)";
+}
+
 }  // namespace
 
 Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
@@ -44,7 +49,7 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
   const bool fewer_activations = run.trainer.offload.has_value();
   const double counted = fewer_activations ? e.state_bytes + e.workspace_bytes : e.total_bytes;
   if (counted * ranks_sharing <= static_cast<double>(capacity_bytes)) return Status::Ok();
-  const std::string device = run.device.is_cuda() ? run.device.ToString() : "cpu (physical memory)";
+  const std::string device = CapacityName(run.device);
   std::string per_rank =
       ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"
                         : "";
@@ -67,7 +72,7 @@ StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, size_t capacity_bytes,
   const MemoryBudget& budget = *run.memory_budget;
   if (capacity_bytes > 0 && budget.bytes > static_cast<double>(capacity_bytes)) {
     return InvalidArgument("--memory_budget_gib=" + FlagValueText("memory_budget_gib") +
-                           " is more than " + run.device.ToString() + " has (" +
+                           " is more than " + CapacityName(run.device) + " has (" +
                            Bytes(static_cast<double>(capacity_bytes)) + ")");
   }
   MemoryPlanRequest request;

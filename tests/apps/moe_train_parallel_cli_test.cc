@@ -138,6 +138,40 @@ TEST(ParallelRunTest, OffloadPolicyTableHasEveryPipelineRank) {
   }
 }
 
+// --memory_budget_gib plans each pipeline rank (1F1B: rank 0 holds two micro-batches, rank 1
+// one): each rank's measured peak is under the budget and within 5% of its prediction.
+TEST(ParallelRunTest, MemoryPlanPredictsEveryPipelineRanksPeak) {
+  const testing::ScopedTempDir dir;
+  const std::string metrics = dir.Path("metrics.jsonl");
+  const double budget_mib = 41;  // keeping everything: 76 and 51 MiB
+  const Result r = RunMoeTrain(
+      2, "--pipeline_parallel=2 --num_layers=8 --hidden_size=128 --seq_length=64 "
+         "--micro_batch_size=16 --global_batch_size=64 --offload_min_tensor_bytes=0 "
+         "--memory_budget_gib=" + std::to_string(budget_mib / 1024) + " --metrics_file=" + metrics);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Count(r.output, "memory plan for a budget"), 1) << r.output;
+  EXPECT_EQ(Count(r.output, ": predicted peak"), 2) << r.output;
+  std::ifstream file(metrics);
+  std::string line;
+  int records = 0;
+  while (std::getline(file, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (!record.contains("loss")) continue;
+    ++records;
+    const auto measured = record["peak_device_mib_by_rank"].get<std::vector<double>>();
+    const auto predicted =
+        record["predicted_peak_device_mib_by_pipeline_rank"].get<std::vector<double>>();
+    ASSERT_EQ(measured.size(), 2u) << line;
+    ASSERT_EQ(predicted.size(), 2u) << line;
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_LE(measured[rank], budget_mib) << "rank " << rank << ": " << line;
+      EXPECT_NEAR(predicted[rank], measured[rank], 0.05 * measured[rank])
+          << "rank " << rank << ": " << line;
+    }
+  }
+  EXPECT_EQ(records, 2);
+}
+
 // A checkpoint saved by a pipeline run is the full model: one process resumes from it and logs
 // the pipeline run's next loss.
 TEST(ParallelRunTest, OneProcessResumesFromAPipelineCheckpoint) {
