@@ -4,9 +4,11 @@
 # with accumulating gradients (tests/reference/torch_moe_block_grads.py), the offload comparison on
 # the 8-layer Qwen3-30B-A3B-shaped model, the training presets, (timeline) the step breakdown of
 # that model at global batch 1 and 8 with a trace of an offloaded step, and (recompute) each
-# recompute module's step time and peak, and larger micro-batches with and without recompute.
+# recompute module's step time and peak, and larger micro-batches with and without recompute, and
+# (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
+# step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak.
 # Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute;
+#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -92,5 +94,41 @@ for mb in 16 20; do
     printf "micro-batch %2d %-24s rc %3d | %s | %s\n" $mb "$r" $rc "$(line /tmp/mb.log)" \
       "$(grep -m1 -i 'memory\|error' /tmp/mb.log | grep -v '^model\|^parameters' | cut -c1-150)"
   done
+done
+fi
+
+if [[ $sections == *budget* ]]; then
+echo "== memory budget: the 8-layer model, accumulation 1; micro-batches without and with the planner"
+common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+summary() {
+  grep '^step' "$1" | tail -1 |
+    sed -E 's/.*\| ([0-9.]+ ms\/step).*\| ([0-9]+ tokens\/s).*\| peak mem ([0-9]+ MiB)( \(plan ([0-9]+ MiB).*)?/\1 | \2 | peak \3 | plan \5/'
+}
+peak_gib() { grep '^step' "$1" | tail -1 | sed -E 's/.*peak mem ([0-9]+) MiB.*/\1/' | awk '{printf "%.2f", $1 / 1024}'; }
+brun() {  # name, flags
+  timeout 200 "$bin/moe_train" $common $2 > /tmp/b.log 2>&1
+  local rc=$?
+  (echo "=== $1"; cat /tmp/b.log) >> "$out/budget.log"
+  printf "%-44s rc %3d | %s %s\n" "$1" $rc "$(summary /tmp/b.log)" \
+    "$(grep -m1 'moe_train:' /tmp/b.log | grep -v 'moe_train: cuda' | cut -c1-170)"
+}
+for mb in 13 14 16; do
+  brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
+done
+for mb in 16 24 28; do
+  brun "mb $mb, --memory_budget_gib=130" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 --memory_budget_gib=130"
+done
+echo "== step time vs budget at micro-batch 8 (global batch 8): --offload_fraction, then the planner at its peak"
+mb8="--micro_batch_size=8 --global_batch_size=8 --train_steps=6 --log_interval=3"
+brun "mb 8, nothing saved" "$mb8"
+groups=attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,fused_group_mlp
+for f in 0.25 0.5 0.75 1; do
+  brun "mb 8, fraction $f" "$mb8 --offload_modules=$groups --offload_fraction=$f"
+  b=$(peak_gib /tmp/b.log)
+  brun "mb 8, budget $b, offload only" "$mb8 --offload_modules=auto --memory_budget_gib=$b"
+  brun "mb 8, budget $b, offload + recompute" "$mb8 --memory_budget_gib=$b"
+done
+for b in 100 95; do
+  brun "mb 8, budget $b, offload + recompute" "$mb8 --memory_budget_gib=$b"
 done
 fi
