@@ -6,9 +6,10 @@
 # that model at global batch 1 and 8 with a trace of an offloaded step, and (recompute) each
 # recompute module's step time and peak, and larger micro-batches with and without recompute, and
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
-# step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak.
+# (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak.
 # Logs and JSON go to $OUT; a short summary is printed last.
-#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget;
+#   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
+#   sweep;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -97,27 +98,30 @@ for mb in 16 20; do
 done
 fi
 
-if [[ $sections == *budget* ]]; then
-echo "== memory budget: the 8-layer model, accumulation 1; micro-batches without and with the planner"
-common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+budget_common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
 summary() {
   grep '^step' "$1" | tail -1 |
     sed -E 's/.*\| ([0-9.]+ ms\/step).*\| ([0-9]+ tokens\/s).*\| peak mem ([0-9]+ MiB)( \(plan ([0-9]+ MiB).*)?/\1 | \2 | peak \3 | plan \5/'
 }
 peak_gib() { grep '^step' "$1" | tail -1 | sed -E 's/.*peak mem ([0-9]+) MiB.*/\1/' | awk '{printf "%.2f", $1 / 1024}'; }
 brun() {  # name, flags
-  timeout 200 "$bin/moe_train" $common $2 > /tmp/b.log 2>&1
+  timeout 200 "$bin/moe_train" $budget_common $2 > /tmp/b.log 2>&1
   local rc=$?
   (echo "=== $1"; cat /tmp/b.log) >> "$out/budget.log"
   printf "%-44s rc %3d | %s %s\n" "$1" $rc "$(summary /tmp/b.log)" \
     "$(grep -m1 'moe_train:' /tmp/b.log | grep -v 'moe_train: cuda' | cut -c1-170)"
 }
-for mb in 13 14 16; do
+if [[ $sections == *budget* ]]; then
+echo "== memory budget: the 8-layer model, accumulation 1; micro-batches without and with the planner"
+for mb in 13 14 15 16; do
   brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
 done
-for mb in 16 24 28; do
+for mb in 16 20 24 28; do
   brun "mb $mb, --memory_budget_gib=130" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 --memory_budget_gib=130"
 done
+fi
+
+if [[ $sections == *sweep* ]]; then
 echo "== step time vs budget at micro-batch 8 (global batch 8): --offload_fraction, then the planner at its peak"
 mb8="--micro_batch_size=8 --global_batch_size=8 --train_steps=6 --log_interval=3"
 brun "mb 8, nothing saved" "$mb8"
