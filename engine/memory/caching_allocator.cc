@@ -58,11 +58,8 @@ std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.num_allocations;
+    ProcessPendingFrees(/*wait=*/false);  // frees whose streams are done stop counting here
     block = TakeCachedBlock(size, &stream);
-    if (block == nullptr) {
-      ProcessPendingFrees(/*wait=*/false);
-      block = TakeCachedBlock(size, &stream);
-    }
     if (block != nullptr) {
       ++stats_.num_cache_hits;
     } else {
@@ -116,8 +113,8 @@ void CachingAllocator::RecordStream(Block* block, Stream& stream) {
 
 void CachingAllocator::Free(Block* block) {
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.allocated_bytes -= block->size;
   if (block->used_on.empty()) {
+    stats_.allocated_bytes -= block->size;
     free_blocks_[block->stream].emplace(block->size, block);
     return;
   }
@@ -145,6 +142,7 @@ void CachingAllocator::ProcessPendingFrees(bool wait) {
   for (Block* block : pending_frees_) {
     if (ready(block)) {
       block->pending_events.clear();
+      stats_.allocated_bytes -= block->size;
       free_blocks_[block->stream].emplace(block->size, block);
     } else {
       still_pending.push_back(block);
@@ -164,13 +162,15 @@ void CachingAllocator::ReleaseCachedBlocks() {
   free_blocks_.clear();
 }
 
-MemoryStats CachingAllocator::stats() const {
+MemoryStats CachingAllocator::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ProcessPendingFrees(/*wait=*/false);
   return stats_;
 }
 
 void CachingAllocator::ResetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ProcessPendingFrees(/*wait=*/false);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }

@@ -8,10 +8,12 @@
 // - If the block was also used on other streams (RecordStream), freeing records an event on each
 //   of them; the block is reused only after all those events have completed. This is what lets
 //   the offload manager free a tensor on the compute stream while a D2H copy still reads it.
+//   Such a block still counts as allocated (it holds device memory) until its events have
+//   completed, as PyTorch counts it; each allocation first polls the pending frees.
 // - Allocation takes the smallest cached block of the same stream that fits and is at most an
 //   eighth larger than the request (blocks are not split, so a looser fit holds memory no tensor
-//   uses). On a miss it polls pending events, then asks the raw source, then synchronises
-//   pending frees and empties the cache once before failing.
+//   uses). On a miss it asks the raw source, then synchronises pending frees and empties the
+//   cache once before failing.
 // - Out of memory is a user error (a run too large for the device), but Allocate has no way to
 //   return one: every op allocates, and threading a Status through all of them would buy
 //   nothing, since no caller can recover mid-step. So the allocator reports through a
@@ -56,7 +58,8 @@ class CachingAllocator {
   // backend's arena); 0 if unknown.
   size_t capacity_bytes() const { return raw_->CapacityBytes(); }
 
-  MemoryStats stats() const;
+  // The counters now: pending frees whose streams are done stop counting first.
+  MemoryStats stats();
   void ResetPeakStats();
   // Returns every cached, unused block to the raw source (waits for pending frees first).
   void EmptyCache();

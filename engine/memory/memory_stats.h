@@ -7,7 +7,8 @@
 namespace moe {
 
 struct MemoryStats {
-  int64_t allocated_bytes = 0;       // in use by tensors now
+  int64_t allocated_bytes = 0;       // in use by tensors, or freed while another stream still
+                                     // reads them (RecordStream; until its event has completed)
   int64_t peak_allocated_bytes = 0;  // max of allocated_bytes since the last ResetPeak
   int64_t reserved_bytes = 0;        // taken from the raw source (in use + cached)
   int64_t peak_reserved_bytes = 0;

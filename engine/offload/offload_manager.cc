@@ -179,7 +179,7 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
     bytes += static_cast<int64_t>(t.nbytes());
     tensors += 1;
   }
-  if (steps_ == 0) Observe(g, bytes, tensors, skipped);
+  if (!policy_fixed_) Observe(g, bytes, tensors, skipped);
   if (eligible.empty() || !ShouldOffload(g.name, g.layer)) return;
 
   // Pinned buffers first (pinning new memory is slow host work), so the timed copies hold only

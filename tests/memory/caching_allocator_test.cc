@@ -78,20 +78,25 @@ TEST_F(CachingAllocatorTest, CachedBlockServesRequestsUpToAnEighthSmaller) {
 }
 
 // A block read by a copy stream must not be handed out again before that copy has finished,
-// even though the tensor was freed on the compute stream at once.
+// even though the tensor was freed on the compute stream at once; until then it holds memory
+// and counts as allocated.
 TEST_F(CachingAllocatorTest, BlockUsedOnAnotherStreamWaitsForThatStream) {
   SetCpuCopyLatencyForTesting(std::chrono::milliseconds(200));
   std::vector<char> host(4096);
   void* first;
+  const int64_t before = allocator_.stats().allocated_bytes;
   {
     auto storage = allocator_.Allocate(4096, compute_);
     first = storage->data();
     copy_.CopyAsync(host.data(), storage->data(), 4096);  // still sleeping on the worker
     storage->RecordStream(copy_);
   }
+  EXPECT_EQ(allocator_.stats().allocated_bytes, before + 4096) << "pending free not counted";
   auto during = allocator_.Allocate(4096, compute_);
   EXPECT_NE(during->data(), first) << "block reused while the copy stream still reads it";
+  EXPECT_EQ(allocator_.stats().peak_allocated_bytes, before + 2 * 4096);
   copy_.Synchronize();
+  EXPECT_EQ(allocator_.stats().allocated_bytes, before + 4096) << "done copy still counted";
   auto after = allocator_.Allocate(4096, compute_);
   EXPECT_EQ(after->data(), first) << "block not reused once the copy finished";
   SetCpuCopyLatencyForTesting(std::chrono::microseconds(0));
