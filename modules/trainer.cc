@@ -126,6 +126,7 @@ bool Trainer::whole_model() const {
 StepStats Trainer::TrainStep(bool trace) {
   const auto start = std::chrono::steady_clock::now();
   DeviceContext& context = DeviceContext::Get(device_);
+  context.allocator().ResetPeakStats();  // StepStats::peak_device_mib is this step's
   timeline_->BeginStep(trace);
   context.set_timeline(timeline_.get());
   const int step_span = timeline_->BeginSpan(TraceTrack::kCompute, context.compute_stream(),

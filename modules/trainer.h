@@ -94,7 +94,9 @@ struct StepStats {
   // Mean over ranks of 1 - (forward + backward compute time) / (pipeline step span); 0 without a
   // pipeline schedule's idle time (one stage: only host gaps between kernels).
   double pipeline_bubble = 0;
-  std::vector<double> peak_device_mib;  // by world rank (pipeline rank x data size + data rank)
+  // The allocator's peak during the step (weights and state included), by world rank (pipeline
+  // rank x data size + data rank).
+  std::vector<double> peak_device_mib;
   OffloadStepStats offload;  // zero without offloading
   // Where the step's time went on the compute stream, ms, mean over ranks: the phases add up to
   // the compute stream's span of the step, which is `seconds` less the step's closing all-reduce

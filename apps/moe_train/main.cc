@@ -96,8 +96,9 @@ nlohmann::json RunDescription(const RunConfig& run) {
   return {{"flags", out}, {"device", run.device.ToString()}};
 }
 
-// With a memory plan, after a step: when a pipeline rank's measured peak (the largest of its
-// replicas') went over the budget, plans its offloading again around the excess over the
+// With a memory plan, after a step (from the second on: the first pins the offload's host
+// buffers as it goes, which delays its copies): when a pipeline rank's measured peak (the largest
+// of its replicas') went over the budget, plans its offloading again around the excess over the
 // prediction (what each layer recomputes is built into the model and stays). Every rank computes
 // the same plan from the step's global peaks. True when `plan` changed.
 StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run, size_t capacity,
@@ -223,7 +224,7 @@ int Run(const Status& parsed) {
                   1);
     }
     if (log) log->Step(step, stats);
-    if (plan) {
+    if (plan && step > 1) {  // the first step also pins the host buffers: its copies run late
       StatusOr<bool> replanned = ReplanOverBudget(stats, run, capacity / ranks_sharing, plan_excess,
                                                   *plan);
       if (!replanned.ok()) return Fail(replanned.status(), 1);

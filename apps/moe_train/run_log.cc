@@ -101,11 +101,14 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   ++steps_;
   offload_ += stats.offload;
   breakdown_ += stats.breakdown;
+  peak_mib_.resize(stats.peak_device_mib.size(), 0.0);
+  for (size_t r = 0; r < peak_mib_.size(); ++r) {
+    peak_mib_[r] = std::max(peak_mib_[r], stats.peak_device_mib[r]);
+  }
   if (step % FLAGS_log_interval != 0 && step != run_.trainer.train_steps) return;
   const double ms_per_step = 1e3 * seconds_ / steps_;
   const double tokens_per_second = tokens_ / seconds_;
-  const double peak_mib =
-      *std::max_element(stats.peak_device_mib.begin(), stats.peak_device_mib.end());
+  const double peak_mib = *std::max_element(peak_mib_.begin(), peak_mib_.end());
   printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step (",
          (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step);
   nlohmann::json record = {{"step", step},           {"loss", stats.loss},
@@ -136,14 +139,14 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["predicted_peak_device_mib"] = predicted;
     record["predicted_peak_device_mib_by_pipeline_rank"] = predicted_peak_mib_;
   }
-  if (stats.peak_device_mib.size() > 1) {
+  if (peak_mib_.size() > 1) {
     std::string by_rank;
-    for (double mib : stats.peak_device_mib) {
+    for (double mib : peak_mib_) {
       if (!by_rank.empty()) by_rank += '/';
       by_rank += std::to_string(std::lround(mib));
     }
     printf(" (by rank %s)", by_rank.c_str());
-    record["peak_device_mib_by_rank"] = stats.peak_device_mib;
+    record["peak_device_mib_by_rank"] = peak_mib_;
   }
   if (run_.pipeline_parallel > 1) {
     const double bubble = bubble_ / steps_;
@@ -178,6 +181,7 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   seconds_ = 0;
   tokens_ = 0;
   steps_ = 0;
+  peak_mib_.clear();
 }
 
 void RunLog::Eval(int64_t step, double loss, std::optional<double> floor) {

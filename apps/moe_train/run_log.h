@@ -1,7 +1,8 @@
 // What moe_train prints: the start-up summary, one line per log interval (and the same as one
 // JSON object per line in --metrics_file), evaluation results. Under mpirun only rank 0 has a
 // RunLog: losses, the gradient norm, the pipeline bubble and the step breakdown (means over
-// ranks) and peak device memory (the largest rank's, and every rank's) are global; offload
+// ranks) and peak device memory (the largest step peak since the last line: the largest rank's,
+// and every rank's; with a memory plan also its prediction) are global; offload
 // figures are rank 0's. MFU is per device: the run's FLOP/s over its ranks, against one
 // device's --peak_flops. A log line's time is the mean over the steps since the last one, split
 // into the StepTimeline phases ("(fwd 40.2 bwd 70.1 opt 10.3 pp wait 0.0 dp wait 0.0 reload wait
@@ -44,6 +45,7 @@ class RunLog {
   int steps_ = 0;
   OffloadStepStats offload_;  // summed since the last log line
   StepBreakdown breakdown_;   // summed since the last log line
+  std::vector<double> peak_mib_;  // by world rank, the largest step peak since the last log line
   std::vector<double> predicted_peak_mib_;  // the memory plan's, by pipeline rank; empty: none
 };
 
