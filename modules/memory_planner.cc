@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "engine/memory/caching_allocator.h"
 #include "engine/pipeline/partition.h"
@@ -88,7 +89,7 @@ class RankModel {
   RankModel(const MemoryPlanRequest& request, const LayerPartition& partition,
             const RankActions& actions, int rank)
       : request_(request), actions_(actions) {
-    const GptConfig& m = request.model;
+    const GptConfig& m = request.run.model;
     double parameters = 0;
     for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
       const int stage = StageIndex(rank, chunk, partition.pipeline_size());
@@ -102,18 +103,18 @@ class RankModel {
       }
       if (c.first) {
         parameters += D(m.vocab_size) * D(m.hidden_size);
-        c.embedding_saves = SumRounded(EmbeddingSaves(m, request.micro_batch_size));
+        c.embedding_saves = SumRounded(EmbeddingSaves(m, request.run.micro_batch_size));
       }
       if (c.last) {
         parameters += D(m.vocab_size) * D(m.hidden_size) + D(m.hidden_size);
-        c.head_saves = SumRounded(HeadSaves(m, request.micro_batch_size, request.cuda));
-        const double tokens = D(request.micro_batch_size) * D(m.seq_length);
-        c.logits_gradient = Rounded(tokens * D(m.vocab_size) * (request.cuda ? 2 : 4));
+        c.head_saves = SumRounded(HeadSaves(m, request.run.micro_batch_size, request.run.cuda));
+        const double tokens = D(request.run.micro_batch_size) * D(m.seq_length);
+        c.logits_gradient = Rounded(tokens * D(m.vocab_size) * (request.run.cuda ? 2 : 4));
         c.head_forward_ms = Ms(2 * tokens * D(m.hidden_size) * D(m.vocab_size), 0);
       }
       chunks_.push_back(c);
     }
-    state_bytes_ = parameters * StateBytesPerParameter(request.cuda);
+    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda);
   }
 
   const std::vector<int>& layers() const { return layers_; }
@@ -176,7 +177,7 @@ class RankModel {
   // Per micro-batch: bytes offloaded or dropped by `name` in `layer` when chosen as in `c`.
   double CandidateBytes(int layer, const LayerChoice& c, const std::string& name,
                         bool is_recompute) const {
-    const bool moe = request_.model.is_moe_layer(layer);
+    const bool moe = request_.run.model.is_moe_layer(layer);
     if (is_recompute) {
       RecomputeModules without = c.recompute;
       SetRecompute(without, name, false);
@@ -190,10 +191,10 @@ class RankModel {
   }
 
   double RecomputeMs(int layer, const std::string& module) const {
-    const GptConfig& m = request_.model;
+    const GptConfig& m = request_.run.model;
     const bool moe = m.is_moe_layer(layer);
-    const double tokens = D(request_.micro_batch_size) * D(m.seq_length);
-    const double h = D(m.hidden_size), b = request_.cuda ? 2 : 4;
+    const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length);
+    const double h = D(m.hidden_size), b = request_.run.cuda ? 2 : 4;
     if (module == kLayerNormRecompute) return Ms(0, 4 * tokens * h * b);
     if (module == kCoreAttnRecompute) return Ms(AttentionCoreFlops(), 4 * tokens * h * b);
     if (!moe) return 0;
@@ -231,7 +232,7 @@ class RankModel {
   const std::vector<SavedTensorSize>& Saves(bool moe, const RecomputeModules& r) const {
     auto& entry = saves_cache_[{moe, RecomputeBits(r)}];
     if (entry.empty()) {
-      entry = LayerSaves(request_.model, request_.micro_batch_size, moe, request_.cuda, r);
+      entry = LayerSaves(request_.run.model, request_.run.micro_batch_size, moe, request_.run.cuda, r);
     }
     return entry;
   }
@@ -240,13 +241,13 @@ class RankModel {
                   bytes / request_.speeds.memory_bytes_per_s);
   }
   double AttentionCoreFlops() const {  // causal: half of QK^T and PV
-    const GptConfig& m = request_.model;
-    return 2 * D(request_.micro_batch_size) * D(m.seq_length) * D(m.seq_length) *
+    const GptConfig& m = request_.run.model;
+    return 2 * D(request_.run.micro_batch_size) * D(m.seq_length) * D(m.seq_length) *
            D(m.hidden_size);
   }
   double MoeFlops() const {
-    const GptConfig& m = request_.model;
-    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    const GptConfig& m = request_.run.model;
+    const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
     return 2 * tokens * h * D(m.num_experts) +
            6 * tokens * D(m.moe_router_topk) * h * D(m.moe_ffn_hidden_size);
   }
@@ -254,9 +255,9 @@ class RankModel {
   // its rows (output, activation, fc1 output, input) and of the tokens, or the attention's (output,
   // q, k, v, input); the unfused grouped MLP also recomputes its activation (it never saves it).
   double BackwardWorkspace(int layer) const {
-    const GptConfig& m = request_.model;
-    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
-    const double b = request_.cuda ? 2 : 4, kv = D(m.num_query_groups) * D(m.head_dim());
+    const GptConfig& m = request_.run.model;
+    const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    const double b = request_.run.cuda ? 2 : 4, kv = D(m.num_query_groups) * D(m.head_dim());
     const double attention = tokens * (3 * h + 2 * kv) * b;
     if (!m.is_moe_layer(layer)) {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
@@ -266,8 +267,8 @@ class RankModel {
     return Rounded(std::max(attention, rows * (2 * h + 3 * f) * b + tokens * h * b + unfused));
   }
   double LayerForwardMs(int layer) const {
-    const GptConfig& m = request_.model;
-    const double tokens = D(request_.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
+    const GptConfig& m = request_.run.model;
+    const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
     const double kv = D(m.num_query_groups) * D(m.head_dim());
     double flops = 2 * tokens * (2 * h * h + 2 * h * kv) + AttentionCoreFlops();
     flops += m.is_moe_layer(layer) ? MoeFlops() : 6 * tokens * h * D(m.ffn_hidden_size);
@@ -285,7 +286,7 @@ class RankModel {
     for (int i = 0; i < n; ++i) {
       const int layer = c.range.begin + i;
       const LayerChoice& choice = choices[layer];
-      const bool moe = request_.model.is_moe_layer(layer);
+      const bool moe = request_.run.model.is_moe_layer(layer);
       const double full = SumRounded(Saves(moe, {}));
       for (const SavedTensorSize& s : Saves(moe, choice.recompute)) {
         const bool moves = choice.offload.count(s.group) && s.bytes >= D(request_.min_tensor_bytes);
@@ -392,6 +393,44 @@ bool Has(const LayerChoice& c, const Candidate& x) {
   return x.is_recompute ? Recomputes(c.recompute, x.name) : c.offload.count(x.name) > 0;
 }
 
+struct Change {
+  std::vector<LayerChoice> choices;
+  RankModel::Prediction prediction;
+};
+
+// The best single change on the rank's layers: adding (`add`) or removing one candidate in one
+// layer (an addition made valid by Repair, a removal of core_attn taking attn_proj along), by
+// `score` of its prediction (negative: rejected; ties: the first).
+template <typename Score>
+std::optional<Change> BestChange(const RankModel& model, const std::vector<LayerChoice>& choices,
+                                 const std::vector<Candidate>& candidates, bool add,
+                                 const std::set<std::string>& offload_candidates, Score score) {
+  std::optional<Change> best;
+  double best_score = 0;
+  for (int layer : model.layers()) {
+    for (const Candidate& x : candidates) {
+      if (Has(choices[layer], x) == add) continue;
+      std::vector<LayerChoice> trial = choices;
+      LayerChoice& c = trial[layer];
+      if (x.is_recompute) {
+        SetRecompute(c.recompute, x.name, add);
+      } else if (add) {
+        c.offload.insert(x.name);
+      } else {
+        c.offload.erase(x.name);
+        if (x.name == kCoreAttnGroup) c.offload.erase(kAttnProjGroup);
+      }
+      if (add && !Repair(c, x.name, x.is_recompute, offload_candidates)) continue;
+      RankModel::Prediction p = model.Predict(trial);
+      const double s = score(p);
+      if (s < 0 || (best && s <= best_score)) continue;
+      best = Change{std::move(trial), std::move(p)};
+      best_score = s;
+    }
+  }
+  return best;
+}
+
 // "1.25 GiB", or "37.5 MiB" below a GiB.
 std::string Size(double bytes) {
   char text[32];
@@ -428,27 +467,28 @@ bool MemoryPlan::SameRecompute(const MemoryPlan& other) const {
 
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
   PartitionOptions layout;
-  layout.num_layers = static_cast<int>(request.model.num_layers);
-  layout.pipeline_size = request.pipeline_parallel;
-  layout.virtual_chunks = request.virtual_pipeline;
-  layout.first_stage_layers = request.first_stage_layers;
-  layout.last_stage_layers = request.last_stage_layers;
+  const MemoryEstimateOptions& run = request.run;
+  layout.num_layers = static_cast<int>(run.model.num_layers);
+  layout.pipeline_size = static_cast<int>(run.pipeline_parallel);
+  layout.virtual_chunks = static_cast<int>(run.virtual_pipeline);
+  layout.first_stage_layers = static_cast<int>(run.first_stage_layers);
+  layout.last_stage_layers = static_cast<int>(run.last_stage_layers);
   ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
   ScheduleSpec spec;
-  spec.pipeline_size = request.pipeline_parallel;
-  spec.virtual_chunks = request.virtual_pipeline;
-  spec.microbatches = static_cast<int>(request.micro_batches);
-  spec.kind = DefaultScheduleKind(request.pipeline_parallel, request.virtual_pipeline);
+  spec.pipeline_size = layout.pipeline_size;
+  spec.virtual_chunks = layout.virtual_chunks;
+  spec.microbatches = static_cast<int>(run.micro_batches);
+  spec.kind = DefaultScheduleKind(spec.pipeline_size, spec.virtual_chunks);
   ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
 
   const std::vector<Candidate> candidates = Candidates(request);
   MemoryPlan plan;
   plan.budget_bytes = request.budget_bytes;
-  std::vector<LayerChoice> choices(request.model.num_layers);
+  std::vector<LayerChoice> choices(request.run.model.num_layers);
   for (size_t l = 0; l < request.fixed_recompute.size() && l < choices.size(); ++l) {
     choices[l].recompute = request.fixed_recompute[l];
   }
-  for (int rank = 0; rank < request.pipeline_parallel; ++rank) {
+  for (int rank = 0; rank < request.run.pipeline_parallel; ++rank) {
     const RankModel model(request, partition, schedule[rank], rank);
     const double excess =
         rank < static_cast<int>(request.excess_bytes.size()) ? request.excess_bytes[rank] : 0;
@@ -458,34 +498,14 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
     RankModel::Prediction now = model.Predict(choices);
     // Add: the change with the most peak bytes saved per ms added.
     while (now.peak > target) {
-      double best_score = 0;
-      std::vector<LayerChoice> best;
-      RankModel::Prediction best_prediction;
-      for (int layer : model.layers()) {
-        for (const Candidate& x : candidates) {
-          if (Has(choices[layer], x)) continue;
-          std::vector<LayerChoice> trial = choices;
-          LayerChoice& c = trial[layer];
-          if (x.is_recompute) {
-            SetRecompute(c.recompute, x.name, true);
-          } else {
-            c.offload.insert(x.name);
-          }
-          if (!Repair(c, x.name, x.is_recompute, request.offload_candidates)) continue;
-          const RankModel::Prediction p = model.Predict(trial);
-          const double saved = now.peak - p.peak;
-          if (saved <= 0) continue;
-          const double score = saved / std::max(p.ms - now.ms, 1e-6);
-          if (score > best_score) {
-            best_score = score;
-            best = std::move(trial);
-            best_prediction = p;
-          }
-        }
-      }
-      if (best.empty()) break;
-      choices = std::move(best);
-      now = best_prediction;
+      auto change = BestChange(model, choices, candidates, /*add=*/true,
+                               request.offload_candidates, [&](const RankModel::Prediction& p) {
+                                 const double saved = now.peak - p.peak;
+                                 return saved <= 0 ? -1 : saved / std::max(p.ms - now.ms, 1e-6);
+                               });
+      if (!change) break;
+      choices = std::move(change->choices);
+      now = change->prediction;
     }
     if (now.peak > request.budget_bytes - excess) {
       char budget[32];
@@ -500,36 +520,19 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
     }
     // Undo: the choice whose removal saves the most time while the peak stays under target.
     for (;;) {
-      double best_gain = 0;
-      std::vector<LayerChoice> best;
-      RankModel::Prediction best_prediction;
-      for (int layer : model.layers()) {
-        for (const Candidate& x : candidates) {
-          if (!Has(choices[layer], x)) continue;
-          std::vector<LayerChoice> trial = choices;
-          LayerChoice& c = trial[layer];
-          if (x.is_recompute) {
-            SetRecompute(c.recompute, x.name, false);
-          } else {
-            c.offload.erase(x.name);
-            if (x.name == kCoreAttnGroup) c.offload.erase(kAttnProjGroup);
-          }
-          const RankModel::Prediction p = model.Predict(trial);
-          const double gain = now.ms - p.ms;
-          if (p.peak > target || gain < best_gain || (gain == best_gain && !best.empty())) continue;
-          best_gain = gain;
-          best = std::move(trial);
-          best_prediction = p;
-        }
-      }
-      if (best.empty()) break;
-      choices = std::move(best);
-      now = best_prediction;
+      auto change = BestChange(model, choices, candidates, /*add=*/false,
+                               request.offload_candidates, [&](const RankModel::Prediction& p) {
+                                 const double gain = now.ms - p.ms;
+                                 return p.peak > target || gain < 0 ? -1 : gain;
+                               });
+      if (!change) break;
+      choices = std::move(change->choices);
+      now = change->prediction;
     }
     summary.peak_bytes = now.peak;
     summary.exposed_ms = now.ms;
     plan.ranks.push_back(summary);
-    const double passes = static_cast<double>(request.micro_batches);
+    const double passes = static_cast<double>(request.run.micro_batches);
     for (int layer : model.layers()) {
       const LayerChoice& c = choices[layer];
       const double offloaded = [&] {

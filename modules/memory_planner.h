@@ -39,6 +39,7 @@
 
 #include "engine/core/status.h"
 #include "modules/gpt_config.h"
+#include "modules/memory_estimate.h"
 
 namespace moe {
 
@@ -53,14 +54,7 @@ struct PlannerSpeeds {
 };
 
 struct MemoryPlanRequest {
-  GptConfig model;  // its recompute fields are ignored (the plan sets them)
-  int64_t micro_batch_size = 1;
-  int64_t micro_batches = 1;  // per replica and step
-  int pipeline_parallel = 1;
-  int virtual_pipeline = 1;
-  int first_stage_layers = -1;  // -1: even split
-  int last_stage_layers = -1;
-  bool cuda = false;
+  MemoryEstimateOptions run;  // the model's recompute fields are ignored (the plan sets them)
   double budget_bytes = 0;
   std::set<std::string> offload_candidates;    // offload group names
   std::set<std::string> recompute_candidates;  // recompute module names

@@ -28,10 +28,8 @@ std::string CapacityName(const Device& device) {
   return device.is_cuda() ? device.ToString() : "cpu (physical memory)";
 }
 
-}  // namespace
-
-Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
-  if (capacity_bytes == 0) return Status::Ok();
+// The run's model, batch and layout, as the estimate and the planner take them.
+MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
   MemoryEstimateOptions options;
   options.model = run.model;
   options.micro_batch_size = run.trainer.micro_batch_size;
@@ -42,7 +40,14 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
   options.first_stage_layers = run.trainer.first_stage_layers;
   options.last_stage_layers = run.trainer.last_stage_layers;
   options.cuda = run.device.is_cuda();
-  const MemoryEstimate e = EstimateTrainingMemory(options);
+  return options;
+}
+
+}  // namespace
+
+Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
+  if (capacity_bytes == 0) return Status::Ok();
+  const MemoryEstimate e = EstimateTrainingMemory(EstimateOptions(run));
   // Refuse only what cannot fit: the counted bytes (on the H200 within 0.3% of the measured peak;
   // on CPU above it; recompute included), without the activations when offloading keeps fewer of
   // them on the device than the estimate counts.
@@ -76,15 +81,7 @@ StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, size_t capacity_bytes,
                            Bytes(static_cast<double>(capacity_bytes)) + ")");
   }
   MemoryPlanRequest request;
-  request.model = run.model;
-  request.micro_batch_size = run.trainer.micro_batch_size;
-  request.micro_batches =
-      run.trainer.global_batch_size / (run.trainer.micro_batch_size * run.data_parallel);
-  request.pipeline_parallel = run.pipeline_parallel;
-  request.virtual_pipeline = run.trainer.virtual_pipeline;
-  request.first_stage_layers = run.trainer.first_stage_layers;
-  request.last_stage_layers = run.trainer.last_stage_layers;
-  request.cuda = run.device.is_cuda();
+  request.run = EstimateOptions(run);
   request.budget_bytes = budget.bytes;
   request.offload_candidates = budget.offload_candidates;
   request.recompute_candidates = budget.recompute_candidates;
@@ -92,7 +89,7 @@ StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, size_t capacity_bytes,
     request.min_tensor_bytes = run.trainer.offload->min_tensor_bytes;
     request.prefetch_layers = run.trainer.offload->prefetch_layers;
   }
-  request.speeds = PlannerSpeeds::Defaults(request.cuda);
+  request.speeds = PlannerSpeeds::Defaults(request.run.cuda);
   request.excess_bytes = excess_bytes;
   request.fixed_recompute = fixed_recompute;
   return PlanMemory(request);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/command.h"
+#include "tests/testing/moe_train_run.h"
 
 #if MOE_WITH_MPI
 
@@ -151,25 +152,20 @@ TEST(ParallelRunTest, MemoryPlanPredictsEveryPipelineRanksPeak) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Count(r.output, "memory plan for a budget"), 1) << r.output;
   EXPECT_EQ(Count(r.output, ": predicted peak"), 2) << r.output;
-  std::ifstream file(metrics);
-  std::string line;
-  int records = 0;
-  while (std::getline(file, line)) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (!record.contains("loss")) continue;
-    ++records;
+  const std::vector<nlohmann::json> records = testing::StepRecords(metrics);
+  EXPECT_EQ(records.size(), 2u);
+  for (const nlohmann::json& record : records) {
     const auto measured = record["peak_device_mib_by_rank"].get<std::vector<double>>();
     const auto predicted =
         record["predicted_peak_device_mib_by_pipeline_rank"].get<std::vector<double>>();
-    ASSERT_EQ(measured.size(), 2u) << line;
-    ASSERT_EQ(predicted.size(), 2u) << line;
+    ASSERT_EQ(measured.size(), 2u) << record;
+    ASSERT_EQ(predicted.size(), 2u) << record;
     for (int rank = 0; rank < 2; ++rank) {
-      EXPECT_LE(measured[rank], budget_mib) << "rank " << rank << ": " << line;
+      EXPECT_LE(measured[rank], budget_mib) << "rank " << rank << ": " << record;
       EXPECT_NEAR(predicted[rank], measured[rank], 0.05 * measured[rank])
-          << "rank " << rank << ": " << line;
+          << "rank " << rank << ": " << record;
     }
   }
-  EXPECT_EQ(records, 2);
 }
 
 // A checkpoint saved by a pipeline run is the full model: one process resumes from it and logs

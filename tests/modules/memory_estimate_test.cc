@@ -13,25 +13,8 @@
 namespace moe {
 namespace {
 
-GptConfig DefaultRunModel() {  // moe_train's default flags
-  GptConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 128;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 256;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 128;
-  m.first_dense_layers = 1;
-  m.seq_length = 64;
-  m.vocab_size = 256;
-  m.moe_grouped_mlp = GroupedMlpKind::kFused;
-  return m;
-}
-
 TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
-  for (const GptConfig& m : {testing::TinyModel(), DefaultRunModel()}) {
+  for (const GptConfig& m : {testing::TinyModel(), testing::DefaultRunModel()}) {
     MemoryEstimateOptions o;
     o.model = m;
     const MemoryEstimate e = EstimateTrainingMemory(o);
@@ -44,7 +27,7 @@ TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
 
 TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {
   MemoryEstimateOptions o;
-  o.model = DefaultRunModel();
+  o.model = testing::DefaultRunModel();
   o.model.num_layers = 8;
   o.micro_batch_size = 8;
   const MemoryEstimate base = EstimateTrainingMemory(o);
@@ -91,13 +74,13 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
     GptConfig model;
     int64_t micro, global;
   };
-  GptConfig recomputed = DefaultRunModel();
+  GptConfig recomputed = testing::DefaultRunModel();
   recomputed.recompute.layernorm = recomputed.recompute.moe = recomputed.recompute.core_attn = true;
-  GptConfig fused_moe_act = DefaultRunModel();
+  GptConfig fused_moe_act = testing::DefaultRunModel();
   fused_moe_act.moe_grouped_mlp = GroupedMlpKind::kFused;
   fused_moe_act.recompute.moe_act = true;
-  for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{DefaultRunModel(), 8, 16},
-                        Case{DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
+  for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{testing::DefaultRunModel(), 8, 16},
+                        Case{testing::DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
                         Case{fused_moe_act, 64, 64}}) {
     TrainerOptions options;
     options.micro_batch_size = c.micro;
@@ -126,7 +109,7 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
 // (a recomputed layer holds everything again while its backward runs).
 TEST(MemoryEstimateTest, RecomputeLowersTheActivationsOnly) {
   MemoryEstimateOptions o;
-  o.model = DefaultRunModel();
+  o.model = testing::DefaultRunModel();
   o.micro_batch_size = 8;
   const MemoryEstimate plain = EstimateTrainingMemory(o);
   double previous = plain.activation_bytes;

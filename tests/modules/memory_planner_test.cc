@@ -20,6 +20,7 @@
 #include "modules/trainer.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/test_device.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
@@ -27,20 +28,10 @@ namespace {
 const Device kDevice = testing::kTestDevice;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// moe_train's default shape (hidden 128, head dim 64 as the CUDA attention takes), 4 layers.
+// moe_train's default model with 4 layers.
 GptConfig Model(GroupedMlpKind mlp) {
-  GptConfig m;
+  GptConfig m = testing::DefaultRunModel();
   m.num_layers = 4;
-  m.hidden_size = 128;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 256;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 128;
-  m.first_dense_layers = 1;
-  m.seq_length = 64;
-  m.vocab_size = 256;
   m.moe_grouped_mlp = mlp;
   return m;
 }
@@ -49,15 +40,15 @@ constexpr int64_t kMicro = 16, kGlobal = 32;
 
 MemoryPlanRequest Request(const GptConfig& model, double budget_bytes) {
   MemoryPlanRequest r;
-  r.model = model;
-  r.micro_batch_size = kMicro;
-  r.micro_batches = kGlobal / kMicro;
-  r.cuda = kDevice.is_cuda();
+  r.run.model = model;
+  r.run.micro_batch_size = kMicro;
+  r.run.micro_batches = kGlobal / kMicro;
+  r.run.cuda = kDevice.is_cuda();
   r.budget_bytes = budget_bytes;
   r.offload_candidates = EligibleOffloadGroups(model.moe_grouped_mlp);
   r.recompute_candidates = {RecomputeModuleNames().begin(), RecomputeModuleNames().end()};
   r.min_tensor_bytes = 0;
-  r.speeds = PlannerSpeeds::Defaults(r.cuda);
+  r.speeds = PlannerSpeeds::Defaults(r.run.cuda);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// The small model shape the trainer-level tests share: 2 layers (one dense, one MoE with 4
+// The model shapes the trainer-level tests share. TinyModel: 2 layers (one dense, one MoE with 4
 // experts, top-2), hidden 32, 4 heads over 2 KV groups, sequence 16, vocabulary 64; unfused
 // grouped MLP. Fast on the CPU, big enough for every code path. Tests adjust fields as needed.
 #pragma once
@@ -22,6 +22,26 @@ inline GptConfig TinyModel() {
   c.seq_length = 16;
   c.vocab_size = 64;
   return c;
+}
+
+// moe_train's default model (its flags' defaults, configs/tiny.flags): 2 layers (one dense, one
+// MoE with 4 experts, top-2, expert ffn 128), hidden 128, 2 heads over 1 KV group (head dim 64,
+// as the CUDA attention takes), sequence 64, vocabulary 256; fused grouped MLP.
+inline GptConfig DefaultRunModel() {
+  GptConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 128;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 256;
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 128;
+  m.first_dense_layers = 1;
+  m.seq_length = 64;
+  m.vocab_size = 256;
+  m.moe_grouped_mlp = GroupedMlpKind::kFused;
+  return m;
 }
 
 }  // namespace moe::testing
