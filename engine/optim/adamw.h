@@ -1,6 +1,6 @@
 // AdamW over a ParameterSet: global gradient-norm clipping, then a decoupled-weight-decay Adam
 // step on the f32 masters (weight decay only where Parameter::weight_decay), then value = master.
-// The learning rate comes from the schedule (lr_schedule.h). Gradients are left as they are:
+// The learning rate comes from the schedule (LearningRate, below). Gradients are left as they are:
 // the caller zeroes them before the next accumulation. When the model is split over a group of
 // ranks (pipeline stages, each with its own parameters), the squared norms are summed over the
 // group, so every rank clips by the whole model's norm.

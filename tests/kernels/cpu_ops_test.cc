@@ -3,7 +3,7 @@
 // failure trace; MOE_TEST_SEED repeats it) and poisons its outputs first, so an element an op
 // forgets to write is NaN and fails. Float references are computed in double on the host; f32
 // results must match them to kTolerance in relative error (RelativeError fails on NaN).
-// Gradients are checked in device_grad_test.cc.
+// Gradients are checked in cpu_grad_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
