@@ -20,21 +20,38 @@ class CommWatchdogDeathTest : public ::testing::Test {
   CommWatchdogDeathTest() { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
 
+// Operations that finish within the timeout are checked until they are done and then dropped;
+// nothing is aborted and the process lives on past several timeouts.
 TEST(CommWatchdogTest, OperationsThatFinishInTimePass) {
-  std::atomic<int> polls{0};
+  std::atomic<int> setups{0}, polls{0}, aborts{0}, quick_checks{0}, finished_checks{0};
   CommWatchdog::Hooks hooks;
+  hooks.thread_setup = [&setups] { ++setups; };
   hooks.async_error = [&polls] {
     ++polls;
     return std::string();
   };
+  hooks.abort = [&aborts] { ++aborts; };
   CommWatchdog watchdog("test", milliseconds(100), hooks);
   auto done = std::make_shared<std::atomic<bool>>(false);
-  watchdog.Track("quick op", [done] { return done->load(); });
-  watchdog.Track("finished op", [] { return true; });
+  watchdog.Track("quick op", [done, &quick_checks] {
+    ++quick_checks;
+    return done->load();
+  });
+  watchdog.Track("finished op", [&finished_checks] {
+    ++finished_checks;
+    return true;
+  });
   std::this_thread::sleep_for(milliseconds(50));
   done->store(true);
-  std::this_thread::sleep_for(milliseconds(400));  // four timeouts
-  EXPECT_GT(polls.load(), 5);
+  std::this_thread::sleep_for(milliseconds(200));  // polls every 10 ms: it has seen it done
+  const int checks_when_done = quick_checks.load();
+  std::this_thread::sleep_for(milliseconds(300));  // three more timeouts
+  EXPECT_GT(polls.load(), 5) << "the watchdog stopped polling";
+  EXPECT_EQ(setups.load(), 1);
+  EXPECT_EQ(aborts.load(), 0);
+  EXPECT_GE(checks_when_done, 2) << "the quick op was not watched while it ran";
+  EXPECT_EQ(quick_checks.load(), checks_when_done) << "a finished op is still checked";
+  EXPECT_EQ(finished_checks.load(), 1) << "checked only once it is the oldest, then dropped";
 }
 
 TEST_F(CommWatchdogDeathTest, AnOperationPastTheTimeoutEndsTheProcess) {
