@@ -473,13 +473,13 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
   layout.virtual_chunks = static_cast<int>(run.virtual_pipeline);
   layout.first_stage_layers = static_cast<int>(run.first_stage_layers);
   layout.last_stage_layers = static_cast<int>(run.last_stage_layers);
-  ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
+  MOE_ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
   ScheduleSpec spec;
   spec.pipeline_size = layout.pipeline_size;
   spec.virtual_chunks = layout.virtual_chunks;
   spec.microbatches = static_cast<int>(run.micro_batches);
   spec.kind = DefaultScheduleKind(spec.pipeline_size, spec.virtual_chunks);
-  ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
+  MOE_ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
 
   const std::vector<Candidate> candidates = Candidates(request);
   MemoryPlan plan;

@@ -50,15 +50,15 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
   layout.virtual_chunks = options.virtual_pipeline;
   layout.first_stage_layers = options.first_stage_layers;
   layout.last_stage_layers = options.last_stage_layers;
-  ASSIGN_OR_RETURN(LayerPartition partition, LayerPartition::Create(layout));
+  MOE_ASSIGN_OR_RETURN(LayerPartition partition, LayerPartition::Create(layout));
   ScheduleSpec spec;
   spec.pipeline_size = pipeline_size;
   spec.virtual_chunks = options.virtual_pipeline;
   spec.microbatches =
       static_cast<int>(options.global_batch_size / (options.micro_batch_size * data_size));
   spec.kind = DefaultScheduleKind(pipeline_size, options.virtual_pipeline);
-  ASSIGN_OR_RETURN(std::vector<RankActions> schedule, BuildSchedule(spec));
-  ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(source, config.seq_length,
+  MOE_ASSIGN_OR_RETURN(std::vector<RankActions> schedule, BuildSchedule(spec));
+  MOE_ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(source, config.seq_length,
                                                               options.micro_batch_size, options.seed));
   return std::unique_ptr<Trainer>(new Trainer(config, options, device, std::move(sampler), groups,
                                               partition,
@@ -348,7 +348,7 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
 }
 
 Status Trainer::Load(const std::string& path) {
-  ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
+  MOE_ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
   const std::string& dir = peek.dir;
   if (!peek.state.is_object() || !peek.state.contains("model")) {
     return DataLoss("--load " + dir + ": state.json has no model shape");
@@ -360,7 +360,7 @@ Status Trainer::Load(const std::string& path) {
   // The checkpoint holds the whole model; this rank loads its stages' parameters by name.
   std::vector<NamedTensor> model, optimizer;
   CollectTensors(parameters_, &model, &optimizer);
-  ASSIGN_OR_RETURN(const nlohmann::json state,
+  MOE_ASSIGN_OR_RETURN(const nlohmann::json state,
                    LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
@@ -394,7 +394,7 @@ Status Trainer::DumpReferenceCase(const std::string& dir) {
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  RETURN_IF_ERROR(WriteSafetensors(dir + "/reference.safetensors", tensors,
+  MOE_RETURN_IF_ERROR(WriteSafetensors(dir + "/reference.safetensors", tensors,
                                    {{"device", device_.ToString()}}));
   std::ofstream config(dir + "/config.json");
   config << ModelConfig().dump(2) << "\n";

@@ -136,7 +136,7 @@ Status Parser::Flagfiles(const std::string& where, const std::string& list, int 
   if (list.empty()) return InvalidArgument(where + "--flagfile needs a file name");
   std::stringstream files(list);
   std::string path;
-  while (std::getline(files, path, ',')) RETURN_IF_ERROR(Flagfile(where, path, depth + 1));
+  while (std::getline(files, path, ',')) MOE_RETURN_IF_ERROR(Flagfile(where, path, depth + 1));
   return Status::Ok();
 }
 
@@ -180,7 +180,7 @@ Status Parser::Flagfile(const std::string& where, const std::string& path, int d
                              "' is not a flag (flagfile lines are --name=value or # comments)");
     }
     bool unused = false;
-    RETURN_IF_ERROR(Flag(here, line, nullptr, &unused, depth));
+    MOE_RETURN_IF_ERROR(Flag(here, line, nullptr, &unused, depth));
   }
   return Status::Ok();
 }
@@ -212,7 +212,7 @@ StatusOr<HelpRequest> ParseCommandLine(int argc, char** argv) {
     }
     bool used_next = false;
     const std::string* next = i + 1 < args.size() ? &args[i + 1] : nullptr;
-    RETURN_IF_ERROR(parser.Flag("", arg, next, &used_next, 0));
+    MOE_RETURN_IF_ERROR(parser.Flag("", arg, next, &used_next, 0));
     if (used_next) ++i;
   }
   return parser.help();

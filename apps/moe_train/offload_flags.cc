@@ -51,10 +51,10 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
                            " must be in [0, --num_layers=" + std::to_string(model.num_layers) + "]");
   }
 
-  ASSIGN_OR_RETURN(const std::set<std::string> chosen,
+  MOE_ASSIGN_OR_RETURN(const std::set<std::string> chosen,
                    ParseNameList(values.modules, OffloadGroupNames(), "offload_modules"));
   if (chosen.empty()) return std::optional<OffloadOptions>();
-  RETURN_IF_ERROR(CheckOffloadGroups(chosen, model.moe_grouped_mlp, "--offload_modules"));
+  MOE_RETURN_IF_ERROR(CheckOffloadGroups(chosen, model.moe_grouped_mlp, "--offload_modules"));
 
   OffloadOptions options;
   options.groups = chosen;
@@ -112,15 +112,15 @@ StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::st
   if (both_auto || offload_list == kAutoCandidates) {
     budget.offload_candidates = EligibleOffloadGroups(model.moe_grouped_mlp);
   } else {
-    ASSIGN_OR_RETURN(budget.offload_candidates,
+    MOE_ASSIGN_OR_RETURN(budget.offload_candidates,
                      ParseNameList(offload_list, OffloadGroupNames(), "offload_modules"));
-    RETURN_IF_ERROR(
+    MOE_RETURN_IF_ERROR(
         CheckOffloadGroups(budget.offload_candidates, model.moe_grouped_mlp, "--offload_modules"));
   }
   if (both_auto || recompute_list == kAutoCandidates) {
     budget.recompute_candidates = {RecomputeModuleNames().begin(), RecomputeModuleNames().end()};
   } else {
-    ASSIGN_OR_RETURN(budget.recompute_candidates,
+    MOE_ASSIGN_OR_RETURN(budget.recompute_candidates,
                      ParseNameList(recompute_list, RecomputeModuleNames(), "recompute_modules"));
   }
   return std::optional<MemoryBudget>(std::move(budget));
@@ -133,11 +133,11 @@ StatusOr<std::optional<MemoryBudget>> MemoryBudgetFromFlags(const GptConfig& mod
 
 StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
                                          const std::optional<OffloadOptions>& offload) {
-  ASSIGN_OR_RETURN(const std::set<std::string> names,
+  MOE_ASSIGN_OR_RETURN(const std::set<std::string> names,
                    ParseNameList(list, RecomputeModuleNames(), "recompute_modules"));
-  ASSIGN_OR_RETURN(const RecomputeModules recompute,
+  MOE_ASSIGN_OR_RETURN(const RecomputeModules recompute,
                    MakeRecomputeModules(names, "--recompute_modules"));
-  if (offload) RETURN_IF_ERROR(CheckRecomputeWithOffload(recompute, offload->groups));
+  if (offload) MOE_RETURN_IF_ERROR(CheckRecomputeWithOffload(recompute, offload->groups));
   return recompute;
 }
 

@@ -120,11 +120,11 @@ Status CheckSaveRoot(const std::string& root, const std::string& load) {
 }
 
 Status CheckOutputFlags() {
-  RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
-  RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
-  RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
-  RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
-  RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
+  MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
+  MOE_RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
+  MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
+  MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
+  MOE_RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
   const std::vector<std::pair<const char*, std::string>> outputs = {
       {"metrics_file", FLAGS_metrics_file},
       {"trace_file", FLAGS_trace_file},

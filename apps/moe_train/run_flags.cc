@@ -169,12 +169,12 @@ std::string TraceFilePath(int rank, int world_size) {
 }
 
 StatusOr<RunConfig> ValidateFlags(int world_size) {
-  RETURN_IF_ERROR(CheckFlagRanges());
+  MOE_RETURN_IF_ERROR(CheckFlagRanges());
   FlagRuleContext context;
   context.world_size = world_size;
   context.cuda =
       FLAGS_device.rfind("cuda", 0) == 0 || (FLAGS_device == "auto" && CudaDeviceCount() > 0);
-  RETURN_IF_ERROR(CheckFlagRules(context));
+  MOE_RETURN_IF_ERROR(CheckFlagRules(context));
   RunConfig run;
   GptConfig& m = run.model;
   m.num_layers = FLAGS_num_layers;
@@ -187,11 +187,11 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   m.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   m.moe_aux_loss_coeff = static_cast<float>(FLAGS_moe_aux_loss_coeff);
   m.moe_z_loss_coeff = static_cast<float>(FLAGS_moe_z_loss_coeff);
-  ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
+  MOE_ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
   m.first_dense_layers = FLAGS_first_dense_layers;
   m.seq_length = FLAGS_seq_length;
   m.vocab_size = FLAGS_vocab_size;
-  RETURN_IF_ERROR(CheckModel(m));
+  MOE_RETURN_IF_ERROR(CheckModel(m));
 
   TrainerOptions& t = run.trainer;
   t.micro_batch_size = FLAGS_micro_batch_size;
@@ -204,16 +204,16 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.adamw.clip_grad = static_cast<float>(FLAGS_clip_grad);
   t.eval_steps = FLAGS_eval_steps;
   t.seed = static_cast<uint64_t>(FLAGS_seed);
-  RETURN_IF_ERROR(CheckTraining(t));
+  MOE_RETURN_IF_ERROR(CheckTraining(t));
   if (t.warmup_steps > t.train_steps) {
     run.notes.push_back("schedule: --warmup_steps=" + std::to_string(t.warmup_steps) +
                         " is longer than the run (--train_steps=" + std::to_string(t.train_steps) +
                         "): warmup clamped to " + std::to_string(t.train_steps) + " steps");
     t.warmup_steps = t.train_steps;
   }
-  RETURN_IF_ERROR(CheckOutputFlags());
-  ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
-  RETURN_IF_ERROR(CheckParallel(world_size));
+  MOE_RETURN_IF_ERROR(CheckOutputFlags());
+  MOE_ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
+  MOE_RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
   run.data_parallel = world_size / run.pipeline_parallel;
   t.virtual_pipeline = static_cast<int>(FLAGS_virtual_pipeline);
@@ -233,20 +233,20 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   run.data.vocab_size = m.vocab_size;
   run.data.synthetic.seed = t.seed;
 
-  ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
+  MOE_ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
   const Status available = CheckDeviceAvailable(run.device);
   if (!available.ok()) return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
   if (run.device.is_cuda() && m.head_dim() != 64 && m.head_dim() != 128) {
     return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
                            ": the CUDA attention kernels take head dims 64 and 128");
   }
-  ASSIGN_OR_RETURN(run.memory_budget, MemoryBudgetFromFlags(m));
-  ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m, run.memory_budget));
+  MOE_ASSIGN_OR_RETURN(run.memory_budget, MemoryBudgetFromFlags(m));
+  MOE_ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m, run.memory_budget));
   if (!run.memory_budget) {  // else the plan sets what each layer recomputes (memory_check.h)
-    ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
-    ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
+    MOE_ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
+    MOE_ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
   }
-  RETURN_IF_ERROR(CheckResume(run));
+  MOE_RETURN_IF_ERROR(CheckResume(run));
   return run;
 }
 

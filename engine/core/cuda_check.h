@@ -1,4 +1,4 @@
-// CUDA_CALL / CUBLAS_CALL / NCCL_CALL: include only from CUDA translation units.
+// MOE_CUDA_CALL / MOE_CUBLAS_CALL / MOE_NCCL_CALL: include only from CUDA translation units.
 #pragma once
 
 #include <cublas_v2.h>
@@ -7,21 +7,21 @@
 
 #include "engine/core/check.h"
 
-#define CUDA_CALL(expr)                                                                  \
+#define MOE_CUDA_CALL(expr)                                                              \
   do {                                                                                   \
     cudaError_t moe_err_ = (expr);                                                       \
     if (moe_err_ != cudaSuccess)                                                         \
       ::moe::FailCall("CUDA", #expr, __FILE__, __LINE__, cudaGetErrorString(moe_err_));  \
   } while (0)
 
-#define CUBLAS_CALL(expr)                                                                    \
+#define MOE_CUBLAS_CALL(expr)                                                                \
   do {                                                                                       \
     cublasStatus_t moe_err_ = (expr);                                                        \
     if (moe_err_ != CUBLAS_STATUS_SUCCESS)                                                   \
       ::moe::FailCall("cuBLAS", #expr, __FILE__, __LINE__, cublasGetStatusString(moe_err_)); \
   } while (0)
 
-#define NCCL_CALL(expr)                                                                  \
+#define MOE_NCCL_CALL(expr)                                                              \
   do {                                                                                   \
     ncclResult_t moe_err_ = (expr);                                                      \
     if (moe_err_ != ncclSuccess)                                                         \
@@ -29,4 +29,4 @@
   } while (0)
 
 // After a kernel launch: catches bad launch configurations at the launch site.
-#define CUDA_CHECK_LAUNCH() CUDA_CALL(cudaGetLastError())
+#define MOE_CUDA_CHECK_LAUNCH() MOE_CUDA_CALL(cudaGetLastError())

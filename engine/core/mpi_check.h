@@ -1,11 +1,11 @@
-// MPI_CALL: include only from translation units built with MPI.
+// MOE_MPI_CALL: include only from translation units built with MPI.
 #pragma once
 
 #include <mpi.h>
 
 #include "engine/core/check.h"
 
-#define MPI_CALL(expr)                                                       \
+#define MOE_MPI_CALL(expr)                                                   \
   do {                                                                       \
     int moe_err_ = (expr);                                                   \
     if (moe_err_ != MPI_SUCCESS) {                                           \

@@ -61,15 +61,15 @@ class [[nodiscard]] StatusOr {
 #define MOE_STATUS_CONCAT_INNER(a, b) a##b
 #define MOE_STATUS_CONCAT(a, b) MOE_STATUS_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                   \
+#define MOE_RETURN_IF_ERROR(expr)               \
   do {                                          \
     ::moe::Status moe_status_ = (expr);         \
     if (!moe_status_.ok()) return moe_status_;  \
   } while (0)
 
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL(MOE_STATUS_CONCAT(moe_statusor_, __LINE__), lhs, expr)
-#define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+#define MOE_ASSIGN_OR_RETURN(lhs, expr) \
+  MOE_ASSIGN_OR_RETURN_IMPL(MOE_STATUS_CONCAT(moe_statusor_, __LINE__), lhs, expr)
+#define MOE_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                          \
   if (!tmp.ok()) return tmp.status();         \
   lhs = std::move(tmp).value()

@@ -31,13 +31,13 @@ ncclDataType_t NcclType(DType dtype) {
 
 int UserRank(ncclComm_t comm) {
   int rank = 0;
-  NCCL_CALL(ncclCommUserRank(comm, &rank));
+  MOE_NCCL_CALL(ncclCommUserRank(comm, &rank));
   return rank;
 }
 
 int Count(ncclComm_t comm) {
   int count = 0;
-  NCCL_CALL(ncclCommCount(comm, &count));
+  MOE_NCCL_CALL(ncclCommCount(comm, &count));
   return count;
 }
 
@@ -50,7 +50,7 @@ class NcclCommunicator final : public Communicator {
         cuda_stream_(AsCudaStream(stream)),
         device_index_(stream.device().index) {
     CommWatchdog::Hooks hooks;
-    hooks.thread_setup = [device = device_index_] { CUDA_CALL(cudaSetDevice(device)); };
+    hooks.thread_setup = [device = device_index_] { MOE_CUDA_CALL(cudaSetDevice(device)); };
     hooks.async_error = [comm]() -> std::string {
       ncclResult_t result = ncclSuccess;
       if (ncclCommGetAsyncError(comm, &result) != ncclSuccess)
@@ -68,15 +68,15 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     cuda_stream_.Synchronize();  // still watched: a hang here ends the process
     watchdog_.reset();
-    NCCL_CALL(ncclCommFinalize(comm_));
-    NCCL_CALL(ncclCommDestroy(comm_));
+    MOE_NCCL_CALL(ncclCommFinalize(comm_));
+    MOE_NCCL_CALL(ncclCommDestroy(comm_));
   }
 
  private:
   void DoAllReduceSum(const Tensor& tensor) override {
     tensor.RecordStream(stream());
     Watched(Describe("AllReduceSum", tensor), [&] {
-      NCCL_CALL(ncclAllReduce(tensor.data(), tensor.data(), tensor.numel(),
+      MOE_NCCL_CALL(ncclAllReduce(tensor.data(), tensor.data(), tensor.numel(),
                               NcclType(tensor.dtype()), ncclSum, comm_, cuda_stream_.get()));
     });
   }
@@ -84,7 +84,7 @@ class NcclCommunicator final : public Communicator {
   void DoBroadcast(const Tensor& tensor, int root) override {
     tensor.RecordStream(stream());
     Watched(Describe("Broadcast", tensor) + " from rank " + std::to_string(root), [&] {
-      NCCL_CALL(ncclBroadcast(tensor.data(), tensor.data(), tensor.nbytes(), ncclUint8, root, comm_,
+      MOE_NCCL_CALL(ncclBroadcast(tensor.data(), tensor.data(), tensor.nbytes(), ncclUint8, root, comm_,
                               cuda_stream_.get()));
     });
   }
@@ -93,17 +93,17 @@ class NcclCommunicator final : public Communicator {
     for (const Transfer& t : transfers) t.tensor.RecordStream(stream());
     // ncclGroupEnd blocks the host while NCCL connects to a new peer: watched from the start.
     Watched(Describe(transfers), [&] {
-      NCCL_CALL(ncclGroupStart());
+      MOE_NCCL_CALL(ncclGroupStart());
       for (const Transfer& t : transfers) {
         if (t.is_send) {
-          NCCL_CALL(ncclSend(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
+          MOE_NCCL_CALL(ncclSend(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
                              cuda_stream_.get()));
         } else {
-          NCCL_CALL(ncclRecv(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
+          MOE_NCCL_CALL(ncclRecv(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
                              cuda_stream_.get()));
         }
       }
-      NCCL_CALL(ncclGroupEnd());
+      MOE_NCCL_CALL(ncclGroupEnd());
     });
   }
 
@@ -113,7 +113,7 @@ class NcclCommunicator final : public Communicator {
       barrier_buffer_.RecordStream(stream());
     }
     Watched("Barrier", [&] {
-      NCCL_CALL(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32,
+      MOE_NCCL_CALL(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32,
                               ncclSum, comm_, cuda_stream_.get()));
     });
     cuda_stream_.Synchronize();
@@ -121,10 +121,10 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> DoSplit(int color, int key, Stream& stream) override {
     AsCudaStream(stream);
-    CUDA_CALL(cudaSetDevice(device_index_));
+    MOE_CUDA_CALL(cudaSetDevice(device_index_));
     ncclComm_t split = nullptr;
     Watched("Split", [&] {  // a null config: the parent's
-      NCCL_CALL(ncclCommSplit(comm_, color, key, &split, /*config=*/nullptr));
+      MOE_NCCL_CALL(ncclCommSplit(comm_, color, key, &split, /*config=*/nullptr));
     });
     return std::make_unique<NcclCommunicator>(split, stream, timeout());
   }
@@ -156,7 +156,7 @@ class NcclCommunicator final : public Communicator {
 
 std::string NewNcclUniqueId() {
   ncclUniqueId id;
-  NCCL_CALL(ncclGetUniqueId(&id));
+  MOE_NCCL_CALL(ncclGetUniqueId(&id));
   return std::string(id.internal, sizeof(id.internal));
 }
 
@@ -166,9 +166,9 @@ std::unique_ptr<Communicator> NewNcclCommunicator(const std::string& unique_id, 
   CHECK_EQ(unique_id.size(), sizeof(ncclUniqueId::internal));
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-  CUDA_CALL(cudaSetDevice(AsCudaStream(stream).device().index));
+  MOE_CUDA_CALL(cudaSetDevice(AsCudaStream(stream).device().index));
   ncclComm_t comm = nullptr;
-  NCCL_CALL(ncclCommInitRank(&comm, size, id, rank));
+  MOE_NCCL_CALL(ncclCommInitRank(&comm, size, id, rank));
   return std::make_unique<NcclCommunicator>(comm, stream, timeout);
 }
 

@@ -16,13 +16,13 @@ constexpr size_t kChunkBytes = size_t{1} << 30;
 
 int CommRank(MPI_Comm comm) {
   int rank = 0;
-  MPI_CALL(MPI_Comm_rank(comm, &rank));
+  MOE_MPI_CALL(MPI_Comm_rank(comm, &rank));
   return rank;
 }
 
 int CommSize(MPI_Comm comm) {
   int size = 0;
-  MPI_CALL(MPI_Comm_size(comm, &size));
+  MOE_MPI_CALL(MPI_Comm_size(comm, &size));
   return size;
 }
 
@@ -44,7 +44,7 @@ class Requests {
       const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
       requests_.emplace_back();
       expected_bytes_.push_back(-1);
-      MPI_CALL(MPI_Isend(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
+      MOE_MPI_CALL(MPI_Isend(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
       offset += count;
     } while (offset < bytes);
   }
@@ -56,7 +56,7 @@ class Requests {
       const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
       requests_.emplace_back();
       expected_bytes_.push_back(count);
-      MPI_CALL(MPI_Irecv(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
+      MOE_MPI_CALL(MPI_Irecv(base + offset, count, MPI_BYTE, peer, tag, comm_, &requests_.back()));
       offset += count;
     } while (offset < bytes);
   }
@@ -65,11 +65,11 @@ class Requests {
   // already fails in MPI with a truncation error).
   void WaitAll() {
     std::vector<MPI_Status> statuses(requests_.size());
-    MPI_CALL(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data()));
+    MOE_MPI_CALL(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data()));
     for (size_t i = 0; i < requests_.size(); ++i) {
       if (expected_bytes_[i] < 0) continue;
       int count = 0;
-      MPI_CALL(MPI_Get_count(&statuses[i], MPI_BYTE, &count));
+      MOE_MPI_CALL(MPI_Get_count(&statuses[i], MPI_BYTE, &count));
       CHECK_EQ(count, expected_bytes_[i])
           << "a receive from rank " << statuses[i].MPI_SOURCE
           << " got a message of another size: the peers' tensors differ";
@@ -86,7 +86,7 @@ void BroadcastBytes(void* data, size_t bytes, int root, MPI_Comm comm) {
   auto* base = static_cast<uint8_t*>(data);
   for (size_t offset = 0; offset < bytes; offset += kChunkBytes) {
     const int count = static_cast<int>(std::min(kChunkBytes, bytes - offset));
-    MPI_CALL(MPI_Bcast(base + offset, count, MPI_BYTE, root, comm));
+    MOE_MPI_CALL(MPI_Bcast(base + offset, count, MPI_BYTE, root, comm));
   }
 }
 
@@ -114,9 +114,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::mil
 MpiCommunicator::~MpiCommunicator() {
   cpu_stream_.Synchronize();
   int finalized = 0;
-  MPI_CALL(MPI_Finalized(&finalized));
+  MOE_MPI_CALL(MPI_Finalized(&finalized));
   CHECK(!finalized) << "a communicator outlived the World: MPI is already finalized";
-  MPI_CALL(MPI_Comm_free(&comm_));
+  MOE_MPI_CALL(MPI_Comm_free(&comm_));
 }
 
 void MpiCommunicator::Run(std::string description, std::function<void()> work) {
@@ -184,13 +184,13 @@ void MpiCommunicator::DoTransfers(std::vector<Transfer> transfers) {
 }
 
 void MpiCommunicator::DoBarrier() {
-  Run("Barrier", [this] { MPI_CALL(MPI_Barrier(comm_)); });
+  Run("Barrier", [this] { MOE_MPI_CALL(MPI_Barrier(comm_)); });
   cpu_stream_.Synchronize();
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::DoSplit(int color, int key, Stream& stream) {
   MPI_Comm split = MPI_COMM_NULL;
-  Run("Split", [this, color, key, &split] { MPI_CALL(MPI_Comm_split(comm_, color, key, &split)); });
+  Run("Split", [this, color, key, &split] { MOE_MPI_CALL(MPI_Comm_split(comm_, color, key, &split)); });
   cpu_stream_.Synchronize();
   return std::make_unique<MpiCommunicator>(split, stream, timeout());
 }

@@ -31,8 +31,8 @@ class MpiWorld final : public World {
       : World(rank, size, local_rank, local_size), host_comm_(host_comm) {}
 
   ~MpiWorld() override {
-    MPI_CALL(MPI_Comm_free(&host_comm_));
-    MPI_CALL(MPI_Finalize());
+    MOE_MPI_CALL(MPI_Comm_free(&host_comm_));
+    MOE_MPI_CALL(MPI_Finalize());
   }
 
   std::unique_ptr<Communicator> NewCommunicator(Stream& stream,
@@ -41,19 +41,19 @@ class MpiWorld final : public World {
     if (stream.device().is_cuda()) {
       std::string id(kNcclUniqueIdBytes, '\0');
       if (rank() == 0) id = NewNcclUniqueId();
-      MPI_CALL(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, host_comm_));
+      MOE_MPI_CALL(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, host_comm_));
       return NewNcclCommunicator(id, rank(), size(), stream, timeout);
     }
 #endif
     MPI_Comm comm = MPI_COMM_NULL;
-    MPI_CALL(MPI_Comm_dup(host_comm_, &comm));
+    MOE_MPI_CALL(MPI_Comm_dup(host_comm_, &comm));
     return std::make_unique<MpiCommunicator>(comm, stream, timeout);
   }
 
   Status AllAgree(const Status& local) override {
     const int failed = local.ok() ? 0 : 1;
     std::vector<int> failed_by_rank(size());
-    MPI_CALL(MPI_Allgather(&failed, 1, MPI_INT, failed_by_rank.data(), 1, MPI_INT, host_comm_));
+    MOE_MPI_CALL(MPI_Allgather(&failed, 1, MPI_INT, failed_by_rank.data(), 1, MPI_INT, host_comm_));
     int first = -1, failures = 0;
     for (int r = 0; r < size(); ++r) {
       if (!failed_by_rank[r]) continue;
@@ -62,9 +62,9 @@ class MpiWorld final : public World {
     }
     if (first < 0) return Status::Ok();
     int header[2] = {static_cast<int>(local.code()), static_cast<int>(local.message().size())};
-    MPI_CALL(MPI_Bcast(header, 2, MPI_INT, first, host_comm_));
+    MOE_MPI_CALL(MPI_Bcast(header, 2, MPI_INT, first, host_comm_));
     std::string message = rank() == first ? local.message() : std::string(header[1], '\0');
-    MPI_CALL(MPI_Bcast(message.data(), header[1], MPI_CHAR, first, host_comm_));
+    MOE_MPI_CALL(MPI_Bcast(message.data(), header[1], MPI_CHAR, first, host_comm_));
     if (size() > 1) {
       message += " (rank " + std::to_string(first) + "; " + std::to_string(failures) + " of " +
                  std::to_string(size()) + " ranks failed)";
@@ -80,34 +80,34 @@ class MpiWorld final : public World {
 
 StatusOr<std::unique_ptr<World>> World::Init() {
   int initialized = 0, finalized = 0;
-  MPI_CALL(MPI_Initialized(&initialized));
-  MPI_CALL(MPI_Finalized(&finalized));
+  MOE_MPI_CALL(MPI_Initialized(&initialized));
+  MOE_MPI_CALL(MPI_Finalized(&finalized));
   CHECK(!initialized && !finalized)
       << "World::Init: MPI was initialised before (one World per process)";
   int provided = MPI_THREAD_SINGLE;
-  MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+  MOE_MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
   if (provided < MPI_THREAD_MULTIPLE) {
-    MPI_CALL(MPI_Finalize());
+    MOE_MPI_CALL(MPI_Finalize());
     return FailedPrecondition(std::string("this MPI library provides only ") +
                               ThreadLevelName(provided) +
                               "; the trainer's communicators need MPI_THREAD_MULTIPLE");
   }
   MPI_Comm host_comm = MPI_COMM_NULL;
-  MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &host_comm));
-  // Errors come back to MPI_CALL, which names the call, rank and host before aborting; every
+  MOE_MPI_CALL(MPI_Comm_dup(MPI_COMM_WORLD, &host_comm));
+  // Errors come back to MOE_MPI_CALL, which names the call, rank and host before aborting; every
   // communicator made from host_comm inherits this.
-  MPI_CALL(MPI_Comm_set_errhandler(host_comm, MPI_ERRORS_RETURN));
+  MOE_MPI_CALL(MPI_Comm_set_errhandler(host_comm, MPI_ERRORS_RETURN));
   int rank = 0, size = 0;
-  MPI_CALL(MPI_Comm_rank(host_comm, &rank));
-  MPI_CALL(MPI_Comm_size(host_comm, &size));
+  MOE_MPI_CALL(MPI_Comm_rank(host_comm, &rank));
+  MOE_MPI_CALL(MPI_Comm_size(host_comm, &size));
   SetProcessRank(rank);
 
   MPI_Comm host_local = MPI_COMM_NULL;
-  MPI_CALL(MPI_Comm_split_type(host_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host_local));
+  MOE_MPI_CALL(MPI_Comm_split_type(host_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host_local));
   int local_rank = 0, local_size = 0;
-  MPI_CALL(MPI_Comm_rank(host_local, &local_rank));
-  MPI_CALL(MPI_Comm_size(host_local, &local_size));
-  MPI_CALL(MPI_Comm_free(&host_local));
+  MOE_MPI_CALL(MPI_Comm_rank(host_local, &local_rank));
+  MOE_MPI_CALL(MPI_Comm_size(host_local, &local_size));
+  MOE_MPI_CALL(MPI_Comm_free(&host_local));
   return std::unique_ptr<World>(
       std::make_unique<MpiWorld>(host_comm, rank, size, local_rank, local_size));
 }

@@ -81,9 +81,9 @@ Status Rename(const fs::path& from, const fs::path& to, unsigned int flags) {
 Status WriteStepFiles(const fs::path& dir, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state) {
   const SafetensorsMetadata metadata = {{"format", "pt"}, {"step", std::to_string(step)}};
-  RETURN_IF_ERROR(WriteSafetensors((dir / kModelFile).string(), model, metadata));
-  RETURN_IF_ERROR(WriteSafetensors((dir / kOptimizerFile).string(), optimizer, metadata));
-  RETURN_IF_ERROR(WriteFileDurably(dir / kStateFile, state.dump(2) + "\n"));
+  MOE_RETURN_IF_ERROR(WriteSafetensors((dir / kModelFile).string(), model, metadata));
+  MOE_RETURN_IF_ERROR(WriteSafetensors((dir / kOptimizerFile).string(), optimizer, metadata));
+  MOE_RETURN_IF_ERROR(WriteFileDurably(dir / kStateFile, state.dump(2) + "\n"));
   return SyncDirectory(dir);
 }
 
@@ -92,7 +92,7 @@ Status WriteStepFiles(const fs::path& dir, int64_t step, const std::vector<Named
 // at every instant.
 Status PublishDirectory(const fs::path& tmp, const fs::path& final_dir, bool replace) {
   if (!replace) return Rename(tmp, final_dir, 0);
-  RETURN_IF_ERROR(Rename(tmp, final_dir, RENAME_EXCHANGE));
+  MOE_RETURN_IF_ERROR(Rename(tmp, final_dir, RENAME_EXCHANGE));
   std::error_code ec;
   fs::remove_all(tmp, ec);
   if (ec) {
@@ -138,11 +138,11 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
     fs::remove_all(tmp, ec);
     return status;
   }
-  RETURN_IF_ERROR(SyncDirectory(root_dir));
+  MOE_RETURN_IF_ERROR(SyncDirectory(root_dir));
 
   const fs::path latest_tmp = root_dir / (std::string(kLatest) + ".tmp");
-  RETURN_IF_ERROR(WriteFileDurably(latest_tmp, name + "\n"));
-  RETURN_IF_ERROR(Rename(latest_tmp, root_dir / kLatest, 0));
+  MOE_RETURN_IF_ERROR(WriteFileDurably(latest_tmp, name + "\n"));
+  MOE_RETURN_IF_ERROR(Rename(latest_tmp, root_dir / kLatest, 0));
   return SyncDirectory(root_dir);
 }
 
@@ -172,7 +172,7 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
 }
 
 StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string resolved, ResolveCheckpointDir(path));
+  MOE_ASSIGN_OR_RETURN(const std::string resolved, ResolveCheckpointDir(path));
   const fs::path dir(resolved);
   std::ifstream in(dir / kStateFile);
   std::stringstream text;
@@ -209,12 +209,12 @@ StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
                                         const std::vector<NamedTensor>& optimizer,
                                         bool subset) {
-  ASSIGN_OR_RETURN(CheckpointState read, ReadCheckpointState(path));
+  MOE_ASSIGN_OR_RETURN(CheckpointState read, ReadCheckpointState(path));
   const fs::path dir(read.dir);
   nlohmann::json state = std::move(read.state);
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
-  RETURN_IF_ERROR(load((dir / kModelFile).string(), model));
-  RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer));
+  MOE_RETURN_IF_ERROR(load((dir / kModelFile).string(), model));
+  MOE_RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer));
   return state;
 }
 

@@ -167,7 +167,7 @@ StatusOr<std::unique_ptr<TokenSource>> OpenFlatDataset(const std::string& path, 
                                                        int64_t vocab_size,
                                                        double validation_fraction) {
   CHECK(type == TokenType::kUint16 || type == TokenType::kUint32);
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
   const std::string description =
       std::string(type == TokenType::kUint16 ? "flat_u16 " : "flat_u32 ") + path;
   // uint32 tokens below 65536 read as uint16: every second token (the high halves) is 0, which a
@@ -187,7 +187,7 @@ StatusOr<std::unique_ptr<TokenSource>> OpenFlatDataset(const std::string& path, 
                            "is --data_format=flat_u32");
     }
   }
-  ASSIGN_OR_RETURN(
+  MOE_ASSIGN_OR_RETURN(
       std::unique_ptr<FlatTokenSource> source,
       FlatTokenSource::Create(std::move(file), type, vocab_size, validation_fraction, description));
   return std::unique_ptr<TokenSource>(std::move(source));

@@ -140,12 +140,12 @@ StatusOr<std::unique_ptr<TokenSource>> OpenMegatronDataset(const std::string& pr
                     "PREFIX.idx)");
   }
   if (!idx.ok()) return idx.status();
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin, MappedFile::Open(prefix + ".bin"));
-  ASSIGN_OR_RETURN(const IndexSummary index, CheckIndex(**idx, *bin));
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin, MappedFile::Open(prefix + ".bin"));
+  MOE_ASSIGN_OR_RETURN(const IndexSummary index, CheckIndex(**idx, *bin));
   const std::string description = "megatron " + prefix + " (" +
                                   std::to_string(index.num_documents) + " documents, " +
                                   std::to_string(index.num_sequences) + " sequences)";
-  ASSIGN_OR_RETURN(std::unique_ptr<FlatTokenSource> source,
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<FlatTokenSource> source,
                    FlatTokenSource::Create(std::move(bin), index.type, vocab_size,
                                            validation_fraction, description));
   return std::unique_ptr<TokenSource>(std::move(source));

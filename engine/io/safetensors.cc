@@ -238,7 +238,7 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
                     " bytes, too short for the 8-byte header length");
   }
   uint8_t length_bytes[8];
-  RETURN_IF_ERROR(ReadAt(fd.get(), 0, length_bytes, 8, path));
+  MOE_RETURN_IF_ERROR(ReadAt(fd.get(), 0, length_bytes, 8, path));
   uint64_t header_length = 0;
   for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
   if (header_length > file_size - 8) {
@@ -246,7 +246,7 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
                     " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
   }
   std::string text(header_length, '\0');
-  RETURN_IF_ERROR(ReadAt(fd.get(), 8, text.data(), text.size(), path));
+  MOE_RETURN_IF_ERROR(ReadAt(fd.get(), 8, text.data(), text.size(), path));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -266,17 +266,17 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
       continue;
     }
     Entry entry;
-    RETURN_IF_ERROR(ParseEntry(path, key, value, &entry));
+    MOE_RETURN_IF_ERROR(ParseEntry(path, key, value, &entry));
     file.entries.push_back(std::move(entry));
   }
-  RETURN_IF_ERROR(CheckLayout(path, file.entries, file_size - file.data_start));
+  MOE_RETURN_IF_ERROR(CheckLayout(path, file.entries, file_size - file.data_start));
   return file;
 }
 
 // The destination's bytes for `e`: read directly, or converted f32 <-> bf16 on the host.
 Status LoadEntry(const ParsedFile& file, const Entry& e, const Tensor& dst) {
   std::vector<uint8_t> bytes(e.end - e.begin);
-  RETURN_IF_ERROR(file.Read(e, bytes.data()));
+  MOE_RETURN_IF_ERROR(file.Read(e, bytes.data()));
   if (e.dtype == dst.dtype()) {
     ops::CopyFromHost(bytes.data(), dst);
     return Status::Ok();
@@ -339,13 +339,13 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
 
   ScopedFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
-  RETURN_IF_ERROR(WriteAll(fd.get(), length_bytes, 8, path));
-  RETURN_IF_ERROR(WriteAll(fd.get(), text.data(), text.size(), path));
+  MOE_RETURN_IF_ERROR(WriteAll(fd.get(), length_bytes, 8, path));
+  MOE_RETURN_IF_ERROR(WriteAll(fd.get(), text.data(), text.size(), path));
   std::vector<uint8_t> buffer;
   for (const NamedTensor* t : order) {
     buffer.resize(t->tensor.nbytes());
     ops::CopyToHost(t->tensor, buffer.data());
-    RETURN_IF_ERROR(WriteAll(fd.get(), buffer.data(), buffer.size(), path));
+    MOE_RETURN_IF_ERROR(WriteAll(fd.get(), buffer.data(), buffer.size(), path));
   }
   if (::fsync(fd.get()) != 0 || fd.Close() != 0) {
     return Internal("cannot write " + Quoted(path) + ": " + ErrnoText());
@@ -358,7 +358,7 @@ namespace {
 // LoadSafetensors (exact: the file holds no other names) and LoadSafetensorsSubset.
 Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destinations,
                  bool exact) {
-  ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
+  MOE_ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
   std::unordered_map<std::string, const Entry*> by_name;
   for (const Entry& e : file.entries) by_name[e.name] = &e;
 
@@ -394,7 +394,7 @@ Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destin
     }
   }
   for (size_t i = 0; i < destinations.size(); ++i) {
-    RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor));
+    MOE_RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor));
   }
   return Status::Ok();
 }
@@ -411,7 +411,7 @@ Status LoadSafetensorsSubset(const std::string& path,
 }
 
 StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
-  ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
+  MOE_ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
   SafetensorsContents contents;
   contents.metadata = file.metadata;
   for (const Entry& e : file.entries) {
@@ -419,7 +419,7 @@ StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.bytes.resize(e.end - e.begin);
-    RETURN_IF_ERROR(file.Read(e, t.bytes.data()));
+    MOE_RETURN_IF_ERROR(file.Read(e, t.bytes.data()));
   }
   return contents;
 }

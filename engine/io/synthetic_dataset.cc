@@ -171,7 +171,7 @@ SyntheticTokenSource::SyntheticTokenSource(MarkovChain chain, uint64_t seed)
 
 StatusOr<std::unique_ptr<SyntheticTokenSource>> SyntheticTokenSource::Create(
     int64_t vocab_size, const SyntheticOptions& options) {
-  ASSIGN_OR_RETURN(MarkovChain chain, RandomMarkovChain(vocab_size, options));
+  MOE_ASSIGN_OR_RETURN(MarkovChain chain, RandomMarkovChain(vocab_size, options));
   return std::make_unique<SyntheticTokenSource>(std::move(chain), options.seed);
 }
 

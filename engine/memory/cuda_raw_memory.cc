@@ -10,21 +10,21 @@ class CudaDeviceRawMemory final : public RawMemory {
  public:
   explicit CudaDeviceRawMemory(int device_index) : device_index_(device_index) {}
   void* Allocate(size_t bytes) override {
-    CUDA_CALL(cudaSetDevice(device_index_));
+    MOE_CUDA_CALL(cudaSetDevice(device_index_));
     void* ptr = nullptr;
     const cudaError_t status = cudaMalloc(&ptr, bytes);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the sticky-free error state
       return nullptr;
     }
-    CUDA_CALL(status);
+    MOE_CUDA_CALL(status);
     return ptr;
   }
-  void Free(void* ptr) override { CUDA_CALL(cudaFree(ptr)); }
+  void Free(void* ptr) override { MOE_CUDA_CALL(cudaFree(ptr)); }
   size_t CapacityBytes() const override {
-    CUDA_CALL(cudaSetDevice(device_index_));
+    MOE_CUDA_CALL(cudaSetDevice(device_index_));
     size_t free_bytes = 0, total_bytes = 0;
-    CUDA_CALL(cudaMemGetInfo(&free_bytes, &total_bytes));
+    MOE_CUDA_CALL(cudaMemGetInfo(&free_bytes, &total_bytes));
     return total_bytes;
   }
 
@@ -41,10 +41,10 @@ class CudaPinnedRawMemory final : public RawMemory {
       cudaGetLastError();
       return nullptr;
     }
-    CUDA_CALL(status);
+    MOE_CUDA_CALL(status);
     return ptr;
   }
-  void Free(void* ptr) override { CUDA_CALL(cudaFreeHost(ptr)); }
+  void Free(void* ptr) override { MOE_CUDA_CALL(cudaFreeHost(ptr)); }
 };
 
 }  // namespace

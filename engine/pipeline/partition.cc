@@ -49,8 +49,8 @@ StatusOr<std::vector<int>> StageSizes(const PartitionOptions& o) {
     return InvalidArgument(Flag(name, value) + " must be in [0, " +
                            Flag("num_layers", o.num_layers) + "]");
   };
-  RETURN_IF_ERROR(check_range("first_stage_layers", o.first_stage_layers, has_first));
-  RETURN_IF_ERROR(check_range("last_stage_layers", o.last_stage_layers, has_last));
+  MOE_RETURN_IF_ERROR(check_range("first_stage_layers", o.first_stage_layers, has_first));
+  MOE_RETURN_IF_ERROR(check_range("last_stage_layers", o.last_stage_layers, has_last));
   if (stages < 2) {
     return InvalidArgument(
         "--first_stage_layers / --last_stage_layers need at least 2 pipeline stages (" +
@@ -87,7 +87,7 @@ StatusOr<std::vector<int>> StageSizes(const PartitionOptions& o) {
 }  // namespace
 
 StatusOr<LayerPartition> LayerPartition::Create(const PartitionOptions& options) {
-  ASSIGN_OR_RETURN(std::vector<int> sizes, StageSizes(options));
+  MOE_ASSIGN_OR_RETURN(std::vector<int> sizes, StageSizes(options));
   std::vector<LayerRange> stages;
   int begin = 0;
   for (int size : sizes) {

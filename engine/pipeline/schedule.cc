@@ -236,7 +236,7 @@ ScheduleKind DefaultScheduleKind(int pipeline_size, int virtual_chunks) {
 }
 
 StatusOr<std::vector<RankActions>> BuildSchedule(const ScheduleSpec& spec) {
-  RETURN_IF_ERROR(Validate(spec));
+  MOE_RETURN_IF_ERROR(Validate(spec));
   std::vector<RankActions> schedule;
   for (int rank = 0; rank < spec.pipeline_size; ++rank) {
     schedule.push_back(

@@ -5,8 +5,8 @@
 namespace moe {
 
 CudaStream::CudaStream(int device_index) : device_index_(device_index) {
-  CUDA_CALL(cudaSetDevice(device_index_));
-  CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MOE_CUDA_CALL(cudaSetDevice(device_index_));
+  MOE_CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 
 CudaStream::~CudaStream() {
@@ -16,44 +16,44 @@ CudaStream::~CudaStream() {
 
 void CudaStream::CopyAsync(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  MOE_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
 }
 
 void CudaStream::Wait(const Event& event) {
-  CUDA_CALL(cudaStreamWaitEvent(stream_, dynamic_cast<const CudaEvent&>(event).get(), 0));
+  MOE_CUDA_CALL(cudaStreamWaitEvent(stream_, dynamic_cast<const CudaEvent&>(event).get(), 0));
 }
 
-void CudaStream::Synchronize() { CUDA_CALL(cudaStreamSynchronize(stream_)); }
+void CudaStream::Synchronize() { MOE_CUDA_CALL(cudaStreamSynchronize(stream_)); }
 
 std::unique_ptr<Event> CudaStream::CreateEvent(bool enable_timing) const {
   return std::make_unique<CudaEvent>(device_index_, enable_timing);
 }
 
 CudaEvent::CudaEvent(int device_index, bool enable_timing) : device_index_(device_index) {
-  CUDA_CALL(cudaSetDevice(device_index_));
-  CUDA_CALL(cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault
+  MOE_CUDA_CALL(cudaSetDevice(device_index_));
+  MOE_CUDA_CALL(cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault
                                                              : cudaEventDisableTiming));
 }
 
 CudaEvent::~CudaEvent() { cudaEventDestroy(event_); }
 
 void CudaEvent::Record(Stream& stream) {
-  CUDA_CALL(cudaEventRecord(event_, dynamic_cast<CudaStream&>(stream).get()));
+  MOE_CUDA_CALL(cudaEventRecord(event_, dynamic_cast<CudaStream&>(stream).get()));
 }
 
 bool CudaEvent::Query() const {
   const cudaError_t status = cudaEventQuery(event_);
   if (status == cudaErrorNotReady) return false;
-  CUDA_CALL(status);
+  MOE_CUDA_CALL(status);
   return true;
 }
 
-void CudaEvent::Synchronize() const { CUDA_CALL(cudaEventSynchronize(event_)); }
+void CudaEvent::Synchronize() const { MOE_CUDA_CALL(cudaEventSynchronize(event_)); }
 
 float CudaEvent::ElapsedMillisecondsSince(const Event& start) const {
   float ms = 0;
-  CUDA_CALL(cudaEventSynchronize(event_));
-  CUDA_CALL(cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).get(), event_));
+  MOE_CUDA_CALL(cudaEventSynchronize(event_));
+  MOE_CUDA_CALL(cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).get(), event_));
   return ms;
 }
 

@@ -23,7 +23,7 @@ DeviceContext& DeviceContext::Get(Device device) {
   auto it = contexts->find(key);
   if (it == contexts->end()) it = contexts->emplace(key, new DeviceContext(device)).first;
 #if MOE_WITH_CUDA
-  if (device.is_cuda()) CUDA_CALL(cudaSetDevice(device.index));
+  if (device.is_cuda()) MOE_CUDA_CALL(cudaSetDevice(device.index));
 #endif
   return *it->second;
 }
@@ -39,7 +39,7 @@ DeviceContext::DeviceContext(Device device) : device_(device) {
 #if MOE_WITH_CUDA
   const Status available = CheckDeviceAvailable(device);
   CHECK(available.ok()) << available.message();
-  CUDA_CALL(cudaSetDevice(device.index));
+  MOE_CUDA_CALL(cudaSetDevice(device.index));
   compute_stream_ = std::make_unique<CudaStream>(device.index);
   allocator_ = std::make_unique<CachingAllocator>(device, NewCudaDeviceRawMemory(device.index));
   pinned_pool_ = std::make_unique<PinnedHostPool>(device, NewCudaPinnedRawMemory());

@@ -94,7 +94,7 @@ TEST(StatusTest, CarriesCodeAndMessage) {
 }
 
 StatusOr<int> Doubled(StatusOr<int> input) {
-  ASSIGN_OR_RETURN(int v, std::move(input));
+  MOE_ASSIGN_OR_RETURN(int v, std::move(input));
   return 2 * v;
 }
 

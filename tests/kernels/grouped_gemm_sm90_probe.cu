@@ -50,7 +50,7 @@ namespace {
 
 using moe::cuda::sm90::bf16;
 
-#define CHECK_CUDA(call)                                                 \
+#define MOE_CHECK_CUDA(call)                                             \
   do {                                                                   \
     const cudaError_t status_ = (call);                                  \
     if (status_ != cudaSuccess) {                                        \
@@ -60,7 +60,7 @@ using moe::cuda::sm90::bf16;
     }                                                                    \
   } while (0)
 
-#define CHECK_CUBLAS(call)                                                             \
+#define MOE_CHECK_CUBLAS(call)                                                         \
   do {                                                                                 \
     const cublasStatus_t status_ = (call);                                             \
     if (status_ != CUBLAS_STATUS_SUCCESS) {                                            \
@@ -85,7 +85,7 @@ struct DeviceArray {
   size_t count = 0;
 
   explicit DeviceArray(size_t n) : count(n) {
-    CHECK_CUDA(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)));
+    MOE_CHECK_CUDA(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)));
   }
   ~DeviceArray() { cudaFree(data); }
   DeviceArray(const DeviceArray&) = delete;
@@ -203,8 +203,8 @@ constexpr int kGrid = 2048, kBlock = 256;
 // hang the probe.
 void SyncOrTimeout(const char* what) {
   cudaEvent_t done;
-  CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  CHECK_CUDA(cudaEventRecord(done));
+  MOE_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  MOE_CHECK_CUDA(cudaEventRecord(done));
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     const cudaError_t status = cudaEventQuery(done);
@@ -222,7 +222,7 @@ void SyncOrTimeout(const char* what) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  CHECK_CUDA(cudaEventDestroy(done));
+  MOE_CHECK_CUDA(cudaEventDestroy(done));
 }
 
 // Median of kTimedRuns runs of `run` (after one warm-up), in ms.
@@ -230,20 +230,20 @@ double MedianMs(const std::function<void()>& run, const char* what) {
   run();
   SyncOrTimeout(what);
   std::vector<cudaEvent_t> events(2 * kTimedRuns);
-  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  for (cudaEvent_t& e : events) MOE_CHECK_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < kTimedRuns; ++i) {
-    CHECK_CUDA(cudaEventRecord(events[2 * i]));
+    MOE_CHECK_CUDA(cudaEventRecord(events[2 * i]));
     run();
-    CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
+    MOE_CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
   }
   SyncOrTimeout(what);
   std::vector<double> ms(kTimedRuns);
   for (int i = 0; i < kTimedRuns; ++i) {
     float elapsed = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
+    MOE_CHECK_CUDA(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
     ms[i] = elapsed;
   }
-  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventDestroy(e));
+  for (cudaEvent_t& e : events) MOE_CHECK_CUDA(cudaEventDestroy(e));
   std::sort(ms.begin(), ms.end());
   return (ms[kTimedRuns / 2 - 1] + ms[kTimedRuns / 2]) / 2;
 }
@@ -310,11 +310,11 @@ template <typename T>
 void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* reference,
                 size_t count, int64_t rows, int64_t columns, double tolerance) {
   DeviceArray<ErrorStats> stats(1);
-  CHECK_CUDA(cudaMemset(stats.data, 0, sizeof(ErrorStats)));
+  MOE_CHECK_CUDA(cudaMemset(stats.data, 0, sizeof(ErrorStats)));
   Compare<<<kGrid, kBlock>>>(ours, reference, count, stats.data);
-  CHECK_CUDA(cudaGetLastError());
+  MOE_CHECK_CUDA(cudaGetLastError());
   ErrorStats host;
-  CHECK_CUDA(cudaMemcpy(&host, stats.data, sizeof host, cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&host, stats.data, sizeof host, cudaMemcpyDeviceToHost));
   float max_error, max_reference;
   std::memcpy(&max_error, &host.max_error_bits, 4);
   std::memcpy(&max_reference, &host.max_reference_bits, 4);
@@ -326,15 +326,15 @@ void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* r
   tally.Record(ok, what, detail);
   if (ok) return;
   DeviceArray<unsigned long long> first(1);
-  CHECK_CUDA(cudaMemset(first.data, 0xFF, 8));
+  MOE_CHECK_CUDA(cudaMemset(first.data, 0xFF, 8));
   FirstMismatch<<<kGrid, kBlock>>>(ours, reference, count,
                                    static_cast<float>(tolerance) * max_reference, first.data);
   unsigned long long index = 0;
-  CHECK_CUDA(cudaMemcpy(&index, first.data, 8, cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&index, first.data, 8, cudaMemcpyDeviceToHost));
   if (index >= count) return;
   T a, b;
-  CHECK_CUDA(cudaMemcpy(&a, ours + index, sizeof(T), cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(&b, reference + index, sizeof(T), cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&a, ours + index, sizeof(T), cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&b, reference + index, sizeof(T), cudaMemcpyDeviceToHost));
   const long long matrix = index / (rows * columns), in_matrix = index % (rows * columns);
   std::printf("          first bad element: matrix %lld, row %lld, column %lld: ours %g, ref %g\n",
               matrix, in_matrix / columns, in_matrix % columns, HostFloat(a), HostFloat(b));
@@ -342,7 +342,7 @@ void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* r
 
 unsigned long long ReadCounter(const DeviceArray<unsigned long long>& counter) {
   unsigned long long host = 0;
-  CHECK_CUDA(cudaMemcpy(&host, counter.data, sizeof host, cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&host, counter.data, sizeof host, cudaMemcpyDeviceToHost));
   return host;
 }
 
@@ -357,7 +357,7 @@ void PrintTime(const char* name, double ms, double flops, double bytes = 0) {
 
 struct Cublas {
   cublasHandle_t handle;
-  Cublas() { CHECK_CUBLAS(cublasCreate(&handle)); }
+  Cublas() { MOE_CHECK_CUBLAS(cublasCreate(&handle)); }
   ~Cublas() { cublasDestroy(handle); }
 };
 
@@ -391,14 +391,14 @@ struct GroupedCall {
     pointers.insert(pointers.end(), b.begin(), b.end());
     pointers.insert(pointers.end(), c.begin(), c.end());
     device_pointers = std::make_unique<DeviceArray<const void*>>(pointers.size());
-    CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(), pointers.size() * sizeof(void*),
+    MOE_CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(), pointers.size() * sizeof(void*),
                           cudaMemcpyHostToDevice));
   }
 
   void Run(cublasHandle_t h, cudaDataType_t ab, cudaDataType_t c, cublasComputeType_t compute) {
     const size_t count = m.size();
     const void* const* p = device_pointers->data;
-    CHECK_CUBLAS(cublasGemmGroupedBatchedEx(
+    MOE_CHECK_CUBLAS(cublasGemmGroupedBatchedEx(
         h, transa.data(), transb.data(), m.data(), n.data(), k.data(), alpha.data(), p, ab,
         lda.data(), p + count, ab, ldb.data(), beta.data(), const_cast<void* const*>(p + 2 * count),
         c, ldc.data(), static_cast<int>(count), sizes.data(), compute));
@@ -411,7 +411,7 @@ struct Operands {
   const Case& c;
   DeviceArray<int32_t> offsets;
   Operands(const Case& cs) : c(cs), offsets(cs.offsets.size()) {
-    CHECK_CUDA(
+    MOE_CHECK_CUDA(
         cudaMemcpy(offsets.data, cs.offsets.data(), cs.offsets.size() * 4, cudaMemcpyHostToDevice));
   }
 };
@@ -430,7 +430,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed);
   FillUniformBf16<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
   FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(y.data), y.count, kSentinelBits);
-  CHECK_CUDA(cudaGetLastError());
+  MOE_CHECK_CUDA(cudaGetLastError());
 
   const float one = 1.0f, zero = 0.0f;
   GroupedCall grouped;
@@ -440,7 +440,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     if (count == 0) continue;
     // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
     const bf16* wg = w.data + static_cast<int64_t>(g) * n * k;
-    CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
                               n, count, k, &one, wg, CUDA_R_16BF, transpose_w ? k : n,
                               x.data + begin * k, CUDA_R_16BF, k, &zero, reference.data + begin * n,
                               CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -451,7 +451,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     pc.push_back(reference.data + begin * n);
   }
   const auto ours = [&] {
-    CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows, n,
+    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows, n,
                                                   k, transpose_w, y.data, nullptr));
   };
   ours();
@@ -459,7 +459,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, rows, n,
              kBf16Tolerance);
   DeviceArray<unsigned long long> changed(1);
-  CHECK_CUDA(cudaMemset(changed.data, 0, 8));
+  MOE_CHECK_CUDA(cudaMemset(changed.data, 0, 8));
   CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(y.data + rows * n),
                                   kGuardRows * n, kSentinelBits, changed.data);
   const unsigned long long guard_changed = ReadCounter(changed);
@@ -479,7 +479,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   PrintTime("dense cublasGemmEx, same FLOPs",
             MedianMs(
                 [&] {
-                  CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
+                  MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
                                             CUBLAS_OP_N, n, rows, k, &one, w.data, CUDA_R_16BF,
                                             transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
                                             reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
@@ -504,8 +504,8 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
   DeviceArray<float> dw(dw_count), reference(dw_count);
   FillUniformBf16<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
   FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed + 1);
-  CHECK_CUDA(cudaMemset(reference.data, 0, reference.count * sizeof(float)));
-  CHECK_CUDA(cudaGetLastError());
+  MOE_CHECK_CUDA(cudaMemset(reference.data, 0, reference.count * sizeof(float)));
+  MOE_CHECK_CUDA(cudaGetLastError());
 
   const float one = 1.0f;
   int nonempty = 0;
@@ -514,7 +514,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     if (count == 0) continue;
     ++nonempty;
     // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
-    CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
+    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
                               x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n, CUDA_R_16BF,
                               n, &one, reference.data + g * n * k, CUDA_R_32F, k,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -537,9 +537,9 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
       FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dw.data), dw.count * 2,
                                   kSentinelBits);  // 0x7FC17FC1: an f32 NaN
     }
-    CHECK_CUDA(cudaGetLastError());
+    MOE_CHECK_CUDA(cudaGetLastError());
     const auto ours = [&] {
-      CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(
+      MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(
           dy.data, x.data, ops.offsets.data, groups, rows, n, k, variant.accumulate, dw.data,
           nullptr));
     };
@@ -548,7 +548,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     const std::string what = std::string(name) + " dw (" + variant.label + ")";
     CheckClose(tally, what, dw.data, reference.data, dw_count, n, k, kF32Tolerance);
     DeviceArray<unsigned long long> different(1);
-    CHECK_CUDA(cudaMemset(different.data, 0, 8));
+    MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
     int empty = 0;
     for (int g = 0; g < groups; ++g) {
       if (c.offsets[g + 1] != c.offsets[g]) continue;
@@ -604,7 +604,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
   PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs",
             MedianMs(
                 [&] {
-                  CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows,
+                  MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows,
                                             &one, x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF, n,
                                             &one, reference.data, CUDA_R_32F, k, CUBLAS_COMPUTE_32F,
                                             CUBLAS_GEMM_DEFAULT));
@@ -650,7 +650,7 @@ void PrintKernelAttributes() {
   };
   for (const auto& k : kernels) {
     cudaFuncAttributes attributes;
-    CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
+    MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
     std::printf("  %-42s %3d registers, %zu bytes local\n", k.name, attributes.numRegs,
                 attributes.localSizeBytes);
   }
@@ -663,7 +663,7 @@ void PrintKernelAttributes() {
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  MOE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
   if (prop.major != 9) {

@@ -409,7 +409,7 @@ TEST_P(OpParityTest, CudaMatchesCpu) {
 TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability90) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
   cudaDeviceProp properties;
-  CUDA_CALL(cudaGetDeviceProperties(&properties, 0));
+  MOE_CUDA_CALL(cudaGetDeviceProperties(&properties, 0));
   const bool hopper = properties.major == 9 && properties.minor == 0;
   printf("%s (compute capability %d.%d): grouped GEMMs on %s\n", properties.name, properties.major,
          properties.minor, hopper ? "the sm90 kernels" : "cuBLAS");

@@ -24,7 +24,7 @@ class CudaRuntimeTest : public ::testing::Test {
 class StreamBlocker {
  public:
   explicit StreamBlocker(Stream& stream) {
-    CUDA_CALL(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Block,
+    MOE_CUDA_CALL(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Block,
                                  &gate_));
   }
   void Release() { gate_.set_value(); }
@@ -43,7 +43,7 @@ TEST_F(CudaRuntimeTest, CopiesRoundTripThroughPinnedMemory) {
   Tensor pinned = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0), MemorySpace::kPinnedHost);
   std::memcpy(pinned.data(), values.data(), pinned.nbytes());
   cudaPointerAttributes attributes;
-  CUDA_CALL(cudaPointerGetAttributes(&attributes, pinned.data()));
+  MOE_CUDA_CALL(cudaPointerGetAttributes(&attributes, pinned.data()));
   EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "pool memory is not page-locked";
 
   Tensor device = Tensor::Empty({1 << 20}, DType::kF32, Device::CUDA(0));

@@ -94,7 +94,7 @@ void SwigluForward(const Tensor& x, const Tensor& scale, const Tensor& y) {
     DispatchVec(f, {x.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
       SwigluForwardKernel<kVec, T><<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
           Ptr<const T>(x), Ptr<const float>(scale), rows, f, Ptr<T>(y));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -108,7 +108,7 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
       SwigluBackwardKernel<kVec, T><<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
           Ptr<const T>(dy), Ptr<const T>(x), Ptr<const float>(scale), rows, f, Ptr<T>(dx),
           Ptr<float>(dscale));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }

@@ -55,7 +55,7 @@ void AdamWUpdate(const Tensor& master, const Tensor& grad, const Tensor& m, cons
     AdamWKernel<M><<<BlocksFor(n, kThreads), kThreads, 0, StreamOf(master)>>>(
         Ptr<float>(master), Ptr<const float>(grad), Ptr<float>(m), Ptr<float>(v), n, p,
         Ptr<M>(model));
-    CUDA_CHECK_LAUNCH();
+    MOE_CUDA_CHECK_LAUNCH();
   };
   if (model.defined()) {
     DispatchFloat(model.dtype(), launch);

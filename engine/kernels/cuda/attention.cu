@@ -113,7 +113,7 @@ void AttentionBackward(const Tensor& dout, const Tensor& q, const Tensor& k, con
     AttentionDeltaKernel<T><<<static_cast<unsigned>(blocks), kDeltaWarpsPerBlock * 32, 0, stream>>>(
         Ptr<const T>(dout), Ptr<const T>(out), Ptr<float>(delta), rows, dims.seq, dims.heads,
         head_dim);
-    CUDA_CHECK_LAUNCH();
+    MOE_CUDA_CHECK_LAUNCH();
     const BackwardParams<T> params{Ptr<const T>(dout),
                                    Ptr<const T>(q),
                                    Ptr<const T>(k),

@@ -316,10 +316,10 @@ __global__ void __launch_bounds__(kThreads) FmaBackwardQKernel(BackwardParams<T>
 template <typename Kernel, typename Params>
 void Launch(Kernel kernel, dim3 grid, size_t smem_bytes, const Params& params,
             cudaStream_t stream) {
-  CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem_bytes)));
   kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 int NumTiles(int seq) { return (seq + kTile - 1) / kTile; }

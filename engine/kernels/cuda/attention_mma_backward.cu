@@ -249,19 +249,19 @@ template <int D>
 void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   const Dims& s = p.dims;
   constexpr size_t kDkvSmem = DkvSmemBytes<D>();
-  CUDA_CALL(cudaFuncSetAttribute(MmaBackwardKvKernel<D>,
+  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardKvKernel<D>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kDkvSmem)));
   const dim3 kv_grid((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads);
   MmaBackwardKvKernel<D><<<kv_grid, kMmaThreads, kDkvSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 
   constexpr size_t kDqSmem = DqSmemBytes<D>();
-  CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kDqSmem)));
   const dim3 q_grid((s.seq + kDqBlockM - 1) / kDqBlockM, s.batch * s.heads);
   MmaBackwardQKernel<D><<<q_grid, kMmaThreads, kDqSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -137,11 +137,11 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
 template <int D>
 void Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
   constexpr size_t kSmem = ForwardSmemBytes<D>();
-  CUDA_CALL(cudaFuncSetAttribute(MmaForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kSmem)));
   const dim3 grid((p.dims.seq + kBlockM - 1) / kBlockM, p.dims.batch * p.dims.heads);
   MmaForwardKernel<D><<<grid, kMmaThreads, kSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 //   Forward: lse = log sum exp(logits row) in fp32 with an online max and rescaled sum (one pass
 //   over the row); losses = lse - logit[target], 0 where ignored (lse is still written).
 //   Backward: dlogits = grad_scale * (exp(logit - lse) - onehot(target)) (=), 0 where ignored.
-// One block per row (grid-stride over rows). Targets >= vocab trap (DEVICE_CHECK).
+// One block per row (grid-stride over rows). Targets >= vocab trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -48,7 +48,7 @@ __global__ void CrossEntropyForwardKernel(const T* logits, const int32_t* target
     if (threadIdx.x == 0) {
       const float row_lse = total.max + logf(total.sum);
       const int64_t target = targets[row];
-      DEVICE_CHECK(target < vocab);
+      MOE_DEVICE_CHECK(target < vocab);
       lse[row] = row_lse;
       losses[row] = target < 0 ? 0.0f : row_lse - ToFloat(xr[target]);
     }
@@ -61,7 +61,7 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const int32_t* targe
                                            int64_t vocab, T* dlogits) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t target = targets[row];
-    DEVICE_CHECK(target < vocab);
+    MOE_DEVICE_CHECK(target < vocab);
     const float row_lse = lse[row];
     for (int64_t c = threadIdx.x * kVec; c < vocab; c += blockDim.x * kVec) {
       const Floats<kVec> v = LoadFloats<kVec>(logits + row * vocab + c);
@@ -88,7 +88,7 @@ void CrossEntropyForward(const Tensor& logits, const Tensor& targets, const Tens
           <<<BlocksFor(rows, 1), RowThreads(vocab / kVec), 0, StreamOf(logits)>>>(
               Ptr<const T>(logits), Ptr<const int32_t>(targets), rows, vocab, Ptr<float>(losses),
               Ptr<float>(lse));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -103,7 +103,7 @@ void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Ten
           <<<BlocksFor(rows, 1), RowThreads(vocab / kVec), 0, StreamOf(logits)>>>(
               Ptr<const T>(logits), Ptr<const int32_t>(targets), Ptr<const float>(lse), grad_scale,
               rows, vocab, Ptr<T>(dlogits));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }

@@ -23,12 +23,12 @@ cublasHandle_t CublasHandle(Device device) {
   auto it = handles->find(device.index);
   if (it != handles->end()) return it->second;
   cublasHandle_t handle = nullptr;
-  CUBLAS_CALL(cublasCreate(&handle));
+  MOE_CUBLAS_CALL(cublasCreate(&handle));
   // cublasSetStream resets the workspace, so the stream comes first.
-  CUBLAS_CALL(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
+  MOE_CUBLAS_CALL(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native_handle())));
   void* workspace = nullptr;
-  CUDA_CALL(cudaMalloc(&workspace, kWorkspaceBytes));
-  CUBLAS_CALL(cublasSetWorkspace(handle, workspace, kWorkspaceBytes));
+  MOE_CUDA_CALL(cudaMalloc(&workspace, kWorkspaceBytes));
+  MOE_CUBLAS_CALL(cublasSetWorkspace(handle, workspace, kWorkspaceBytes));
   handles->emplace(device.index, handle);
   return handle;
 }

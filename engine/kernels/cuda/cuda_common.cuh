@@ -3,7 +3,7 @@
 //           1 or 8), BlocksFor / RowThreads (launch sizes for grid-stride loops).
 //   Device: ToFloat / FromFloat (f32, bf16, and integer outputs), Floats<N> with LoadFloats /
 //           StoreFloats (N = 8: one 16-byte access for bf16, two for f32), ShuffleXor,
-//           WarpReduce / BlockReduce / BlockSum / BlockMax, DEVICE_CHECK.
+//           WarpReduce / BlockReduce / BlockSum / BlockMax, MOE_DEVICE_CHECK.
 // Conventions: arithmetic is fp32 whatever the storage; blocks are a multiple of 32 threads (at
 // most 1024); reductions combine in a fixed order, so results are bit-identical run to run.
 #pragma once
@@ -24,8 +24,8 @@
 #include "engine/runtime/device_context.h"
 
 // A broken precondition inside a kernel (e.g. an index out of range): prints the condition and
-// traps, so the launch fails and the next CUDA_CALL on the stream reports it.
-#define DEVICE_CHECK(condition)                                                   \
+// traps, so the launch fails and the next MOE_CUDA_CALL on the stream reports it.
+#define MOE_DEVICE_CHECK(condition)                                               \
   do {                                                                            \
     if (!(condition)) {                                                           \
       printf("%s:%d: device check failed: %s\n", __FILE__, __LINE__, #condition); \

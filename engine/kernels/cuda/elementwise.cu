@@ -57,7 +57,7 @@ void Cast(const Tensor& src, const Tensor& dst) {
   const cudaStream_t stream = StreamOf(src);
   if (src.dtype() == dst.dtype()) {
     if (src.data() != dst.data()) {
-      CUDA_CALL(
+      MOE_CUDA_CALL(
           cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream));
     }
     return;

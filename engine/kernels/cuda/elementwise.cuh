@@ -37,7 +37,7 @@ void Map(cudaStream_t stream, int64_t n, Op op, Out* out, const In*... in) {
   } else {
     MapKernel<1><<<BlocksFor(n, kThreads), kThreads, 0, stream>>>(n, op, out, in...);
   }
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda

@@ -48,7 +48,7 @@ void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtab
           <<<BlocksFor(vocab, 1), RowThreads(h / kVec), 0, StreamOf(ids)>>>(
               Ptr<const int32_t>(order), Ptr<const int32_t>(offsets), Ptr<const T>(dout), vocab, h,
               Ptr<float>(dtable));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }

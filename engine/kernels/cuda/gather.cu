@@ -3,7 +3,7 @@
 //     (16, 8, 4, 2 or 1 bytes) that the row length and both base pointers allow.
 //   GatherSumRows: out[i] = sum_j x[index[i, j]], f32 or bf16, summed in fp32 in j order.
 // Grid-stride over (output row, word or 8-element chunk): neighbouring threads copy
-// neighbouring parts of a row, so accesses coalesce. Indices out of range trap (DEVICE_CHECK).
+// neighbouring parts of a row, so accesses coalesce. Indices out of range trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -16,7 +16,7 @@ __global__ void GatherRowsKernel(const Word* x, int64_t n, const int32_t* index,
   for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < m * row_words;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t src = index[idx / row_words];
-    DEVICE_CHECK(src >= 0 && src < n);
+    MOE_DEVICE_CHECK(src >= 0 && src < n);
     out[idx] = x[src * row_words + idx % row_words];
   }
 }
@@ -31,7 +31,7 @@ __global__ void GatherSumRowsKernel(const T* x, int64_t n, const int32_t* index,
     Floats<kVec> sum = {};
     for (int64_t j = 0; j < k; ++j) {
       const int64_t src = index[i * k + j];
-      DEVICE_CHECK(src >= 0 && src < n);
+      MOE_DEVICE_CHECK(src >= 0 && src < n);
       const Floats<kVec> v = LoadFloats<kVec>(x + src * h + c);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) sum.v[e] += v.v[e];
@@ -47,7 +47,7 @@ void LaunchGatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
   constexpr int kThreads = 256;
   GatherRowsKernel<Word><<<BlocksFor(m * row_words, kThreads), kThreads, 0, StreamOf(x)>>>(
       Ptr<const Word>(x), x.dim(0), Ptr<const int32_t>(index), m, row_words, Ptr<Word>(out));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ void GatherSumRows(const Tensor& x, const Tensor& index, const Tensor& out) {
       GatherSumRowsKernel<kVec, T>
           <<<BlocksFor(m * (h / kVec), kThreads), kThreads, 0, StreamOf(x)>>>(
               Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), m, k, h, Ptr<T>(out));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }

@@ -45,7 +45,7 @@ Tensor DevicePointers(const std::vector<const void*>& pointers, const Tensor& li
     batch.count = static_cast<int>(std::min(pointers.size() - begin, kPointersPerLaunch));
     std::copy_n(pointers.begin() + begin, batch.count, batch.pointers);
     StorePointers<<<1, 128, 0, StreamOf(like)>>>(batch, out + begin);
-    CUDA_CHECK_LAUNCH();
+    MOE_CUDA_CHECK_LAUNCH();
   }
   return table;
 }
@@ -89,7 +89,7 @@ void RunGrouped(const Tensor& out, const Layout& layout, const std::vector<Probl
   const std::vector<float> alpha(count, 1.0f), beta(count, layout.beta);
   const Tensor table = DevicePointers(pointers, out);
   void* const* device_pointers = static_cast<void* const*>(table.data());
-  CUBLAS_CALL(cublasGemmGroupedBatchedEx(
+  MOE_CUBLAS_CALL(cublasGemmGroupedBatchedEx(
       CublasHandle(out.device()), transa.data(), transb.data(), m.data(), n.data(), k.data(),
       alpha.data(), device_pointers, CublasDataType(layout.ab_dtype), lda.data(),
       device_pointers + count, CublasDataType(layout.ab_dtype), ldb.data(), beta.data(),

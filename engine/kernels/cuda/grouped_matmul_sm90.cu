@@ -21,7 +21,7 @@ namespace {
 // done). Any other error is fatal.
 bool Launched(cudaError_t status) {
   if (status == cudaErrorInvalidValue) return false;
-  CUDA_CALL(status);
+  MOE_CUDA_CALL(status);
   return true;
 }
 
@@ -34,8 +34,8 @@ bool IsComputeCapability90(int device_index) {
   const auto [it, first] = known.try_emplace(device_index, false);
   if (first) {
     int major = 0, minor = 0;
-    CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index));
-    CUDA_CALL(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index));
+    MOE_CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index));
+    MOE_CUDA_CALL(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index));
     it->second = major == 9 && minor == 0;
   }
   return it->second;

@@ -33,8 +33,8 @@ ReadBuffer& ReadBufferOf(Device device) {
   std::lock_guard<std::mutex> lock(mutex);
   ReadBuffer& buffer = (*buffers)[device.index];
   if (buffer.host == nullptr) {
-    CUDA_CALL(cudaHostAlloc(&buffer.host, kSmallReadBytes, cudaHostAllocMapped));
-    CUDA_CALL(cudaHostGetDevicePointer(&buffer.mapped, buffer.host, 0));
+    MOE_CUDA_CALL(cudaHostAlloc(&buffer.host, kSmallReadBytes, cudaHostAllocMapped));
+    MOE_CUDA_CALL(cudaHostGetDevicePointer(&buffer.mapped, buffer.host, 0));
   }
   return buffer;
 }
@@ -55,8 +55,8 @@ void ReadSmallToHost(const Tensor& src, void* dst) {
     StoreWords<<<1, 256, 0, stream>>>(static_cast<const uint8_t*>(src.data()),
                                       static_cast<uint8_t*>(buffer.mapped), bytes);
   }
-  CUDA_CHECK_LAUNCH();
-  CUDA_CALL(cudaStreamSynchronize(stream));
+  MOE_CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CALL(cudaStreamSynchronize(stream));
   std::memcpy(dst, buffer.host, bytes);
 }
 

@@ -27,7 +27,7 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
   }
   const float alpha = 1.0f;
   const cudaDataType_t ab_type = CublasDataType(a.dtype());
-  CUBLAS_CALL(cublasGemmStridedBatchedEx(
+  MOE_CUBLAS_CALL(cublasGemmStridedBatchedEx(
       CublasHandle(out.device()), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
       transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, CublasInt(n), CublasInt(m), CublasInt(k), &alpha,
       b.data(), ab_type, CublasInt(b.dim(-1)), b.numel() / batches, a.data(), ab_type,

@@ -101,13 +101,13 @@ __global__ void InvertPermutationKernel(const int32_t* order, int64_t n, int64_t
 void NormalizeRowsForward(const Tensor& x, const Tensor& y) {
   NormalizeRowsForwardKernel<<<Blocks(x.dim(0)), kThreads, 0, StreamOf(x)>>>(
       x.data<float>(), y.data<float>(), x.dim(0), x.dim(1));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void NormalizeRowsBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   NormalizeRowsBackwardKernel<<<Blocks(x.dim(0)), kThreads, 0, StreamOf(x)>>>(
       dy.data<float>(), x.data<float>(), dx.data<float>(), x.dim(0), x.dim(1));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_t topk,
@@ -116,18 +116,18 @@ void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_
   Tensor weighted = Tensor::Empty({experts}, DType::kF32, probs.device());
   WeightedColumnSumsKernel<<<static_cast<int>(experts), kThreads, 0, StreamOf(probs)>>>(
       probs.data<float>(), offsets.data<int32_t>(), tokens, experts, weighted.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   const double scale = static_cast<double>(experts) / (static_cast<double>(tokens) * tokens * topk);
   ScaledSumKernel<<<1, kThreads, 0, StreamOf(probs)>>>(weighted.data<float>(), experts, scale,
                                                        loss.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void LoadBalancingLossBackward(const Tensor& offsets, int64_t topk, float grad,
                                const Tensor& dprobs) {
   LoadBalancingLossBackwardKernel<<<Blocks(dprobs.numel()), kThreads, 0, StreamOf(dprobs)>>>(
       offsets.data<int32_t>(), dprobs.dim(0), dprobs.dim(1), topk, grad, dprobs.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void ZLossForward(const Tensor& logits, const Tensor& loss) {
@@ -135,17 +135,17 @@ void ZLossForward(const Tensor& logits, const Tensor& loss) {
   Tensor squares = Tensor::Empty({tokens}, DType::kF32, logits.device());
   SquaredLogSumExpKernel<<<Blocks(tokens), kThreads, 0, StreamOf(logits)>>>(
       logits.data<float>(), tokens, logits.dim(1), squares.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   ScaledSumKernel<<<1, kThreads, 0, StreamOf(logits)>>>(squares.data<float>(), tokens,
                                                         1.0 / static_cast<double>(tokens),
                                                         loss.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
   ZLossBackwardKernel<<<Blocks(logits.dim(0)), kThreads, 0, StreamOf(logits)>>>(
       logits.data<float>(), logits.dim(0), logits.dim(1), grad, dlogits.data<float>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void InvertPermutation(const Tensor& order, int64_t topk, const Tensor& source_rows,
@@ -153,7 +153,7 @@ void InvertPermutation(const Tensor& order, int64_t topk, const Tensor& source_r
   InvertPermutationKernel<<<Blocks(order.numel()), kThreads, 0, StreamOf(order)>>>(
       order.data<int32_t>(), order.numel(), topk, source_rows.data<int32_t>(),
       inverse.data<int32_t>());
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda

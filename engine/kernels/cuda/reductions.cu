@@ -79,12 +79,12 @@ void Reduce(std::span<const Tensor> xs, bool square, const Tensor& out) {
                                      xs[next].dtype() == DType::kBF16};
     }
     kernel<<<kReduceBlocks, kReduceThreads, 0, stream>>>(batch, accumulate, Ptr<float>(partials));
-    CUDA_CHECK_LAUNCH();
+    MOE_CUDA_CHECK_LAUNCH();
     accumulate = true;
   } while (next < xs.size());
   FinishKernel<<<1, kReduceBlocks, 0, stream>>>(Ptr<const float>(partials), square,
                                                 Ptr<float>(out));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
         RmsNormForwardKernel<kVec, T, W>
             <<<BlocksFor(rows, 1), RowThreads(h / kVec), 0, StreamOf(x)>>>(
                 Ptr<const T>(x), Ptr<const W>(weight), eps, rows, h, Ptr<T>(y), Ptr<float>(rstd));
-        CUDA_CHECK_LAUNCH();
+        MOE_CUDA_CHECK_LAUNCH();
       });
     });
   });
@@ -127,19 +127,19 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
       DispatchVec(h, {dy.data(), x.data(), weight.data(), dx.data()}, [&]<int kVec>(VecTag<kVec>) {
         const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
         if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
-          CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
         }
         kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
             Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd), rows,
             h, Ptr<T>(dx), Ptr<float>(partials));
-        CUDA_CHECK_LAUNCH();
+        MOE_CUDA_CHECK_LAUNCH();
       });
     });
   });
   AddPartialsKernel<<<static_cast<int>((h + 31) / 32), dim3(32, kAddGroups), 0, stream>>>(
       Ptr<const float>(partials), blocks, h, Ptr<float>(dweight));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda

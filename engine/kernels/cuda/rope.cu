@@ -48,11 +48,11 @@ void Rotate(const Tensor& x, int64_t seq_len, float base, float direction, const
   constexpr int kThreads = 256;
   RopeTableKernel<<<BlocksFor(seq_len * half, kThreads), kThreads, 0, stream>>>(
       seq_len, half, base, direction, Ptr<float2>(table));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     RopeKernel<T><<<BlocksFor(tokens * heads * half, kThreads), kThreads, 0, stream>>>(
         Ptr<const T>(x), tokens, heads, half, seq_len, Ptr<const float2>(table), Ptr<T>(y));
-    CUDA_CHECK_LAUNCH();
+    MOE_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -69,7 +69,7 @@ void SoftmaxForward(const Tensor& x, const Tensor& y) {
       SoftmaxForwardKernel<kVec, T>
           <<<BlocksFor(rows, 1), RowThreads(cols / kVec), 0, StreamOf(x)>>>(Ptr<const T>(x), rows,
                                                                             cols, Ptr<T>(y));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }
@@ -82,7 +82,7 @@ void SoftmaxBackward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
       SoftmaxBackwardKernel<kVec, T>
           <<<BlocksFor(rows, 1), RowThreads(cols / kVec), 0, StreamOf(y)>>>(
               Ptr<const T>(dy), Ptr<const T>(y), rows, cols, Ptr<T>(dx));
-      CUDA_CHECK_LAUNCH();
+      MOE_CUDA_CHECK_LAUNCH();
     });
   });
 }

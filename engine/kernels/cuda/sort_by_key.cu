@@ -10,7 +10,7 @@
 //      equal keys (__match_any_sync) take consecutive positions in lane order and the lowest of
 //      them advances the (key, chunk) cursor. Input order is kept within and across chunks.
 // Chunks hold about kChunkTarget keys, fewer chunks when num_keys is large so counts stays within
-// kMaxCounters entries (~16 MiB). Keys out of range trap (DEVICE_CHECK).
+// kMaxCounters entries (~16 MiB). Keys out of range trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -27,7 +27,7 @@ __global__ void CountKernel(const int32_t* keys, int64_t n, int64_t num_keys, in
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t key = keys[i];
-    DEVICE_CHECK(key >= 0 && key < num_keys);
+    MOE_DEVICE_CHECK(key >= 0 && key < num_keys);
     atomicAdd(&counts[key * chunks + i / chunk_size], 1);
   }
 }
@@ -130,27 +130,27 @@ void SortByKey(const Tensor& keys, int64_t num_keys, const Tensor& order, const 
   int32_t* pcounts = Ptr<int32_t>(counts);
   int32_t* ptile_sums = Ptr<int32_t>(tile_sums);
 
-  CUDA_CALL(cudaMemsetAsync(pcounts, 0, counts.nbytes(), stream));
+  MOE_CUDA_CALL(cudaMemsetAsync(pcounts, 0, counts.nbytes(), stream));
   CountKernel<<<BlocksFor(n, 256), 256, 0, stream>>>(Ptr<const int32_t>(keys), n, num_keys,
                                                      chunk_size, chunks, pcounts);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   TileSumsKernel<<<static_cast<int>(tiles), kScanThreads, 0, stream>>>(pcounts, counters,
                                                                        ptile_sums);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   ExclusiveScanKernel<<<1, kScanThreads, 0, stream>>>(ptile_sums, tiles, tiles, nullptr,
                                                       ptile_sums);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   ExclusiveScanKernel<<<static_cast<int>(tiles), kScanThreads, 0, stream>>>(
       pcounts, counters, kScanTile, ptile_sums, pcounts);
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   OffsetsKernel<<<BlocksFor(num_keys + 1, 256), 256, 0, stream>>>(pcounts, num_keys, chunks, n,
                                                                   Ptr<int32_t>(offsets));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
   constexpr int kWarpsPerBlock = 8;
   ScatterKernel<<<static_cast<int>((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock),
                   32 * kWarpsPerBlock, 0, stream>>>(Ptr<const int32_t>(keys), n, chunk_size, chunks,
                                                     pcounts, Ptr<int32_t>(order));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda

@@ -67,7 +67,7 @@ __global__ void TopKBackwardKernel(const float* dvalues, const int32_t* indices,
     float grad = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t index = indices[row * k + j];
-      DEVICE_CHECK(index >= 0 && index < cols);
+      MOE_DEVICE_CHECK(index >= 0 && index < cols);
       if (index == col) grad += dvalues[row * k + j];
     }
     dx[idx] = grad;
@@ -84,7 +84,7 @@ void TopK(const Tensor& x, const Tensor& values, const Tensor& indices) {
   TopKKernel<<<BlocksFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, StreamOf(x)>>>(
       Ptr<const float>(x), rows, static_cast<int>(cols), static_cast<int>(k), Ptr<float>(values),
       Ptr<int32_t>(indices));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 void TopKBackward(const Tensor& dvalues, const Tensor& indices, const Tensor& dx) {
@@ -93,7 +93,7 @@ void TopKBackward(const Tensor& dvalues, const Tensor& indices, const Tensor& dx
   TopKBackwardKernel<<<BlocksFor(dx.numel(), kThreads), kThreads, 0, StreamOf(dx)>>>(
       Ptr<const float>(dvalues), Ptr<const int32_t>(indices), dx.dim(0), dx.dim(1), dvalues.dim(1),
       Ptr<float>(dx));
-  CUDA_CHECK_LAUNCH();
+  MOE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda
