@@ -32,6 +32,13 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
   }
 }
 
+std::vector<ParameterSpec> GptModel::StageParameterSpecs(const GptConfig& config,
+                                                         const GptStage& stage) {
+  ParameterSet specs = ParameterSet::SpecsOnly();
+  const GptModel model(config, specs, stage);
+  return specs.specs();
+}
+
 ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets) {
   const int64_t tokens = input.dim(0);
   const Device device = input.device();

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "engine/autograd/saved_tensors.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 #include "modules/gpt_config.h"
 #include "modules/rms_norm.h"
 #include "modules/transformer_layer.h"
@@ -48,6 +48,9 @@ class GptModel {
   // The whole model.
   GptModel(const GptConfig& config, ParameterSet& parameters);
   GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage);
+  // The parameters a stage creates, in creation order, without creating them.
+  static std::vector<ParameterSpec> StageParameterSpecs(const GptConfig& config,
+                                                        const GptStage& stage);
 
   // targets are read on the last stage only.
   ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets);

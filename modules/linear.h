@@ -5,7 +5,7 @@
 #pragma once
 
 #include "engine/core/tensor.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 
 namespace moe {
 

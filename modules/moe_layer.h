@@ -12,7 +12,7 @@
 #include <string>
 
 #include "engine/autograd/saved_tensors.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 #include "modules/gpt_config.h"
 #include "modules/grouped_mlp.h"
 #include "modules/router.h"

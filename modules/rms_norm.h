@@ -6,7 +6,7 @@
 #include <string>
 
 #include "engine/autograd/saved_tensors.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 
 namespace moe {
 

@@ -302,10 +302,11 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   }
 
   // The parameters of every stage, in stage order: this rank's own, and receive buffers for the
-  // others' (built before the transfers are enqueued: their initialization runs on compute).
+  // others' (their specs from the model, in the order the peer sends them; allocated on compute
+  // before the transfers are enqueued).
   const int chunks = static_cast<int>(chunks_.size());
   std::vector<std::vector<const Parameter*>> stages(static_cast<size_t>(pipeline_size * chunks));
-  std::vector<std::unique_ptr<ParameterSet>> received;  // per (peer, chunk), in issue order
+  std::vector<std::unique_ptr<Parameter>> received;  // in issue order
   std::vector<int> received_peer;
   for (int chunk = 0; chunk < chunks; ++chunk) {
     for (size_t i = chunk_parameters_[chunk]; i < chunk_parameters_[chunk + 1]; ++i) {
@@ -315,21 +316,24 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   for (int peer = 1; peer < pipeline_size; ++peer) {
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int stage = StageIndex(peer, chunk, pipeline_size);
-      auto set =
-          std::make_unique<ParameterSet>(device_, parameters_.compute_dtype(), options_.seed);
-      const GptModel stage_model(config_, *set, StageOf(stage));  // creates them in `set`
-      for (const auto& p : set->all()) stages[stage].push_back(p.get());
-      received.push_back(std::move(set));
-      received_peer.push_back(peer);
+      for (const ParameterSpec& spec : GptModel::StageParameterSpecs(config_, StageOf(stage))) {
+        auto p = std::make_unique<Parameter>();
+        p->name = spec.name;
+        for (Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) {
+          *t = Tensor::Empty(spec.shape, DType::kF32, device_);
+        }
+        stages[stage].push_back(p.get());
+        received.push_back(std::move(p));
+        received_peer.push_back(peer);
+      }
     }
   }
   if (!received.empty()) {
     EnqueueBetween(*pipeline_, compute, [&] {
       for (size_t s = 0; s < received.size(); ++s) {
-        for (const auto& p : received[s]->all()) {
-          for (const Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) {
-            pipeline_->Recv(*t, received_peer[s]);
-          }
+        for (const Tensor* t : {&received[s]->master, &received[s]->exp_avg,
+                                &received[s]->exp_avg_sq}) {
+          pipeline_->Recv(*t, received_peer[s]);
         }
       }
     });

@@ -41,8 +41,9 @@
 // identical; the others return at once), pipeline ranks 1.. send their parameters' master
 // weights and AdamW moments to pipeline rank 0 (Send/Recv on the pipeline group, stream-ordered),
 // and pipeline rank 0 (world rank 0) writes one checkpoint with the stages' tensors in model
-// order, as one process would. Rank 0 receives into per-stage ParameterSets that it builds for
-// the save and frees afterwards (the whole model's state, transiently). Load is per rank: every
+// order, as one process would. Rank 0 receives into buffers it allocates for the save from the
+// peers' stage parameter specs (GptModel::StageParameterSpecs) and frees afterwards (the whole
+// model's state, transiently). Load is per rank: every
 // rank reads the shared checkpoint itself and loads only its own parameters by name
 // (LoadCheckpoint's subset mode), plus step and data position, which are the same everywhere.
 #pragma once
@@ -58,7 +59,7 @@
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runtime/step_timeline.h"

@@ -4,8 +4,6 @@
 
 #include <glog/logging.h>
 
-#include "engine/runtime/device_context.h"
-
 namespace moe {
 
 int64_t NumElements(const Shape& shape) {
@@ -20,20 +18,6 @@ std::string ShapeString(const Shape& shape) {
   for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
   out << "]";
   return out.str();
-}
-
-Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device, MemorySpace space) {
-  DeviceContext& context = DeviceContext::Get(device);
-  const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
-  std::shared_ptr<Storage> storage = space == MemorySpace::kDevice
-                                         ? context.allocator().Allocate(bytes, context.compute_stream())
-                                         : context.pinned_pool().Allocate(bytes);
-  return Wrap(std::move(storage), shape, dtype);
-}
-
-Tensor Tensor::EmptyOnStream(const Shape& shape, DType dtype, Stream& stream) {
-  const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
-  return Wrap(DeviceContext::Get(stream.device()).allocator().Allocate(bytes, stream), shape, dtype);
 }
 
 Tensor Tensor::Wrap(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype,

@@ -35,7 +35,8 @@ class Tensor {
   Tensor() = default;  // undefined
 
   // New memory from the device's caching allocator (ordered on its compute stream) or from the
-  // pinned host pool. Contents are uninitialised.
+  // pinned host pool. Contents are uninitialised. (Defined by the runtime, which owns the
+  // allocators: engine/runtime/tensor_allocation.cc.)
   static Tensor Empty(const Shape& shape, DType dtype, Device device,
                       MemorySpace space = MemorySpace::kDevice);
   // Device memory whose use is ordered on `stream` (e.g. a reload buffer on a copy stream).

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/dist/communicator.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 
 namespace moe {
 

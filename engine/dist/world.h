@@ -17,7 +17,7 @@
 #include "engine/core/device.h"
 #include "engine/core/status.h"
 #include "engine/dist/communicator.h"
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

@@ -37,7 +37,7 @@
 #include "engine/core/storage.h"
 #include "engine/memory/memory_stats.h"
 #include "engine/memory/raw_memory.h"
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

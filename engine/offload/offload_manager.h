@@ -63,7 +63,7 @@
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
 #include "engine/runtime/step_timeline.h"
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

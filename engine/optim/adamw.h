@@ -8,7 +8,7 @@
 
 #include "engine/dist/communicator.h"
 #include "engine/kernels/ops.h"
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 
 namespace moe {
 

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

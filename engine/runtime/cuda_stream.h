@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

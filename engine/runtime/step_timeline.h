@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "engine/core/device.h"
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe {
 

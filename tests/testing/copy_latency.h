@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-#include "engine/runtime/stream.h"
+#include "engine/core/stream.h"
 
 namespace moe::testing {
 

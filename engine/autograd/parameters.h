@@ -57,9 +57,13 @@ class ParameterSet {
  public:
   // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
   ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state = true);
+  // A set that only records what is created: its parameters have a name and no tensors (to
+  // list a model's parameter specs without memory; modules must not read tensors while built).
+  static ParameterSet SpecsOnly();
 
   Parameter& Create(const ParameterSpec& spec);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
+  const std::vector<ParameterSpec>& specs() const { return specs_; }  // in creation order
   Parameter& Get(const std::string& name);
   int64_t NumElements() const;
 
@@ -76,7 +80,9 @@ class ParameterSet {
   DType compute_dtype_;
   uint64_t seed_;
   bool optimizer_state_;
+  bool allocate_ = true;
   std::vector<std::unique_ptr<Parameter>> parameters_;
+  std::vector<ParameterSpec> specs_;
 };
 
 }  // namespace moe

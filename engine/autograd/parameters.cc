@@ -1,4 +1,4 @@
-#include "engine/optim/parameters.h"
+#include "engine/autograd/parameters.h"
 
 #include <algorithm>
 #include <atomic>
@@ -47,11 +47,22 @@ ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bo
   CHECK(device.is_cuda() || compute_dtype == DType::kF32) << "the CPU backend computes in f32";
 }
 
+ParameterSet ParameterSet::SpecsOnly() {
+  ParameterSet set(Device::CPU(), DType::kF32, /*seed=*/0, /*optimizer_state=*/false);
+  set.allocate_ = false;
+  return set;
+}
+
 Parameter& ParameterSet::Create(const ParameterSpec& spec) {
   for (const auto& p : parameters_) CHECK(p->name != spec.name) << "parameter twice: " << spec.name;
   auto p = std::make_unique<Parameter>();
   p->name = spec.name;
   p->weight_decay = spec.weight_decay;
+  specs_.push_back(spec);
+  if (!allocate_) {
+    parameters_.push_back(std::move(p));
+    return *parameters_.back();
+  }
 
   std::vector<float> host(moe::NumElements(spec.shape));
   InitialValues(spec, seed_, host);
