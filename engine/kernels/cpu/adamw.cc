@@ -1,6 +1,4 @@
-// CPU reductions and the AdamW step.
-//   Sum: out (1) = sum of x, accumulated in double. GlobalL2Norm: out (1) = sqrt of the sum of
-//   squares over all tensors, in double, tensors in order. NaN propagates through both.
+// CPU AdamW step.
 //   AdamWUpdate (all (n) f32, in place): g = grad_scale * grad; m = b1 m + (1-b1) g;
 //   v = b2 v + (1-b2) g^2; master -= lr * (wd * master + m_hat / (sqrt(v_hat) + eps)) with
 //   m_hat = m / (1 - b1^step), v_hat = v / (1 - b2^step). model (f32 or bf16), when defined,
@@ -11,22 +9,6 @@
 #include "engine/kernels/cpu/cpu_ops.h"
 
 namespace moe::cpu {
-
-void Sum(const Tensor& x, const Tensor& out) {
-  const float* px = x.data<float>();
-  double sum = 0;
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += px[i];
-  out.data<float>()[0] = static_cast<float>(sum);
-}
-
-void GlobalL2Norm(std::span<const Tensor> xs, const Tensor& out) {
-  double sum_sq = 0;
-  for (const Tensor& x : xs) {
-    const float* px = x.data<float>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) sum_sq += static_cast<double>(px[i]) * px[i];
-  }
-  out.data<float>()[0] = static_cast<float>(std::sqrt(sum_sq));
-}
 
 void AdamWUpdate(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                  const AdamWConfig& config, const Tensor& model) {

@@ -1,8 +1,7 @@
-// CPU RMSNorm and row softmax, f32 with double row sums.
+// CPU RMSNorm, f32 with double row sums.
 //   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved.
 //   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows
 //     dy * x * rstd.
-//   SoftmaxForward: y = exp(x - max) / sum (rows, cols). SoftmaxBackward: dx = y * (dy - <dy, y>).
 #include <algorithm>
 #include <cmath>
 
@@ -42,34 +41,6 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
       dw[j] += dyr[j] * xr[j] * s;
       dxr[j] = s * (w[j] * dyr[j] - xr[j] * c);
     }
-  }
-}
-
-void SoftmaxForward(const Tensor& x, const Tensor& y) {
-  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x.data<float>() + r * cols;
-    float* yr = y.data<float>() + r * cols;
-    const float max = *std::max_element(xr, xr + cols);
-    double sum = 0;
-    for (int64_t j = 0; j < cols; ++j) {
-      yr[j] = std::exp(xr[j] - max);
-      sum += yr[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t j = 0; j < cols; ++j) yr[j] *= inv;
-  }
-}
-
-void SoftmaxBackward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
-  const int64_t cols = y.dim(-1), rows = y.numel() / cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* dyr = dy.data<float>() + r * cols;
-    const float* yr = y.data<float>() + r * cols;
-    float* dxr = dx.data<float>() + r * cols;
-    double dot = 0;
-    for (int64_t j = 0; j < cols; ++j) dot += static_cast<double>(dyr[j]) * yr[j];
-    for (int64_t j = 0; j < cols; ++j) dxr[j] = yr[j] * (dyr[j] - static_cast<float>(dot));
   }
 }
 
