@@ -52,7 +52,7 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   }
   Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
   ops::GroupedMatmul(dy, fc2_.value, offsets, host_rows, da, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, AccumulateIntoGrad(fc2_));
+  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, BeginGradWrite(fc2_));
 
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
@@ -62,7 +62,7 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad, AccumulateIntoGrad(fc1_));
+  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad, BeginGradWrite(fc1_));
   return grads;
 }
 

@@ -22,7 +22,7 @@ void LinearBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, con
 
 void LinearBackward(const Tensor& dy, const Tensor& x, Parameter& weight, const Tensor& dx,
                     bool accumulate_dx) {
-  LinearBackward(dy, x, weight.value, weight.grad, dx, accumulate_dx, AccumulateIntoGrad(weight));
+  LinearBackward(dy, x, weight.value, weight.grad, dx, accumulate_dx, BeginGradWrite(weight));
 }
 
 Tensor LinearBackward(const Tensor& dy, const Tensor& x, Parameter& weight) {

@@ -1,7 +1,7 @@
 // A bias-free linear map, as free functions: modules decide what to save.
 //   x (rows, in); weight (out, in) (PyTorch layout); y (rows, out) = x weight^T.
 //   Backward: dx (=, or += when accumulate_dx) = dy weight; dweight (f32) = or += dy^T x
-//   (for a Parameter, as AccumulateIntoGrad says).
+//   (for a Parameter, as BeginGradWrite says).
 #pragma once
 
 #include "engine/core/tensor.h"

@@ -19,10 +19,10 @@ void PerExpertForward(std::span<const int32_t> rows, const Tensor& x, const Para
 }
 
 // For every expert with rows: dx_e = dy_e w_e (=), w.grad_e += dy_e^T x_e (or =, as
-// AccumulateIntoGrad says; then an expert without rows gets zeros).
+// BeginGradWrite says; then an expert without rows gets zeros).
 void PerExpertBackward(std::span<const int32_t> rows, const Tensor& dy, const Tensor& x,
                        Parameter& w, const Tensor& dx) {
-  const bool accumulate = AccumulateIntoGrad(w);
+  const bool accumulate = BeginGradWrite(w);
   for (size_t e = 0; e + 1 < rows.size(); ++e) {
     const Tensor dw = ExpertMatrix(w, w.grad, e);
     if (rows[e] == rows[e + 1]) {

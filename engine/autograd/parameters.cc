@@ -104,14 +104,14 @@ void ParameterSet::ZeroGrads() {
   for (auto& p : parameters_) p->grad_pending_zero = true;
 }
 
-bool AccumulateIntoGrad(Parameter& p) {
+bool BeginGradWrite(Parameter& p) {
   const bool accumulate = !p.grad_pending_zero;
   p.grad_pending_zero = false;
   return accumulate;
 }
 
 const Tensor& MaterializedGrad(Parameter& p) {
-  if (!AccumulateIntoGrad(p)) ops::Fill(p.grad, 0.0f);
+  if (!BeginGradWrite(p)) ops::Fill(p.grad, 0.0f);
   return p.grad;
 }
 

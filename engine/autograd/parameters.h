@@ -8,7 +8,7 @@
 //           write after it stores (=) instead of adding, so a step's first micro-batch neither
 //           clears nor reads the gradients (for the experts' f32 gradients that halves the
 //           weight-gradient GEMMs' memory traffic). Code that writes or reads grad goes through
-//           AccumulateIntoGrad or MaterializedGrad below, never the tensor alone;
+//           BeginGradWrite or MaterializedGrad below, never the tensor alone;
 //   exp_avg, exp_avg_sq   AdamW moments, f32.
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
@@ -35,10 +35,10 @@ struct Parameter {
   bool grad_pending_zero = true;  // grad is zero, its memory not yet written (see above)
 };
 
-// For a backward op that writes p.grad either way: true when it must add (+=); false when
-// grad is pending zero, so that the op must store (=) every element, groups without rows
-// included. Either way grad counts as written from here on.
-bool AccumulateIntoGrad(Parameter& p);
+// Starts a backward op's write of p.grad (from here on grad counts as written, its pending zero
+// cleared) and says how: true, add (+=); false (grad was pending zero), store (=) every element,
+// groups without rows included.
+bool BeginGradWrite(Parameter& p);
 // p.grad with a pending zero written out: for ops that can only add, and for readers
 // (gradient all-reduce, norm, optimizer, dumps).
 const Tensor& MaterializedGrad(Parameter& p);
