@@ -209,6 +209,7 @@ int Run(const Status& parsed) {
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
   bool offload_policy_reported = false;
+  int64_t steps_run = 0;  // by this process (a resumed run counts from its first step here)
   while (trainer.step() < run.trainer.train_steps) {
     const bool traced =
         trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
@@ -224,7 +225,7 @@ int Run(const Status& parsed) {
                   1);
     }
     if (log) log->Step(step, stats);
-    if (plan && step > 1) {  // the first step also pins the host buffers: its copies run late
+    if (plan && ++steps_run > 1) {  // the first step also pins the host buffers: late copies
       StatusOr<bool> replanned = ReplanOverBudget(stats, run, capacity / ranks_sharing, plan_excess,
                                                   *plan);
       if (!replanned.ok()) return Fail(replanned.status(), 1);
