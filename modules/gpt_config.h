@@ -20,6 +20,7 @@ struct RecomputeModules {
   bool core_attn = false;  // core attention's output and softmax statistics, from q, k, v
 
   bool any() const { return layernorm || moe_act || moe || core_attn; }
+  bool operator==(const RecomputeModules&) const = default;
 };
 
 struct GptConfig {

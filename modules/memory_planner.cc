@@ -31,14 +31,10 @@ struct LayerChoice {
 };
 
 bool Recomputes(const RecomputeModules& r, const std::string& name) {
-  return (name == kLayerNormRecompute && r.layernorm) || (name == kMoeActRecompute && r.moe_act) ||
-         (name == kMoeRecompute && r.moe) || (name == kCoreAttnRecompute && r.core_attn);
+  return r.*RecomputeMember(name);
 }
 void SetRecompute(RecomputeModules& r, const std::string& name, bool on) {
-  if (name == kLayerNormRecompute) r.layernorm = on;
-  if (name == kMoeActRecompute) r.moe_act = on;
-  if (name == kMoeRecompute) r.moe = on;
-  if (name == kCoreAttnRecompute) r.core_attn = on;
+  r.*RecomputeMember(name) = on;
 }
 RecomputeModules OnlyModule(const std::string& name) {
   RecomputeModules r;
@@ -393,25 +389,28 @@ bool Has(const LayerChoice& c, const Candidate& x) {
   return x.is_recompute ? Recomputes(c.recompute, x.name) : c.offload.count(x.name) > 0;
 }
 
+// One layer's new choice and the rank's prediction with it.
 struct Change {
-  std::vector<LayerChoice> choices;
+  int layer = -1;
+  LayerChoice choice;
   RankModel::Prediction prediction;
 };
 
 // The best single change on the rank's layers: adding (`add`) or removing one candidate in one
 // layer (an addition made valid by Repair, a removal of core_attn taking attn_proj along), by
-// `score` of its prediction (negative: rejected; ties: the first).
+// `score` of its prediction (negative: rejected; ties: the first). Each trial edits its layer in
+// `choices` and puts it back.
 template <typename Score>
-std::optional<Change> BestChange(const RankModel& model, const std::vector<LayerChoice>& choices,
+std::optional<Change> BestChange(const RankModel& model, std::vector<LayerChoice>& choices,
                                  const std::vector<Candidate>& candidates, bool add,
                                  const std::set<std::string>& offload_candidates, Score score) {
   std::optional<Change> best;
   double best_score = 0;
   for (int layer : model.layers()) {
+    const LayerChoice current = choices[layer];
     for (const Candidate& x : candidates) {
-      if (Has(choices[layer], x) == add) continue;
-      std::vector<LayerChoice> trial = choices;
-      LayerChoice& c = trial[layer];
+      if (Has(current, x) == add) continue;
+      LayerChoice c = current;
       if (x.is_recompute) {
         SetRecompute(c.recompute, x.name, add);
       } else if (add) {
@@ -421,10 +420,12 @@ std::optional<Change> BestChange(const RankModel& model, const std::vector<Layer
         if (x.name == kCoreAttnGroup) c.offload.erase(kAttnProjGroup);
       }
       if (add && !Repair(c, x.name, x.is_recompute, offload_candidates)) continue;
-      RankModel::Prediction p = model.Predict(trial);
+      choices[layer] = c;
+      RankModel::Prediction p = model.Predict(choices);
+      choices[layer] = current;
       const double s = score(p);
       if (s < 0 || (best && s <= best_score)) continue;
-      best = Change{std::move(trial), std::move(p)};
+      best = Change{layer, std::move(c), std::move(p)};
       best_score = s;
     }
   }
@@ -456,15 +457,6 @@ double MemoryPlan::peak_bytes() const {
   return peak;
 }
 
-bool MemoryPlan::SameRecompute(const MemoryPlan& other) const {
-  for (size_t i = 0; i < recompute_by_layer.size(); ++i) {
-    if (RecomputeBits(recompute_by_layer[i]) != RecomputeBits(other.recompute_by_layer[i])) {
-      return false;
-    }
-  }
-  return true;
-}
-
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
   PartitionOptions layout;
   const MemoryEstimateOptions& run = request.run;
@@ -494,8 +486,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
         rank < static_cast<int>(request.excess_bytes.size()) ? request.excess_bytes[rank] : 0;
     const double target = request.budget_bytes * (1 - kPlanMargin) - excess;
     RankPlanSummary summary;
-    summary.baseline_peak_bytes = model.Predict(choices).peak;
     RankModel::Prediction now = model.Predict(choices);
+    summary.baseline_peak_bytes = now.peak;
     // Add: the change with the most peak bytes saved per ms added.
     while (now.peak > target) {
       auto change = BestChange(model, choices, candidates, /*add=*/true,
@@ -504,8 +496,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
                                  return saved <= 0 ? -1 : saved / std::max(p.ms - now.ms, 1e-6);
                                });
       if (!change) break;
-      choices = std::move(change->choices);
-      now = change->prediction;
+      choices[change->layer] = std::move(change->choice);
+      now = std::move(change->prediction);
     }
     if (now.peak > request.budget_bytes - excess) {
       char budget[32];
@@ -526,8 +518,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
                                  return p.peak > target || gain < 0 ? -1 : gain;
                                });
       if (!change) break;
-      choices = std::move(change->choices);
-      now = change->prediction;
+      choices[change->layer] = std::move(change->choice);
+      now = std::move(change->prediction);
     }
     summary.peak_bytes = now.peak;
     summary.exposed_ms = now.ms;

@@ -92,13 +92,10 @@ struct MemoryPlan {
   double budget_bytes = 0;
 
   double peak_bytes() const;  // the largest rank's
-  bool operator==(const MemoryPlan& other) const {
-    return recompute_by_layer.size() == other.recompute_by_layer.size() &&
-           offload == other.offload && SameRecompute(other);
+  // The same choices (predictions aside).
+  bool SameChoices(const MemoryPlan& other) const {
+    return recompute_by_layer == other.recompute_by_layer && offload == other.offload;
   }
-
- private:
-  bool SameRecompute(const MemoryPlan& other) const;
 };
 
 // The plan, or, when even every candidate everywhere does not bring a rank under the budget, an

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include <glog/logging.h>
+
 namespace moe {
 
 const std::vector<std::string>& OffloadGroupNames() {
@@ -65,13 +67,18 @@ const std::vector<std::string>& RecomputeModuleNames() {
   return names;
 }
 
+bool RecomputeModules::*RecomputeMember(const std::string& name) {
+  if (name == kLayerNormRecompute) return &RecomputeModules::layernorm;
+  if (name == kMoeActRecompute) return &RecomputeModules::moe_act;
+  if (name == kMoeRecompute) return &RecomputeModules::moe;
+  CHECK_EQ(name, kCoreAttnRecompute) << "not a recompute module";
+  return &RecomputeModules::core_attn;
+}
+
 StatusOr<RecomputeModules> MakeRecomputeModules(const std::set<std::string>& names,
                                                 const std::string& flag) {
   RecomputeModules r;
-  r.layernorm = names.count(kLayerNormRecompute) > 0;
-  r.moe_act = names.count(kMoeActRecompute) > 0;
-  r.moe = names.count(kMoeRecompute) > 0;
-  r.core_attn = names.count(kCoreAttnRecompute) > 0;
+  for (const std::string& name : names) r.*RecomputeMember(name) = true;
   if (r.moe && r.moe_act) {
     return InvalidArgument(flag + ": " + kMoeRecompute + " already recomputes " + kMoeActRecompute +
                            "; list one of them");
@@ -81,18 +88,16 @@ StatusOr<RecomputeModules> MakeRecomputeModules(const std::set<std::string>& nam
 
 Status CheckRecomputeWithOffload(const RecomputeModules& recompute,
                                  const std::set<std::string>& offload_groups) {
-  const std::pair<bool, const char*> modules[] = {{recompute.layernorm, kLayerNormRecompute},
-                                                  {recompute.core_attn, kCoreAttnRecompute},
-                                                  {recompute.moe, kMoeRecompute},
-                                                  {recompute.moe_act, kMoeActRecompute}};
+  const char* const modules[] = {kLayerNormRecompute, kCoreAttnRecompute, kMoeRecompute,
+                                 kMoeActRecompute};  // the order conflicts are reported in
   const auto conflicts = [](const std::string& module) -> std::vector<const char*> {
     if (module == kLayerNormRecompute) return {kAttnNormGroup, kMlpNormGroup, kQkvLinearGroup};
     if (module == kCoreAttnRecompute) return {kCoreAttnGroup, kAttnProjGroup};
     if (module == kMoeRecompute) return {kFusedGroupMlpGroup, kExpertFc1Group, kMoeActGroup};
     return {kMoeActGroup};
   };
-  for (const auto& [on, module] : modules) {
-    if (!on) continue;
+  for (const char* module : modules) {
+    if (!(recompute.*RecomputeMember(module))) continue;
     for (const char* group : conflicts(module)) {
       if (offload_groups.count(group)) {
         return InvalidArgument(std::string("--recompute_modules=") + module +

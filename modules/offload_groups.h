@@ -54,6 +54,8 @@ inline constexpr char kMoeRecompute[] = "moe";
 inline constexpr char kCoreAttnRecompute[] = "core_attn";
 
 const std::vector<std::string>& RecomputeModuleNames();
+// The RecomputeModules field a module name sets (a bug for a name not in RecomputeModuleNames).
+bool RecomputeModules::*RecomputeMember(const std::string& name);
 // `names` (known recompute modules) as flags; a problem starts with `flag`: moe together with
 // moe_act (moe already recomputes the activation).
 StatusOr<RecomputeModules> MakeRecomputeModules(const std::set<std::string>& names,

@@ -120,7 +120,7 @@ StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run, si
     return InvalidArgument("the measured peak went over the budget and re-planning failed: " +
                            replanned.status().message());
   }
-  const bool changed = !(*replanned == plan);
+  const bool changed = !replanned->SameChoices(plan);
   plan = std::move(replanned).value();
   return changed;
 }
