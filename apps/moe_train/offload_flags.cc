@@ -51,8 +51,13 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
                            " must be in [0, --num_layers=" + std::to_string(model.num_layers) + "]");
   }
 
-  MOE_ASSIGN_OR_RETURN(const std::set<std::string> chosen,
-                   ParseNameList(values.modules, OffloadGroupNames(), "offload_modules"));
+  std::set<std::string> chosen;
+  if (values.planned_groups) {
+    chosen = *values.planned_groups;
+  } else {
+    MOE_ASSIGN_OR_RETURN(chosen,
+                         ParseNameList(values.modules, OffloadGroupNames(), "offload_modules"));
+  }
   if (chosen.empty()) return std::optional<OffloadOptions>();
   MOE_RETURN_IF_ERROR(CheckOffloadGroups(chosen, model.moe_grouped_mlp, "--offload_modules"));
 
@@ -65,7 +70,7 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
   options.fraction = values.fraction;
   options.pp_delta_bytes = values.pp_delta_bytes;
   options.prefetch_layers = static_cast<int>(values.prefetch_layers);
-  if (values.planned) options.planned.emplace();
+  if (values.planned_groups) options.planned.emplace();
   return std::optional<OffloadOptions>(std::move(options));
 }
 
@@ -73,13 +78,7 @@ StatusOr<std::optional<OffloadOptions>> OffloadOptionsFromFlags(
     const GptConfig& model, const std::optional<MemoryBudget>& budget) {
   OffloadFlagValues values;
   values.modules = FLAGS_offload_modules;
-  if (budget) {
-    values.planned = true;
-    values.modules.clear();
-    for (const std::string& group : budget->offload_candidates) {
-      values.modules += (values.modules.empty() ? "" : ",") + group;
-    }
-  }
+  if (budget) values.planned_groups = budget->offload_candidates;
   values.min_tensor_bytes = FLAGS_offload_min_tensor_bytes;
   values.fraction = FLAGS_offload_fraction;
   values.pp_delta_bytes = FLAGS_offload_pp_delta_bytes;

@@ -31,9 +31,9 @@ struct OffloadFlagValues {
   double fraction = 1.0;
   int64_t pp_delta_bytes = 0;
   int64_t prefetch_layers = 1;
-  // --memory_budget_gib is on: `modules` are the planner's candidates and the options get an
-  // (empty) planned policy for the plan.
-  bool planned = false;
+  // --memory_budget_gib is on: the planner's candidate groups (instead of `modules`, which the
+  // budget has read); the options get an (empty) planned policy for the plan.
+  std::optional<std::set<std::string>> planned_groups;
 };
 
 // The candidates' list value meaning every eligible name (with --memory_budget_gib only).
