@@ -365,7 +365,7 @@ Status Trainer::Load(const std::string& path) {
   std::vector<NamedTensor> model, optimizer;
   CollectTensors(parameters_, &model, &optimizer);
   MOE_ASSIGN_OR_RETURN(const nlohmann::json state,
-                   LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
+                       LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
       return DataLoss("--load " + dir + ": state.json has no integer \"" + key + "\"");

@@ -112,15 +112,16 @@ StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::st
     budget.offload_candidates = EligibleOffloadGroups(model.moe_grouped_mlp);
   } else {
     MOE_ASSIGN_OR_RETURN(budget.offload_candidates,
-                     ParseNameList(offload_list, OffloadGroupNames(), "offload_modules"));
+                         ParseNameList(offload_list, OffloadGroupNames(), "offload_modules"));
     MOE_RETURN_IF_ERROR(
         CheckOffloadGroups(budget.offload_candidates, model.moe_grouped_mlp, "--offload_modules"));
   }
   if (both_auto || recompute_list == kAutoCandidates) {
     budget.recompute_candidates = {RecomputeModuleNames().begin(), RecomputeModuleNames().end()};
   } else {
-    MOE_ASSIGN_OR_RETURN(budget.recompute_candidates,
-                     ParseNameList(recompute_list, RecomputeModuleNames(), "recompute_modules"));
+    MOE_ASSIGN_OR_RETURN(
+        budget.recompute_candidates,
+        ParseNameList(recompute_list, RecomputeModuleNames(), "recompute_modules"));
   }
   return std::optional<MemoryBudget>(std::move(budget));
 }
@@ -133,9 +134,9 @@ StatusOr<std::optional<MemoryBudget>> MemoryBudgetFromFlags(const GptConfig& mod
 StatusOr<RecomputeModules> MakeRecompute(const std::string& list,
                                          const std::optional<OffloadOptions>& offload) {
   MOE_ASSIGN_OR_RETURN(const std::set<std::string> names,
-                   ParseNameList(list, RecomputeModuleNames(), "recompute_modules"));
+                       ParseNameList(list, RecomputeModuleNames(), "recompute_modules"));
   MOE_ASSIGN_OR_RETURN(const RecomputeModules recompute,
-                   MakeRecomputeModules(names, "--recompute_modules"));
+                       MakeRecomputeModules(names, "--recompute_modules"));
   if (offload) MOE_RETURN_IF_ERROR(CheckRecomputeWithOffload(recompute, offload->groups));
   return recompute;
 }

@@ -28,7 +28,7 @@ StatusOr<std::unique_ptr<TokenSource>> OpenTokenSource(const DataOptions& option
                              ": --data_format=synthetic reads no file");
     }
     MOE_ASSIGN_OR_RETURN(std::unique_ptr<SyntheticTokenSource> source,
-                     SyntheticTokenSource::Create(options.vocab_size, options.synthetic));
+                         SyntheticTokenSource::Create(options.vocab_size, options.synthetic));
     return std::unique_ptr<TokenSource>(std::move(source));
   }
   if (options.format != "megatron" && options.format != "flat_u16" &&
@@ -65,7 +65,7 @@ StatusOr<BatchSampler> BatchSampler::Create(const TokenSource* source, int64_t s
   }
   MOE_ASSIGN_OR_RETURN(const int64_t train_windows, source->NumWindows(Split::kTrain, seq_length + 1));
   MOE_ASSIGN_OR_RETURN(const int64_t validation_windows,
-                   source->NumWindows(Split::kValidation, seq_length + 1));
+                       source->NumWindows(Split::kValidation, seq_length + 1));
   return BatchSampler(source, seq_length, batch_size, seed, train_windows, validation_windows);
 }
 
