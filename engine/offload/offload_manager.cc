@@ -79,6 +79,7 @@ OffloadManager::OffloadManager(Device device, OffloadOptions options, int pp_ran
   CHECK_GE(options_.pp_delta_bytes, 0);
   CHECK_GE(pp_rank_, 0);
   CHECK_GE(options_.prefetch_layers, 0);
+  if (options_.planned) policy_ = *options_.planned;
   DeviceContext& context = DeviceContext::Get(device);
   d2h_ = context.CreateSideStream();
   h2d_ = context.CreateSideStream();
@@ -107,14 +108,13 @@ OffloadManager::Record* OffloadManager::FindRecord(const SavedTensors* saved) {
 }
 
 bool OffloadManager::ShouldOffload(const std::string& name, int layer) const {
-  if (options_.planned) return options_.planned->count({layer, name}) > 0;
-  return !policy_fixed_ || policy_.count({layer, name}) > 0;
+  const bool warm_up = !policy_fixed_ && !options_.planned;
+  return warm_up || policy_.count({layer, name}) > 0;
 }
 
 void OffloadManager::SetPlanned(std::set<std::pair<int, std::string>> planned) {
   CHECK(options_.planned) << "SetPlanned needs a manager made with a planned policy";
-  options_.planned = std::move(planned);
-  policy_ = *options_.planned;
+  policy_ = std::move(planned);
   if (policy_fixed_) Summarize();
 }
 
@@ -388,8 +388,7 @@ void OffloadManager::FixPolicy() {
   });
   warmup_ = step_;
   policy_fixed_ = true;
-  if (options_.planned) {
-    policy_ = *options_.planned;
+  if (options_.planned) {  // the plan is the policy already
     Summarize();
     return;
   }

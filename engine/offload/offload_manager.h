@@ -124,7 +124,8 @@ class OffloadManager final : public SavedTensorHooks {
 
   // Ends an optimizer step (see the top of the file) and returns what it moved.
   OffloadStepStats EndStep();
-  // A new planned policy (options().planned), from the next step on; call between steps.
+  // A new plan (for a manager made with options.planned), from the next step on; call between
+  // steps.
   void SetPlanned(std::set<std::pair<int, std::string>> planned);
 
   bool policy_fixed() const { return policy_fixed_; }
@@ -162,7 +163,7 @@ class OffloadManager final : public SavedTensorHooks {
   std::unique_ptr<Event> TakeEvent();
 
   const Device device_;
-  OffloadOptions options_;
+  const OffloadOptions options_;
   const int pp_rank_;
   Stream& compute_;
   std::unique_ptr<Stream> d2h_;
@@ -185,7 +186,8 @@ class OffloadManager final : public SavedTensorHooks {
   std::map<std::pair<int, std::string>, Observation*> observed_index_;
   std::vector<std::unique_ptr<Observation>> observed_;
   bool policy_fixed_ = false;
-  std::set<std::pair<int, std::string>> policy_;  // offloaded pairs after the warm-up
+  // The offloaded pairs: after the warm-up, or the plan (options.planned, SetPlanned).
+  std::set<std::pair<int, std::string>> policy_;
   std::vector<OffloadGroupSummary> summary_;
   OffloadStepStats warmup_;  // what the warm-up step moved
 
