@@ -138,17 +138,16 @@ void CachingAllocator::ProcessPendingFrees(bool wait) {
     }
     return true;
   };
-  std::vector<Block*> still_pending;
-  for (Block* block : pending_frees_) {
-    if (ready(block)) {
-      block->pending_events.clear();
-      stats_.allocated_bytes -= block->size;
-      free_blocks_[block->stream].emplace(block->size, block);
-    } else {
-      still_pending.push_back(block);
-    }
-  }
-  pending_frees_.swap(still_pending);
+  // Runs on every allocation: in place, nothing allocated.
+  const auto released = [&](Block* block) {
+    if (!ready(block)) return false;
+    block->pending_events.clear();
+    stats_.allocated_bytes -= block->size;
+    free_blocks_[block->stream].emplace(block->size, block);
+    return true;
+  };
+  pending_frees_.erase(std::remove_if(pending_frees_.begin(), pending_frees_.end(), released),
+                       pending_frees_.end());
 }
 
 void CachingAllocator::ReleaseCachedBlocks() {
