@@ -101,7 +101,7 @@ nlohmann::json RunDescription(const RunConfig& run) {
 // of its replicas') went over the budget, plans its offloading again around the excess over the
 // prediction (what each layer recomputes is built into the model and stays). Every rank computes
 // the same plan from the step's global peaks. True when `plan` changed.
-StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run, size_t capacity,
+StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run,
                                 std::vector<double>& excess, MemoryPlan& plan) {
   constexpr double kMiB = 1024.0 * 1024.0;
   bool over = false;
@@ -115,7 +115,7 @@ StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run, si
     excess[rank] = std::max(excess[rank], measured - plan.ranks[rank].peak_bytes);
   }
   if (!over) return false;
-  StatusOr<MemoryPlan> replanned = PlanRunMemory(run, capacity, excess, plan.recompute_by_layer);
+  StatusOr<MemoryPlan> replanned = PlanRunMemory(run, excess, plan.recompute_by_layer);
   if (!replanned.ok()) {
     return InvalidArgument("the measured peak went over the budget and re-planning failed: " +
                            replanned.status().message());
@@ -147,18 +147,17 @@ int Run(const Status& parsed) {
   if (!agreed.ok()) return Fail(agreed, 2);
   run.device = *device;
   // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
-  const int ranks_sharing = run.device.is_cuda() ? 1 : world.local_size();
   const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
+  agreed = world.AllAgree(
+      CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
+  if (!agreed.ok()) return Fail(agreed, 2);
   std::optional<MemoryPlan> plan;
   if (run.memory_budget) {
-    StatusOr<MemoryPlan> planned = PlanRunMemory(run, capacity / ranks_sharing);
+    StatusOr<MemoryPlan> planned = PlanRunMemory(run);
     agreed = world.AllAgree(planned.status());
     if (!agreed.ok()) return Fail(agreed, 2);
     plan = std::move(planned).value();
     ApplyMemoryPlan(*plan, run);
-  } else {
-    agreed = world.AllAgree(CheckMemoryFits(run, capacity, ranks_sharing));
-    if (!agreed.ok()) return Fail(agreed, 2);
   }
   SetOutOfMemoryHandler(&OutOfMemory);
   std::set_new_handler(&OutOfHostMemory);
@@ -226,8 +225,7 @@ int Run(const Status& parsed) {
     }
     if (log) log->Step(step, stats);
     if (plan && ++steps_run > 1) {  // the first step also pins the host buffers: late copies
-      StatusOr<bool> replanned = ReplanOverBudget(stats, run, capacity / ranks_sharing, plan_excess,
-                                                  *plan);
+      StatusOr<bool> replanned = ReplanOverBudget(stats, run, plan_excess, *plan);
       if (!replanned.ok()) return Fail(replanned.status(), 1);
       if (*replanned) {
         trainer.SetOffloadPlan(plan->offload);

@@ -47,6 +47,13 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
 
 Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
   if (capacity_bytes == 0) return Status::Ok();
+  if (run.memory_budget) {  // the planner decides what fits in the budget
+    const double rank_capacity = static_cast<double>(capacity_bytes) / ranks_sharing;
+    if (run.memory_budget->bytes <= rank_capacity) return Status::Ok();
+    return InvalidArgument("--memory_budget_gib=" + FlagValueText("memory_budget_gib") +
+                           " is more than " + CapacityName(run.device) + " has (" +
+                           Bytes(rank_capacity) + ")");
+  }
   const MemoryEstimate e = EstimateTrainingMemory(EstimateOptions(run));
   // Refuse only what cannot fit: the counted bytes (on the H200 within 0.3% of the measured peak;
   // on CPU above it; recompute included), without the activations when offloading keeps fewer of
@@ -70,16 +77,10 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                          "--micro_batch_size, or add --recompute_modules or --offload_modules");
 }
 
-StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, size_t capacity_bytes,
-                                   const std::vector<double>& excess_bytes,
+StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, const std::vector<double>& excess_bytes,
                                    const std::vector<RecomputeModules>& fixed_recompute) {
   CHECK(run.memory_budget.has_value());
   const MemoryBudget& budget = *run.memory_budget;
-  if (capacity_bytes > 0 && budget.bytes > static_cast<double>(capacity_bytes)) {
-    return InvalidArgument("--memory_budget_gib=" + FlagValueText("memory_budget_gib") +
-                           " is more than " + CapacityName(run.device) + " has (" +
-                           Bytes(static_cast<double>(capacity_bytes)) + ")");
-  }
   MemoryPlanRequest request;
   request.run = EstimateOptions(run);
   request.budget_bytes = budget.bytes;
