@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "engine/memory/caching_allocator.h"
 #include "engine/pipeline/partition.h"
@@ -121,6 +122,55 @@ class RankModel {
     std::map<int, double> exposed_ms;  // per layer, per step: the reload wait
   };
 
+  // Predicted per step: the forward compute of every pass (choices do not change it).
+  double ForwardMs() const {
+    double ms = 0;
+    for (const Action& a : actions_) {
+      if (a.kind != Action::Kind::kForward) continue;
+      const Chunk& c = chunks_[a.chunk];
+      ms += c.head_forward_ms;
+      for (int l = c.range.begin; l < c.range.end; ++l) ms += LayerForwardMs(l);
+    }
+    return ms;
+  }
+
+  // The offloaded tensors of the passes in flight when they hold the most bytes.
+  std::vector<SavedTensorSize> HostBuffers(const std::vector<LayerChoice>& choices) const {
+    std::vector<std::vector<SavedTensorSize>> by_chunk;
+    for (const Chunk& c : chunks_) {
+      std::vector<SavedTensorSize>& moved = by_chunk.emplace_back();
+      for (int l = c.range.begin; l < c.range.end; ++l) {
+        for (const SavedTensorSize& s : Saves(request_.run.model.is_moe_layer(l), choices[l].recompute)) {
+          if (Moves(choices[l], s)) moved.push_back(s);
+        }
+      }
+    }
+    std::multiset<int> in_flight;  // chunks of the passes whose forward ran, backward not yet
+    std::vector<SavedTensorSize> most;
+    double most_bytes = 0;
+    for (const Action& a : actions_) {
+      if (a.kind == Action::Kind::kBackward) {
+        const auto it = in_flight.find(a.chunk);
+        if (it != in_flight.end()) in_flight.erase(it);
+      }
+      if (a.kind != Action::Kind::kForward) continue;
+      in_flight.insert(a.chunk);
+      std::vector<SavedTensorSize> held;
+      double bytes = 0;
+      for (int chunk : in_flight) {
+        for (const SavedTensorSize& s : by_chunk[chunk]) {
+          held.push_back(s);
+          bytes += s.bytes;
+        }
+      }
+      if (bytes > most_bytes) {
+        most_bytes = bytes;
+        most = std::move(held);
+      }
+    }
+    return most;
+  }
+
   Prediction Predict(const std::vector<LayerChoice>& choices) const {
     Prediction p;
     std::vector<Pass> passes;
@@ -220,6 +270,10 @@ class RankModel {
     std::vector<double> top_offloaded;  // offloaded bytes of its layers, last layer first
   };
 
+  // Whether `s` goes to the host under `choice`.
+  bool Moves(const LayerChoice& choice, const SavedTensorSize& s) const {
+    return choice.offload.count(s.group) && s.bytes >= D(request_.min_tensor_bytes);
+  }
   static double SumRounded(const std::vector<SavedTensorSize>& saves) {
     double total = 0;
     for (const SavedTensorSize& s : saves) total += Rounded(s.bytes);
@@ -285,8 +339,7 @@ class RankModel {
       const bool moe = request_.run.model.is_moe_layer(layer);
       const double full = SumRounded(Saves(moe, {}));
       for (const SavedTensorSize& s : Saves(moe, choice.recompute)) {
-        const bool moves = choice.offload.count(s.group) && s.bytes >= D(request_.min_tensor_bytes);
-        (moves ? offloaded : resident)[i] += Rounded(s.bytes);
+        (Moves(choice, s) ? offloaded : resident)[i] += Rounded(s.bytes);
       }
       const double dropped = full - resident[i] - offloaded[i];
       workspace[i] = BackwardWorkspace(layer) + dropped;
@@ -451,6 +504,18 @@ PlannerSpeeds PlannerSpeeds::Defaults(bool cuda) {
   return cuda ? PlannerSpeeds{3.3e14, 3.0e12, 55e9} : PlannerSpeeds{2e10, 4e9, 4e9};
 }
 
+PlannerSpeeds CalibratedSpeeds(const PlannerSpeeds& assumed, double predicted_forward_ms,
+                               double measured_forward_ms, double measured_copy_bytes_per_s) {
+  PlannerSpeeds out = assumed;
+  if (predicted_forward_ms > 0 && measured_forward_ms > 0) {
+    const double scale = predicted_forward_ms / measured_forward_ms;
+    out.matmul_flops_per_s *= scale;
+    out.memory_bytes_per_s *= scale;
+  }
+  if (measured_copy_bytes_per_s > 0) out.copy_bytes_per_s = measured_copy_bytes_per_s;
+  return out;
+}
+
 double MemoryPlan::peak_bytes() const {
   double peak = 0;
   for (const RankPlanSummary& r : ranks) peak = std::max(peak, r.peak_bytes);
@@ -486,8 +551,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
         rank < static_cast<int>(request.excess_bytes.size()) ? request.excess_bytes[rank] : 0;
     const double target = request.budget_bytes * (1 - kPlanMargin) - excess;
     RankPlanSummary summary;
+    summary.baseline_peak_bytes = model.Predict(std::vector<LayerChoice>(choices.size())).peak;
     RankModel::Prediction now = model.Predict(choices);
-    summary.baseline_peak_bytes = now.peak;
     // Add: the change with the most peak bytes saved per ms added.
     while (now.peak > target) {
       auto change = BestChange(model, choices, candidates, /*add=*/true,
@@ -523,6 +588,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
     }
     summary.peak_bytes = now.peak;
     summary.exposed_ms = now.ms;
+    summary.forward_ms = model.ForwardMs();
+    summary.host_buffers = model.HostBuffers(choices);
     plan.ranks.push_back(summary);
     const double passes = static_cast<double>(request.run.micro_batches);
     for (int layer : model.layers()) {

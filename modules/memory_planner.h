@@ -82,6 +82,10 @@ struct RankPlanSummary {
   double peak_bytes = 0;     // predicted
   double baseline_peak_bytes = 0;  // predicted with nothing offloaded or recomputed
   double exposed_ms = 0;     // predicted per step
+  double forward_ms = 0;     // predicted per step: the forward passes' compute (time model)
+  // The pinned host buffers the rank holds at most at once: one per offloaded tensor of the
+  // passes in flight (forward done, backward not yet), with its offload group.
+  std::vector<SavedTensorSize> host_buffers;
 };
 
 struct MemoryPlan {
@@ -97,6 +101,12 @@ struct MemoryPlan {
     return recompute_by_layer == other.recompute_by_layer && offload == other.offload;
   }
 };
+
+// Speeds that make the time model match a measured step: the compute rates of `assumed` scaled
+// by predicted / measured forward time (per step, on the same plan), and the copy rate measured
+// (bytes / busy time of the copies; <= 0: none moved, `assumed`'s stays).
+PlannerSpeeds CalibratedSpeeds(const PlannerSpeeds& assumed, double predicted_forward_ms,
+                               double measured_forward_ms, double measured_copy_bytes_per_s);
 
 // The plan, or, when even every candidate everywhere does not bring a rank under the budget, an
 // error naming --memory_budget_gib, the rank and by how many GiB it misses.

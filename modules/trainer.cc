@@ -175,9 +175,10 @@ StepStats Trainer::TrainStep(bool trace) {
   TimelineStep timed = timeline_->EndStep();
   stats.trace = std::move(timed.trace);
 
-  // One all-reduce over the world: loss, aux loss, bubble, the breakdown (mean over ranks), then
-  // one slot per rank for its peak.
-  constexpr int kPeaks = 3 + kNumStepPhases;
+  // One all-reduce over the world: loss, aux loss, bubble, the breakdown (mean over ranks), the
+  // offload copies' GiB and busy ms (sums), then one slot per rank for its peak.
+  constexpr int kCopies = 3 + kNumStepPhases;
+  constexpr int kPeaks = kCopies + 2;
   const int ranks = GroupSize(pipeline_) * GroupSize(data_);
   const int world_rank = GroupRank(pipeline_) * GroupSize(data_) + GroupRank(data_);
   std::vector<float> sums(kPeaks + ranks, 0.0f);
@@ -185,6 +186,9 @@ StepStats Trainer::TrainStep(bool trace) {
   ops::CopyToHost(totals.aux_loss, &sums[1]);
   if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
   for (int i = 0; i < kNumStepPhases; ++i) sums[3 + i] = timed.breakdown.ms[i] / ranks;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  sums[kCopies] = (stats.offload.offloaded_bytes + stats.offload.reloaded_bytes) / kGiB;
+  sums[kCopies + 1] = stats.offload.d2h_ms + stats.offload.h2d_ms;
   sums[kPeaks + world_rank] = context.allocator().stats().peak_allocated_bytes / double(1 << 20);
   AllReduceHostValues(pipeline_, sums);
   AllReduceHostValues(data_, sums);
@@ -192,6 +196,7 @@ StepStats Trainer::TrainStep(bool trace) {
   stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
   stats.pipeline_bubble = sums[2];
   for (int i = 0; i < kNumStepPhases; ++i) stats.breakdown.ms[i] = sums[3 + i];
+  if (sums[kCopies + 1] > 0) stats.copy_bytes_per_s = sums[kCopies] * kGiB / (sums[kCopies + 1] / 1e3);
   stats.peak_device_mib.assign(sums.begin() + kPeaks, sums.end());
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -242,6 +247,17 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
     }
   }
   return by_rank;
+}
+
+void Trainer::SetMemoryPlan(const MemoryPlan& plan) {
+  CHECK(offload_ != nullptr && offload_->options().planned) << "no planned offloading";
+  CHECK(plan.recompute_by_layer == config_.recompute_by_layer) << "recompute is built into the model";
+  offload_->SetPlanned(plan.offload);
+  std::vector<std::pair<std::string, size_t>> buffers;
+  for (const SavedTensorSize& s : plan.ranks[GroupRank(pipeline_)].host_buffers) {
+    buffers.emplace_back(s.group, static_cast<size_t>(s.bytes));
+  }
+  offload_->ReserveHostBuffers(buffers);
 }
 
 double Trainer::Evaluate() {

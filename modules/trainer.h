@@ -65,6 +65,7 @@
 #include "engine/runtime/step_timeline.h"
 #include "modules/gpt_config.h"
 #include "modules/gpt_model.h"
+#include "modules/memory_planner.h"
 #include "modules/pipeline_executor.h"
 
 namespace moe {
@@ -98,7 +99,9 @@ struct StepStats {
   // The allocator's peak during the step (weights and state included), by world rank (pipeline
   // rank x data size + data rank).
   std::vector<double> peak_device_mib;
-  OffloadStepStats offload;  // zero without offloading
+  OffloadStepStats offload;  // this rank's; zero without offloading
+  // Every rank's offload copies, both directions: bytes / the copy streams' busy time (0: none).
+  double copy_bytes_per_s = 0;
   // Where the step's time went on the compute stream, ms, mean over ranks: the phases add up to
   // the compute stream's span of the step, which is `seconds` less the step's closing all-reduce
   // of these statistics.
@@ -126,10 +129,10 @@ class Trainer {
   const ParameterSet& parameters() const { return parameters_; }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
-  // A new planned offload policy (TrainerOptions::offload->planned was set), from the next step.
-  void SetOffloadPlan(std::set<std::pair<int, std::string>> planned) {
-    offload_->SetPlanned(std::move(planned));
-  }
+  // A memory plan's offloads (TrainerOptions::offload->planned was set; its recompute is the
+  // model's, GptConfig::recompute_by_layer), from the next step, with this rank's pinned host
+  // buffers reserved for them.
+  void SetMemoryPlan(const MemoryPlan& plan);
   // Collective over the pipeline group, after the first step with offloading: every pipeline
   // rank's OffloadManager::summary(), by rank (for OffloadManager::SummaryTable).
   std::vector<std::vector<OffloadGroupSummary>> OffloadPolicyByPipelineRank() const;

@@ -27,6 +27,7 @@
 #include "apps/moe_train/command_line.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/memory_check.h"
+#include "apps/moe_train/memory_replan.h"
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
 #include "engine/core/check.h"
@@ -96,35 +97,6 @@ nlohmann::json RunDescription(const RunConfig& run) {
   return {{"flags", out}, {"device", run.device.ToString()}};
 }
 
-// With a memory plan, after a step (from the second on: the first pins the offload's host
-// buffers as it goes, which delays its copies): when a pipeline rank's measured peak (the largest
-// of its replicas') went over the budget, plans its offloading again around the excess over the
-// prediction (what each layer recomputes is built into the model and stays). Every rank computes
-// the same plan from the step's global peaks. True when `plan` changed.
-StatusOr<bool> ReplanOverBudget(const StepStats& stats, const RunConfig& run,
-                                std::vector<double>& excess, MemoryPlan& plan) {
-  constexpr double kMiB = 1024.0 * 1024.0;
-  bool over = false;
-  for (int rank = 0; rank < run.pipeline_parallel; ++rank) {
-    double measured = 0;
-    for (int d = 0; d < run.data_parallel; ++d) {
-      measured = std::max(measured, stats.peak_device_mib[rank * run.data_parallel + d] * kMiB);
-    }
-    if (measured <= run.memory_budget->bytes) continue;
-    over = true;
-    excess[rank] = std::max(excess[rank], measured - plan.ranks[rank].peak_bytes);
-  }
-  if (!over) return false;
-  StatusOr<MemoryPlan> replanned = PlanRunMemory(run, excess, plan.recompute_by_layer);
-  if (!replanned.ok()) {
-    return InvalidArgument("the measured peak went over the budget and re-planning failed: " +
-                           replanned.status().message());
-  }
-  const bool changed = !replanned->SameChoices(plan);
-  plan = std::move(replanned).value();
-  return changed;
-}
-
 // The device of this rank: the flag's, or under mpirun on CUDA the GPU of its local rank.
 StatusOr<Device> RankDevice(const World& world, Device device) {
   if (world.size() == 1 || !device.is_cuda()) return device;
@@ -152,12 +124,15 @@ int Run(const Status& parsed) {
       CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
   if (!agreed.ok()) return Fail(agreed, 2);
   std::optional<MemoryPlan> plan;
+  std::optional<MemoryReplanner> replanner;
   if (run.memory_budget) {
-    StatusOr<MemoryPlan> planned = PlanRunMemory(run);
+    const MemoryPlanRequest request = MemoryPlanRequestFor(run);
+    StatusOr<MemoryPlan> planned = PlanMemory(request);
     agreed = world.AllAgree(planned.status());
     if (!agreed.ok()) return Fail(agreed, 2);
     plan = std::move(planned).value();
     ApplyMemoryPlan(*plan, run);
+    replanner.emplace(request, run.data_parallel);
   }
   SetOutOfMemoryHandler(&OutOfMemory);
   std::set_new_handler(&OutOfHostMemory);
@@ -173,6 +148,7 @@ int Run(const Status& parsed) {
   agreed = world.AllAgree(created.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   Trainer& trainer = **created;
+  if (plan && trainer.offload_manager() != nullptr) trainer.SetMemoryPlan(*plan);  // pins ahead
   if (!FLAGS_load.empty()) {
     agreed = world.AllAgree(trainer.Load(FLAGS_load));
     if (!agreed.ok()) return Fail(agreed, 1);
@@ -202,13 +178,11 @@ int Run(const Status& parsed) {
     log->Summary(**data, trainer.step());
     for (const std::string& note : run.notes) printf("%s\n", note.c_str());
     fflush(stdout);
-    if (plan) log->Plan(*plan);
+    if (plan) log->Plan(*plan, /*table=*/true);
   }
-  std::vector<double> plan_excess(run.pipeline_parallel, 0.0);
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
   bool offload_policy_reported = false;
-  int64_t steps_run = 0;  // by this process (a resumed run counts from its first step here)
   while (trainer.step() < run.trainer.train_steps) {
     const bool traced =
         trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
@@ -224,12 +198,13 @@ int Run(const Status& parsed) {
                   1);
     }
     if (log) log->Step(step, stats);
-    if (plan && ++steps_run > 1) {  // the first step also pins the host buffers: late copies
-      StatusOr<bool> replanned = ReplanOverBudget(stats, run, plan_excess, *plan);
-      if (!replanned.ok()) return Fail(replanned.status(), 1);
-      if (*replanned) {
-        trainer.SetOffloadPlan(plan->offload);
-        if (log) log->Plan(*plan);
+    if (replanner) {
+      StatusOr<MemoryReplanner::Update> update = replanner->AfterStep(stats, *plan);
+      if (!update.ok()) return Fail(update.status(), 1);
+      if (update->changed) trainer.SetMemoryPlan(*plan);
+      if (log && !update->note.empty()) {
+        printf("%s\n", update->note.c_str());
+        log->Plan(*plan, /*table=*/update->changed);
       }
     }
     if (traced) {

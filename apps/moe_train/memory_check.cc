@@ -77,8 +77,7 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                          "--micro_batch_size, or add --recompute_modules or --offload_modules");
 }
 
-StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, const std::vector<double>& excess_bytes,
-                                   const std::vector<RecomputeModules>& fixed_recompute) {
+MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run) {
   CHECK(run.memory_budget.has_value());
   const MemoryBudget& budget = *run.memory_budget;
   MemoryPlanRequest request;
@@ -91,9 +90,7 @@ StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run, const std::vector<doubl
     request.prefetch_layers = run.trainer.offload->prefetch_layers;
   }
   request.speeds = PlannerSpeeds::Defaults(request.run.cuda);
-  request.excess_bytes = excess_bytes;
-  request.fixed_recompute = fixed_recompute;
-  return PlanMemory(request);
+  return request;
 }
 
 void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run) {

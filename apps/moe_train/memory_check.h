@@ -16,15 +16,13 @@ namespace moe {
 
 // `capacity_bytes`: 0 (unknown) passes. `ranks_sharing`: ranks whose memory comes from the same
 // capacity (CPU: this host's ranks; CUDA: 1). With --memory_budget_gib: the budget must fit a
-// rank's share (PlanRunMemory then decides what fits in the budget).
+// rank's share (the planner then decides what fits in the budget).
 Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing);
 
-// The memory plan for run.memory_budget (set), or, when a rank cannot fit, the one-line error.
-// Re-planning a running trainer: `excess_bytes` (by pipeline rank) and `fixed_recompute` (the
-// model's current recompute_by_layer, kept), see MemoryPlanRequest.
-StatusOr<MemoryPlan> PlanRunMemory(const RunConfig& run,
-                                   const std::vector<double>& excess_bytes = {},
-                                   const std::vector<RecomputeModules>& fixed_recompute = {});
+// The planner's request for run.memory_budget (set): the run's shape and layout, the candidates,
+// the time model's default speeds. Planning it gives the plan or, when a rank cannot fit, the
+// one-line error; re-planning (memory_replan.h) edits its speeds, excess and fixed recompute.
+MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run);
 // Sets the plan's choices into `run`: each layer's recompute and the offloaded (layer, group)s.
 void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run);
 

@@ -85,8 +85,8 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   fflush(stdout);
 }
 
-void RunLog::Plan(const MemoryPlan& plan) {
-  printf("%s", MemoryPlanTable(plan).c_str());
+void RunLog::Plan(const MemoryPlan& plan, bool table) {
+  if (table) printf("%s", MemoryPlanTable(plan).c_str());
   fflush(stdout);
   predicted_peak_mib_.clear();
   for (const RankPlanSummary& rank : plan.ranks) {

@@ -31,8 +31,9 @@ class RunLog {
   // The offload policy table of every pipeline rank (Trainer::OffloadPolicyByPipelineRank).
   void OffloadPolicy(const OffloadManager& manager,
                      const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank);
-  // The memory plan's table (--memory_budget_gib); later log lines show its predicted peak.
-  void Plan(const MemoryPlan& plan);
+  // A memory plan (--memory_budget_gib): later log lines show its predicted peak; `table`: print
+  // its table.
+  void Plan(const MemoryPlan& plan, bool table);
 
  private:
   void Metrics(const nlohmann::json& record);

@@ -30,11 +30,7 @@ std::shared_ptr<Storage> PinnedHostPool::Allocate(size_t bytes) {
       free_list.pop_back();
       ++stats_.hits;
     } else {
-      ptr = raw_->Allocate(size_class);
-      CHECK(ptr != nullptr) << "out of pinned host memory allocating " << size_class << " bytes";
-      owned_.push_back(ptr);
-      ++stats_.misses;
-      stats_.pooled_reserved_bytes += size_class;
+      ptr = PinPooled(size_class);
     }
     stats_.pooled_in_use_bytes += size_class;
   }
@@ -54,7 +50,7 @@ std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.unpooled_allocations;
     auto fit = unpooled_free_.lower_bound(bytes);
-    if (fit != unpooled_free_.end() && fit->first <= 2 * bytes) {
+    if (fit != unpooled_free_.end() && Fits(fit->first, bytes)) {
       capacity = fit->first;
       ptr = fit->second;
       unpooled_free_.erase(fit);
@@ -64,8 +60,7 @@ std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
         stats_.unpooled_reserved_bytes -= static_cast<int64_t>(it->first);
         it = unpooled_free_.erase(it);
       }
-      constexpr size_t kGranule = 64 * 1024;
-      capacity = (bytes + bytes / 4 + kGranule - 1) / kGranule * kGranule;
+      capacity = UnpooledCapacity(bytes);
       ptr = raw_->Allocate(capacity);
       CHECK(ptr != nullptr) << "out of pinned host memory allocating " << capacity << " bytes";
       ++stats_.unpooled_pins;
@@ -81,6 +76,52 @@ std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
                                      unpooled_free_.emplace(capacity, ptr);
                                      stats_.unpooled_in_use_bytes -= static_cast<int64_t>(bytes);
                                    });
+}
+
+size_t PinnedHostPool::UnpooledCapacity(size_t bytes) {
+  constexpr size_t kGranule = 64 * 1024;
+  return (bytes + bytes / 4 + kGranule - 1) / kGranule * kGranule;
+}
+
+bool PinnedHostPool::Fits(size_t capacity, size_t bytes) {
+  return capacity >= bytes && capacity <= std::max(2 * bytes, UnpooledCapacity(bytes));
+}
+
+void* PinnedHostPool::PinPooled(size_t size_class) {
+  void* ptr = raw_->Allocate(size_class);
+  CHECK(ptr != nullptr) << "out of pinned host memory allocating " << size_class << " bytes";
+  owned_.push_back(ptr);
+  ++stats_.misses;
+  stats_.pooled_reserved_bytes += static_cast<int64_t>(size_class);
+  return ptr;
+}
+
+void PinnedHostPool::Reserve(const std::vector<size_t>& pooled, std::vector<size_t> unpooled) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<size_t, size_t> wanted;  // size class -> blocks
+  for (size_t bytes : pooled) ++wanted[SizeClass(bytes)];
+  for (const auto& [size_class, count] : wanted) {
+    std::vector<void*>& free_list = free_lists_[size_class];
+    while (free_list.size() < count) free_list.push_back(PinPooled(size_class));
+  }
+  // Largest first, each matched to a cached buffer it would be handed (AllocateUnpooled's rule)
+  // and not yet matched; the rest pin.
+  std::sort(unpooled.rbegin(), unpooled.rend());
+  std::multimap<size_t, void*> unmatched = unpooled_free_;
+  for (size_t bytes : unpooled) {
+    bytes = std::max<size_t>(bytes, 1);
+    const auto fit = unmatched.lower_bound(bytes);
+    if (fit != unmatched.end() && Fits(fit->first, bytes)) {
+      unmatched.erase(fit);
+      continue;
+    }
+    const size_t capacity = UnpooledCapacity(bytes);
+    void* ptr = raw_->Allocate(capacity);
+    CHECK(ptr != nullptr) << "out of pinned host memory allocating " << capacity << " bytes";
+    unpooled_free_.emplace(capacity, ptr);
+    ++stats_.unpooled_pins;
+    stats_.unpooled_reserved_bytes += static_cast<int64_t>(capacity);
+  }
 }
 
 PinnedPoolStats PinnedHostPool::stats() const {

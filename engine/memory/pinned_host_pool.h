@@ -6,8 +6,8 @@
 // Unpooled allocations (for tensors whose shapes change every step, e.g. routed expert
 // activations) skip the size classes, whose power-of-two rounding would waste up to half of
 // each buffer: they come from a separate cache of buffers pinned with a 25% margin over the
-// request. A released buffer is handed out again to a request it fits within 2x; a request that
-// fits none pins a new buffer and unpins the cached ones too small for it, so the cache follows
+// request. A released buffer is handed out again to a request it fits (Fits: within 2x, or no
+// larger than the request would pin); a request that fits none pins a new buffer and unpins the cached ones too small for it, so the cache follows
 // the routed sizes without pinning (slow, and synchronising on CUDA) every step.
 //
 // The caller orders reuse: a block must not be released while a copy stream still uses it.
@@ -46,9 +46,18 @@ class PinnedHostPool {
 
   std::shared_ptr<Storage> Allocate(size_t bytes);
   std::shared_ptr<Storage> AllocateUnpooled(size_t bytes);
+  // Pins ahead of use (e.g. before a planned first step, whose copies would otherwise wait for
+  // pinning): free blocks for `pooled` requests held at once, and cached buffers for `unpooled`
+  // ones, so that those requests then hit. What is already free counts; pins count as misses.
+  void Reserve(const std::vector<size_t>& pooled, std::vector<size_t> unpooled);
 
   PinnedPoolStats stats() const;
   static size_t SizeClass(size_t bytes);
+  // What an unpooled request of `bytes` pins: 25% more, in 64 KiB granules.
+  static size_t UnpooledCapacity(size_t bytes);
+  // Whether a cached unpooled buffer of `capacity` is handed to a request of `bytes`: it holds
+  // it, within 2x or what the request would pin itself.
+  static bool Fits(size_t capacity, size_t bytes);
 
   static constexpr size_t kMinClassBytes = 4096;
 
@@ -60,6 +69,8 @@ class PinnedHostPool {
   std::map<size_t, std::vector<void*>> free_lists_;  // size class -> free blocks
   std::multimap<size_t, void*> unpooled_free_;        // capacity -> cached unpooled buffer
   std::vector<void*> owned_;                          // every pooled block, freed at destruction
+
+  void* PinPooled(size_t size_class);  // under mutex_
 };
 
 }  // namespace moe

@@ -118,6 +118,15 @@ void OffloadManager::SetPlanned(std::set<std::pair<int, std::string>> planned) {
   if (policy_fixed_) Summarize();
 }
 
+void OffloadManager::ReserveHostBuffers(
+    const std::vector<std::pair<std::string, size_t>>& tensors) {
+  std::vector<size_t> pooled, unpooled;
+  for (const auto& [group, bytes] : tensors) {
+    (options_.unpooled_groups.count(group) ? unpooled : pooled).push_back(bytes);
+  }
+  DeviceContext::Get(device_).pinned_pool().Reserve(pooled, std::move(unpooled));
+}
+
 void OffloadManager::Observe(const GroupState& group, int64_t eligible_bytes,
                              int64_t eligible_tensors, int64_t skipped) {
   const auto key = std::make_pair(group.layer, group.name);

@@ -127,6 +127,9 @@ class OffloadManager final : public SavedTensorHooks {
   // A new plan (for a manager made with options.planned), from the next step on; call between
   // steps.
   void SetPlanned(std::set<std::pair<int, std::string>> planned);
+  // Pins host memory ahead of a step for these (group name, bytes) tensors held at once (a plan
+  // knows them), pooled or not as their group is: the step's copies then do not wait for pinning.
+  void ReserveHostBuffers(const std::vector<std::pair<std::string, size_t>>& tensors);
 
   bool policy_fixed() const { return policy_fixed_; }
   int64_t steps() const { return steps_; }

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 namespace moe {
 namespace {
 
@@ -88,6 +91,47 @@ TEST(PinnedHostPoolTest, UnpooledBuffersFollowChangingSizes) {
     auto big = pool.AllocateUnpooled(1 << 20);  // fits nothing: the smaller buffers are unpinned
   }
   EXPECT_EQ(pool.stats().unpooled_reserved_bytes, (((1 << 20) * 5 / 4) + 65535) / 65536 * 65536);
+}
+
+// A small routed tensor (its pinned buffer is a whole 64 KiB granule, more than 2x) reuses its
+// buffer every step instead of pinning another.
+TEST(PinnedHostPoolTest, SmallUnpooledBuffersAreReused) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  for (int step = 0; step < 5; ++step) pool.AllocateUnpooled(8192 + step);
+  EXPECT_EQ(pool.stats().unpooled_pins, 1);
+  EXPECT_EQ(pool.stats().unpooled_reserved_bytes, 65536);
+}
+
+// Reserved ahead, the requests held at once all hit; what is already free counts toward a
+// reservation, so reserving again pins nothing.
+TEST(PinnedHostPoolTest, ReservedRequestsHitWithoutPinning) {
+  PinnedHostPool pool(Device::CPU(), NewHostRawMemory());
+  const std::vector<size_t> pooled = {5000, 6000, 100000}, unpooled = {300000, 70000};
+  pool.Reserve(pooled, unpooled);
+  const PinnedPoolStats reserved = pool.stats();
+  EXPECT_EQ(reserved.misses, 3);
+  EXPECT_EQ(reserved.unpooled_pins, 2);
+  EXPECT_EQ(reserved.pooled_in_use_bytes, 0);
+  EXPECT_EQ(reserved.pooled_reserved_bytes, 2 * 8192 + 131072);
+  EXPECT_EQ(reserved.unpooled_reserved_bytes,
+            static_cast<int64_t>(PinnedHostPool::UnpooledCapacity(300000) +
+                                 PinnedHostPool::UnpooledCapacity(70000)));
+  pool.Reserve(pooled, unpooled);
+  EXPECT_EQ(pool.stats().misses, 3);
+  EXPECT_EQ(pool.stats().unpooled_pins, 2);
+  {
+    std::vector<std::shared_ptr<Storage>> held;
+    for (size_t bytes : pooled) held.push_back(pool.Allocate(bytes));
+    for (size_t bytes : unpooled) held.push_back(pool.AllocateUnpooled(bytes));
+    const PinnedPoolStats used = pool.stats();
+    EXPECT_EQ(used.hits, 3);
+    EXPECT_EQ(used.misses, 3);
+    EXPECT_EQ(used.unpooled_pins, 2);
+    EXPECT_EQ(used.unpooled_in_use_bytes, 370000);
+  }
+  std::vector<std::shared_ptr<Storage>> more;  // its class holds two reserved blocks
+  for (int i = 0; i < 3; ++i) more.push_back(pool.Allocate(5000));
+  EXPECT_EQ(pool.stats().misses, 4);
 }
 
 }  // namespace

@@ -202,6 +202,51 @@ TEST_P(MemoryPlannerTest, SavesOnlyWhatTheBudgetNeeds) {
   EXPECT_NE(table.find("predicted peak"), std::string::npos) << table;
 }
 
+// A plan's host buffers are what one step's offloads hold at once (one pass in flight here), and
+// reserving them (Trainer::SetMemoryPlan) leaves the step nothing to pin.
+TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
+  const GptConfig model = Model(GetParam());
+  const TrainedRun reference = Train(model, nullptr);
+  MemoryPlanRequest request = Request(model, 0.9 * reference.steps.back().peak_device_mib[0] * kMiB);
+  request.recompute_candidates.clear();
+  const MemoryPlan plan = std::move(PlanMemory(request)).value();
+  ASSERT_FALSE(plan.offload.empty());
+  double held = 0;
+  for (const SavedTensorSize& s : plan.ranks[0].host_buffers) held += s.bytes;
+
+  GptConfig planned = model;
+  planned.recompute_by_layer = plan.recompute_by_layer;
+  const auto source = Synthetic(model.vocab_size);
+  auto trainer = std::move(Trainer::Create(planned, Options(planned, &plan), kDevice,
+                                           source.get())).value();
+  PinnedHostPool& pool = DeviceContext::Get(kDevice).pinned_pool();
+  trainer->SetMemoryPlan(plan);
+  const PinnedPoolStats before = pool.stats();
+  const StepStats step = trainer->TrainStep();
+  const PinnedPoolStats after = pool.stats();
+  EXPECT_EQ(held * (kGlobal / kMicro), static_cast<double>(step.offload.offloaded_bytes));
+  EXPECT_EQ(after.misses, before.misses);
+  EXPECT_EQ(after.unpooled_pins, before.unpooled_pins);
+  EXPECT_GT(after.hits + after.unpooled_allocations, before.hits + before.unpooled_allocations);
+  EXPECT_GT(step.copy_bytes_per_s, 0);
+}
+
+// Calibrated on a measured forward time, the time model predicts that time; measured copies
+// replace the assumed rate.
+TEST(MemoryPlannerCalibrationTest, CalibratedSpeedsPredictTheMeasuredForward) {
+  MemoryPlanRequest request = Request(Model(GroupedMlpKind::kFused), 1e12);
+  const MemoryPlan assumed = std::move(PlanMemory(request)).value();
+  const double predicted = assumed.ranks[0].forward_ms;
+  ASSERT_GT(predicted, 0);
+  request.speeds = CalibratedSpeeds(request.speeds, predicted, 3 * predicted, 1.5e9);
+  EXPECT_EQ(request.speeds.copy_bytes_per_s, 1.5e9);
+  const MemoryPlan calibrated = std::move(PlanMemory(request)).value();
+  EXPECT_NEAR(calibrated.ranks[0].forward_ms, 3 * predicted, 1e-9 * predicted);
+  const PlannerSpeeds kept = CalibratedSpeeds(request.speeds, 0, 0, 0);
+  EXPECT_EQ(kept.matmul_flops_per_s, request.speeds.matmul_flops_per_s);
+  EXPECT_EQ(kept.copy_bytes_per_s, 1.5e9);
+}
+
 TEST_P(MemoryPlannerTest, ABudgetNothingMeetsIsOneErrorWithTheShortfall) {
   const GptConfig model = Model(GetParam());
   const StatusOr<MemoryPlan> plan = PlanMemory(Request(model, 4 * kMiB));
