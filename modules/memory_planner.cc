@@ -329,8 +329,8 @@ class RankModel {
     const double copy = request_.speeds.copy_bytes_per_s / 1e3;  // bytes per ms
     const int prefetch = request_.prefetch_layers;
     const int n = c.range.size();
-    std::vector<double> resident(n), offloaded(n), workspace(n), backward_ms(n), forward_end(n),
-        d2h_end(n, 0), h2d_end(n, 0);
+    std::vector<double> resident(n), offloaded(n), workspace(n), backward_ms(n), d2h_end(n, 0),
+        h2d_end(n, 0);
     Pass pass;
     double t = 0, d2h_free = 0;
     for (int i = 0; i < n; ++i) {
@@ -351,7 +351,14 @@ class RankModel {
       const double forward_ms = LayerForwardMs(layer);
       backward_ms[i] = 2 * forward_ms + recompute_ms;
       t += forward_ms;
-      forward_end[i] = t;
+      // The host waits here for the lower layers' copies out; the device, out of queued work
+      // at the layer's end, waits with it.
+      const double stall = i > 0 ? std::max(0.0, d2h_free - t) : 0;
+      if (stall > 0) {
+        pass.exposed_ms += stall;
+        pass.exposed_by_layer[layer] += stall;
+        t += stall;
+      }
       if (offloaded[i] > 0) {
         d2h_free = std::max(d2h_free, t) + offloaded[i] / copy;
         d2h_end[i] = d2h_free;
@@ -360,20 +367,17 @@ class RankModel {
     }
     const double layer_resident = pass.resident;
     pass.resident += c.embedding_saves + c.head_saves;
-    const auto lag = [&](double when) {
-      double bytes = 0;
-      for (int i = 0; i < n; ++i) bytes += d2h_end[i] > when ? offloaded[i] : 0;
-      return bytes;
-    };
+    // In the allocator's (the host's) order, a layer's offloaded blocks stay allocated until the
+    // host has waited for their copy out: at the next layer's commits, or, for the last layer,
+    // when backward starts.
     double so_far = c.embedding_saves;
     for (int i = 0; i < n; ++i) {
       so_far += resident[i];
-      double copying = offloaded[i];  // saved by this layer, not yet copied out
-      for (int j = 0; j < i; ++j) copying += d2h_end[j] > forward_end[i] ? offloaded[j] : 0;
+      const double copying = offloaded[i] + (i > 0 ? offloaded[i - 1] : 0);
       pass.forward_peak = std::max(pass.forward_peak, so_far + copying);
     }
     t += c.head_forward_ms;
-    pass.forward_peak = std::max(pass.forward_peak, pass.resident + lag(t));
+    pass.forward_peak = std::max(pass.forward_peak, pass.resident + (n > 0 ? offloaded[n - 1] : 0));
     double h2d_free = 0;
     std::vector<bool> issued(n, false);
     const auto issue = [&](int i, double when) {
@@ -391,7 +395,7 @@ class RankModel {
     double below = layer_resident;  // resident saves of the layers not yet through backward
     pass.layer_held.assign(n, 0);
     for (int i = n - 1; i >= 0; --i) pass.top_offloaded.push_back(offloaded[i]);
-    pass.peak = pass.resident + c.logits_gradient + reloaded(0, n - 1) + lag(t);
+    pass.peak = pass.resident + c.logits_gradient + reloaded(0, n - 1);
     t += 2 * c.head_forward_ms;
     for (int i = n - 1; i >= 0; --i) {
       issue(i - prefetch, t);
@@ -402,8 +406,7 @@ class RankModel {
         pass.exposed_by_layer[c.range.begin + i] += start - t;
       }
       t = start;
-      const double held =
-          below + c.embedding_saves + reloaded(i - prefetch, i) + lag(t) + workspace[i];
+      const double held = below + c.embedding_saves + reloaded(i - prefetch, i) + workspace[i];
       pass.peak = std::max(pass.peak, held);
       pass.layer_held[i] = held;
       below -= resident[i];

@@ -8,20 +8,25 @@
 // The schedule (engine/pipeline/schedule.h) says which (micro-batch, chunk) passes a rank holds
 // when each backward starts.
 //
-// Peak model, per rank: the maximum over the schedule's backward starts of
+// Peak model, per rank, in the allocator's order (the host's, which runs ahead of the device):
+// the maximum over the schedule's forward phases and backward starts of
 //   state + what the other passes in flight keep (their resident saves)
-//   + the pass's own peak during its backward: for each layer j (last first), the resident saves
-//     of its layers <= j, the embedding's and head's saves, the reloaded groups of layers
-//     j - prefetch_layers .. j, the bytes whose copy out has not finished yet (time model), and
-//     the layer's backward workspace (the gradients its MLP or attention allocates, plus what it
-//     recomputes); before the first layer, the head's logits gradient.
+//   + during a pass's forward, at layer j: its saves so far, and the offloaded groups of layers j
+//     and j - 1 (the host waits for a layer's copies out at the next layer's commits, or, for the
+//     last layer, when backward starts: OffloadManager); at the head: its saves and the last
+//     layer's offloaded groups;
+//   + during its backward, for each layer j (last first): the resident saves of its layers <= j,
+//     the embedding's and head's saves, the reloaded groups of layers j - prefetch_layers .. j,
+//     and the layer's backward workspace (the gradients its MLP or attention allocates, plus
+//     what it recomputes); before the first layer, the head's logits gradient.
 // Time model, per pass: each layer's forward takes its matmul FLOPs at matmul_flops_per_s plus
 // its saved bytes at memory_bytes_per_s (element-wise work), backward twice that. Offloaded
-// groups copy out after their layer's forward, one at a time at copy_bytes_per_s, and copy back
-// prefetch_layers layers ahead of their backward (not before their copy out ends); backward waits
-// for a late reload: that wait is the offload's exposed time. A recompute costs its module's
-// forward time again. The predicted step cost is the sum over the rank's passes.
-//
+// groups copy out after their layer's forward, one at a time at copy_bytes_per_s; when the lower
+// layers' copies have not ended by the end of a layer's forward, the device waits with the host
+// (a forward stall). Groups copy back prefetch_layers layers ahead of their backward (not before
+// their copy out ends); backward waits for a late reload. Stalls and waits are the offloads'
+// exposed time. A recompute costs its module's forward time again. The predicted step cost is
+// the sum over the rank's passes.
 // Search, per rank: from "keep everything", repeatedly apply the one change (add an offload or
 // a recompute to one layer; conflicting choices of that layer, offload_groups.h's rules, are
 // dropped) with the most predicted peak bytes saved per predicted ms added, until the peak is

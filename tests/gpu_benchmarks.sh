@@ -132,4 +132,7 @@ for f in 0.25 0.5 0.75 1; do
   brun "mb 8, budget $b, offload + recompute" "$mb8 --memory_budget_gib=$b"
   [[ $f == 0.5 || $f == 1 ]] && brun "mb 8, budget $b, offload only" "$mb8 --offload_modules=auto --memory_budget_gib=$b"
 done
+echo "-- one planned run step by step (peak of each step against the plan; the calibration line)"
+brun "mb 8, budget 110, offload only, per step" "${mb8/--log_interval=3/--log_interval=1} --offload_modules=auto --memory_budget_gib=110"
+grep -E '^step|calibrated|over the budget' /tmp/b.log | sed -E 's/\| loss.*ms\/step \(/| (/; s/\(fwd ([0-9.]+) bwd ([0-9.]+).*\) \|/fwd \1 bwd \2 |/'
 fi

