@@ -123,16 +123,13 @@ fi
 
 if [[ $sections == *sweep* ]]; then
 echo "== step time vs budget at micro-batch 8 (global batch 8): --offload_fraction, then the planner at its peak"
-mb8="--micro_batch_size=8 --global_batch_size=8 --train_steps=6 --log_interval=3"
+mb8="--micro_batch_size=8 --global_batch_size=8 --train_steps=5 --log_interval=1"  # step 5 alone
 brun "mb 8, nothing saved" "$mb8"
+brun "mb 8, budget 112.61, offload only" "$mb8 --offload_modules=auto --memory_budget_gib=112.61"
 groups=attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,fused_group_mlp
 for f in 0.25 0.5 0.75 1; do
   brun "mb 8, fraction $f" "$mb8 --offload_modules=$groups --offload_fraction=$f"
   b=$(peak_gib /tmp/b.log)
   brun "mb 8, budget $b, offload + recompute" "$mb8 --memory_budget_gib=$b"
-  [[ $f == 0.5 || $f == 1 ]] && brun "mb 8, budget $b, offload only" "$mb8 --offload_modules=auto --memory_budget_gib=$b"
 done
-echo "-- one planned run step by step (peak of each step against the plan; the calibration line)"
-brun "mb 8, budget 110, offload only, per step" "${mb8/--log_interval=3/--log_interval=1} --offload_modules=auto --memory_budget_gib=110"
-grep -E '^step|calibrated|over the budget' /tmp/b.log | sed -E 's/\| loss.*ms\/step \(/| (/; s/\(fwd ([0-9.]+) bwd ([0-9.]+).*\) \|/fwd \1 bwd \2 |/'
 fi
