@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "engine/dist/gradient_sync.h"
-#include "engine/dist/host_all_reduce.h"
+#include "engine/dist/host_collectives.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
@@ -176,12 +176,10 @@ StepStats Trainer::TrainStep(bool trace) {
   stats.trace = std::move(timed.trace);
 
   // One all-reduce over the world: loss, aux loss, bubble, the breakdown (mean over ranks), the
-  // offload copies' GiB and busy ms (sums), then one slot per rank for its peak.
+  // offload copies' GiB and busy ms (sums); then every rank's peak, gathered.
   constexpr int kCopies = 3 + kNumStepPhases;
-  constexpr int kPeaks = kCopies + 2;
   const int ranks = GroupSize(pipeline_) * GroupSize(data_);
-  const int world_rank = GroupRank(pipeline_) * GroupSize(data_) + GroupRank(data_);
-  std::vector<float> sums(kPeaks + ranks, 0.0f);
+  std::vector<float> sums(kCopies + 2, 0.0f);
   ops::CopyToHost(totals.loss_sum, &sums[0]);
   ops::CopyToHost(totals.aux_loss, &sums[1]);
   if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
@@ -189,7 +187,6 @@ StepStats Trainer::TrainStep(bool trace) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   sums[kCopies] = (stats.offload.offloaded_bytes + stats.offload.reloaded_bytes) / kGiB;
   sums[kCopies + 1] = stats.offload.d2h_ms + stats.offload.h2d_ms;
-  sums[kPeaks + world_rank] = context.allocator().stats().peak_allocated_bytes / double(1 << 20);
   AllReduceHostValues(pipeline_, sums);
   AllReduceHostValues(data_, sums);
   stats.loss = sums[0] / static_cast<double>(tokens);
@@ -197,7 +194,11 @@ StepStats Trainer::TrainStep(bool trace) {
   stats.pipeline_bubble = sums[2];
   for (int i = 0; i < kNumStepPhases; ++i) stats.breakdown.ms[i] = sums[3 + i];
   if (sums[kCopies + 1] > 0) stats.copy_bytes_per_s = sums[kCopies] * kGiB / (sums[kCopies + 1] / 1e3);
-  stats.peak_device_mib.assign(sums.begin() + kPeaks, sums.end());
+  const std::vector<int64_t> own_peak = {context.allocator().stats().peak_allocated_bytes};
+  // By data rank within this stage, then by stage: world order.
+  for (int64_t peak : AllGatherHost(pipeline_, AllGatherHost(data_, own_peak))) {
+    stats.peak_device_mib.push_back(static_cast<double>(peak) / (1 << 20));
+  }
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;
@@ -206,44 +207,31 @@ StepStats Trainer::TrainStep(bool trace) {
 
 std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRank() const {
   CHECK(offload_ != nullptr && offload_->policy_fixed()) << "no offload policy yet";
-  // One slot of kFields per (rank, group name), filled by its rank and summed over the group:
-  // the row's place in that rank's table (1-based; 0: not listed), then its figures, the bytes
-  // split at 1 MiB so that every field is an integer below 2^24 and exact in f32.
-  constexpr int kFields = 7;
-  constexpr int64_t kMiB = int64_t{1} << 20;
+  // One row per group name, gathered over the pipeline group: its place in its rank's table
+  // (1-based; 0: not listed) and its figures.
+  struct Row {
+    int64_t place, candidates, offloaded, tensors, bytes, skipped;
+  };
   const std::vector<std::string>& names = OffloadGroupNames();
-  const int ranks = GroupSize(pipeline_);
-  std::vector<float> values(static_cast<size_t>(ranks) * names.size() * kFields, 0.0f);
-  const std::vector<OffloadGroupSummary>& own = offload_->summary();
-  for (size_t row = 0; row < own.size(); ++row) {
-    const OffloadGroupSummary& s = own[row];
+  std::vector<Row> own(names.size(), Row{});
+  const std::vector<OffloadGroupSummary>& summary = offload_->summary();
+  for (size_t place = 0; place < summary.size(); ++place) {
+    const OffloadGroupSummary& s = summary[place];
     const auto name = std::find(names.begin(), names.end(), s.name);
     CHECK(name != names.end()) << "unknown offload group " << s.name;
-    float* slot = &values[(GroupRank(pipeline_) * names.size() + (name - names.begin())) * kFields];
-    const float fields[kFields] = {static_cast<float>(row + 1),
-                                   static_cast<float>(s.candidates),
-                                   static_cast<float>(s.offloaded),
-                                   static_cast<float>(s.tensors),
-                                   static_cast<float>(s.bytes / kMiB),
-                                   static_cast<float>(s.bytes % kMiB),
-                                   static_cast<float>(s.skipped)};
-    std::copy_n(fields, kFields, slot);
+    own[name - names.begin()] = {static_cast<int64_t>(place + 1), s.candidates, s.offloaded,
+                                 s.tensors, s.bytes, s.skipped};
   }
-  AllReduceHostValues(pipeline_, values);
-  std::vector<std::vector<OffloadGroupSummary>> by_rank(ranks);
-  for (int rank = 0; rank < ranks; ++rank) {
+  const std::vector<Row> all = AllGatherHost(pipeline_, own);
+  std::vector<std::vector<OffloadGroupSummary>> by_rank(GroupSize(pipeline_));
+  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
     std::vector<OffloadGroupSummary>& rows = by_rank[rank];
     for (size_t i = 0; i < names.size(); ++i) {
-      const float* slot = &values[(rank * names.size() + i) * kFields];
-      const auto row = static_cast<size_t>(slot[0]);
-      if (row == 0) continue;
-      if (rows.size() < row) rows.resize(row);
-      rows[row - 1] = {names[i],
-                       static_cast<int>(slot[1]),
-                       static_cast<int>(slot[2]),
-                       std::llround(slot[3]),
-                       std::llround(slot[4]) * kMiB + std::llround(slot[5]),
-                       std::llround(slot[6])};
+      const Row& r = all[rank * names.size() + i];
+      if (r.place == 0) continue;
+      if (rows.size() < static_cast<size_t>(r.place)) rows.resize(r.place);
+      rows[r.place - 1] = {names[i], static_cast<int>(r.candidates), static_cast<int>(r.offloaded),
+                           r.tensors, r.bytes, r.skipped};
     }
   }
   return by_rank;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/dist/host_all_reduce.h"
+#include "engine/dist/host_collectives.h"
 
 namespace moe {
 
