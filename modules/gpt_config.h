@@ -34,7 +34,7 @@ struct GptConfig {
   int64_t moe_ffn_hidden_size = 64;  // per expert
   float moe_aux_loss_coeff = 1e-2f;
   float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
-  GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kUnfused;
+  GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kFused;  // as --moe_grouped_mlp
   RecomputeModules recompute;  // how the model runs, not its shape
   int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
   // Non-empty (one entry per layer): what each layer recomputes, the memory planner's choice

@@ -56,6 +56,7 @@ TEST(GptModelCudaTest, MatchesTheCpuReference) {
   config.seq_length = 128;
   config.vocab_size = 512;
   config.init_std = 0.05f;
+  config.moe_grouped_mlp = GroupedMlpKind::kUnfused;
   std::mt19937 rng(testing::TestSeed());
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);
   std::vector<int32_t> ids(2 * config.seq_length), targets(ids.size());

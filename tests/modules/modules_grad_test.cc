@@ -37,6 +37,7 @@ GptConfig TinyConfig() {
   c.init_std = 0.3f;  // large weights: the checks see every term clearly
   c.moe_aux_loss_coeff = 0.05f;
   c.moe_z_loss_coeff = 0.01f;
+  c.moe_grouped_mlp = GroupedMlpKind::kUnfused;  // CheckGroupedMlp takes both
   return c;
 }
 
