@@ -9,11 +9,15 @@ namespace moe {
 
 DenseMlp::DenseMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config)
     : name_(name),
-      fc1_(parameters.Create({name + ".fc1.weight", {2 * config.ffn_hidden_size, config.hidden_size},
-                              Init::kNormal, config.init_std})),
-      fc2_(parameters.Create({name + ".fc2.weight", {config.hidden_size, config.ffn_hidden_size},
+      fc1_(parameters.Create({name + ".fc1.weight",
+                              {2 * config.ffn_hidden_size, config.hidden_size},
                               Init::kNormal,
-                              config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
+                              config.init_std})),
+      fc2_(parameters.Create(
+          {name + ".fc2.weight",
+           {config.hidden_size, config.ffn_hidden_size},
+           Init::kNormal,
+           config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
 
 Tensor DenseMlp::Forward(SavedTensors& saved, const Tensor& x) {
   const Tensor h = LinearForward(x, fc1_);

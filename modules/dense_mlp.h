@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
 
 namespace moe {

@@ -6,10 +6,10 @@
 // backward. Otherwise neither forward nor backward waits for the device.
 // Saves: in group fused_group_mlp (opened at the input, committed after fc2) fc1's input x, the
 // activation input h = fc1(x) and fc2's input a = swiglu(h) * weights (but not a with
-// config.recompute_in(layer).moe_act: backward recomputes it from h, as the unfused path always does).
-// Outside any group (small, never offloaded): the routing weights (rows) f32, which SwiGLU's backward needs, the offsets
-// and, where needed, their host copy (a CPU tensor).
-// Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=.
+// config.recompute_in(layer).moe_act: backward recomputes it from h, as the unfused path always
+// does). Outside any group (small, never offloaded): the routing weights (rows) f32, which SwiGLU's
+// backward needs, the offsets and, where needed, their host copy (a CPU tensor). Backward: dx (=)
+// and dweights (rows) f32 (=); expert weight grads +=.
 #pragma once
 
 #include "modules/grouped_mlp.h"

@@ -27,7 +27,8 @@ int64_t GptConfig::active_parameters() const {
 double GptConfig::train_flops_per_token() const {
   // The embedding lookup does no matmul; the head does. Causal attention: QK^T and PV over on
   // average seq/2 keys, 2 FLOPs each per head dim, times 3 for forward + backward.
-  const double matmul_parameters = static_cast<double>(active_parameters() - vocab_size * hidden_size);
+  const double matmul_parameters =
+      static_cast<double>(active_parameters() - vocab_size * hidden_size);
   const double attention = 3.0 * 2.0 * 2.0 * num_layers * hidden_size * (seq_length / 2.0);
   return 6.0 * matmul_parameters + attention;
 }

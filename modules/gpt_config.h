@@ -27,15 +27,15 @@ struct GptConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
   int64_t num_attention_heads = 4;
-  int64_t num_query_groups = 2;      // KV heads
-  int64_t ffn_hidden_size = 128;     // dense layers
+  int64_t num_query_groups = 2;   // KV heads
+  int64_t ffn_hidden_size = 128;  // dense layers
   int64_t num_experts = 4;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 64;  // per expert
   float moe_aux_loss_coeff = 1e-2f;
-  float moe_z_loss_coeff = 0.0f;     // 0 disables the z-loss
+  float moe_z_loss_coeff = 0.0f;                            // 0 disables the z-loss
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kFused;  // as --moe_grouped_mlp
-  RecomputeModules recompute;  // how the model runs, not its shape
+  RecomputeModules recompute;                               // how the model runs, not its shape
   int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
   // Non-empty (one entry per layer): what each layer recomputes, the memory planner's choice
   // (modules/memory_planner.h); recompute and recompute_num_layers are then unused.

@@ -18,17 +18,21 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
       << "stage layers [" << stage.layer_begin << ", " << stage.layer_end << ") of "
       << config.num_layers;
   if (stage.first) {
-    embedding_ = &parameters.Create({"embedding.weight", {config.vocab_size, config.hidden_size},
-                                     Init::kNormal, config.init_std});
+    embedding_ = &parameters.Create({"embedding.weight",
+                                     {config.vocab_size, config.hidden_size},
+                                     Init::kNormal,
+                                     config.init_std});
   }
   for (int64_t layer = stage.layer_begin; layer < stage.layer_end; ++layer) {
     layers_.push_back(std::make_unique<TransformerLayer>(parameters, config_, layer));
   }
   if (stage.last) {
-    final_norm_ = std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size,
-                                            config.norm_eps);
-    lm_head_ = &parameters.Create({"lm_head.weight", {config.vocab_size, config.hidden_size},
-                                   Init::kNormal, config.init_std});
+    final_norm_ =
+        std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size, config.norm_eps);
+    lm_head_ = &parameters.Create({"lm_head.weight",
+                                   {config.vocab_size, config.hidden_size},
+                                   Init::kNormal,
+                                   config.init_std});
   }
 }
 
@@ -85,8 +89,7 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     const TraceSpan span(lm_head_->value.device(), "head and loss backward");
     const Tensor logits = saved.Load("logits");
     Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
-    ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad,
-                              dlogits);
+    ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad, dlogits);
     dx = LinearBackward(dlogits, saved.Load("lm_head.x"), *lm_head_);
     grads_done("lm_head.");
     dx = final_norm_->Backward(saved, dx);

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
 #include "modules/rms_norm.h"
 #include "modules/transformer_layer.h"

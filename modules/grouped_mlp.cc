@@ -21,18 +21,20 @@ std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::
   LOG(FATAL) << "unknown grouped MLP kind " << static_cast<int>(config.moe_grouped_mlp);
 }
 
-GroupedMlp::GroupedMlp(ParameterSet& parameters, const std::string& name,
-                       const GptConfig& config, int layer)
+GroupedMlp::GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
+                       int layer)
     : name_(name),
       config_(config),
       layer_(layer),
-      fc1_(parameters.Create({name + ".fc1.weight",
-                              {config.num_experts, 2 * config.moe_ffn_hidden_size,
-                               config.hidden_size},
-                              Init::kNormal, config.init_std})),
+      fc1_(parameters.Create(
+          {name + ".fc1.weight",
+           {config.num_experts, 2 * config.moe_ffn_hidden_size, config.hidden_size},
+           Init::kNormal,
+           config.init_std})),
       fc2_(parameters.Create(
           {name + ".fc2.weight",
-           {config.num_experts, config.hidden_size, config.moe_ffn_hidden_size}, Init::kNormal,
+           {config.num_experts, config.hidden_size, config.moe_ffn_hidden_size},
+           Init::kNormal,
            config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
 
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert) {

@@ -14,8 +14,8 @@
 #include <span>
 #include <string>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
 
 namespace moe {
@@ -28,8 +28,7 @@ class GroupedMlp {
   };
   // Creates the expert weights name.fc1.weight and name.fc2.weight (shapes above). Public so the
   // implementations can inherit it (an inherited constructor keeps the base's access).
-  GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
-             int layer);
+  GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer);
   virtual ~GroupedMlp() = default;
   virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                          const Tensor& weights) = 0;

@@ -4,8 +4,8 @@
 //   (for a Parameter, as BeginGradWrite says).
 #pragma once
 
-#include "engine/core/tensor.h"
 #include "engine/autograd/parameters.h"
+#include "engine/core/tensor.h"
 
 namespace moe {
 

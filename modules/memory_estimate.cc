@@ -27,7 +27,8 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
                                         bool moe_layer, bool cuda, const RecomputeModules& r) {
   const double b = ComputeBytes(cuda);
   const double tokens = D(micro_batch_size) * D(m.seq_length);
-  const double h = D(m.hidden_size), kv = D(m.num_query_groups) * D(m.head_dim()), heads = D(m.num_attention_heads);
+  const double h = D(m.hidden_size), kv = D(m.num_query_groups) * D(m.head_dim()),
+               heads = D(m.num_attention_heads);
   std::vector<SavedTensorSize> out;
   const auto add = [&out](const char* group, double bytes) { out.push_back({group, bytes}); };
   // Attention: each norm saves its input and f32 rstd; the norm's output (the attention's and
@@ -35,11 +36,11 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
   add(kAttnNormGroup, tokens * b * h);
   add(kAttnNormGroup, tokens * 4);
   if (!r.layernorm) add(kQkvLinearGroup, tokens * b * h);
-  add(kCoreAttnGroup, tokens * b * h);       // q
-  add(kCoreAttnGroup, tokens * b * kv);      // k
-  add(kCoreAttnGroup, tokens * b * kv);      // v
+  add(kCoreAttnGroup, tokens * b * h);                        // q
+  add(kCoreAttnGroup, tokens * b * kv);                       // k
+  add(kCoreAttnGroup, tokens * b * kv);                       // v
   if (!r.core_attn) add(kCoreAttnGroup, tokens * 4 * heads);  // lse
-  if (!r.core_attn) add(kAttnProjGroup, tokens * b * h);       // out
+  if (!r.core_attn) add(kAttnProjGroup, tokens * b * h);      // out
   add(kMlpNormGroup, tokens * b * h);
   add(kMlpNormGroup, tokens * 4);
   if (!r.layernorm) add("", tokens * b * h);  // the MLP's input: router.x, mlp.x or moe.input
@@ -51,17 +52,17 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
   const double experts = D(m.num_experts), k = D(m.moe_router_topk), rows = tokens * k;
   const double f = D(m.moe_ffn_hidden_size);
   if (m.moe_z_loss_coeff != 0.0f) add("", tokens * 4 * experts);  // router logits
-  add("", tokens * 4 * experts);   // probabilities
-  add("", tokens * 4 * k);         // top values
-  add("", tokens * 4 * k);         // experts
-  add("", (experts + 1) * 4);      // router offsets
-  add("", rows * 4);               // source rows
-  add("", rows * 4);               // inverse
+  add("", tokens * 4 * experts);                                  // probabilities
+  add("", tokens * 4 * k);                                        // top values
+  add("", tokens * 4 * k);                                        // experts
+  add("", (experts + 1) * 4);                                     // router offsets
+  add("", rows * 4);                                              // source rows
+  add("", rows * 4);                                              // inverse
   if (m.moe_grouped_mlp == GroupedMlpKind::kFused) {
-    add("", (experts + 1) * 4);    // device offsets
-    add("", rows * 4);             // weights
-    add(kFusedGroupMlpGroup, rows * b * h);      // permuted input
-    add(kFusedGroupMlpGroup, rows * b * 2 * f);  // fc1 output
+    add("", (experts + 1) * 4);                              // device offsets
+    add("", rows * 4);                                       // weights
+    add(kFusedGroupMlpGroup, rows * b * h);                  // permuted input
+    add(kFusedGroupMlpGroup, rows * b * 2 * f);              // fc1 output
     if (!r.moe_act) add(kFusedGroupMlpGroup, rows * b * f);  // activation
   } else {
     add(kExpertFc1Group, rows * b * h);
@@ -79,8 +80,9 @@ std::vector<SavedTensorSize> HeadSaves(const GptConfig& m, int64_t micro_batch_s
   const double b = ComputeBytes(cuda);
   const double tokens = D(micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
   // Final norm input and rstd, head input, logits, lse, targets.
-  return {{"", tokens * b * h}, {"", tokens * 4},  {"", tokens * b * h},
-          {"", tokens * b * D(m.vocab_size)},    {"", tokens * 4}, {"", tokens * 4}};
+  return {{"", tokens * b * h}, {"", tokens * 4},
+          {"", tokens * b * h}, {"", tokens * b * D(m.vocab_size)},
+          {"", tokens * 4},     {"", tokens * 4}};
 }
 
 namespace {
@@ -129,9 +131,9 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   const auto layer_activations_with = [&](const RecomputeModules& recompute) {
     GptConfig c = m;
     c.recompute = recompute;
-    return std::max(has_moe ? ActivationBytesPerLayer(c, o.micro_batch_size, true, o.cuda) : 0.0,
-                    has_dense ? ActivationBytesPerLayer(c, o.micro_batch_size, false, o.cuda)
-                              : 0.0);
+    return std::max(
+        has_moe ? ActivationBytesPerLayer(c, o.micro_batch_size, true, o.cuda) : 0.0,
+        has_dense ? ActivationBytesPerLayer(c, o.micro_batch_size, false, o.cuda) : 0.0);
   };
   const double recomputed_layer = layer_activations_with(m.recompute);
   const double full_layer_activations = layer_activations_with({});

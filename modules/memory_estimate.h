@@ -76,8 +76,7 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& model, int64_t micro_ba
                                         const RecomputeModules& recompute);
 // What the first stage (embedding: ids) and the last (final norm, head, loss) save.
 std::vector<SavedTensorSize> EmbeddingSaves(const GptConfig& model, int64_t micro_batch_size);
-std::vector<SavedTensorSize> HeadSaves(const GptConfig& model, int64_t micro_batch_size,
-                                       bool cuda);
+std::vector<SavedTensorSize> HeadSaves(const GptConfig& model, int64_t micro_batch_size, bool cuda);
 // Saved activations of one layer for one micro-batch (with model.recompute).
 double ActivationBytesPerLayer(const GptConfig& model, int64_t micro_batch_size, bool moe_layer,
                                bool cuda);

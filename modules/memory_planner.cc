@@ -118,7 +118,7 @@ class RankModel {
 
   struct Prediction {
     double peak = 0;
-    double ms = 0;                    // per step: waits for reloads and recompute
+    double ms = 0;                     // per step: waits for reloads and recompute
     std::map<int, double> exposed_ms;  // per layer, per step: the reload wait
   };
 
@@ -140,7 +140,8 @@ class RankModel {
     for (const Chunk& c : chunks_) {
       std::vector<SavedTensorSize>& moved = by_chunk.emplace_back();
       for (int l = c.range.begin; l < c.range.end; ++l) {
-        for (const SavedTensorSize& s : Saves(request_.run.model.is_moe_layer(l), choices[l].recompute)) {
+        for (const SavedTensorSize& s :
+             Saves(request_.run.model.is_moe_layer(l), choices[l].recompute)) {
           if (Moves(choices[l], s)) moved.push_back(s);
         }
       }
@@ -248,7 +249,8 @@ class RankModel {
     if (module == kMoeActRecompute) {
       return m.moe_grouped_mlp == GroupedMlpKind::kFused ? Ms(0, 4 * rows * f * b) : 0;
     }
-    return Ms(MoeFlops(), SumRounded(Saves(true, {})) - SumRounded(Saves(true, OnlyModule(module))));
+    return Ms(MoeFlops(),
+              SumRounded(Saves(true, {})) - SumRounded(Saves(true, OnlyModule(module))));
   }
 
  private:
@@ -260,8 +262,8 @@ class RankModel {
     double head_forward_ms = 0;
   };
   struct Pass {
-    double resident = 0;  // kept on the device from forward to backward
-    double peak = 0;      // during its backward, other passes excluded
+    double resident = 0;      // kept on the device from forward to backward
+    double peak = 0;          // during its backward, other passes excluded
     double forward_peak = 0;  // during its forward: its saves so far, the layer's offloaded
                               // groups before their copy out, the copies not yet done
     double exposed_ms = 0, recompute_ms = 0;
@@ -282,7 +284,8 @@ class RankModel {
   const std::vector<SavedTensorSize>& Saves(bool moe, const RecomputeModules& r) const {
     auto& entry = saves_cache_[{moe, RecomputeBits(r)}];
     if (entry.empty()) {
-      entry = LayerSaves(request_.run.model, request_.run.micro_batch_size, moe, request_.run.cuda, r);
+      entry =
+          LayerSaves(request_.run.model, request_.run.micro_batch_size, moe, request_.run.cuda, r);
     }
     return entry;
   }
@@ -558,8 +561,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
     RankModel::Prediction now = model.Predict(choices);
     // Add: the change with the most peak bytes saved per ms added.
     while (now.peak > target) {
-      auto change = BestChange(model, choices, candidates, /*add=*/true,
-                               request.offload_candidates, [&](const RankModel::Prediction& p) {
+      auto change = BestChange(model, choices, candidates, /*add=*/true, request.offload_candidates,
+                               [&](const RankModel::Prediction& p) {
                                  const double saved = now.peak - p.peak;
                                  return saved <= 0 ? -1 : saved / std::max(p.ms - now.ms, 1e-6);
                                });
@@ -571,8 +574,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
       char budget[32];
       snprintf(budget, sizeof(budget), "%g", request.budget_bytes / kGiB);
       return InvalidArgument(
-          std::string("--memory_budget_gib=") + budget + ": pipeline rank " +
-          std::to_string(rank) + " needs at least " + Size(now.peak + excess) +
+          std::string("--memory_budget_gib=") + budget + ": pipeline rank " + std::to_string(rank) +
+          " needs at least " + Size(now.peak + excess) +
           " even with every candidate offloaded or recomputed, " +
           Size(now.peak + excess - request.budget_bytes) +
           " more than the budget (raise it, add candidates to --offload_modules or "
@@ -607,7 +610,8 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
         row.chosen = Has(c, x);
         row.bytes = model.CandidateBytes(layer, c, x.name, x.is_recompute);
         if (row.bytes == 0 && !row.chosen) continue;  // nothing to move in this layer
-        if (row.chosen && x.is_recompute) row.exposed_ms = passes * model.RecomputeMs(layer, x.name);
+        if (row.chosen && x.is_recompute)
+          row.exposed_ms = passes * model.RecomputeMs(layer, x.name);
         if (row.chosen && !x.is_recompute && offloaded > 0) {
           const auto wait = now.exposed_ms.find(layer);
           row.exposed_ms = wait == now.exposed_ms.end() ? 0 : wait->second * row.bytes / offloaded;
@@ -629,14 +633,13 @@ std::string MemoryPlanTable(const MemoryPlan& plan) {
   snprintf(line, sizeof(line),
            "memory plan for a budget of %s (%.0f%% kept free); MiB per micro-batch, exposed ms "
            "per step:\n  %4s %5s  %-9s %-16s %10s  %-9s %10s\n",
-           Size(plan.budget_bytes).c_str(), 100 * kPlanMargin, "rank", "layer", "kind",
-           "candidate", "MiB", "decision", "exposed ms");
+           Size(plan.budget_bytes).c_str(), 100 * kPlanMargin, "rank", "layer", "kind", "candidate",
+           "MiB", "decision", "exposed ms");
   out += line;
   for (const PlanRow& row : plan.rows) {
     const char* kind = row.is_recompute ? "recompute" : "offload";
-    snprintf(line, sizeof(line), "  %4d %5d  %-9s %-16s %10.2f  %-9s %10.2f\n", row.rank,
-             row.layer, kind, row.name.c_str(), row.bytes / kMiB, row.chosen ? kind : "keep",
-             row.exposed_ms);
+    snprintf(line, sizeof(line), "  %4d %5d  %-9s %-16s %10.2f  %-9s %10.2f\n", row.rank, row.layer,
+             kind, row.name.c_str(), row.bytes / kMiB, row.chosen ? kind : "keep", row.exposed_ms);
     out += line;
   }
   for (size_t rank = 0; rank < plan.ranks.size(); ++rank) {

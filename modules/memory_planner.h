@@ -48,7 +48,7 @@
 
 namespace moe {
 
-inline constexpr double kPlanMargin = 0.02;      // of the budget, kept free
+inline constexpr double kPlanMargin = 0.02;  // of the budget, kept free
 
 struct PlannerSpeeds {
   double matmul_flops_per_s = 0;
@@ -76,18 +76,18 @@ struct MemoryPlanRequest {
 struct PlanRow {
   int rank = 0;
   int layer = 0;
-  std::string name;    // offload group or recompute module
+  std::string name;  // offload group or recompute module
   bool is_recompute = false;
-  double bytes = 0;    // per micro-batch: offloaded or dropped by recompute
+  double bytes = 0;  // per micro-batch: offloaded or dropped by recompute
   bool chosen = false;
   double exposed_ms = 0;  // per step: a late reload's wait, or the recompute
 };
 
 struct RankPlanSummary {
-  double peak_bytes = 0;     // predicted
+  double peak_bytes = 0;           // predicted
   double baseline_peak_bytes = 0;  // predicted with nothing offloaded or recomputed
-  double exposed_ms = 0;     // predicted per step
-  double forward_ms = 0;     // predicted per step: the forward passes' compute (time model)
+  double exposed_ms = 0;           // predicted per step
+  double forward_ms = 0;           // predicted per step: the forward passes' compute (time model)
   // The pinned host buffers the rank holds at most at once: one per offloaded tensor of the
   // passes in flight (forward done, backward not yet), with its offload group.
   std::vector<SavedTensorSize> host_buffers;
@@ -96,7 +96,7 @@ struct RankPlanSummary {
 struct MemoryPlan {
   std::vector<RecomputeModules> recompute_by_layer;  // every layer of the model
   std::set<std::pair<int, std::string>> offload;     // (layer, group) pairs
-  std::vector<RankPlanSummary> ranks;                 // by pipeline rank
+  std::vector<RankPlanSummary> ranks;                // by pipeline rank
   std::vector<PlanRow> rows;
   double budget_bytes = 0;
 

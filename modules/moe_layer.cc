@@ -50,7 +50,8 @@ Tensor MoeLayer::ForwardSaving(SavedTensors& saved, const Tensor& x, const Tenso
   saved.Save(name_ + ".source_rows", source_rows);
   saved.Save(name_ + ".inverse", inverse);
 
-  const Tensor expert_out = experts_->Forward(saved, permuted, routing.offsets, weights.View({rows}));
+  const Tensor expert_out =
+      experts_->Forward(saved, permuted, routing.offsets, weights.View({rows}));
   Tensor y = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GatherSumRows(expert_out, inverse.View({tokens, k}), y);
   return y;

@@ -3,16 +3,16 @@
 // Permutation: the (tokens, k) choices sorted stably by expert; row i of the permuted batch is
 // token source_rows[i] = order[i] / k, and choice (t, j) lands at row inverse[t * k + j].
 // Saves (no group): source_rows and inverse; the router and the grouped MLP save their own.
-// With config.recompute_in(layer).moe the layer saves only its input x: forward runs without saving, and
-// backward first runs forward again from x (into a context of its own, aux loss discarded),
-// then backward through it: the same kernels on the same input, so the same bits.
+// With config.recompute_in(layer).moe the layer saves only its input x: forward runs without
+// saving, and backward first runs forward again from x (into a context of its own, aux loss
+// discarded), then backward through it: the same kernels on the same input, so the same bits.
 // Backward: dx =; returns nothing else (router and expert weight grads +=).
 #pragma once
 
 #include <string>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
 #include "modules/grouped_mlp.h"
 #include "modules/router.h"

@@ -37,7 +37,8 @@ Status CheckOffloadGroups(const std::set<std::string>& groups, GroupedMlpKind ml
   if (has(kAttnProjGroup) && !has(kCoreAttnGroup)) {
     return InvalidArgument(flag + ": " + kAttnProjGroup + " needs " + kCoreAttnGroup +
                            " (the attention output it moves is read by core attention's backward "
-                           "too); add " + kCoreAttnGroup + " or drop " + kAttnProjGroup);
+                           "too); add " +
+                           kCoreAttnGroup + " or drop " + kAttnProjGroup);
   }
   for (const char* unfused_group : {kExpertFc1Group, kMoeActGroup}) {
     if (has(kFusedGroupMlpGroup) && has(unfused_group)) {
@@ -100,13 +101,13 @@ Status CheckRecomputeWithOffload(const RecomputeModules& recompute,
     if (!(recompute.*RecomputeMember(module))) continue;
     for (const char* group : conflicts(module)) {
       if (offload_groups.count(group)) {
-        return InvalidArgument(std::string("--recompute_modules=") + module +
-                               " cannot be combined with --offload_modules=" + group + " (" +
-                               (std::string(module) == group
-                                    ? "a module is either recomputed or offloaded"
-                                    : std::string(module) + " recompute reads or drops what " +
-                                          group + " holds") +
-                               ")");
+        return InvalidArgument(
+            std::string("--recompute_modules=") + module +
+            " cannot be combined with --offload_modules=" + group + " (" +
+            (std::string(module) == group
+                 ? "a module is either recomputed or offloaded"
+                 : std::string(module) + " recompute reads or drops what " + group + " holds") +
+            ")");
       }
     }
   }
@@ -129,7 +130,8 @@ StatusOr<std::set<std::string>> ParseNameList(const std::string& list,
       return InvalidArgument("--" + flag + ": unknown module \"" + name + "\"; choose from " +
                              choices);
     }
-    if (!chosen.insert(name).second) return InvalidArgument("--" + flag + " lists " + name + " twice");
+    if (!chosen.insert(name).second)
+      return InvalidArgument("--" + flag + " lists " + name + " twice");
   }
   return chosen;
 }

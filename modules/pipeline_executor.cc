@@ -81,7 +81,8 @@ class StepRun {
       int span = -1;
       if (timeline != nullptr && timeline->tracing()) {
         std::string name;
-        for (const Action* a = begin; a != end; ++a) name += (name.empty() ? "" : ", ") + a->ToString();
+        for (const Action* a = begin; a != end; ++a)
+          name += (name.empty() ? "" : ", ") + a->ToString();
         span = timeline->BeginSpan(TraceTrack::kPipelineComm, pipeline_->stream(), name);
       }
       pipeline_->GroupStart();
@@ -141,7 +142,8 @@ class StepRun {
     CHECK(saved_.empty() && outputs_.empty() && input_grads_.empty() &&
           received_activations_.empty() && received_grads_.empty())
         << "the action list left work behind";
-    for (const auto& [start, end] : spans_) totals_.busy_ms += end->ElapsedMillisecondsSince(*start);
+    for (const auto& [start, end] : spans_)
+      totals_.busy_ms += end->ElapsedMillisecondsSince(*start);
     if (!spans_.empty()) {
       totals_.span_ms = spans_.back().second->ElapsedMillisecondsSince(*spans_.front().first);
     }

@@ -42,7 +42,7 @@ struct PipelineStepOptions {
   float aux_grad = 0;
   OffloadManager* offload = nullptr;  // training only; nullptr: no offloading
   GradsFinal grads_final;  // training only: passed to each chunk's last backward of the step
-  Shape activation_shape;             // (tokens, hidden) of the tensors crossing stages
+  Shape activation_shape;  // (tokens, hidden) of the tensors crossing stages
   DType activation_dtype = DType::kF32;
 };
 

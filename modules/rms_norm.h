@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 
 namespace moe {
 

@@ -8,8 +8,10 @@ namespace moe {
 Router::Router(ParameterSet& parameters, const std::string& name, const GptConfig& config)
     : name_(name),
       config_(config),
-      weight_(parameters.Create({name + ".weight", {config.num_experts, config.hidden_size},
-                                 Init::kNormal, config.init_std})) {}
+      weight_(parameters.Create({name + ".weight",
+                                 {config.num_experts, config.hidden_size},
+                                 Init::kNormal,
+                                 config.init_std})) {}
 
 Routing Router::Forward(SavedTensors& saved, const Tensor& x) {
   const int64_t tokens = x.dim(0), experts = config_.num_experts, k = config_.moe_router_topk;

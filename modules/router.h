@@ -9,18 +9,18 @@
 
 #include <string>
 
-#include "engine/autograd/saved_tensors.h"
 #include "engine/autograd/parameters.h"
+#include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
 
 namespace moe {
 
 struct Routing {
-  Tensor weights;  // (tokens, k) f32, rows sum to 1
-  Tensor experts;  // (tokens, k) i32
-  Tensor order;    // (tokens * k) i32: choices t*k+j sorted stably by expert
-  Tensor offsets;  // (experts + 1) i32: each expert's first row in the sorted order
-  Tensor aux_loss; // (1) f32: coefficient-weighted load-balancing (+ z) loss
+  Tensor weights;   // (tokens, k) f32, rows sum to 1
+  Tensor experts;   // (tokens, k) i32
+  Tensor order;     // (tokens * k) i32: choices t*k+j sorted stably by expert
+  Tensor offsets;   // (experts + 1) i32: each expert's first row in the sorted order
+  Tensor aux_loss;  // (1) f32: coefficient-weighted load-balancing (+ z) loss
 };
 
 class Router {

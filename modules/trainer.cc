@@ -39,10 +39,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
   }
   if (options.micro_batch_size < 1 ||
       options.global_batch_size % (options.micro_batch_size * data_size) != 0) {
-    return InvalidArgument("--global_batch_size=" + std::to_string(options.global_batch_size) +
-                           " is not a multiple of --micro_batch_size=" +
-                           std::to_string(options.micro_batch_size) + " x data-parallel size " +
-                           std::to_string(data_size));
+    return InvalidArgument(
+        "--global_batch_size=" + std::to_string(options.global_batch_size) +
+        " is not a multiple of --micro_batch_size=" + std::to_string(options.micro_batch_size) +
+        " x data-parallel size " + std::to_string(data_size));
   }
   PartitionOptions layout;
   layout.num_layers = static_cast<int>(config.num_layers);
@@ -58,16 +58,16 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
       static_cast<int>(options.global_batch_size / (options.micro_batch_size * data_size));
   spec.kind = DefaultScheduleKind(pipeline_size, options.virtual_pipeline);
   MOE_ASSIGN_OR_RETURN(std::vector<RankActions> schedule, BuildSchedule(spec));
-  MOE_ASSIGN_OR_RETURN(BatchSampler sampler, BatchSampler::Create(source, config.seq_length,
-                                                              options.micro_batch_size, options.seed));
+  MOE_ASSIGN_OR_RETURN(
+      BatchSampler sampler,
+      BatchSampler::Create(source, config.seq_length, options.micro_batch_size, options.seed));
   return std::unique_ptr<Trainer>(new Trainer(config, options, device, std::move(sampler), groups,
-                                              partition,
-                                              std::move(schedule[GroupRank(pipeline)])));
+                                              partition, std::move(schedule[GroupRank(pipeline)])));
 }
 
 Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device device,
-                 BatchSampler sampler, const ProcessGroups* groups,
-                 const LayerPartition& partition, RankActions train_actions)
+                 BatchSampler sampler, const ProcessGroups* groups, const LayerPartition& partition,
+                 RankActions train_actions)
     : config_(config),
       options_(options),
       device_(device),
@@ -86,7 +86,8 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
     chunks_.push_back(std::make_unique<GptModel>(config_, parameters_, StageOf(stage)));
     chunk_parameters_.push_back(parameters_.all().size());
   }
-  if (options_.offload) offload_ = std::make_unique<OffloadManager>(device_, *options_.offload, rank);
+  if (options_.offload)
+    offload_ = std::make_unique<OffloadManager>(device_, *options_.offload, rank);
 }
 
 Microbatch Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows) const {
@@ -135,8 +136,7 @@ StepStats Trainer::TrainStep(bool trace) {
   const int64_t micro_batches = options_.global_batch_size / micro;  // of the global batch
   const int64_t tokens = options_.global_batch_size * config_.seq_length;
   const int64_t first_sample = sampler_.consumed_train_samples() +
-                               GroupRank(data_) * options_.global_batch_size /
-                                   GroupSize(data_);
+                               GroupRank(data_) * options_.global_batch_size / GroupSize(data_);
   std::vector<int32_t> windows(micro * sampler_.window_length());
   const auto microbatch = [&](int m) {
     sampler_.ReadSamples(Split::kTrain, first_sample + m * micro, windows);
@@ -193,7 +193,8 @@ StepStats Trainer::TrainStep(bool trace) {
   stats.aux_loss = sums[1] / static_cast<double>(micro_batches);
   stats.pipeline_bubble = sums[2];
   for (int i = 0; i < kNumStepPhases; ++i) stats.breakdown.ms[i] = sums[3 + i];
-  if (sums[kCopies + 1] > 0) stats.copy_bytes_per_s = sums[kCopies] * kGiB / (sums[kCopies + 1] / 1e3);
+  if (sums[kCopies + 1] > 0)
+    stats.copy_bytes_per_s = sums[kCopies] * kGiB / (sums[kCopies + 1] / 1e3);
   const std::vector<int64_t> own_peak = {context.allocator().stats().peak_allocated_bytes};
   // By data rank within this stage, then by stage: world order.
   for (int64_t peak : AllGatherHost(pipeline_, AllGatherHost(data_, own_peak))) {
@@ -219,8 +220,8 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
     const OffloadGroupSummary& s = summary[place];
     const auto name = std::find(names.begin(), names.end(), s.name);
     CHECK(name != names.end()) << "unknown offload group " << s.name;
-    own[name - names.begin()] = {static_cast<int64_t>(place + 1), s.candidates, s.offloaded,
-                                 s.tensors, s.bytes, s.skipped};
+    own[name - names.begin()] = {
+        static_cast<int64_t>(place + 1), s.candidates, s.offloaded, s.tensors, s.bytes, s.skipped};
   }
   const std::vector<Row> all = AllGatherHost(pipeline_, own);
   std::vector<std::vector<OffloadGroupSummary>> by_rank(GroupSize(pipeline_));
@@ -230,8 +231,12 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
       const Row& r = all[rank * names.size() + i];
       if (r.place == 0) continue;
       if (rows.size() < static_cast<size_t>(r.place)) rows.resize(r.place);
-      rows[r.place - 1] = {names[i], static_cast<int>(r.candidates), static_cast<int>(r.offloaded),
-                           r.tensors, r.bytes, r.skipped};
+      rows[r.place - 1] = {names[i],
+                           static_cast<int>(r.candidates),
+                           static_cast<int>(r.offloaded),
+                           r.tensors,
+                           r.bytes,
+                           r.skipped};
     }
   }
   return by_rank;
@@ -239,7 +244,8 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
 
 void Trainer::SetMemoryPlan(const MemoryPlan& plan) {
   CHECK(offload_ != nullptr && offload_->options().planned) << "no planned offloading";
-  CHECK(plan.recompute_by_layer == config_.recompute_by_layer) << "recompute is built into the model";
+  CHECK(plan.recompute_by_layer == config_.recompute_by_layer)
+      << "recompute is built into the model";
   offload_->SetPlanned(plan.offload);
   std::vector<std::pair<std::string, size_t>> buffers;
   for (const SavedTensorSize& s : plan.ranks[GroupRank(pipeline_)].host_buffers) {
@@ -255,11 +261,11 @@ double Trainer::Evaluate() {
     sampler_.ValidationBatch(batch, windows);
     return Upload(windows, rows);
   };
-  const RankActions actions = BuildForwardOnlySchedule(
-      GroupSize(pipeline_), static_cast<int>(chunks_.size()),
-      static_cast<int>(options_.eval_steps))[GroupRank(pipeline_)];
-  const PipelineStepTotals totals = RunPipelineStep(actions, chunks_, pipeline_, microbatch,
-                                                    StepOptions(/*training=*/false));
+  const RankActions actions =
+      BuildForwardOnlySchedule(GroupSize(pipeline_), static_cast<int>(chunks_.size()),
+                               static_cast<int>(options_.eval_steps))[GroupRank(pipeline_)];
+  const PipelineStepTotals totals =
+      RunPipelineStep(actions, chunks_, pipeline_, microbatch, StepOptions(/*training=*/false));
   std::vector<float> sums(1);
   ops::CopyToHost(totals.loss_sum, sums.data());
   AllReduceHostValues(pipeline_, sums);
@@ -335,8 +341,8 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   if (!received.empty()) {
     EnqueueBetween(*pipeline_, compute, [&] {
       for (size_t s = 0; s < received.size(); ++s) {
-        for (const Tensor* t : {&received[s]->master, &received[s]->exp_avg,
-                                &received[s]->exp_avg_sq}) {
+        for (const Tensor* t :
+             {&received[s]->master, &received[s]->exp_avg, &received[s]->exp_avg_sq}) {
           pipeline_->Recv(*t, received_peer[s]);
         }
       }
@@ -402,8 +408,8 @@ Status Trainer::DumpReferenceCase(const std::string& dir) {
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  MOE_RETURN_IF_ERROR(WriteSafetensors(dir + "/reference.safetensors", tensors,
-                                   {{"device", device_.ToString()}}));
+  MOE_RETURN_IF_ERROR(
+      WriteSafetensors(dir + "/reference.safetensors", tensors, {{"device", device_.ToString()}}));
   std::ofstream config(dir + "/config.json");
   config << ModelConfig().dump(2) << "\n";
   const bool written = static_cast<bool>(config);

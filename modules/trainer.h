@@ -54,12 +54,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/autograd/parameters.h"
 #include "engine/core/status.h"
 #include "engine/dist/process_groups.h"
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
-#include "engine/autograd/parameters.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runtime/step_timeline.h"
@@ -80,7 +80,7 @@ struct TrainerOptions {
   AdamWOptions adamw;
   int64_t eval_steps = 4;  // validation batches (of micro_batch_size) per evaluation
   uint64_t seed = 1234;
-  int virtual_pipeline = 1;  // model chunks per pipeline rank
+  int virtual_pipeline = 1;                               // model chunks per pipeline rank
   int first_stage_layers = PartitionOptions::kEvenSplit;  // layer partition overrides
   int last_stage_layers = PartitionOptions::kEvenSplit;
   std::optional<OffloadOptions> offload;  // fine-grained activation offloading (off if unset)
@@ -91,8 +91,8 @@ struct StepStats {
   double aux_loss = 0;  // summed over MoE layers, averaged over the global batch's micro-batches
   float lr = 0;
   float grad_norm = 0;
-  int64_t tokens = 0;    // of the global batch
-  double seconds = 0;   // wall time of the step, device work included
+  int64_t tokens = 0;  // of the global batch
+  double seconds = 0;  // wall time of the step, device work included
   // Mean over ranks of 1 - (forward + backward compute time) / (pipeline step span); 0 without a
   // pipeline schedule's idle time (one stage: only host gaps between kernels).
   double pipeline_bubble = 0;
@@ -159,8 +159,8 @@ class Trainer {
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
   Microbatch Upload(const std::vector<int32_t>& windows, int64_t rows) const;
   PipelineStepOptions StepOptions(bool training) const;
-  bool whole_model() const;  // one chunk, first and last stage
-  GptStage StageOf(int stage) const;  // of partition_
+  bool whole_model() const;            // one chunk, first and last stage
+  GptStage StageOf(int stage) const;   // of partition_
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;

@@ -49,7 +49,8 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
   const size_t mlp_norm_group = saved.OpenGroup(kMlpNormGroup, layer_);
   const Tensor mlp_in = mlp_norm_.Forward(saved, h);
   saved.CloseGroup(mlp_norm_group);
-  Tensor y = moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);
+  Tensor y =
+      moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);
   DropNormOutput(saved, mlp_in, mlp_norm_output_keys_);
   ops::Add(h, y, y);
   saved.CommitGroup(mlp_norm_group);
@@ -60,7 +61,8 @@ Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float a
   std::optional<TraceSpan> span(std::in_place, dy.device(),
                                 moe_mlp_ ? "moe backward" : "mlp backward", layer_);
   RecomputeNormOutput(saved, mlp_norm_, mlp_norm_output_keys_);
-  const Tensor dmlp_in = moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
+  const Tensor dmlp_in =
+      moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
   Tensor dh = mlp_norm_.Backward(saved, dmlp_in);
   ops::Add(dh, dy, dh);  // residual
   span.emplace(dy.device(), "attention backward", layer_);

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libeigen3-dev libgflags-dev libgoogle-glog-dev libgtest-dev
-          openmpi-bin libopenmpi-dev nlohmann-json3-dev)
+          openmpi-bin libopenmpi-dev nlohmann-json3-dev clang-format-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

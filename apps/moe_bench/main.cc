@@ -146,7 +146,8 @@ int Run() {
   const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
   const Status available = CheckDeviceAvailable(device);
   if (!available.ok()) {
-    fprintf(stderr, "moe_bench: --device=%s: %s\n", FLAGS_device.c_str(), available.message().c_str());
+    fprintf(stderr, "moe_bench: --device=%s: %s\n", FLAGS_device.c_str(),
+            available.message().c_str());
     return 2;
   }
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
@@ -156,7 +157,8 @@ int Run() {
   printf("%-9s %6s %-8s %9s %8s %10s %8s %12s %10s %s\n", "shape", "tokens", "path", "fwd ms",
          "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "+= grads ms", "peak MiB", "check vs other path");
   for (const std::string& name : Split(FLAGS_shapes)) {
-    auto shape = std::find_if(kShapes.begin(), kShapes.end(), [&](const Shape& s) { return s.name == name; });
+    auto shape = std::find_if(kShapes.begin(), kShapes.end(),
+                              [&](const Shape& s) { return s.name == name; });
     if (shape == kShapes.end()) {
       fprintf(stderr, "moe_bench: --shapes: unknown shape '%s'\n", name.c_str());
       return 2;
@@ -165,9 +167,9 @@ int Run() {
       const int64_t tokens = std::stoll(token_text);
       std::vector<PathResult> paths;
       for (const std::string& path : Split(FLAGS_paths)) {
-        paths.push_back(RunPath(*shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused
-                                                                  : GroupedMlpKind::kFused,
-                                device, dtype));
+        paths.push_back(RunPath(
+            *shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused : GroupedMlpKind::kFused,
+            device, dtype));
       }
       const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
       for (const PathResult& r : paths) {
@@ -187,14 +189,21 @@ int Run() {
                gemm_flops / r.forward_ms / 1e9, r.forward_backward_ms,
                3 * gemm_flops / r.forward_backward_ms / 1e9, r.accumulating_ms, r.peak_mib,
                ok ? "ok" : "FAIL", worst, worst_name.c_str());
-        results.push_back({{"shape", shape->name}, {"tokens", tokens}, {"path", r.path},
-                           {"hidden", shape->hidden}, {"experts", shape->experts},
-                           {"topk", shape->topk}, {"ffn", shape->ffn},
-                           {"forward_ms", r.forward_ms}, {"forward_backward_ms", r.forward_backward_ms},
-                           {"forward_backward_accumulating_ms", r.accumulating_ms},
-                           {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
-                           {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
-                           {"peak_mib", r.peak_mib}, {"max_rel_err_vs_other_path", worst}});
+        results.push_back(
+            {{"shape", shape->name},
+             {"tokens", tokens},
+             {"path", r.path},
+             {"hidden", shape->hidden},
+             {"experts", shape->experts},
+             {"topk", shape->topk},
+             {"ffn", shape->ffn},
+             {"forward_ms", r.forward_ms},
+             {"forward_backward_ms", r.forward_backward_ms},
+             {"forward_backward_accumulating_ms", r.accumulating_ms},
+             {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
+             {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
+             {"peak_mib", r.peak_mib},
+             {"max_rel_err_vs_other_path", worst}});
       }
       if (FLAGS_breakdown) {
         const ExpertShape expert_shape{tokens * shape->topk, shape->hidden, shape->experts,
@@ -214,11 +223,13 @@ int Run() {
             printf(" %8.1f %9.3f %8.1f", op.gflop / op.ms, op.dense_ms, op.gflop / op.dense_ms);
           }
           printf("\n");
-          ops_json.push_back({{"op", op.op}, {"ms", op.ms}, {"gflop", op.gflop},
-                              {"dense_ms", op.dense_ms}});
+          ops_json.push_back(
+              {{"op", op.op}, {"ms", op.ms}, {"gflop", op.gflop}, {"dense_ms", op.dense_ms}});
         }
-        results.push_back({{"shape", shape->name}, {"tokens", tokens},
-                           {"grouped_gemms", grouped_gemms}, {"breakdown", ops_json}});
+        results.push_back({{"shape", shape->name},
+                           {"tokens", tokens},
+                           {"grouped_gemms", grouped_gemms},
+                           {"breakdown", ops_json}});
       }
       fflush(stdout);
     }

@@ -50,7 +50,7 @@ std::string RangeText(const FlagRow& row, const std::string& type) {
 
 const std::vector<std::string>& FlagGroups() {
   static const std::vector<std::string> kGroups = {
-      "model",         "expert layer", "training", "parallelism", "data", "eval, checkpoints",
+      "model",         "expert layer",  "training",   "parallelism", "data", "eval, checkpoints",
       "seeing a step", "memory budget", "offloading", "recompute"};
   return kGroups;
 }
@@ -106,7 +106,8 @@ const std::vector<FlagRow>& FlagTable() {
       Range("offload_pp_delta_bytes", "offloading", 0, 1125899906842624.0),
       Range("offload_prefetch_layers", "offloading", 0, k2e20, "<= --num_layers"),
       Text("recompute_modules", "recompute"),
-      Range("recompute_num_layers", "recompute", -1, k2e20, "-1: every layer; else 1 to --num_layers"),
+      Range("recompute_num_layers", "recompute", -1, k2e20,
+            "-1: every layer; else 1 to --num_layers"),
   };
   return kRows;
 }

@@ -59,8 +59,10 @@ int Fail(const Status& status, int code) {
 // nothing itself (it also runs when operator new has failed).
 [[noreturn]] void ExitDoesNotFit(const char* what) {
   fflush(stdout);
-  fprintf(stderr, "moe_train: %s; the run does not fit (reduce --micro_batch_size, --seq_length or "
-          "the model)\n", what);
+  fprintf(stderr,
+          "moe_train: %s; the run does not fit (reduce --micro_batch_size, --seq_length or "
+          "the model)\n",
+          what);
   fflush(stderr);
   _exit(1);
 }
@@ -120,8 +122,8 @@ int Run(const Status& parsed) {
   run.device = *device;
   // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
   const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
-  agreed = world.AllAgree(
-      CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
+  agreed =
+      world.AllAgree(CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
   if (!agreed.ok()) return Fail(agreed, 2);
   std::optional<MemoryPlan> plan;
   std::optional<MemoryReplanner> replanner;
@@ -219,7 +221,7 @@ int Run(const Status& parsed) {
       }
     }
     if (trainer.offload_manager() != nullptr && !offload_policy_reported) {  // after the warm-up
-      const auto by_rank = trainer.OffloadPolicyByPipelineRank();  // collective
+      const auto by_rank = trainer.OffloadPolicyByPipelineRank();            // collective
       if (log) log->OffloadPolicy(*trainer.offload_manager(), by_rank);
       offload_policy_reported = true;
     }
@@ -228,7 +230,8 @@ int Run(const Status& parsed) {
       const double loss = trainer.Evaluate();
       if (log) log->Eval(step, loss, floor);
     }
-    if (!FLAGS_save.empty() && (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
+    if (!FLAGS_save.empty() &&
+        (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
       agreed = world.AllAgree(trainer.Save(FLAGS_save, description));  // collective
       if (!agreed.ok()) return Fail(agreed, 1);
       if (leader) printf("saved checkpoint %s/step_%08lld\n", FLAGS_save.c_str(), (long long)step);

@@ -65,14 +65,12 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
   std::string per_rank =
       ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"
                         : "";
-  const std::string activations =
-      fewer_activations ? "activations not counted (offloaded)"
-                        : "activations " + Bytes(e.activation_bytes);
+  const std::string activations = fewer_activations ? "activations not counted (offloaded)"
+                                                    : "activations " + Bytes(e.activation_bytes);
   return InvalidArgument("the run needs at least about " + Bytes(counted) + per_rank +
-                         " (weights, gradients and optimizer state " + Bytes(e.state_bytes) +
-                         ", " + activations + ", backward workspace " + Bytes(e.workspace_bytes) +
-                         ") but " + device + " has " +
-                         Bytes(static_cast<double>(capacity_bytes)) +
+                         " (weights, gradients and optimizer state " + Bytes(e.state_bytes) + ", " +
+                         activations + ", backward workspace " + Bytes(e.workspace_bytes) +
+                         ") but " + device + " has " + Bytes(static_cast<double>(capacity_bytes)) +
                          ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
                          "--micro_batch_size, or add --recompute_modules or --offload_modules");
 }

@@ -49,9 +49,10 @@ StatusOr<MemoryReplanner::Update> MemoryReplanner::AfterStep(const StepStats& st
     double& excess = request_.excess_bytes[rank];
     excess = std::max(excess, measured - plan.ranks[rank].peak_bytes);
     char line[160];
-    snprintf(line, sizeof(line), "%spipeline rank %d's step peak %.0f MiB is over the budget: "
-             "planning around %.0f MiB more than predicted", update.note.empty() ? "" : "; ",
-             rank, measured / kMiB, excess / kMiB);
+    snprintf(line, sizeof(line),
+             "%spipeline rank %d's step peak %.0f MiB is over the budget: "
+             "planning around %.0f MiB more than predicted",
+             update.note.empty() ? "" : "; ", rank, measured / kMiB, excess / kMiB);
     update.note += line;
   }
   if (!replan) return update;

@@ -1,6 +1,6 @@
-// MemoryReplanner: keeps a planned run's memory plan (--memory_budget_gib, modules/memory_planner.h)
-// true to what its steps measure. After each step from the second this process runs (the first
-// also loads kernels and warms the libraries):
+// MemoryReplanner: keeps a planned run's memory plan (--memory_budget_gib,
+// modules/memory_planner.h) true to what its steps measure. After each step from the second this
+// process runs (the first also loads kernels and warms the libraries):
 // - Calibration, once, on the first of those steps: the time model's speeds from the measured
 //   forward time (StepStats::breakdown, mean over ranks) against the plan's prediction, and the
 //   measured copy rate (StepStats::copy_bytes_per_s) when anything moved (CalibratedSpeeds).

@@ -10,12 +10,13 @@ DEFINE_string(offload_modules, "",
               "comma list of activation groups to offload to pinned host memory: attn_norm, "
               "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act (unfused grouped "
               "MLP), fused_group_mlp (fused grouped MLP); empty: off");
-DEFINE_int64(offload_min_tensor_bytes, 1 << 20, "saved tensors smaller than this stay on the device");
+DEFINE_int64(offload_min_tensor_bytes, 1 << 20,
+             "saved tensors smaller than this stay on the device");
 DEFINE_double(offload_fraction, 1.0,
               "fraction of the offload groups (layer x module) kept offloaded, earliest in "
               "forward order first, in [0, 1]");
 DEFINE_int64(offload_pp_delta_bytes, 0,
-              "pipeline rank r keeps r x this many bytes of its last offload groups on the device");
+             "pipeline rank r keeps r x this many bytes of its last offload groups on the device");
 DEFINE_string(recompute_modules, "",
               "comma list of modules that drop activations in forward and recompute them in "
               "backward: layernorm (the norms' outputs), moe_act (the SwiGLU output), moe (the "
@@ -48,7 +49,8 @@ StatusOr<std::optional<OffloadOptions>> MakeOffloadOptions(const OffloadFlagValu
   }
   if (values.prefetch_layers < 0 || values.prefetch_layers > model.num_layers) {
     return InvalidArgument("--offload_prefetch_layers=" + std::to_string(values.prefetch_layers) +
-                           " must be in [0, --num_layers=" + std::to_string(model.num_layers) + "]");
+                           " must be in [0, --num_layers=" + std::to_string(model.num_layers) +
+                           "]");
   }
 
   std::set<std::string> chosen;
@@ -90,9 +92,9 @@ StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::st
                                                        const std::string& recompute_list,
                                                        const GptConfig& model) {
   if (gib == 0) {
-    for (const auto& [flag, list] : {std::pair<const char*, const std::string&>{
-                                         "offload_modules", offload_list},
-                                     {"recompute_modules", recompute_list}}) {
+    for (const auto& [flag, list] :
+         {std::pair<const char*, const std::string&>{"offload_modules", offload_list},
+          {"recompute_modules", recompute_list}}) {
       if (list == kAutoCandidates) {
         return InvalidArgument(std::string("--") + flag + "=" + kAutoCandidates +
                                " needs --memory_budget_gib (the planner chooses among them)");
@@ -147,9 +149,9 @@ StatusOr<RecomputeModules> RecomputeFromFlags(const std::optional<OffloadOptions
 
 StatusOr<int64_t> RecomputeNumLayers(int64_t value, const GptConfig& model) {
   if (value == -1 || (value >= 1 && value <= model.num_layers)) return value;
-  return InvalidArgument("--recompute_num_layers=" + std::to_string(value) +
-                         " must be -1 (every layer) or in [1, --num_layers=" +
-                         std::to_string(model.num_layers) + "]");
+  return InvalidArgument(
+      "--recompute_num_layers=" + std::to_string(value) +
+      " must be -1 (every layer) or in [1, --num_layers=" + std::to_string(model.num_layers) + "]");
 }
 
 StatusOr<int64_t> RecomputeNumLayersFromFlags(const GptConfig& model) {

@@ -1,6 +1,7 @@
 // moe_train's activation-memory flags (defined in offload_flags.cc): fine-grained activation
-// offloading and selective recompute, and their validation against the model and each other. Every problem is one line naming the flag(s), found before any
-// work; see DESIGN.md, "Fine-grained activation offloading".
+// offloading and selective recompute, and their validation against the model and each other. Every
+// problem is one line naming the flag(s), found before any work; see DESIGN.md, "Fine-grained
+// activation offloading".
 #pragma once
 
 #include <cstdint>

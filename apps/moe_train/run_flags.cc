@@ -86,18 +86,18 @@ StatusOr<Device> ParseDevice(const std::string& text) {
 // The relations between model flags (each flag's own range: flag_table.cc).
 Status CheckModel(const GptConfig& m) {
   if (m.hidden_size % m.num_attention_heads != 0) {
-    return InvalidArgument("--hidden_size=" + std::to_string(m.hidden_size) +
-                           " is not a multiple of --num_attention_heads=" +
-                           std::to_string(m.num_attention_heads));
+    return InvalidArgument(
+        "--hidden_size=" + std::to_string(m.hidden_size) +
+        " is not a multiple of --num_attention_heads=" + std::to_string(m.num_attention_heads));
   }
   if (m.num_attention_heads % m.num_query_groups != 0) {
-    return InvalidArgument("--num_attention_heads=" + std::to_string(m.num_attention_heads) +
-                           " is not a multiple of --num_query_groups=" +
-                           std::to_string(m.num_query_groups));
+    return InvalidArgument(
+        "--num_attention_heads=" + std::to_string(m.num_attention_heads) +
+        " is not a multiple of --num_query_groups=" + std::to_string(m.num_query_groups));
   }
   if (m.head_dim() % 2 != 0) {
-    return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
-                           " must be even for rotary embeddings");
+    return InvalidArgument("--hidden_size / --num_attention_heads = " +
+                           std::to_string(m.head_dim()) + " must be even for rotary embeddings");
   }
   if (m.moe_router_topk > m.num_experts) {
     return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
@@ -113,13 +113,13 @@ Status CheckModel(const GptConfig& m) {
 // The relations between training flags.
 Status CheckTraining(const TrainerOptions& t) {
   if (t.global_batch_size % t.micro_batch_size != 0) {
-    return InvalidArgument("--global_batch_size=" + std::to_string(t.global_batch_size) +
-                           " is not a multiple of --micro_batch_size=" +
-                           std::to_string(t.micro_batch_size));
+    return InvalidArgument(
+        "--global_batch_size=" + std::to_string(t.global_batch_size) +
+        " is not a multiple of --micro_batch_size=" + std::to_string(t.micro_batch_size));
   }
   if (FLAGS_min_lr > FLAGS_lr) {
-    return InvalidArgument("--min_lr=" + FlagValueText("min_lr") + " must be in [0, --lr=" +
-                           FlagValueText("lr") + "]");
+    return InvalidArgument("--min_lr=" + FlagValueText("min_lr") +
+                           " must be in [0, --lr=" + FlagValueText("lr") + "]");
   }
   return Status::Ok();
 }
@@ -131,7 +131,8 @@ StatusOr<std::pair<int64_t, int64_t>> ParseTraceSteps(int64_t train_steps) {
   const std::string bad = "--trace_steps=" + text;
   const size_t colon = text.find(':');
   const auto number = [](const std::string& part) -> int64_t {
-    if (part.empty() || part.size() > 18 || part.find_first_not_of("0123456789") != std::string::npos) {
+    if (part.empty() || part.size() > 18 ||
+        part.find_first_not_of("0123456789") != std::string::npos) {
       return -1;
     }
     return std::stoll(part);
@@ -235,10 +236,12 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
 
   MOE_ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
   const Status available = CheckDeviceAvailable(run.device);
-  if (!available.ok()) return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
+  if (!available.ok())
+    return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
   if (run.device.is_cuda() && m.head_dim() != 64 && m.head_dim() != 128) {
-    return InvalidArgument("--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
-                           ": the CUDA attention kernels take head dims 64 and 128");
+    return InvalidArgument(
+        "--hidden_size / --num_attention_heads = " + std::to_string(m.head_dim()) +
+        ": the CUDA attention kernels take head dims 64 and 128");
   }
   MOE_ASSIGN_OR_RETURN(run.memory_budget, MemoryBudgetFromFlags(m));
   MOE_ASSIGN_OR_RETURN(run.trainer.offload, OffloadOptionsFromFlags(m, run.memory_budget));

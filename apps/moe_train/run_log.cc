@@ -13,8 +13,8 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 // The log line's names of the StepPhases, in their order (the metrics file uses StepPhaseName).
-constexpr const char* kPhaseShortNames[kNumStepPhases] = {"fwd", "bwd",    "opt",  "pp wait",
-                                                          "dp wait", "reload wait", "other"};
+constexpr const char* kPhaseShortNames[kNumStepPhases] = {
+    "fwd", "bwd", "opt", "pp wait", "dp wait", "reload wait", "other"};
 
 std::string Millions(int64_t n) {
   char buffer[32];
@@ -39,13 +39,14 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   const TrainerOptions& t = run_.trainer;
   printf("moe_train: %s, %s compute\n", run_.device.ToString().c_str(),
          run_.device.is_cuda() ? "bf16 (f32 master weights and grads)" : "f32");
-  printf("model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
-         "experts %lld top-%lld (%s grouped MLP), expert ffn %lld, seq %lld, vocab %lld\n",
-         (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
-         (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
-         (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
-         m.moe_grouped_mlp == GroupedMlpKind::kFused ? "fused" : "unfused",
-         (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
+  printf(
+      "model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
+      "experts %lld top-%lld (%s grouped MLP), expert ffn %lld, seq %lld, vocab %lld\n",
+      (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
+      (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
+      (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
+      m.moe_grouped_mlp == GroupedMlpKind::kFused ? "fused" : "unfused",
+      (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
   printf("parameters: %s total, %s active per token; weights+grads+optimizer %.1f MiB\n",
          Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
          StateBytes(run_) / kMiB);
@@ -53,12 +54,13 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   if (auto floor = data.CrossEntropyFloor(m.seq_length)) {
     printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);
   }
-  printf("batch: micro %lld x accumulation %lld x data-parallel %d = %lld sequences, %lld "
-         "tokens/step\n",
-         (long long)t.micro_batch_size,
-         (long long)(t.global_batch_size / (t.micro_batch_size * run_.data_parallel)),
-         run_.data_parallel, (long long)t.global_batch_size,
-         (long long)(t.global_batch_size * m.seq_length));
+  printf(
+      "batch: micro %lld x accumulation %lld x data-parallel %d = %lld sequences, %lld "
+      "tokens/step\n",
+      (long long)t.micro_batch_size,
+      (long long)(t.global_batch_size / (t.micro_batch_size * run_.data_parallel)),
+      run_.data_parallel, (long long)t.global_batch_size,
+      (long long)(t.global_batch_size * m.seq_length));
   printf("parallel: %d ranks = pipeline %d x data %d; %d chunk(s) per pipeline rank, schedule %s\n",
          run_.pipeline_parallel * run_.data_parallel, run_.pipeline_parallel, run_.data_parallel,
          t.virtual_pipeline,
@@ -71,15 +73,17 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
     std::string groups;
     for (const std::string& name : t.offload->groups) groups += (groups.empty() ? "" : ", ") + name;
     if (t.offload->planned) {
-      printf("offload: %s as the memory plan's candidates (tensors >= %lld bytes, prefetch %d "
-             "layer(s))\n",
-             groups.c_str(), (long long)t.offload->min_tensor_bytes, t.offload->prefetch_layers);
+      printf(
+          "offload: %s as the memory plan's candidates (tensors >= %lld bytes, prefetch %d "
+          "layer(s))\n",
+          groups.c_str(), (long long)t.offload->min_tensor_bytes, t.offload->prefetch_layers);
     } else {
-      printf("offload: %s (tensors >= %lld bytes, fraction %s, prefetch %d layer(s), pp delta "
-             "%lld bytes)\n",
-             groups.c_str(), (long long)t.offload->min_tensor_bytes,
-             ShortestDouble(t.offload->fraction).c_str(), t.offload->prefetch_layers,
-             (long long)t.offload->pp_delta_bytes);
+      printf(
+          "offload: %s (tensors >= %lld bytes, fraction %s, prefetch %d layer(s), pp delta "
+          "%lld bytes)\n",
+          groups.c_str(), (long long)t.offload->min_tensor_bytes,
+          ShortestDouble(t.offload->fraction).c_str(), t.offload->prefetch_layers,
+          (long long)t.offload->pp_delta_bytes);
     }
   }
   fflush(stdout);
@@ -111,9 +115,9 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   const double peak_mib = *std::max_element(peak_mib_.begin(), peak_mib_.end());
   printf("step %6lld | loss %.4f | aux %.4f | lr %.3e | grad norm %.3f | %.1f ms/step (",
          (long long)step, stats.loss, stats.aux_loss, stats.lr, stats.grad_norm, ms_per_step);
-  nlohmann::json record = {{"step", step},           {"loss", stats.loss},
-                           {"aux_loss", stats.aux_loss}, {"lr", stats.lr},
-                           {"grad_norm", stats.grad_norm}, {"ms_per_step", ms_per_step}};
+  nlohmann::json record = {
+      {"step", step},   {"loss", stats.loss},           {"aux_loss", stats.aux_loss},
+      {"lr", stats.lr}, {"grad_norm", stats.grad_norm}, {"ms_per_step", ms_per_step}};
   for (int i = 0; i < kNumStepPhases; ++i) {
     const auto phase = static_cast<StepPhase>(i);
     const double ms = breakdown_[phase] / steps_;
@@ -125,8 +129,8 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   record["peak_device_mib"] = peak_mib;
   if (run_.device.is_cuda()) {
     const int devices = run_.pipeline_parallel * run_.data_parallel;
-    const double mfu = MfuPerDevice(tokens_per_second, run_.model.train_flops_per_token(),
-                                    devices, FLAGS_peak_flops);
+    const double mfu = MfuPerDevice(tokens_per_second, run_.model.train_flops_per_token(), devices,
+                                    FLAGS_peak_flops);
     printf(" | MFU %.1f%%", 100 * mfu);
     record["mfu"] = mfu;  // per device
   }
@@ -164,10 +168,11 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     const double out_mib = offload_.offloaded_bytes / kMiB / steps_;
     const double in_mib = offload_.reloaded_bytes / kMiB / steps_;
     const double wait_ms = breakdown_[StepPhase::kOffloadWait] / steps_;
-    printf("            offload | out %.1f MiB/step (%lld tensors) | in %.1f MiB/step | D2H %.2f GB/s "
-           "| H2D %.2f GB/s | reload wait %.2f ms/step\n",
-           out_mib, (long long)(offload_.offloaded_tensors / steps_), in_mib, offload_.d2h_gbps(),
-           offload_.h2d_gbps(), wait_ms);
+    printf(
+        "            offload | out %.1f MiB/step (%lld tensors) | in %.1f MiB/step | D2H %.2f GB/s "
+        "| H2D %.2f GB/s | reload wait %.2f ms/step\n",
+        out_mib, (long long)(offload_.offloaded_tensors / steps_), in_mib, offload_.d2h_gbps(),
+        offload_.h2d_gbps(), wait_ms);
     record["offload_bytes_per_step"] = offload_.offloaded_bytes / steps_;
     record["reload_bytes_per_step"] = offload_.reloaded_bytes / steps_;
     record["offload_d2h_gbps"] = offload_.d2h_gbps();

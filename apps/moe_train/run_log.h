@@ -44,8 +44,8 @@ class RunLog {
   double bubble_ = 0;  // pipeline bubble fractions summed since the last log line
   int64_t tokens_ = 0;
   int steps_ = 0;
-  OffloadStepStats offload_;  // summed since the last log line
-  StepBreakdown breakdown_;   // summed since the last log line
+  OffloadStepStats offload_;      // summed since the last log line
+  StepBreakdown breakdown_;       // summed since the last log line
   std::vector<double> peak_mib_;  // by world rank, the largest step peak since the last log line
   std::vector<double> predicted_peak_mib_;  // the memory plan's, by pipeline rank; empty: none
 };

@@ -32,7 +32,8 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>&
       }
     }
   };
-  const size_t threads = std::min<size_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+  const size_t threads =
+      std::min<size_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
@@ -42,7 +43,10 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>&
 }  // namespace
 
 ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state)
-    : device_(device), compute_dtype_(compute_dtype), seed_(seed), optimizer_state_(optimizer_state) {
+    : device_(device),
+      compute_dtype_(compute_dtype),
+      seed_(seed),
+      optimizer_state_(optimizer_state) {
   CHECK(IsFloating(compute_dtype));
   CHECK(device.is_cuda() || compute_dtype == DType::kF32) << "the CPU backend computes in f32";
 }

@@ -49,8 +49,8 @@ struct ParameterSpec {
   std::string name;
   Shape shape;
   Init init = Init::kNormal;
-  float init_std = 0.02f;     // for kNormal
-  bool weight_decay = true;   // false for norms
+  float init_std = 0.02f;    // for kNormal
+  bool weight_decay = true;  // false for norms
 };
 
 class ParameterSet {

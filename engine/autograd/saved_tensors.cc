@@ -24,7 +24,8 @@ Tensor SavedTensors::Load(const std::string& key) {
   CHECK(it != tensors_.end()) << "no saved tensor " << key;
   if (hooks_) {
     auto group = group_of_key_.find(key);
-    hooks_->BeforeLoad(*this, group == group_of_key_.end() ? nullptr : &groups_[group->second], key);
+    hooks_->BeforeLoad(*this, group == group_of_key_.end() ? nullptr : &groups_[group->second],
+                       key);
     it = tensors_.find(key);
   }
   Tensor t = std::move(it->second);

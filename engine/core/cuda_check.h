@@ -7,11 +7,11 @@
 
 #include "engine/core/check.h"
 
-#define MOE_CUDA_CALL(expr)                                                              \
-  do {                                                                                   \
-    cudaError_t moe_err_ = (expr);                                                       \
-    if (moe_err_ != cudaSuccess)                                                         \
-      ::moe::FailCall("CUDA", #expr, __FILE__, __LINE__, cudaGetErrorString(moe_err_));  \
+#define MOE_CUDA_CALL(expr)                                                             \
+  do {                                                                                  \
+    cudaError_t moe_err_ = (expr);                                                      \
+    if (moe_err_ != cudaSuccess)                                                        \
+      ::moe::FailCall("CUDA", #expr, __FILE__, __LINE__, cudaGetErrorString(moe_err_)); \
   } while (0)
 
 #define MOE_CUBLAS_CALL(expr)                                                                \
@@ -21,11 +21,11 @@
       ::moe::FailCall("cuBLAS", #expr, __FILE__, __LINE__, cublasGetStatusString(moe_err_)); \
   } while (0)
 
-#define MOE_NCCL_CALL(expr)                                                              \
-  do {                                                                                   \
-    ncclResult_t moe_err_ = (expr);                                                      \
-    if (moe_err_ != ncclSuccess)                                                         \
-      ::moe::FailCall("NCCL", #expr, __FILE__, __LINE__, ncclGetErrorString(moe_err_));  \
+#define MOE_NCCL_CALL(expr)                                                             \
+  do {                                                                                  \
+    ncclResult_t moe_err_ = (expr);                                                     \
+    if (moe_err_ != ncclSuccess)                                                        \
+      ::moe::FailCall("NCCL", #expr, __FILE__, __LINE__, ncclGetErrorString(moe_err_)); \
   } while (0)
 
 // After a kernel launch: catches bad launch configurations at the launch site.

@@ -25,7 +25,8 @@ inline uint64_t StableHash(std::string_view text) {
 
 class Rng {
  public:
-  explicit Rng(uint64_t seed, uint64_t stream = 0) : state_(seed ^ (stream * 0xda942042e4dd58b5ull)) {}
+  explicit Rng(uint64_t seed, uint64_t stream = 0)
+      : state_(seed ^ (stream * 0xda942042e4dd58b5ull)) {}
 
   uint64_t NextU64() { return SplitMix64(state_); }
   // Uniform in [0, 1) with 53 random bits.
@@ -36,6 +37,7 @@ class Rng {
     const double u2 = Uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
+
  private:
   uint64_t state_;
 };

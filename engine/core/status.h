@@ -11,7 +11,14 @@
 
 namespace moe {
 
-enum class StatusCode { kOk, kInvalidArgument, kNotFound, kDataLoss, kFailedPrecondition, kInternal };
+enum class StatusCode {
+  kOk,
+  kInvalidArgument,
+  kNotFound,
+  kDataLoss,
+  kFailedPrecondition,
+  kInternal
+};
 
 class [[nodiscard]] Status {
  public:
@@ -29,10 +36,14 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 template <typename T>
@@ -45,9 +56,18 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { CHECK(ok()) << status_.ToString(); return *value_; }
-  const T& value() const& { CHECK(ok()) << status_.ToString(); return *value_; }
-  T&& value() && { CHECK(ok()) << status_.ToString(); return std::move(*value_); }
+  T& value() & {
+    CHECK(ok()) << status_.ToString();
+    return *value_;
+  }
+  const T& value() const& {
+    CHECK(ok()) << status_.ToString();
+    return *value_;
+  }
+  T&& value() && {
+    CHECK(ok()) << status_.ToString();
+    return std::move(*value_);
+  }
   T* operator->() { return &value(); }
   T& operator*() { return value(); }
 
@@ -61,15 +81,15 @@ class [[nodiscard]] StatusOr {
 #define MOE_STATUS_CONCAT_INNER(a, b) a##b
 #define MOE_STATUS_CONCAT(a, b) MOE_STATUS_CONCAT_INNER(a, b)
 
-#define MOE_RETURN_IF_ERROR(expr)               \
-  do {                                          \
-    ::moe::Status moe_status_ = (expr);         \
-    if (!moe_status_.ok()) return moe_status_;  \
+#define MOE_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::moe::Status moe_status_ = (expr);        \
+    if (!moe_status_.ok()) return moe_status_; \
   } while (0)
 
 #define MOE_ASSIGN_OR_RETURN(lhs, expr) \
   MOE_ASSIGN_OR_RETURN_IMPL(MOE_STATUS_CONCAT(moe_statusor_, __LINE__), lhs, expr)
 #define MOE_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                          \
-  if (!tmp.ok()) return tmp.status();         \
+  auto tmp = (expr);                              \
+  if (!tmp.ok()) return tmp.status();             \
   lhs = std::move(tmp).value()

@@ -15,9 +15,13 @@ class Stream;
 
 class Storage {
  public:
-  Storage(void* data, size_t bytes, Device device, MemorySpace space,
-          std::function<void()> release, std::function<void(Stream&)> record_stream = nullptr)
-      : data_(data), bytes_(bytes), device_(device), space_(space), release_(std::move(release)),
+  Storage(void* data, size_t bytes, Device device, MemorySpace space, std::function<void()> release,
+          std::function<void(Stream&)> record_stream = nullptr)
+      : data_(data),
+        bytes_(bytes),
+        device_(device),
+        space_(space),
+        release_(std::move(release)),
         record_stream_(std::move(record_stream)) {}
   ~Storage() {
     if (release_) release_();

@@ -75,8 +75,7 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::View(const Shape& shape) const {
-  CHECK_EQ(NumElements(shape), numel())
-      << "view " << ShapeString(shape) << " of " << DebugString();
+  CHECK_EQ(NumElements(shape), numel()) << "view " << ShapeString(shape) << " of " << DebugString();
   Tensor t = *this;
   t.shape_ = shape;
   return t;

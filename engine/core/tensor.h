@@ -23,12 +23,28 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);
 
-template <typename T> constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<BFloat16>() { return DType::kBF16; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
-template <> constexpr DType DTypeOf<uint8_t>() { return DType::kU8; }
+template <typename T>
+constexpr DType DTypeOf();
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<BFloat16>() {
+  return DType::kBF16;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kI64;
+}
+template <>
+constexpr DType DTypeOf<uint8_t>() {
+  return DType::kU8;
+}
 
 class Tensor {
  public:
@@ -56,12 +72,14 @@ class Tensor {
   MemorySpace space() const;
 
   void* data() const;
-  template <typename T> T* data() const {
+  template <typename T>
+  T* data() const {
     CheckDType(DTypeOf<T>());
     return static_cast<T*>(data());
   }
   // The elements, for memory the host can read (a CPU tensor, pinned host memory).
-  template <typename T> std::span<T> values() const {
+  template <typename T>
+  std::span<T> values() const {
     return {data<T>(), static_cast<size_t>(numel())};
   }
 

@@ -109,8 +109,8 @@ void Communicator::AddTransfer(Transfer transfer) {
 }
 
 void EnqueueBetween(Communicator& comm, Stream& compute, const std::function<void()>& issue) {
-  CHECK(comm.device() == compute.device()) << "comm on " << comm.device().ToString()
-                                            << ", compute on " << compute.device().ToString();
+  CHECK(comm.device() == compute.device())
+      << "comm on " << comm.device().ToString() << ", compute on " << compute.device().ToString();
   const std::unique_ptr<Event> produced = compute.CreateEvent();
   produced->Record(compute);
   comm.stream().Wait(*produced);

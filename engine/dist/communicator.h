@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/tensor.h"
 #include "engine/core/stream.h"
+#include "engine/core/tensor.h"
 
 namespace moe {
 

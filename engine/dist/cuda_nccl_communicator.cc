@@ -22,9 +22,12 @@ CudaStream& AsCudaStream(Stream& stream) {
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    default: LOG(FATAL) << "no NCCL reduction type for " << DTypeName(dtype);
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    default:
+      LOG(FATAL) << "no NCCL reduction type for " << DTypeName(dtype);
   }
   __builtin_unreachable();
 }
@@ -77,15 +80,15 @@ class NcclCommunicator final : public Communicator {
     tensor.RecordStream(stream());
     Watched(Describe("AllReduceSum", tensor), [&] {
       MOE_NCCL_CALL(ncclAllReduce(tensor.data(), tensor.data(), tensor.numel(),
-                              NcclType(tensor.dtype()), ncclSum, comm_, cuda_stream_.get()));
+                                  NcclType(tensor.dtype()), ncclSum, comm_, cuda_stream_.get()));
     });
   }
 
   void DoBroadcast(const Tensor& tensor, int root) override {
     tensor.RecordStream(stream());
     Watched(Describe("Broadcast", tensor) + " from rank " + std::to_string(root), [&] {
-      MOE_NCCL_CALL(ncclBroadcast(tensor.data(), tensor.data(), tensor.nbytes(), ncclUint8, root, comm_,
-                              cuda_stream_.get()));
+      MOE_NCCL_CALL(ncclBroadcast(tensor.data(), tensor.data(), tensor.nbytes(), ncclUint8, root,
+                                  comm_, cuda_stream_.get()));
     });
   }
 
@@ -97,10 +100,10 @@ class NcclCommunicator final : public Communicator {
       for (const Transfer& t : transfers) {
         if (t.is_send) {
           MOE_NCCL_CALL(ncclSend(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
-                             cuda_stream_.get()));
+                                 cuda_stream_.get()));
         } else {
           MOE_NCCL_CALL(ncclRecv(t.tensor.data(), t.tensor.nbytes(), ncclUint8, t.peer, comm_,
-                             cuda_stream_.get()));
+                                 cuda_stream_.get()));
         }
       }
       MOE_NCCL_CALL(ncclGroupEnd());
@@ -114,7 +117,7 @@ class NcclCommunicator final : public Communicator {
     }
     Watched("Barrier", [&] {
       MOE_NCCL_CALL(ncclAllReduce(barrier_buffer_.data(), barrier_buffer_.data(), 1, ncclFloat32,
-                              ncclSum, comm_, cuda_stream_.get()));
+                                  ncclSum, comm_, cuda_stream_.get()));
     });
     cuda_stream_.Synchronize();
   }

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dist/communicator.h"
 #include "engine/autograd/parameters.h"
+#include "engine/dist/communicator.h"
 
 namespace moe {
 

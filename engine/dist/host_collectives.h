@@ -28,7 +28,8 @@ std::vector<uint8_t> AllGatherHostBytes(Communicator* group, const void* mine, s
 template <typename T>
 std::vector<T> AllGatherHost(Communicator* group, const std::vector<T>& mine) {
   static_assert(std::is_trivially_copyable_v<T>);
-  const std::vector<uint8_t> bytes = AllGatherHostBytes(group, mine.data(), mine.size() * sizeof(T));
+  const std::vector<uint8_t> bytes =
+      AllGatherHostBytes(group, mine.data(), mine.size() * sizeof(T));
   std::vector<T> out(bytes.size() / sizeof(T));
   if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;

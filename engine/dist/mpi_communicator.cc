@@ -65,7 +65,8 @@ class Requests {
   // already fails in MPI with a truncation error).
   void WaitAll() {
     std::vector<MPI_Status> statuses(requests_.size());
-    MOE_MPI_CALL(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data()));
+    MOE_MPI_CALL(
+        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data()));
     for (size_t i = 0; i < requests_.size(); ++i) {
       if (expected_bytes_[i] < 0) continue;
       int count = 0;
@@ -190,7 +191,8 @@ void MpiCommunicator::DoBarrier() {
 
 std::unique_ptr<Communicator> MpiCommunicator::DoSplit(int color, int key, Stream& stream) {
   MPI_Comm split = MPI_COMM_NULL;
-  Run("Split", [this, color, key, &split] { MOE_MPI_CALL(MPI_Comm_split(comm_, color, key, &split)); });
+  Run("Split",
+      [this, color, key, &split] { MOE_MPI_CALL(MPI_Comm_split(comm_, color, key, &split)); });
   cpu_stream_.Synchronize();
   return std::make_unique<MpiCommunicator>(split, stream, timeout());
 }

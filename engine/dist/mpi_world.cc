@@ -16,10 +16,14 @@ namespace {
 
 const char* ThreadLevelName(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    default: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    default:
+      return "MPI_THREAD_MULTIPLE";
   }
 }
 
@@ -103,7 +107,8 @@ StatusOr<std::unique_ptr<World>> World::Init() {
   SetProcessRank(rank);
 
   MPI_Comm host_local = MPI_COMM_NULL;
-  MOE_MPI_CALL(MPI_Comm_split_type(host_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host_local));
+  MOE_MPI_CALL(
+      MPI_Comm_split_type(host_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host_local));
   int local_rank = 0, local_size = 0;
   MOE_MPI_CALL(MPI_Comm_rank(host_local, &local_rank));
   MOE_MPI_CALL(MPI_Comm_size(host_local, &local_size));

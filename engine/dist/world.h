@@ -6,9 +6,9 @@
 // Init initialises MPI with MPI_THREAD_MULTIPLE, which the CPU communicators need (their worker
 // threads and the host thread call MPI at once, each on its own MPI communicator); an MPI without
 // it is an error Status. It sets the rank that CHECK/call-check failures name (SetProcessRank). MPI
-// errors abort the process with the call, rank and host (MOE_MPI_CALL); when one rank exits non-zero,
-// mpirun ends the others. Create one World per process, from main, before other threads use MPI;
-// destroying it finalises MPI, so it must outlive every Communicator.
+// errors abort the process with the call, rank and host (MOE_MPI_CALL); when one rank exits
+// non-zero, mpirun ends the others. Create one World per process, from main, before other threads
+// use MPI; destroying it finalises MPI, so it must outlive every Communicator.
 #pragma once
 
 #include <chrono>
@@ -16,8 +16,8 @@
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
-#include "engine/dist/communicator.h"
 #include "engine/core/stream.h"
+#include "engine/dist/communicator.h"
 
 namespace moe {
 

@@ -207,8 +207,7 @@ std::vector<std::string> ListCheckpointEntries(const std::string& root) {
 
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
-                                        const std::vector<NamedTensor>& optimizer,
-                                        bool subset) {
+                                        const std::vector<NamedTensor>& optimizer, bool subset) {
   MOE_ASSIGN_OR_RETURN(CheckpointState read, ReadCheckpointState(path));
   const fs::path dir(read.dir);
   nlohmann::json state = std::move(read.state);

@@ -22,16 +22,24 @@ StatusOr<std::unique_ptr<ChromeTraceWriter>> ChromeTraceWriter::Create(const std
 ChromeTraceWriter::ChromeTraceWriter(std::ofstream file, int rank)
     : file_(std::move(file)), rank_(rank) {
   file_ << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  Write(nlohmann::json{{"name", "process_name"}, {"ph", "M"}, {"pid", rank_},
+  Write(nlohmann::json{{"name", "process_name"},
+                       {"ph", "M"},
+                       {"pid", rank_},
                        {"args", {{"name", "rank " + std::to_string(rank_)}}}}
             .dump());
   for (int t = 0; t < kNumTraceTracks; ++t) {
     const auto track = static_cast<TraceTrack>(t);
-    Write(nlohmann::json{{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", Tid(track)},
+    Write(nlohmann::json{{"name", "thread_name"},
+                         {"ph", "M"},
+                         {"pid", rank_},
+                         {"tid", Tid(track)},
                          {"args", {{"name", TraceTrackName(track)}}}}
               .dump());
-    Write(nlohmann::json{{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", rank_},
-                         {"tid", Tid(track)}, {"args", {{"sort_index", t}}}}
+    Write(nlohmann::json{{"name", "thread_sort_index"},
+                         {"ph", "M"},
+                         {"pid", rank_},
+                         {"tid", Tid(track)},
+                         {"args", {{"sort_index", t}}}}
               .dump());
   }
 }
@@ -76,9 +84,9 @@ void ChromeTraceWriter::AddStep(int64_t step, const std::vector<TraceEvent>& eve
     });
     for (size_t i = 0; i < members.size(); ++i) {
       const TraceEvent& e = *members[i];
-      nlohmann::json out = {{"name", members[0]->name}, {"cat", "flow"}, {"id", id},
-                            {"pid", rank_}, {"tid", Tid(e.track)}, {"ts", e.start_us},
-                            {"args", args}};
+      nlohmann::json out = {
+          {"name", members[0]->name}, {"cat", "flow"},    {"id", id},    {"pid", rank_},
+          {"tid", Tid(e.track)},      {"ts", e.start_us}, {"args", args}};
       out["ph"] = i == 0 ? "s" : (i + 1 == members.size() ? "f" : "t");
       if (i + 1 == members.size()) out["bp"] = "e";
       Write(out.dump());

@@ -63,7 +63,8 @@ StatusOr<BatchSampler> BatchSampler::Create(const TokenSource* source, int64_t s
   if (batch_size < 1) {
     return InvalidArgument("the batch size must be >= 1, got " + std::to_string(batch_size));
   }
-  MOE_ASSIGN_OR_RETURN(const int64_t train_windows, source->NumWindows(Split::kTrain, seq_length + 1));
+  MOE_ASSIGN_OR_RETURN(const int64_t train_windows,
+                       source->NumWindows(Split::kTrain, seq_length + 1));
   MOE_ASSIGN_OR_RETURN(const int64_t validation_windows,
                        source->NumWindows(Split::kValidation, seq_length + 1));
   return BatchSampler(source, seq_length, batch_size, seed, train_windows, validation_windows);

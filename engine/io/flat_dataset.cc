@@ -24,9 +24,12 @@ constexpr int64_t kMinTokensForWidthCheck = 64;
 template <typename F>
 auto VisitTokens(TokenType type, const std::byte* data, F&& f) {
   switch (type) {
-    case TokenType::kUint16: return f(reinterpret_cast<const uint16_t*>(data));
-    case TokenType::kUint32: return f(reinterpret_cast<const uint32_t*>(data));
-    case TokenType::kInt32: return f(reinterpret_cast<const int32_t*>(data));
+    case TokenType::kUint16:
+      return f(reinterpret_cast<const uint16_t*>(data));
+    case TokenType::kUint32:
+      return f(reinterpret_cast<const uint32_t*>(data));
+    case TokenType::kInt32:
+      return f(reinterpret_cast<const int32_t*>(data));
   }
   LOG(FATAL) << "unknown token type";
 }
@@ -74,9 +77,12 @@ int64_t TokenBytes(TokenType type) { return type == TokenType::kUint16 ? 2 : 4; 
 
 const char* TokenTypeName(TokenType type) {
   switch (type) {
-    case TokenType::kUint16: return "uint16";
-    case TokenType::kUint32: return "uint32";
-    case TokenType::kInt32: return "int32";
+    case TokenType::kUint16:
+      return "uint16";
+    case TokenType::kUint32:
+      return "uint32";
+    case TokenType::kInt32:
+      return "int32";
   }
   LOG(FATAL) << "unknown token type";
 }

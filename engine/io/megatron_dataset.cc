@@ -147,7 +147,7 @@ StatusOr<std::unique_ptr<TokenSource>> OpenMegatronDataset(const std::string& pr
                                   std::to_string(index.num_sequences) + " sequences)";
   MOE_ASSIGN_OR_RETURN(std::unique_ptr<FlatTokenSource> source,
                        FlatTokenSource::Create(std::move(bin), index.type, vocab_size,
-                                           validation_fraction, description));
+                                               validation_fraction, description));
   return std::unique_ptr<TokenSource>(std::move(source));
 }
 

@@ -44,8 +44,7 @@ Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& 
 // LoadSafetensors' rules, except that the file may hold further tensors, which are not read (e.g.
 // one pipeline stage's parameters out of a full-model checkpoint). Every destination must still
 // be in the file.
-Status LoadSafetensorsSubset(const std::string& path,
-                             const std::vector<NamedTensor>& destinations);
+Status LoadSafetensorsSubset(const std::string& path, const std::vector<NamedTensor>& destinations);
 
 // A tensor read into host memory: raw little-endian bytes.
 struct HostTensor {

@@ -17,13 +17,13 @@
 #define MOE_CUDA_OR_FAIL(call) LOG(FATAL) << "this build has no CUDA support"
 #endif
 
-#define MOE_DISPATCH(device, fn, ...)                         \
-  do {                                                        \
-    if ((device).is_cuda()) {                                 \
-      MOE_CUDA_OR_FAIL(fn(__VA_ARGS__));                      \
-    } else {                                                  \
-      cpu::fn(__VA_ARGS__);                                   \
-    }                                                         \
+#define MOE_DISPATCH(device, fn, ...)    \
+  do {                                   \
+    if ((device).is_cuda()) {            \
+      MOE_CUDA_OR_FAIL(fn(__VA_ARGS__)); \
+    } else {                             \
+      cpu::fn(__VA_ARGS__);              \
+    }                                    \
   } while (0)
 
 namespace moe::ops {
@@ -131,8 +131,8 @@ void Axpy(float alpha, const Tensor& x, const Tensor& y) {
 }
 
 // ---------------------------------------------------------------- matmul
-void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
-            bool transpose_b, float beta) {
+void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a, bool transpose_b,
+            float beta) {
   const Device device = CommonDevice({&a, &b, &out});
   CHECK(a.ndim() == b.ndim() && a.ndim() == out.ndim() && (a.ndim() == 2 || a.ndim() == 3))
       << "matmul takes three 2-D or three 3-D tensors: " << a.DebugString() << ", "
@@ -160,8 +160,8 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
 namespace {
 void CheckGroupOffsetValues(std::span<const int32_t> offsets, int64_t groups, int64_t rows,
                             const char* what) {
-  CHECK_EQ(static_cast<int64_t>(offsets.size()), groups + 1) << what << ": offsets for " << groups
-                                                             << " groups";
+  CHECK_EQ(static_cast<int64_t>(offsets.size()), groups + 1)
+      << what << ": offsets for " << groups << " groups";
   CHECK(offsets.front() == 0 && offsets.back() == rows)
       << what << ": offsets run from " << offsets.front() << " to " << offsets.back()
       << ", expected 0 to " << rows;
@@ -297,7 +297,8 @@ void SiluBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
 namespace {
 void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
   CheckFloat(x, what);
-  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0) << what << ": x must be (rows, 2f): " << x.DebugString();
+  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0)
+      << what << ": x must be (rows, 2f): " << x.DebugString();
   CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
   CheckSameDType(x, y, what);
   if (scale.defined()) {
@@ -331,10 +332,10 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
 namespace {
 void CheckRope(const Tensor& x, int64_t seq_len, const Tensor& y) {
   CheckFloat(x, "rope input");
-  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0) << "rope takes (tokens, heads, even head_dim): "
-                                             << x.DebugString();
-  CHECK(seq_len > 0 && x.dim(0) % seq_len == 0) << "rope: tokens " << x.dim(0)
-                                                 << " not a multiple of seq_len " << seq_len;
+  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
+      << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
+  CHECK(seq_len > 0 && x.dim(0) % seq_len == 0)
+      << "rope: tokens " << x.dim(0) << " not a multiple of seq_len " << seq_len;
   CheckShape(y, x.shape(), "rope output");
   CheckSameDType(x, y, "rope");
 }
@@ -361,8 +362,8 @@ void CheckAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const int64_t batch = q.dim(0), seq = q.dim(1), heads = q.dim(2), d = q.dim(3);
   CHECK(k.ndim() == 4 && k.dim(0) == batch && k.dim(1) == seq && k.dim(3) == d)
       << "attention k " << k.DebugString() << " for q " << q.DebugString();
-  CHECK(k.dim(2) > 0 && heads % k.dim(2) == 0) << "attention heads " << heads
-                                                << " not a multiple of kv heads " << k.dim(2);
+  CHECK(k.dim(2) > 0 && heads % k.dim(2) == 0)
+      << "attention heads " << heads << " not a multiple of kv heads " << k.dim(2);
   CheckShape(v, k.shape(), "attention v");
   CheckShape(out, q.shape(), "attention out");
   CheckSameDType(q, k, "attention");
@@ -603,8 +604,8 @@ void InvertPermutation(const Tensor& order, int64_t topk, const Tensor& source_r
   const Device device = CommonDevice({&order, &source_rows, &inverse});
   CheckDType(order, DType::kI32, "permutation");
   CHECK_EQ(order.ndim(), 1) << "permutation (n)";
-  CHECK(topk >= 1 && order.dim(0) % topk == 0) << "permutation of " << order.dim(0)
-                                                << " entries with topk " << topk;
+  CHECK(topk >= 1 && order.dim(0) % topk == 0)
+      << "permutation of " << order.dim(0) << " entries with topk " << topk;
   CheckShape(source_rows, order.shape(), "permutation source rows");
   CheckShape(inverse, order.shape(), "permutation inverse");
   CheckDType(source_rows, DType::kI32, "permutation source rows");

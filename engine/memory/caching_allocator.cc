@@ -22,9 +22,9 @@ OutOfMemoryHandler SetOutOfMemoryHandler(OutOfMemoryHandler handler) {
 
 struct CachingAllocator::Block {
   void* ptr = nullptr;
-  size_t size = 0;                 // rounded size, as counted in the stats
-  Stream* stream = nullptr;        // the stream it was allocated on
-  std::vector<Stream*> used_on;    // other streams recorded by RecordStream
+  size_t size = 0;                                     // rounded size, as counted in the stats
+  Stream* stream = nullptr;                            // the stream it was allocated on
+  std::vector<Stream*> used_on;                        // other streams recorded by RecordStream
   std::vector<std::unique_ptr<Event>> pending_events;  // recorded at free time
 };
 
@@ -52,7 +52,8 @@ CachingAllocator::~CachingAllocator() {
 std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream) {
   CHECK(stream.device() == device_) << "allocation for " << device_.ToString() << " on a stream of "
                                     << stream.device().ToString();
-  const size_t size = std::max<size_t>(kRoundBytes, (bytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes);
+  const size_t size =
+      std::max<size_t>(kRoundBytes, (bytes + kRoundBytes - 1) / kRoundBytes * kRoundBytes);
   Block* block = nullptr;
   std::string out_of_memory;  // set when the source is exhausted
   {

@@ -35,9 +35,9 @@
 
 #include "engine/core/device.h"
 #include "engine/core/storage.h"
+#include "engine/core/stream.h"
 #include "engine/memory/memory_stats.h"
 #include "engine/memory/raw_memory.h"
-#include "engine/core/stream.h"
 
 namespace moe {
 
@@ -71,8 +71,8 @@ class CachingAllocator {
   void Free(Block* block);
   void RecordStream(Block* block, Stream& stream);
   Block* TakeCachedBlock(size_t size, Stream* stream);  // lock held
-  void ProcessPendingFrees(bool wait);                    // lock held
-  void ReleaseCachedBlocks();                             // lock held
+  void ProcessPendingFrees(bool wait);                  // lock held
+  void ReleaseCachedBlocks();                           // lock held
 
   const Device device_;
   std::unique_ptr<RawMemory> raw_;

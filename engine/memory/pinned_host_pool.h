@@ -7,8 +7,9 @@
 // activations) skip the size classes, whose power-of-two rounding would waste up to half of
 // each buffer: they come from a separate cache of buffers pinned with a 25% margin over the
 // request. A released buffer is handed out again to a request it fits (Fits: within 2x, or no
-// larger than the request would pin); a request that fits none pins a new buffer and unpins the cached ones too small for it, so the cache follows
-// the routed sizes without pinning (slow, and synchronising on CUDA) every step.
+// larger than the request would pin); a request that fits none pins a new buffer and unpins the
+// cached ones too small for it, so the cache follows the routed sizes without pinning (slow, and
+// synchronising on CUDA) every step.
 //
 // The caller orders reuse: a block must not be released while a copy stream still uses it.
 // Thread-safe.
@@ -29,11 +30,11 @@ namespace moe {
 struct PinnedPoolStats {
   int64_t hits = 0;
   int64_t misses = 0;
-  int64_t pooled_reserved_bytes = 0;    // pinned by the pool (in use + free lists)
+  int64_t pooled_reserved_bytes = 0;  // pinned by the pool (in use + free lists)
   int64_t pooled_in_use_bytes = 0;
-  int64_t unpooled_in_use_bytes = 0;     // requested bytes of live unpooled allocations
-  int64_t unpooled_reserved_bytes = 0;   // pinned for unpooled use (in use + cached)
-  int64_t unpooled_pins = 0;             // unpooled requests that had to pin a new buffer
+  int64_t unpooled_in_use_bytes = 0;    // requested bytes of live unpooled allocations
+  int64_t unpooled_reserved_bytes = 0;  // pinned for unpooled use (in use + cached)
+  int64_t unpooled_pins = 0;            // unpooled requests that had to pin a new buffer
   int64_t peak_unpooled_in_use_bytes = 0;
   int64_t unpooled_allocations = 0;
 };
@@ -67,8 +68,8 @@ class PinnedHostPool {
   mutable std::mutex mutex_;
   PinnedPoolStats stats_;
   std::map<size_t, std::vector<void*>> free_lists_;  // size class -> free blocks
-  std::multimap<size_t, void*> unpooled_free_;        // capacity -> cached unpooled buffer
-  std::vector<void*> owned_;                          // every pooled block, freed at destruction
+  std::multimap<size_t, void*> unpooled_free_;       // capacity -> cached unpooled buffer
+  std::vector<void*> owned_;                         // every pooled block, freed at destruction
 
   void* PinPooled(size_t size_class);  // under mutex_
 };

@@ -33,10 +33,10 @@ struct OffloadManager::GroupState {
   size_t index = 0;  // in SavedTensors::groups()
   std::string name;
   int layer = -1;
-  int slot = -1;     // layer slot in the context's backward order
+  int slot = -1;  // layer slot in the context's backward order
   bool offloaded = false;
   bool reload_issued = false;
-  bool waited = false;   // by the compute stream, for the reload
+  bool waited = false;      // by the compute stream, for the reload
   bool copied_out = false;  // the host has waited for the copy out (WaitCopiesOut)
   std::vector<Copy> copies;
   int64_t bytes = 0;
@@ -58,9 +58,9 @@ struct OffloadManager::Record {
   std::map<size_t, GroupState*> by_index;
   bool backward_started = false;
   size_t copies_waited = 0;  // groups, in commit order, whose copies out the host waited for
-  int cursor = -1;      // highest layer slot backward has reached
+  int cursor = -1;           // highest layer slot backward has reached
   int num_slots = 0;
-  size_t slotted = 0;   // groups counted when the slots were assigned
+  size_t slotted = 0;  // groups counted when the slots were assigned
 };
 
 struct OffloadManager::Observation {
@@ -168,7 +168,6 @@ void OffloadManager::OnCommit(SavedTensors& saved, const SavedGroup& group) {
 }
 
 void OffloadManager::CopyOut(SavedTensors& saved, const SavedGroup& group, GroupState& g) {
-
   // Sort the group's saves: eligible tensors (one copy per distinct tensor) and skipped ones.
   struct Pending {
     Tensor device;
@@ -378,9 +377,8 @@ void OffloadManager::ReleaseCompleted(bool wait) {
     if (wait) p.event->Synchronize();
     return wait || p.event->Query();
   };
-  pending_releases_.erase(
-      std::remove_if(pending_releases_.begin(), pending_releases_.end(), done),
-      pending_releases_.end());
+  pending_releases_.erase(std::remove_if(pending_releases_.begin(), pending_releases_.end(), done),
+                          pending_releases_.end());
 }
 
 void OffloadManager::Harvest(GroupState& g) {
@@ -491,8 +489,8 @@ std::string OffloadManager::SummaryTable(
   out += line;
   const auto row = [&](int rank, const OffloadGroupSummary& s, const char* pinned) {
     const std::string groups = std::to_string(s.offloaded) + "/" + std::to_string(s.candidates);
-    snprintf(line, sizeof(line), "  %4d  %-16s %9s %8lld %12.2f %8lld%s%s\n", rank,
-             s.name.c_str(), groups.c_str(), static_cast<long long>(s.tensors), s.bytes / kMiB,
+    snprintf(line, sizeof(line), "  %4d  %-16s %9s %8lld %12.2f %8lld%s%s\n", rank, s.name.c_str(),
+             groups.c_str(), static_cast<long long>(s.tensors), s.bytes / kMiB,
              static_cast<long long>(s.skipped), *pinned ? "  " : "", pinned);
     out += line;
   };

@@ -68,9 +68,9 @@
 
 #include "engine/autograd/saved_tensors.h"
 #include "engine/core/device.h"
+#include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 #include "engine/runtime/step_timeline.h"
-#include "engine/core/stream.h"
 
 namespace moe {
 
@@ -104,11 +104,11 @@ struct OffloadStepStats {
 // The policy for one group name, per context (micro-batch x chunk), after the first step.
 struct OffloadGroupSummary {
   std::string name;
-  int candidates = 0;      // (layer, name) pairs with eligible tensors
-  int offloaded = 0;       // of those, kept offloaded by the policy
-  int64_t tensors = 0;     // tensors moved per context by the offloaded pairs
-  int64_t bytes = 0;       // bytes moved per context by the offloaded pairs
-  int64_t skipped = 0;     // tensors of the named groups left on the device by the skip rules
+  int candidates = 0;   // (layer, name) pairs with eligible tensors
+  int offloaded = 0;    // of those, kept offloaded by the policy
+  int64_t tensors = 0;  // tensors moved per context by the offloaded pairs
+  int64_t bytes = 0;    // bytes moved per context by the offloaded pairs
+  int64_t skipped = 0;  // tensors of the named groups left on the device by the skip rules
 };
 
 class OffloadManager final : public SavedTensorHooks {

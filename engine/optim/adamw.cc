@@ -38,8 +38,10 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
   return report;
 }
 
-float LearningRate(int64_t step, float lr, float min_lr, int64_t warmup_steps, int64_t total_steps) {
-  if (step < warmup_steps) return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+float LearningRate(int64_t step, float lr, float min_lr, int64_t warmup_steps,
+                   int64_t total_steps) {
+  if (step < warmup_steps)
+    return lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
   if (step >= total_steps) return min_lr;
   const double progress = static_cast<double>(step - warmup_steps) /
                           static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));

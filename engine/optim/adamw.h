@@ -6,9 +6,9 @@
 // group, so every rank clips by the whole model's norm.
 #pragma once
 
+#include "engine/autograd/parameters.h"
 #include "engine/dist/communicator.h"
 #include "engine/kernels/ops.h"
-#include "engine/autograd/parameters.h"
 
 namespace moe {
 

@@ -202,12 +202,18 @@ Status Validate(const ScheduleSpec& s) {
 
 const char* KindName(Kind kind) {
   switch (kind) {
-    case Kind::kForward: return "F";
-    case Kind::kBackward: return "B";
-    case Kind::kSendActivation: return "SendAct";
-    case Kind::kRecvActivation: return "RecvAct";
-    case Kind::kSendGrad: return "SendGrad";
-    case Kind::kRecvGrad: return "RecvGrad";
+    case Kind::kForward:
+      return "F";
+    case Kind::kBackward:
+      return "B";
+    case Kind::kSendActivation:
+      return "SendAct";
+    case Kind::kRecvActivation:
+      return "RecvAct";
+    case Kind::kSendGrad:
+      return "SendGrad";
+    case Kind::kRecvGrad:
+      return "RecvGrad";
   }
   return "?";
 }
@@ -223,9 +229,12 @@ std::string Action::ToString() const {
 
 const char* ScheduleKindName(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kNoPipelining: return "none";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved1F1B: return "interleaved_1f1b";
+    case ScheduleKind::kNoPipelining:
+      return "none";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved_1f1b";
   }
   return "?";
 }

@@ -5,8 +5,8 @@
 // stream blocks the caller; from a worker it blocks the worker, exactly like a device queue.
 #pragma once
 
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>

@@ -31,8 +31,8 @@ std::unique_ptr<Event> CudaStream::CreateEvent(bool enable_timing) const {
 
 CudaEvent::CudaEvent(int device_index, bool enable_timing) : device_index_(device_index) {
   MOE_CUDA_CALL(cudaSetDevice(device_index_));
-  MOE_CUDA_CALL(cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault
-                                                             : cudaEventDisableTiming));
+  MOE_CUDA_CALL(
+      cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
 }
 
 CudaEvent::~CudaEvent() { cudaEventDestroy(event_); }

@@ -70,7 +70,8 @@ int CudaDeviceCount() {
 
 Status CheckDeviceAvailable(Device device) {
   if (!device.is_cuda()) return Status::Ok();
-  if (!MOE_WITH_CUDA) return FailedPrecondition("this build has no CUDA support (nvcc was not found)");
+  if (!MOE_WITH_CUDA)
+    return FailedPrecondition("this build has no CUDA support (nvcc was not found)");
   const int count = CudaDeviceCount();
   if (device.index < 0 || device.index >= count) {
     return FailedPrecondition(device.ToString() + " is not available: this machine has " +

@@ -7,9 +7,9 @@
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
+#include "engine/core/stream.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/pinned_host_pool.h"
-#include "engine/core/stream.h"
 
 namespace moe {
 

@@ -8,24 +8,36 @@ namespace moe {
 
 const char* StepPhaseName(StepPhase phase) {
   switch (phase) {
-    case StepPhase::kForward: return "forward";
-    case StepPhase::kBackward: return "backward";
-    case StepPhase::kOptimizer: return "optimizer";
-    case StepPhase::kPipelineWait: return "pipeline_wait";
-    case StepPhase::kDataParallelWait: return "data_parallel_wait";
-    case StepPhase::kOffloadWait: return "offload_wait";
-    case StepPhase::kOther: return "other";
+    case StepPhase::kForward:
+      return "forward";
+    case StepPhase::kBackward:
+      return "backward";
+    case StepPhase::kOptimizer:
+      return "optimizer";
+    case StepPhase::kPipelineWait:
+      return "pipeline_wait";
+    case StepPhase::kDataParallelWait:
+      return "data_parallel_wait";
+    case StepPhase::kOffloadWait:
+      return "offload_wait";
+    case StepPhase::kOther:
+      return "other";
   }
   return "?";
 }
 
 const char* TraceTrackName(TraceTrack track) {
   switch (track) {
-    case TraceTrack::kCompute: return "compute";
-    case TraceTrack::kDeviceToHost: return "offload D2H";
-    case TraceTrack::kHostToDevice: return "offload H2D";
-    case TraceTrack::kPipelineComm: return "pipeline comm";
-    case TraceTrack::kDataParallelComm: return "data-parallel comm";
+    case TraceTrack::kCompute:
+      return "compute";
+    case TraceTrack::kDeviceToHost:
+      return "offload D2H";
+    case TraceTrack::kHostToDevice:
+      return "offload H2D";
+    case TraceTrack::kPipelineComm:
+      return "pipeline comm";
+    case TraceTrack::kDataParallelComm:
+      return "data-parallel comm";
   }
   return "?";
 }
@@ -79,8 +91,8 @@ void StepTimeline::Marker(StepPhase opens) {
 void StepTimeline::SampleMemory(int event) {
   const double mib =
       DeviceContext::Get(device_).allocator().stats().allocated_bytes / double(1 << 20);
-  marks_.push_back({TraceEvent::Kind::kCounter, TraceTrack::kCompute, "device memory", -1, event,
-                    event, mib});
+  marks_.push_back(
+      {TraceEvent::Kind::kCounter, TraceTrack::kCompute, "device memory", -1, event, event, mib});
 }
 
 void StepTimeline::BeginStep(bool trace) {

@@ -66,9 +66,9 @@ struct TraceEvent {
   TraceTrack track = TraceTrack::kCompute;
   std::string name;
   double start_us = 0;
-  double end_us = 0;        // spans; = start_us otherwise
-  double value = 0;         // counters: device memory allocated, MiB
-  int64_t flow = -1;        // >= 0: a member of that flow
+  double end_us = 0;  // spans; = start_us otherwise
+  double value = 0;   // counters: device memory allocated, MiB
+  int64_t flow = -1;  // >= 0: a member of that flow
 };
 
 struct TimelineStep {
@@ -106,14 +106,14 @@ class StepTimeline {
 
  private:
   struct Mark;
-  int Record(Stream& stream);  // a pooled timing event recorded on `stream` now; its index
+  int Record(Stream& stream);    // a pooled timing event recorded on `stream` now; its index
   void Marker(StepPhase opens);  // a marker on the compute stream opening `opens`'s interval
   void SampleMemory(int event);
 
   const Device device_;
   Stream& compute_;
   std::vector<std::unique_ptr<Event>> pool_;
-  size_t used_ = 0;  // events of the pool taken this step
+  size_t used_ = 0;                // events of the pool taken this step
   std::unique_ptr<Event> origin_;  // the first traced step's first marker
   bool origin_recorded_ = false;
   bool in_step_ = false;

@@ -9,15 +9,16 @@ namespace moe {
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device, MemorySpace space) {
   DeviceContext& context = DeviceContext::Get(device);
   const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
-  std::shared_ptr<Storage> storage = space == MemorySpace::kDevice
-                                         ? context.allocator().Allocate(bytes, context.compute_stream())
-                                         : context.pinned_pool().Allocate(bytes);
+  std::shared_ptr<Storage> storage =
+      space == MemorySpace::kDevice ? context.allocator().Allocate(bytes, context.compute_stream())
+                                    : context.pinned_pool().Allocate(bytes);
   return Wrap(std::move(storage), shape, dtype);
 }
 
 Tensor Tensor::EmptyOnStream(const Shape& shape, DType dtype, Stream& stream) {
   const size_t bytes = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
-  return Wrap(DeviceContext::Get(stream.device()).allocator().Allocate(bytes, stream), shape, dtype);
+  return Wrap(DeviceContext::Get(stream.device()).allocator().Allocate(bytes, stream), shape,
+              dtype);
 }
 
 }  // namespace moe

@@ -32,10 +32,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "--memory_budget_gib=100000 is more than cpu (physical memory) has"},
         BadInput{"--memory_budget_gib=0.001",
                  "--memory_budget_gib=0.001: pipeline rank 0 needs at least"},
-        BadInput{"--offload_modules=auto",
-                 "--offload_modules=auto needs --memory_budget_gib"},
-        BadInput{"--recompute_modules=auto",
-                 "--recompute_modules=auto needs --memory_budget_gib"},
+        BadInput{"--offload_modules=auto", "--offload_modules=auto needs --memory_budget_gib"},
+        BadInput{"--recompute_modules=auto", "--recompute_modules=auto needs --memory_budget_gib"},
         BadInput{"--memory_budget_gib=1 --offload_fraction=0.5",
                  "--offload_fraction=0.5 needs no --memory_budget_gib"},
         BadInput{"--memory_budget_gib=1 --recompute_modules=moe --recompute_num_layers=1",
@@ -52,7 +50,8 @@ TEST(MemoryBudgetCliTest, PlansOnceAndTrainsUnderTheBudget) {
   const Result r = RunMoeTrain(
       "--device=cpu --train_steps=3 --warmup_steps=1 --log_interval=1 --eval_interval=0 "
       "--num_layers=4 --micro_batch_size=16 --global_batch_size=32 --offload_min_tensor_bytes=0 "
-      "--memory_budget_gib=" + std::to_string(budget_mib / 1024) + " --metrics_file=" + metrics);
+      "--memory_budget_gib=" +
+      std::to_string(budget_mib / 1024) + " --metrics_file=" + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   size_t tables = 0;
   for (size_t at = r.output.find("memory plan for a budget"); at != std::string::npos;
@@ -69,7 +68,8 @@ TEST(MemoryBudgetCliTest, PlansOnceAndTrainsUnderTheBudget) {
   EXPECT_NE(r.output.find("rank layer  kind      candidate"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 0: predicted peak"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("budget 38 MiB)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" offload         "), std::string::npos) << "nothing planned: " << r.output;
+  EXPECT_NE(r.output.find(" offload         "), std::string::npos)
+      << "nothing planned: " << r.output;
 
   const std::vector<nlohmann::json> records = testing::StepRecords(metrics);
   EXPECT_EQ(records.size(), 3u);

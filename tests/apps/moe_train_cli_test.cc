@@ -29,8 +29,7 @@ using testing::SplitCommandResult;
 
 // The source tree's configs/ (this file is tests/apps/moe_train_cli_test.cc).
 std::string ConfigPath(const std::string& name) {
-  return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / name)
-      .string();
+  return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / name).string();
 }
 
 // Runs moe_train with `dir` as its working directory, so that a file it creates by a relative
@@ -41,7 +40,8 @@ SplitCommandResult RunIn(const ScopedTempDir& dir, const std::string& args) {
 
 // `text` with every "$D" replaced by `dir`.
 std::string WithDir(std::string text, const std::string& dir) {
-  for (size_t at = text.find("$D"); at != std::string::npos; at = text.find("$D", at + dir.size())) {
+  for (size_t at = text.find("$D"); at != std::string::npos;
+       at = text.find("$D", at + dir.size())) {
     text.replace(at, 2, dir);
   }
   return text;
@@ -136,7 +136,9 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--flagfile=$D/binary.flags",
                 "--flagfile=$D/binary.flags is not a text flagfile (byte 0x00 at offset 15)",
                 [](const std::string& d) {
-                  WriteFile(d + "/binary.flags", std::string("--num_layers=2\n\0\x7f" "ELF", 20));
+                  WriteFile(d + "/binary.flags", std::string("--num_layers=2\n\0\x7f"
+                                                             "ELF",
+                                                             20));
                 }},
         Refusal{"--flagfile=$D/typo.flags",
                 "$D/typo.flags:3: unknown flag --hiden_size (did you mean --hidden_size?)",
@@ -164,8 +166,9 @@ INSTANTIATE_TEST_SUITE_P(
 std::vector<Refusal> RuleCases() {
   const std::string offload = " needs --offload_modules: without it nothing is offloaded";
   const std::string pipeline = " needs --pipeline_parallel > 1: ";
-  const std::string moe = " needs MoE layers (--first_dense_layers < --num_layers): every layer "
-                          "is dense";
+  const std::string moe =
+      " needs MoE layers (--first_dense_layers < --num_layers): every layer "
+      "is dense";
   std::vector<Refusal> cases = {
       {"--offload_min_tensor_bytes=0", "--offload_min_tensor_bytes=0" + offload},
       {"--offload_fraction=0.5", "--offload_fraction=0.5" + offload},
@@ -175,12 +178,12 @@ std::vector<Refusal> RuleCases() {
        "--recompute_num_layers=1 needs --recompute_modules: without it nothing is recomputed"},
       {"--offload_modules=core_attn --offload_pp_delta_bytes=1024",
        "--offload_pp_delta_bytes=1024" + pipeline + "it sets the bytes kept per pipeline rank"},
-      {"--virtual_pipeline=2", "--virtual_pipeline=2" + pipeline +
-                                   "chunks interleave across pipeline ranks"},
-      {"--first_stage_layers=1", "--first_stage_layers=1" + pipeline +
-                                     "one process holds every layer"},
-      {"--last_stage_layers=1", "--last_stage_layers=1" + pipeline +
-                                    "one process holds every layer"},
+      {"--virtual_pipeline=2",
+       "--virtual_pipeline=2" + pipeline + "chunks interleave across pipeline ranks"},
+      {"--first_stage_layers=1",
+       "--first_stage_layers=1" + pipeline + "one process holds every layer"},
+      {"--last_stage_layers=1",
+       "--last_stage_layers=1" + pipeline + "one process holds every layer"},
       {"--data_path=$D/tokens.bin",
        "--data_path=$D/tokens.bin needs --data_format=megatron|flat_u16|flat_u32: the synthetic "
        "data reads no file"},
@@ -188,9 +191,9 @@ std::vector<Refusal> RuleCases() {
       {"--trace_steps=1:1", "--trace_steps=1:1 needs --trace_file: without it nothing is traced"},
       {"--peak_flops=1e15", "--peak_flops=1e+15 needs a CUDA device: MFU is reported on CUDA only"},
   };
-  for (const std::string flag : {"num_experts=8", "moe_router_topk=1", "moe_ffn_hidden_size=64",
-                                 "moe_aux_loss_coeff=0.001", "moe_z_loss_coeff=0.001",
-                                 "moe_grouped_mlp=unfused"}) {
+  for (const std::string flag :
+       {"num_experts=8", "moe_router_topk=1", "moe_ffn_hidden_size=64", "moe_aux_loss_coeff=0.001",
+        "moe_z_loss_coeff=0.001", "moe_grouped_mlp=unfused"}) {
     cases.push_back({"--first_dense_layers=2 --" + flag, "--" + flag + moe});
   }
   cases.push_back({"--first_dense_layers=0 --ffn_hidden_size=512",
@@ -202,8 +205,9 @@ std::vector<Refusal> RuleCases() {
         "metrics_file=$D/m.jsonl", "log_interval=5", "trace_file=$D/t.json",
         "offload_modules=core_attn"}) {
     cases.push_back({"--dump_reference_case=$D/ref --" + flag,
-                     "--" + flag + " needs a training run (not --dump_reference_case): it is "
-                                   "unused there"});
+                     "--" + flag +
+                         " needs a training run (not --dump_reference_case): it is "
+                         "unused there"});
   }
   return cases;
 }
@@ -298,10 +302,12 @@ INSTANTIATE_TEST_SUITE_P(
 // Issue 14, class 4: too large for the machine, refused at start with the estimate.
 INSTANTIATE_TEST_SUITE_P(
     Memory, RefusalTest,
-    ::testing::Values(Refusal{"--seq_length=1000000", "the run needs at least about 196.3 GiB (weights, "
-                                                      "gradients and optimizer state 7.0 MiB, ..."},
-                      Refusal{"--num_layers=100000", "the run needs at least about 737.0 GiB (weights, "
-                                                     "gradients and optimizer state 367.4 GiB, ..."}));
+    ::testing::Values(Refusal{"--seq_length=1000000",
+                              "the run needs at least about 196.3 GiB (weights, "
+                              "gradients and optimizer state 7.0 MiB, ..."},
+                      Refusal{"--num_layers=100000",
+                              "the run needs at least about 737.0 GiB (weights, "
+                              "gradients and optimizer state 367.4 GiB, ..."}));
 
 // A run that passes the estimate but finds less memory than it needs mid-step (here: a 1.5 GB
 // address-space limit, which a build linked with the CUDA libraries also starts under, against
@@ -312,7 +318,8 @@ TEST(MoeTrainTest, AnAllocationThatFailsInAStepIsOneLineAndExitOne) {
   const SplitCommandResult r = testing::RunCommandSplit(
       "ulimit -v 1500000 && " + std::string(MOE_TRAIN_BINARY) +
       " --device=cpu --train_steps=1 --warmup_steps=0 --micro_batch_size=1536 "
-      "--global_batch_size=1536 --eval_steps=1 --save=" + dir.Path("ckpt"));
+      "--global_batch_size=1536 --eval_steps=1 --save=" +
+      dir.Path("ckpt"));
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_EQ(r.err.rfind("moe_train: out of cpu memory allocating ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -357,9 +364,11 @@ TEST(MoeTrainTest, ANonFiniteLossStopsTheRunBeforeItIsSaved) {
   const std::vector<std::string> before = dir.List();
   const std::string latest = ReadFile(dir.Path("ckpt/latest"));
   const SplitCommandResult r =
-      RunIn(dir, "--device=cpu --warmup_steps=0 --eval_steps=1 --train_steps=4 --save_interval=1 "
-                 "--save=" + dir.Path("ckpt") + " --load=" + dir.Path("ckpt") +
-                 " --metrics_file=" + dir.Path("m.jsonl"));
+      RunIn(dir,
+            "--device=cpu --warmup_steps=0 --eval_steps=1 --train_steps=4 --save_interval=1 "
+            "--save=" +
+                dir.Path("ckpt") + " --load=" + dir.Path("ckpt") +
+                " --metrics_file=" + dir.Path("m.jsonl"));
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_EQ(r.err,
             "moe_train: step 2: loss is nan, gradient norm is nan; stopped before saving anything "
@@ -383,7 +392,8 @@ TEST(MoeTrainTest, ASecondRunIntoTheSameSaveIsRefusedUnlessItResumes) {
   EXPECT_EQ(again.exit_code, 2);
   EXPECT_EQ(again.err, "moe_train: --save " + dir.Path("ckpt") +
                            " already holds checkpoints (up to step_00000002); resume with "
-                           "--load=" + dir.Path("ckpt") + ", or save to a new directory\n");
+                           "--load=" +
+                           dir.Path("ckpt") + ", or save to a new directory\n");
   EXPECT_EQ(dir.List(), before);
   EXPECT_EQ(ReadFile(dir.Path("ckpt/step_00000002/model.safetensors")), weights);
   const SplitCommandResult resumed =
@@ -400,13 +410,14 @@ TEST(MoeTrainTest, ResumeProblemsNameWhatIsWrong) {
   TrainInto(dir, 1);
   const std::string step_dir = dir.Path("ckpt/step_00000001");
   ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=3 --hidden_size=64 --num_layers=3",
-                 "--load " + step_dir + ": the checkpoint's model differs in --hidden_size "
-                 "(checkpoint 128, this run 64), --num_layers (checkpoint 2, this run 3)"});
+                 "--load " + step_dir +
+                     ": the checkpoint's model differs in --hidden_size "
+                     "(checkpoint 128, this run 64), --num_layers (checkpoint 2, this run 3)"});
   ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=1",
                  "--train_steps=1 is not beyond step 1 of --load " + step_dir +
                      ": nothing to train (--train_steps counts from step 0)"});
-  ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=4 --trace_file=" +
-                     dir.Path("t.json") + " --trace_steps=1:2",
+  ExpectRefused({"--load=" + dir.Path("ckpt") +
+                     " --train_steps=4 --trace_file=" + dir.Path("t.json") + " --trace_steps=1:2",
                  "--trace_steps=1:2 starts at or before step 1 of --load " + step_dir +
                      ", where the run resumes"});
 }
@@ -423,15 +434,18 @@ TEST(MoeTrainTest, TokenFilesOfTheWrongWidthOrVocabularyAreRefused) {
   u16[1234] = 300;  // >= --vocab_size 256
   WriteFile(dir.Path("big.bin"), std::string(reinterpret_cast<const char*>(u16.data()), 10000));
   ExpectRefused({"--data_format=flat_u16 --data_path=" + dir.Path("u32.bin"),
-                 "--data_path " + dir.Path("u32.bin") + ": every second uint16 token is 0, as in "
-                 "a file of uint32 tokens: that is --data_format=flat_u32"});
+                 "--data_path " + dir.Path("u32.bin") +
+                     ": every second uint16 token is 0, as in "
+                     "a file of uint32 tokens: that is --data_format=flat_u32"});
   ExpectRefused({"--data_format=flat_u32 --data_path=" + dir.Path("u16.bin"),
-                 "--data_path " + dir.Path("u16.bin") + ": token id 327683 at position 0 is "
-                 "outside [0, --vocab_size 256) (a file of uint16 tokens? that is "
-                 "--data_format=flat_u16)"});
+                 "--data_path " + dir.Path("u16.bin") +
+                     ": token id 327683 at position 0 is "
+                     "outside [0, --vocab_size 256) (a file of uint16 tokens? that is "
+                     "--data_format=flat_u16)"});
   ExpectRefused({"--data_format=flat_u16 --data_path=" + dir.Path("big.bin"),
-                 "--data_path " + dir.Path("big.bin") + ": token id 300 at position 1234 is "
-                 "outside [0, --vocab_size 256)"});
+                 "--data_path " + dir.Path("big.bin") +
+                     ": token id 300 at position 1234 is "
+                     "outside [0, --vocab_size 256)"});
 }
 
 // Issue 14, class 5: the seed and learning rates the log prints are accepted back and give the
@@ -449,8 +463,9 @@ TEST(MoeTrainTest, WhatTheLogPrintsCanBePassedBack) {
   EXPECT_EQ(lr[1], "0.00123456789");
   EXPECT_EQ(lr[2], "1e-05");
   EXPECT_EQ(seed[1], "9223372036854775807");
-  const SplitCommandResult again = RunIn(dir, common + "--seed=" + seed[1].str() + " --lr=" +
-                                                  lr[1].str() + " --min_lr=" + lr[2].str());
+  const SplitCommandResult again =
+      RunIn(dir, common + "--seed=" + seed[1].str() + " --lr=" + lr[1].str() +
+                     " --min_lr=" + lr[2].str());
   ASSERT_EQ(again.exit_code, 0) << again.err;
   const std::regex loss(R"(loss [0-9.]+ \| aux [0-9.]+ \| lr \S+ \| grad norm [0-9.]+)");
   std::vector<std::string> a, b;
@@ -522,9 +537,11 @@ TEST(MoeTrainTest, RunsLogsWritesMetricsAndResumes) {
   const ScopedTempDir dir;
   const std::string metrics = dir.Path("metrics.jsonl");
   const std::string root = dir.Path("ckpt");
-  const std::string common = "--device=cpu --log_interval=2 --eval_interval=4 --eval_steps=1 "
-                             "--micro_batch_size=2 --global_batch_size=4 --warmup_steps=2 "
-                             "--metrics_file=" + metrics + " --save=" + root;
+  const std::string common =
+      "--device=cpu --log_interval=2 --eval_interval=4 --eval_steps=1 "
+      "--micro_batch_size=2 --global_batch_size=4 --warmup_steps=2 "
+      "--metrics_file=" +
+      metrics + " --save=" + root;
   const SplitCommandResult first = RunIn(dir, common + " --train_steps=4");
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
   EXPECT_NE(first.out.find("parameters:"), std::string::npos) << first.out;

@@ -92,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(
                   "--virtual_pipeline=2 needs --pipeline_parallel > 1: chunks interleave across "
                   "pipeline ranks"},
         BadLayout{2, "configs/tiny.flags", "unexpected argument 'configs/tiny.flags'"},
-        BadLayout{2, "--pipeline_parallel=2 --seq_length=1000000", "the run needs at least about "}));
+        BadLayout{2, "--pipeline_parallel=2 --seq_length=1000000",
+                  "the run needs at least about "}));
 
 std::vector<std::string> LossLines(const std::string& output) {
   static const std::regex kLoss(R"(step +\d+ \| loss [0-9.]+ \| aux [0-9.]+)");
@@ -119,20 +120,22 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
 
 int CountMatches(const std::string& text, const std::string& pattern) {
   const std::regex re(pattern);
-  return static_cast<int>(std::distance(std::sregex_iterator(text.begin(), text.end(), re),
-                                        std::sregex_iterator()));
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
 }
 
 // Rank 0 prints the offload policy once, with the rows of every pipeline rank (2 layers each).
 TEST(ParallelRunTest, OffloadPolicyTableHasEveryPipelineRank) {
-  const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --offload_min_tensor_bytes=0 "
-                                  "--offload_modules=attn_norm,qkv_linear,core_attn");
+  const Result r = RunMoeTrain(2,
+                               "--pipeline_parallel=2 --offload_min_tensor_bytes=0 "
+                               "--offload_modules=attn_norm,qkv_linear,core_attn");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Count(r.output, "offload: warm-up step moved"), 1) << r.output;
   for (const std::string rank : {"0", "1"}) {
     for (const std::string group : {"attn_norm", "qkv_linear", "core_attn"}) {
       EXPECT_EQ(CountMatches(r.output, "\\n +" + rank + "  " + group + " +2/2 "), 1)
-          << "rank " << rank << ", " << group << ":\n" << r.output;
+          << "rank " << rank << ", " << group << ":\n"
+          << r.output;
     }
     EXPECT_EQ(CountMatches(r.output, "\\n +" + rank + "  total +6/6 "), 1) << r.output;
   }
@@ -144,10 +147,12 @@ TEST(ParallelRunTest, MemoryPlanPredictsEveryPipelineRanksPeak) {
   const testing::ScopedTempDir dir;
   const std::string metrics = dir.Path("metrics.jsonl");
   const double budget_mib = 41;  // keeping everything: 76 and 51 MiB
-  const Result r = RunMoeTrain(
-      2, "--pipeline_parallel=2 --num_layers=8 --hidden_size=128 --seq_length=64 "
-         "--micro_batch_size=16 --global_batch_size=64 --offload_min_tensor_bytes=0 "
-         "--memory_budget_gib=" + std::to_string(budget_mib / 1024) + " --metrics_file=" + metrics);
+  const Result r =
+      RunMoeTrain(2,
+                  "--pipeline_parallel=2 --num_layers=8 --hidden_size=128 --seq_length=64 "
+                  "--micro_batch_size=16 --global_batch_size=64 --offload_min_tensor_bytes=0 "
+                  "--memory_budget_gib=" +
+                      std::to_string(budget_mib / 1024) + " --metrics_file=" + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Count(r.output, "memory plan for a budget"), 1) << r.output;
   EXPECT_EQ(Count(r.output, ": predicted peak"), 2) << r.output;
@@ -207,11 +212,14 @@ TEST(ParallelRunTest, ANonFiniteLossStopsEveryRankBeforeItIsSaved) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   PoisonTensors(root + "/step_00000001/model.safetensors", "final_norm");
   const std::vector<std::string> before = dir.List();
-  const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --train_steps=3 --save_interval=1 "
-                                  "--load=" + root + " --save=" + root);
+  const Result r = RunMoeTrain(2,
+                               "--pipeline_parallel=2 --train_steps=3 --save_interval=1 "
+                               "--load=" +
+                                   root + " --save=" + root);
   EXPECT_EQ(r.exit_code, 1) << r.output;  // main.cc: a runtime error is exit code 1
-  EXPECT_EQ(Count(r.output, "moe_train: step 2: loss is nan, gradient norm is nan; stopped before "
-                            "saving anything of it"),
+  EXPECT_EQ(Count(r.output,
+                  "moe_train: step 2: loss is nan, gradient norm is nan; stopped before "
+                  "saving anything of it"),
             2)
       << r.output;
   EXPECT_EQ(Count(r.output, "saved checkpoint"), 0) << r.output;
@@ -227,8 +235,10 @@ TEST(ParallelRunTest, ASecondRunIntoTheSameSaveIsRefusedOnEveryRank) {
   const std::vector<std::string> before = dir.List();
   const Result r = RunMoeTrain(2, "--pipeline_parallel=2 --save=" + root);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_EQ(Count(r.output, "--save " + root + " already holds checkpoints (up to step_00000001); "
-                                               "resume with --load=" + root),
+  EXPECT_EQ(Count(r.output, "--save " + root +
+                                " already holds checkpoints (up to step_00000001); "
+                                "resume with --load=" +
+                                root),
             2)
       << r.output;
   EXPECT_EQ(r.output.find("step "), std::string::npos) << "work started: " << r.output;

@@ -46,12 +46,15 @@ TEST(OffloadCliTest, ReportsThePolicyAndTheTraffic) {
   const testing::ScopedTempDir dir;
   const std::string metrics = dir.Path("metrics.jsonl");
   const Result r = RunMoeTrain(
-      "--device=cpu --moe_grouped_mlp=unfused --train_steps=3 --warmup_steps=1 --log_interval=1 --eval_interval=0 "
+      "--device=cpu --moe_grouped_mlp=unfused --train_steps=3 --warmup_steps=1 --log_interval=1 "
+      "--eval_interval=0 "
       "--offload_modules=core_attn,expert_fc1,moe_act --offload_min_tensor_bytes=0 "
-      "--metrics_file=" + metrics);
+      "--metrics_file=" +
+      metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("offload: core_attn, expert_fc1, moe_act (tensors >= 0 bytes"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   // The table, once, after the first step: rank, group, offloaded/candidate groups, tensors.
   EXPECT_NE(r.output.find("warm-up step moved"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("core_attn              2/2        8"), std::string::npos) << r.output;

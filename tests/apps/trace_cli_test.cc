@@ -18,9 +18,9 @@ namespace moe {
 namespace {
 
 using Result = testing::CommandResult;
+using nlohmann::json;
 using testing::BadInput;
 using testing::RunMoeTrain;
-using nlohmann::json;
 
 // configs/tiny.flags of this source tree.
 std::string TinyFlags() {
@@ -46,9 +46,8 @@ std::multiset<std::string> StepSpans(const json& trace) {
   return out;
 }
 
-const char* const kPhaseFields[] = {"forward_ms",         "backward_ms",
-                                    "optimizer_ms",       "pipeline_wait_ms",
-                                    "data_parallel_wait_ms", "offload_wait_ms",
+const char* const kPhaseFields[] = {"forward_ms",       "backward_ms",           "optimizer_ms",
+                                    "pipeline_wait_ms", "data_parallel_wait_ms", "offload_wait_ms",
                                     "other_ms"};
 
 TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
@@ -58,8 +57,8 @@ TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {
   const std::string metrics = dir.Path("metrics.jsonl");
   const Result r = RunMoeTrain("--device=cpu --flagfile=" + TinyFlags() +
                                " --train_steps=4 --warmup_steps=1 --log_interval=1 "
-                               "--eval_interval=0 --eval_steps=1 --trace_file=" + trace_path +
-                               " --trace_steps=2:3 --metrics_file=" + metrics);
+                               "--eval_interval=0 --eval_steps=1 --trace_file=" +
+                               trace_path + " --trace_steps=2:3 --metrics_file=" + metrics);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("wrote trace of steps 2-3 to " + trace_path), std::string::npos)
       << r.output;
@@ -123,16 +122,20 @@ std::string ATraceFile() { return " --trace_file=" + ::testing::TempDir() + "/tr
 
 INSTANTIATE_TEST_SUITE_P(
     Flags, TraceBadInputTest,
-    ::testing::Values(
-        BadInput{"--trace_steps=3" + ATraceFile(), "--trace_steps=3 must be A:B"},
-        BadInput{"--trace_steps=0:2" + ATraceFile(), "--trace_steps=0:2 must be A:B with 1 <= A <= B"},
-        BadInput{"--trace_steps=3:2" + ATraceFile(), "--trace_steps=3:2 must be A:B with 1 <= A <= B"},
-        BadInput{"--trace_steps=2:x" + ATraceFile(), "--trace_steps=2:x must be A:B with 1 <= A <= B"},
-        BadInput{"--trace_steps=2:9" + ATraceFile(), "--trace_steps=2:9 ends after --train_steps=4"},
-        BadInput{"--trace_steps=2:2", "--trace_steps=2:2 needs --trace_file"},
-        BadInput{"--trace_file=/nonexistent/dir/t.json", "--trace_file /nonexistent/dir/t.json"},
-        BadInput{"--trace_file=" + ADirectory(),
-                 "--trace_file " + ADirectory() + ": not a regular file"}));
+    ::testing::Values(BadInput{"--trace_steps=3" + ATraceFile(), "--trace_steps=3 must be A:B"},
+                      BadInput{"--trace_steps=0:2" + ATraceFile(),
+                               "--trace_steps=0:2 must be A:B with 1 <= A <= B"},
+                      BadInput{"--trace_steps=3:2" + ATraceFile(),
+                               "--trace_steps=3:2 must be A:B with 1 <= A <= B"},
+                      BadInput{"--trace_steps=2:x" + ATraceFile(),
+                               "--trace_steps=2:x must be A:B with 1 <= A <= B"},
+                      BadInput{"--trace_steps=2:9" + ATraceFile(),
+                               "--trace_steps=2:9 ends after --train_steps=4"},
+                      BadInput{"--trace_steps=2:2", "--trace_steps=2:2 needs --trace_file"},
+                      BadInput{"--trace_file=/nonexistent/dir/t.json",
+                               "--trace_file /nonexistent/dir/t.json"},
+                      BadInput{"--trace_file=" + ADirectory(),
+                               "--trace_file " + ADirectory() + ": not a regular file"}));
 
 #if MOE_WITH_MPI
 
@@ -143,10 +146,12 @@ TEST(TraceCliTest, EveryRankWritesItsOwnTraceUnderMpirun) {
   const std::string stem = dir.Path("pp");
   const Result r = testing::RunCommand(
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
-      "--oversubscribe " + std::string(MOE_TRAIN_BINARY) +
+      "--oversubscribe " +
+      std::string(MOE_TRAIN_BINARY) +
       " --device=cpu --train_steps=2 --warmup_steps=1 --log_interval=1 --num_layers=4 "
       "--hidden_size=32 --seq_length=16 --eval_steps=1 --pipeline_parallel=2 --trace_steps=2:2 "
-      "--trace_file=" + stem + ".json");
+      "--trace_file=" +
+      stem + ".json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(std::filesystem::exists(stem + ".json")) << "a file for no rank";
   for (int rank : {0, 1}) {

@@ -82,14 +82,12 @@ TEST(SavedTensorsTest, SavesBelongToTheOpenGroupAndHooksSeeCommitsAndLoads) {
       saved.Save("q", Values({4}));
     }
     saved.CommitGroup(norm);  // after the residual add, as the norms do
-    EXPECT_EQ(hooks.commits,
-              (std::vector<std::string>{"attention@3: q", "norm@3: x rstd"}));
+    EXPECT_EQ(hooks.commits, (std::vector<std::string>{"attention@3: q", "norm@3: x rstd"}));
     ASSERT_EQ(saved.groups().size(), 2u);
     EXPECT_TRUE(saved.groups()[0].committed);
     for (const char* key : {"q", "rstd", "x", "outside", "before"}) saved.Load(key);
-    EXPECT_EQ(hooks.loads,
-              (std::vector<std::string>{"q in attention", "rstd in norm", "x in norm",
-                                        "outside outside", "before outside"}));
+    EXPECT_EQ(hooks.loads, (std::vector<std::string>{"q in attention", "rstd in norm", "x in norm",
+                                                     "outside outside", "before outside"}));
     EXPECT_EQ(hooks.destroyed, 0);
   }
   EXPECT_EQ(hooks.destroyed, 1);

@@ -45,7 +45,8 @@ TEST_F(HostCollectivesTest, AllGatherReturnsEveryRanksValuesExactly) {
     EXPECT_EQ(all[3 * r + 1], -r);
     EXPECT_EQ(all[3 * r + 2], 7);
   }
-  const std::vector<Row> rows = AllGatherHost(comm_.get(), std::vector<Row>{{rank + 1, big * rank, 0.1 * rank}});
+  const std::vector<Row> rows =
+      AllGatherHost(comm_.get(), std::vector<Row>{{rank + 1, big * rank, 0.1 * rank}});
   ASSERT_EQ(rows.size(), static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(rows[r].place, r + 1);

@@ -30,11 +30,12 @@ JobOutcome RunJob(const std::string& mode) {
   const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
   CHECK_GT(length, 0);
   // `timeout` turns a hang into exit code 124 rather than a stuck test.
-  const std::string command = std::string(kModeVariable) + "=" + mode +
-                              " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-                              " timeout 120 mpirun -np 2 --oversubscribe -x " +
-                              kModeVariable + " " + self +
-                              " --gtest_also_run_disabled_tests --gtest_filter=RankFailureChild.DISABLED_Run";
+  const std::string command =
+      std::string(kModeVariable) + "=" + mode +
+      " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
+      " timeout 120 mpirun -np 2 --oversubscribe -x " +
+      kModeVariable + " " + self +
+      " --gtest_also_run_disabled_tests --gtest_filter=RankFailureChild.DISABLED_Run";
   return testing::RunCommand(command);
 }
 

@@ -62,16 +62,17 @@ std::string WriteSample(const std::string& name, bool close) {
   StatusOr<std::unique_ptr<ChromeTraceWriter>> created = ChromeTraceWriter::Create(path, 3);
   EXPECT_TRUE(created.ok()) << created.status().message();
   std::unique_ptr<ChromeTraceWriter> writer = std::move(created).value();
-  writer->AddStep(5, {Span(TraceTrack::kCompute, "step 5", 0, 1000),
-                      Span(TraceTrack::kCompute, "layer 0 attention forward", 10, 200),
-                      Span(TraceTrack::kHostToDevice, "layer 0 attn_norm reload", 600, 650, 7),
-                      Instant(TraceTrack::kCompute, "layer 0 attn_norm commit", 150, 7),
-                      Span(TraceTrack::kDeviceToHost, "layer 0 attn_norm offload copy", 160, 300, 7),
-                      Instant(TraceTrack::kCompute, "layer 0 attn_norm reloaded", 700, 7),
-                      Instant(TraceTrack::kCompute, "layer 1 mlp_norm commit", 400, 9),
-                      Span(TraceTrack::kPipelineComm, "SendAct(m0,c0)->r1", 250, 260),
-                      Span(TraceTrack::kDataParallelComm, "all-reduce rest", 800, 900),
-                      Counter(0, 1.5), Counter(1000, 2.25)});
+  writer->AddStep(
+      5, {Span(TraceTrack::kCompute, "step 5", 0, 1000),
+          Span(TraceTrack::kCompute, "layer 0 attention forward", 10, 200),
+          Span(TraceTrack::kHostToDevice, "layer 0 attn_norm reload", 600, 650, 7),
+          Instant(TraceTrack::kCompute, "layer 0 attn_norm commit", 150, 7),
+          Span(TraceTrack::kDeviceToHost, "layer 0 attn_norm offload copy", 160, 300, 7),
+          Instant(TraceTrack::kCompute, "layer 0 attn_norm reloaded", 700, 7),
+          Instant(TraceTrack::kCompute, "layer 1 mlp_norm commit", 400, 9),
+          Span(TraceTrack::kPipelineComm, "SendAct(m0,c0)->r1", 250, 260),
+          Span(TraceTrack::kDataParallelComm, "all-reduce rest", 800, 900), Counter(0, 1.5),
+          Counter(1000, 2.25)});
   writer->AddStep(6, {Span(TraceTrack::kCompute, "step 6", 2000, 2999.999),
                       Span(TraceTrack::kCompute, "backward m0 c0", 2500, 2499.5)});
   if (close) writer->Close();

@@ -193,7 +193,8 @@ TEST_F(CpuOpsTest, GroupedMatmulIsAMatmulPerGroup) {
       for (int64_t j = 0; j < n; ++j) {
         double sum = 0;
         for (int64_t p = 0; p < k; ++p) {
-          sum += static_cast<double>(hx[row * k + p]) * (transpose_w ? wg[j * k + p] : wg[p * n + j]);
+          sum +=
+              static_cast<double>(hx[row * k + p]) * (transpose_w ? wg[j * k + p] : wg[p * n + j]);
         }
         want[row * n + j] = static_cast<float>(sum);
       }

@@ -391,8 +391,8 @@ struct GroupedCall {
     pointers.insert(pointers.end(), b.begin(), b.end());
     pointers.insert(pointers.end(), c.begin(), c.end());
     device_pointers = std::make_unique<DeviceArray<const void*>>(pointers.size());
-    MOE_CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(), pointers.size() * sizeof(void*),
-                          cudaMemcpyHostToDevice));
+    MOE_CHECK_CUDA(cudaMemcpy(device_pointers->data, pointers.data(),
+                              pointers.size() * sizeof(void*), cudaMemcpyHostToDevice));
   }
 
   void Run(cublasHandle_t h, cudaDataType_t ab, cudaDataType_t c, cublasComputeType_t compute) {
@@ -440,10 +440,10 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     if (count == 0) continue;
     // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
     const bf16* wg = w.data + static_cast<int64_t>(g) * n * k;
-    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
-                              n, count, k, &one, wg, CUDA_R_16BF, transpose_w ? k : n,
-                              x.data + begin * k, CUDA_R_16BF, k, &zero, reference.data + begin * n,
-                              CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    MOE_CHECK_CUBLAS(cublasGemmEx(
+        cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, &one, wg,
+        CUDA_R_16BF, transpose_w ? k : n, x.data + begin * k, CUDA_R_16BF, k, &zero,
+        reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     grouped.Add(transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k,
                 transpose_w ? k : n, k, n, 0.0f);
     pa.push_back(wg);
@@ -451,8 +451,8 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
     pc.push_back(reference.data + begin * n);
   }
   const auto ours = [&] {
-    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups, rows, n,
-                                                  k, transpose_w, y.data, nullptr));
+    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups,
+                                                      rows, n, k, transpose_w, y.data, nullptr));
   };
   ours();
   SyncOrTimeout(name);
@@ -476,17 +476,17 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
                  name),
         flops);
   }
-  PrintTime("dense cublasGemmEx, same FLOPs",
-            MedianMs(
-                [&] {
-                  MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                            CUBLAS_OP_N, n, rows, k, &one, w.data, CUDA_R_16BF,
-                                            transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
-                                            reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
-                },
-                name),
-            flops);
+  PrintTime(
+      "dense cublasGemmEx, same FLOPs",
+      MedianMs(
+          [&] {
+            MOE_CHECK_CUBLAS(cublasGemmEx(
+                cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k,
+                &one, w.data, CUDA_R_16BF, transpose_w ? k : n, x.data, CUDA_R_16BF, k, &zero,
+                reference.data, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          },
+          name),
+      flops);
 }
 
 // dw (groups, n, k) f32 += dy_g^T (n, rows_g) · x_g (rows_g, k).
@@ -515,9 +515,9 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     ++nonempty;
     // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
     MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
-                              x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n, CUDA_R_16BF,
-                              n, &one, reference.data + g * n * k, CUDA_R_32F, k,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n,
+                                  CUDA_R_16BF, n, &one, reference.data + g * n * k, CUDA_R_32F, k,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   // First dw = (TMA stores) into NaN, against reference = the products (zeros for empty
@@ -605,9 +605,9 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
             MedianMs(
                 [&] {
                   MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows,
-                                            &one, x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF, n,
-                                            &one, reference.data, CUDA_R_32F, k, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+                                                &one, x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF,
+                                                n, &one, reference.data, CUDA_R_32F, k,
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                 },
                 name),
             flops);

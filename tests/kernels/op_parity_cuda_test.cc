@@ -90,22 +90,30 @@ struct OpCase {
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
-                 double bf16 = 1e-2) { cases.push_back({std::move(name), std::move(body), f32, bf16}); };
+                 double bf16 = 1e-2) {
+    cases.push_back({std::move(name), std::move(body), f32, bf16});
+  };
 
-  add("cast", [](OpRun& r) {
-    Tensor x = r.InF32({1000}, 3.0f);
-    Tensor y = r.Out({1000});
-    ops::Cast(x, y);
-    r.Read("y", y);
-  }, 1e-7, 4e-3);
-  add("fill", [](OpRun& r) {
-    Tensor y = r.Out({333});
-    ops::Fill(y, 1.5f);
-    Tensor i = r.OutI32({77});
-    ops::Fill(i, 7.0f);
-    r.Read("y", y);
-    r.Read("i", i);
-  }, 0, 0);
+  add(
+      "cast",
+      [](OpRun& r) {
+        Tensor x = r.InF32({1000}, 3.0f);
+        Tensor y = r.Out({1000});
+        ops::Cast(x, y);
+        r.Read("y", y);
+      },
+      1e-7, 4e-3);
+  add(
+      "fill",
+      [](OpRun& r) {
+        Tensor y = r.Out({333});
+        ops::Fill(y, 1.5f);
+        Tensor i = r.OutI32({77});
+        ops::Fill(i, 7.0f);
+        r.Read("y", y);
+        r.Read("i", i);
+      },
+      0, 0);
   add("add_scale_axpy", [](OpRun& r) {
     Tensor a = r.In({129, 65}), b = r.In({129, 65});
     Tensor sum = r.Out({129, 65}), scaled = r.Out({129, 65});
@@ -224,10 +232,13 @@ std::vector<OpCase> Cases() {
     r.Read("y", y);
     r.Read("dx", dx);
   });
-  struct AttentionShape { int64_t batch, seq, heads, kv_heads, d; };
+  struct AttentionShape {
+    int64_t batch, seq, heads, kv_heads, d;
+  };
   for (AttentionShape s : {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{1, 256, 2, 1, 128},
                            AttentionShape{2, 130, 4, 4, 64}}) {
-    add("attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
+    add(
+        "attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
             std::to_string(s.kv_heads) + "_d" + std::to_string(s.d),
         [s](OpRun& r) {
           Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
@@ -268,32 +279,38 @@ std::vector<OpCase> Cases() {
     r.Read("lse", lse);
     r.Read("dlogits", dlogits);
   });
-  add("topk", [](OpRun& r) {
-    Tensor x = r.InF32({100, 64}), dvalues = r.InF32({100, 8});
-    Tensor values = r.OutF32({100, 8}), indices = r.OutI32({100, 8}), dx = r.OutF32({100, 64});
-    ops::TopK(x, values, indices);
-    ops::TopKBackward(dvalues, indices, dx);
-    r.Read("values", values);
-    r.Read("indices", indices);
-    r.Read("dx", dx);
-  }, 0, 0);
-  add("sort_gather", [](OpRun& r) {
-    const int64_t n = 5000, keys = 128, h = 40;
-    std::vector<int32_t> key_values = r.RandomInts(n, keys - 3);  // the last buckets stay empty
-    Tensor k = r.Ints(key_values, {n});
-    Tensor order = r.OutI32({n}), offsets = r.OutI32({keys + 1});
-    ops::SortByKey(k, keys, order, offsets);
-    Tensor x = r.In({n, h});
-    Tensor permuted = r.Out({n, h});
-    ops::GatherRows(x, order, permuted);
-    Tensor pairs = r.Ints(r.RandomInts(2 * (n / 2), n), {n / 2, 2});
-    Tensor summed = r.Out({n / 2, h});
-    ops::GatherSumRows(x, pairs, summed);
-    r.Read("order", order);
-    r.Read("offsets", offsets);
-    r.Read("permuted", permuted);
-    r.Read("summed", summed);
-  }, 1e-7, 4e-3);
+  add(
+      "topk",
+      [](OpRun& r) {
+        Tensor x = r.InF32({100, 64}), dvalues = r.InF32({100, 8});
+        Tensor values = r.OutF32({100, 8}), indices = r.OutI32({100, 8}), dx = r.OutF32({100, 64});
+        ops::TopK(x, values, indices);
+        ops::TopKBackward(dvalues, indices, dx);
+        r.Read("values", values);
+        r.Read("indices", indices);
+        r.Read("dx", dx);
+      },
+      0, 0);
+  add(
+      "sort_gather",
+      [](OpRun& r) {
+        const int64_t n = 5000, keys = 128, h = 40;
+        std::vector<int32_t> key_values = r.RandomInts(n, keys - 3);  // the last buckets stay empty
+        Tensor k = r.Ints(key_values, {n});
+        Tensor order = r.OutI32({n}), offsets = r.OutI32({keys + 1});
+        ops::SortByKey(k, keys, order, offsets);
+        Tensor x = r.In({n, h});
+        Tensor permuted = r.Out({n, h});
+        ops::GatherRows(x, order, permuted);
+        Tensor pairs = r.Ints(r.RandomInts(2 * (n / 2), n), {n / 2, 2});
+        Tensor summed = r.Out({n / 2, h});
+        ops::GatherSumRows(x, pairs, summed);
+        r.Read("order", order);
+        r.Read("offsets", offsets);
+        r.Read("permuted", permuted);
+        r.Read("summed", summed);
+      },
+      1e-7, 4e-3);
   add("router_ops", [](OpRun& r) {
     const int64_t tokens = 300, experts = 16, k = 4;
     std::vector<float> positive = testing::ToFloats(r.InF32({tokens, k}));
@@ -382,7 +399,8 @@ TEST_P(OpParityTest, CudaMatchesCpu) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
   const auto& [name, dtype] = GetParam();
   const std::vector<OpCase> cases = Cases();
-  const auto it = std::find_if(cases.begin(), cases.end(), [&](const OpCase& c) { return c.name == name; });
+  const auto it =
+      std::find_if(cases.begin(), cases.end(), [&](const OpCase& c) { return c.name == name; });
   ASSERT_NE(it, cases.end());
   for (int trial = 0; trial < 2; ++trial) {  // fresh inputs each trial
     const uint32_t seed = testing::TestSeed() + 7919u * trial;
@@ -431,7 +449,8 @@ INSTANTIATE_TEST_SUITE_P(AllOps, OpParityTest,
                          ::testing::Combine(::testing::ValuesIn(CaseNames()),
                                             ::testing::Values(DType::kF32, DType::kBF16)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + DTypeName(std::get<1>(info.param));
+                           return std::get<0>(info.param) + "_" +
+                                  DTypeName(std::get<1>(info.param));
                          });
 
 }  // namespace

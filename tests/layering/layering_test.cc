@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -80,7 +80,8 @@ TEST(LayeringTest, EngineFoldersIncludeEachOtherWithoutACycle) {
 }
 
 TEST(LayeringTest, ModulesIncludeNoCudaOrEigenHeader) {
-  const std::regex kForbidden(R"(^(cuda|cublas|cudnn|nccl|curand|cub/|thrust/|Eigen/|unsupported/Eigen))");
+  const std::regex kForbidden(
+      R"(^(cuda|cublas|cudnn|nccl|curand|cub/|thrust/|Eigen/|unsupported/Eigen))");
   int files = 0;
   for (const auto& [file, includes] : Includes(kRoot / "modules")) {
     ++files;

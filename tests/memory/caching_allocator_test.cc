@@ -41,8 +41,8 @@ TEST_F(CachingAllocatorTest, BlocksAreNotSharedAcrossStreams) {
 
 TEST_F(CachingAllocatorTest, StatsTrackCurrentPeakAndReserved) {
   {
-    auto a = allocator_.Allocate(1, compute_);        // rounds to 512
-    auto b = allocator_.Allocate(10000, compute_);    // rounds to 10240
+    auto a = allocator_.Allocate(1, compute_);      // rounds to 512
+    auto b = allocator_.Allocate(10000, compute_);  // rounds to 10240
     EXPECT_EQ(allocator_.stats().allocated_bytes, 512 + 10240);
   }
   MemoryStats stats = allocator_.stats();

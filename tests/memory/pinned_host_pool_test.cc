@@ -75,7 +75,7 @@ TEST(PinnedHostPoolTest, UnpooledBuffersFollowChangingSizes) {
   {
     auto b = pool.AllocateUnpooled(110000);  // within the 25% margin: the same buffer
     EXPECT_EQ(b->data(), first);
-    auto c = pool.AllocateUnpooled(90000);   // the cached one is busy: a new pin
+    auto c = pool.AllocateUnpooled(90000);  // the cached one is busy: a new pin
     EXPECT_NE(c->data(), first);
   }
   EXPECT_EQ(pool.stats().unpooled_pins, 2);

@@ -18,7 +18,7 @@ struct BackendRun {
 };
 
 BackendRun ForwardBackward(const GptConfig& config, Device device, const std::vector<int32_t>& ids,
-                    const std::vector<int32_t>& targets) {
+                           const std::vector<int32_t>& targets) {
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, 42);
   GptModel model(config, parameters);
   for (const auto& p : parameters.all()) {  // both runs compute with the same bf16 values

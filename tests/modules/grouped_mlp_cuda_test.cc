@@ -124,7 +124,8 @@ class StreamHold {
   static constexpr std::chrono::seconds kHoldLimit{10};
 
   explicit StreamHold(Stream& stream) {
-    MOE_CUDA_CALL(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Hold, this));
+    MOE_CUDA_CALL(
+        cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Hold, this));
   }
   void Release() { released_ = true; }
   bool timed_out() const { return timed_out_; }

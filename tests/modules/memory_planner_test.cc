@@ -225,8 +225,8 @@ TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
   GptConfig planned = model;
   planned.recompute_by_layer = plan.recompute_by_layer;
   const auto source = Synthetic(model.vocab_size);
-  auto trainer = std::move(Trainer::Create(planned, Options(planned, &plan), kDevice,
-                                           source.get())).value();
+  auto trainer =
+      std::move(Trainer::Create(planned, Options(planned, &plan), kDevice, source.get())).value();
   PinnedHostPool& pool = DeviceContext::Get(kDevice).pinned_pool();
   trainer->SetMemoryPlan(plan);
   const PinnedPoolStats before = pool.stats();

@@ -23,9 +23,10 @@ TEST(ModelShapeTest, NamesEveryDifferingFieldWithBothValues) {
   saved = ModelShapeJson(c);
   saved.erase("seq_length");
   saved["rotary_dim"] = 8;
-  EXPECT_EQ(ModelShapeDifferences(saved, c),
-            "--seq_length (checkpoint none, this run 16), rotary_dim (checkpoint 8, unknown to this "
-            "build)");
+  EXPECT_EQ(
+      ModelShapeDifferences(saved, c),
+      "--seq_length (checkpoint none, this run 16), rotary_dim (checkpoint 8, unknown to this "
+      "build)");
 }
 
 // A preset that once set --ffn_hidden_size for a model without dense layers (as

@@ -82,9 +82,10 @@ class ModuleGradTest : public testing::OpTest {
     // 9 rows: expert 0 has 5, expert 1 none, expert 2 has 4, expert 3 none.
     const Tensor offsets = Ints({0, 5, 5, 9, 9}, {5});
     const Tensor weights = Floats({0.9f, 0.2f, 0.5f, 0.7f, 0.1f, 0.3f, 0.6f, 0.8f, 0.4f}, {9});
-    Check(parameters_, Random({9, config_.hidden_size}),
-          [&](SavedTensors& s, const Tensor& x) { return experts->Forward(s, x, offsets, weights); },
-          [&](SavedTensors& s, const Tensor& dy) { return experts->Backward(s, dy).dx; });
+    Check(
+        parameters_, Random({9, config_.hidden_size}),
+        [&](SavedTensors& s, const Tensor& x) { return experts->Forward(s, x, offsets, weights); },
+        [&](SavedTensors& s, const Tensor& dy) { return experts->Backward(s, dy).dx; });
   }
 
   GptConfig config_ = TinyConfig();
@@ -94,23 +95,26 @@ class ModuleGradTest : public testing::OpTest {
 TEST_F(ModuleGradTest, RmsNorm) {
   RmsNorm norm(parameters_, "norm", 16, 1e-5f);
   ops::Scale(parameters_.Get("norm.weight").master, 1.5f, parameters_.Get("norm.weight").master);
-  Check(parameters_, Random({10, 16}),
-        [&](SavedTensors& s, const Tensor& x) { return norm.Forward(s, x); },
-        [&](SavedTensors& s, const Tensor& dy) { return norm.Backward(s, dy); });
+  Check(
+      parameters_, Random({10, 16}),
+      [&](SavedTensors& s, const Tensor& x) { return norm.Forward(s, x); },
+      [&](SavedTensors& s, const Tensor& dy) { return norm.Backward(s, dy); });
 }
 
 TEST_F(ModuleGradTest, SelfAttention) {
   SelfAttention attention(parameters_, "attn", config_, 0);
-  Check(parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
-        [&](SavedTensors& s, const Tensor& x) { return attention.Forward(s, x); },
-        [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
+  Check(
+      parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
+      [&](SavedTensors& s, const Tensor& x) { return attention.Forward(s, x); },
+      [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
 }
 
 TEST_F(ModuleGradTest, DenseMlp) {
   DenseMlp mlp(parameters_, "mlp", config_);
-  Check(parameters_, Random({7, config_.hidden_size}),
-        [&](SavedTensors& s, const Tensor& x) { return mlp.Forward(s, x); },
-        [&](SavedTensors& s, const Tensor& dy) { return mlp.Backward(s, dy); });
+  Check(
+      parameters_, Random({7, config_.hidden_size}),
+      [&](SavedTensors& s, const Tensor& x) { return mlp.Forward(s, x); },
+      [&](SavedTensors& s, const Tensor& dy) { return mlp.Backward(s, dy); });
 }
 
 TEST_F(ModuleGradTest, UnfusedGroupedMlpWithEmptyAndCrowdedExperts) {
@@ -130,17 +134,19 @@ TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {
   ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
   config_.init_std = 1.0f;
   MoeLayer layer(parameters, "moe", config_, 0);
-  Check(parameters, Random({12, config_.hidden_size}),
-        [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
-        [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+  Check(
+      parameters, Random({12, config_.hidden_size}),
+      [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
+      [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
 }
 
 TEST_F(ModuleGradTest, TransformerLayerWithMoe) {
   config_.moe_router_topk = config_.num_experts;  // all experts: routing has no discontinuity
   TransformerLayer layer(parameters_, config_, 1);
-  Check(parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
-        [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
-        [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+  Check(
+      parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
+      [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
+      [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
 }
 
 TEST_F(ModuleGradTest, WholeModel) {
@@ -168,7 +174,8 @@ TEST_F(ModuleGradTest, WholeModel) {
   constexpr double kWholeModelTolerance = 2e-2;
   for (const auto& p : parameters_.all()) {
     const std::vector<float> grad = testing::ToFloats(MaterializedGrad(*p));
-    EXPECT_LT(testing::GradCheckError(p->master, grad, loss, rng_), kWholeModelTolerance) << p->name;
+    EXPECT_LT(testing::GradCheckError(p->master, grad, loss, rng_), kWholeModelTolerance)
+        << p->name;
   }
 }
 

@@ -128,7 +128,9 @@ TEST_P(RecomputeTest, TrainingIsBitIdentical) {
   }
   for (size_t i = 0; i < reference->parameters().all().size(); ++i) {
     const Parameter& a = *reference->parameters().all()[i];
-    EXPECT_EQ(testing::FloatBits(a.master), testing::FloatBits(trainer->parameters().all()[i]->master)) << a.name;
+    EXPECT_EQ(testing::FloatBits(a.master),
+              testing::FloatBits(trainer->parameters().all()[i]->master))
+        << a.name;
   }
 }
 

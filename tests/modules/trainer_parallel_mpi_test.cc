@@ -91,7 +91,8 @@ TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
   TrainingRun run;
   for (int step = 0; step < kSteps; ++step) run.steps.push_back(trainer.TrainStep());
   run.validation_loss = trainer.Evaluate();
-  for (const auto& p : trainer.parameters().all()) run.weights[p->name] = testing::ToFloats(p->master);
+  for (const auto& p : trainer.parameters().all())
+    run.weights[p->name] = testing::ToFloats(p->master);
   if (offload) {
     run.offload_policy = trainer.offload_manager()->summary();
     run.offload_policy_by_rank = trainer.OffloadPolicyByPipelineRank();  // collective
@@ -103,10 +104,9 @@ TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
 std::map<std::string, std::vector<float>> State(const Trainer& trainer) {
   std::map<std::string, std::vector<float>> state;
   for (const auto& p : trainer.parameters().all()) {
-    for (const auto& [suffix, tensor] :
-         {std::pair<std::string, const Tensor*>{"", &p->master},
-          {".exp_avg", &p->exp_avg},
-          {".exp_avg_sq", &p->exp_avg_sq}}) {
+    for (const auto& [suffix, tensor] : {std::pair<std::string, const Tensor*>{"", &p->master},
+                                         {".exp_avg", &p->exp_avg},
+                                         {".exp_avg_sq", &p->exp_avg_sq}}) {
       state[p->name + suffix] = testing::ToFloats(*tensor);
     }
   }
@@ -162,8 +162,8 @@ class TrainerParallelTest : public ::testing::Test {
 
   // A checkpoint root that every rank names alike; rank 0 empties it first.
   std::string CheckpointRoot(const std::string& name) {
-    const std::string root = ::testing::TempDir() + "/trainer_parallel_" + name + "_np" +
-                             std::to_string(world_.size());
+    const std::string root =
+        ::testing::TempDir() + "/trainer_parallel_" + name + "_np" + std::to_string(world_.size());
     if (world_.rank() == 0) std::filesystem::remove_all(root);
     comm_->Barrier();
     return root;

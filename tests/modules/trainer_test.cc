@@ -30,7 +30,8 @@ std::unique_ptr<TokenSource> Synthetic(int64_t vocab) {
   return std::move(OpenTokenSource(data)).value();
 }
 
-std::unique_ptr<Trainer> NewTrainer(const TokenSource* source, TrainerOptions options = SmallOptions()) {
+std::unique_ptr<Trainer> NewTrainer(const TokenSource* source,
+                                    TrainerOptions options = SmallOptions()) {
   return std::move(Trainer::Create(testing::TinyModel(), options, Device::CPU(), source)).value();
 }
 
@@ -88,7 +89,8 @@ TEST(TrainerTest, ResumeIsBitIdentical) {
   const auto& got = resumed->parameters().all();
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(testing::ToFloats(got[i]->master), testing::ToFloats(want[i]->master)) << want[i]->name;
+    EXPECT_EQ(testing::ToFloats(got[i]->master), testing::ToFloats(want[i]->master))
+        << want[i]->name;
   }
   std::filesystem::remove_all(root);
 }
@@ -101,7 +103,8 @@ TEST(TrainerTest, LoadingAnotherShapeIsAnError) {
 
   GptConfig wider = testing::TinyModel();
   wider.hidden_size = 48;
-  auto other = std::move(Trainer::Create(wider, SmallOptions(), Device::CPU(), source.get())).value();
+  auto other =
+      std::move(Trainer::Create(wider, SmallOptions(), Device::CPU(), source.get())).value();
   const Status loaded = other->Load(root);
   EXPECT_FALSE(loaded.ok());
   EXPECT_NE(loaded.message().find("--hidden_size (checkpoint 32, this run 48)"), std::string::npos)

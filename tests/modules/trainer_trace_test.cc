@@ -126,7 +126,8 @@ void ExpectTracingChangesNothing(const TrainerOptions& options) {
   const auto& got = traced->parameters().all();
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(testing::FloatBits(got[i]->master), testing::FloatBits(want[i]->master)) << want[i]->name;
+    EXPECT_EQ(testing::FloatBits(got[i]->master), testing::FloatBits(want[i]->master))
+        << want[i]->name;
   }
 }
 
@@ -154,8 +155,8 @@ TEST(TrainerTraceTest, PhasesAreNonNegativeAndAddUpToTheStepTime) {
     EXPECT_EQ(b[StepPhase::kOffloadWait], 0.0);
     const double step_ms = 1e3 * stats.seconds;
     const double gap = std::abs(step_ms - PhaseSum(stats));
-    EXPECT_LE(gap, 0.05 * step_ms) << "phases " << PhaseSum(stats) << " ms, step " << step_ms
-                                   << " ms, step " << step;
+    EXPECT_LE(gap, 0.05 * step_ms)
+        << "phases " << PhaseSum(stats) << " ms, step " << step_ms << " ms, step " << step;
     EXPECT_LE(gap, 2.0) << "phases " << PhaseSum(stats) << " ms, step " << step_ms << " ms";
   }
 }
@@ -180,9 +181,9 @@ TEST(TrainerTraceTest, OneTracedStepIsAProperStackInsideItsStepSpan) {
     EXPECT_GE(e.start_us, step.start_us) << e.name << " starts outside " << step.name;
     EXPECT_LE(e.end_us, step.end_us) << e.name << " ends outside " << step.name;
   }
-  for (TraceTrack track : {TraceTrack::kCompute, TraceTrack::kDeviceToHost,
-                           TraceTrack::kHostToDevice, TraceTrack::kPipelineComm,
-                           TraceTrack::kDataParallelComm}) {
+  for (TraceTrack track :
+       {TraceTrack::kCompute, TraceTrack::kDeviceToHost, TraceTrack::kHostToDevice,
+        TraceTrack::kPipelineComm, TraceTrack::kDataParallelComm}) {
     ExpectProperStack(Spans(stats.trace, track), TraceTrackName(track));
   }
   // The step span covers the step's phases, less the host work between their markers and it.
@@ -244,8 +245,8 @@ TEST(TrainerTraceTest, OffloadedGroupsAreFlowsOfCommitCopyReloadAndWait) {
   EXPECT_TRUE(EndsWith(h2d, " reload"));
   EXPECT_EQ(Count(d2h, "layer 1 core_attn offload copy"), 2);
   EXPECT_EQ(Count(h2d, "layer 0 attn_norm reload"), 2);
-  for (TraceTrack track : {TraceTrack::kCompute, TraceTrack::kDeviceToHost,
-                           TraceTrack::kHostToDevice}) {
+  for (TraceTrack track :
+       {TraceTrack::kCompute, TraceTrack::kDeviceToHost, TraceTrack::kHostToDevice}) {
     ExpectProperStack(Spans(stats.trace, track), TraceTrackName(track));
   }
 

@@ -57,9 +57,10 @@ const auto kFused = GroupedMlpKind::kFused;
 INSTANTIATE_TEST_SUITE_P(
     Rules, OffloadFlagsErrorTest,
     ::testing::Values(
-        BadFlags{Modules("core_attn,mlp"), kUnfused, "unknown module \"mlp\"; choose from attn_norm, "
-                                                     "qkv_linear, core_attn, attn_proj, mlp_norm, "
-                                                     "expert_fc1, moe_act, fused_group_mlp"},
+        BadFlags{Modules("core_attn,mlp"), kUnfused,
+                 "unknown module \"mlp\"; choose from attn_norm, "
+                 "qkv_linear, core_attn, attn_proj, mlp_norm, "
+                 "expert_fc1, moe_act, fused_group_mlp"},
         BadFlags{Modules("Core_Attn"), kUnfused, "unknown module \"Core_Attn\""},
         BadFlags{Modules("core_attn,,mlp_norm"), kUnfused, "has an empty entry"},
         BadFlags{Modules("core_attn,"), kUnfused, "has an empty entry"},
@@ -133,7 +134,8 @@ TEST(OffloadFlagsTest, FusedGroupedMlpOffloadsItsOneGroupUnpooled) {
 }
 
 TEST(OffloadFlagsTest, EveryModuleAloneIsValidForItsGroupedMlp) {
-  for (const char* name : {"attn_norm", "qkv_linear", "core_attn", "mlp_norm", "expert_fc1", "moe_act"}) {
+  for (const char* name :
+       {"attn_norm", "qkv_linear", "core_attn", "mlp_norm", "expert_fc1", "moe_act"}) {
     EXPECT_TRUE(MakeOffloadOptions(Modules(name), Model(kUnfused)).ok()) << name;
   }
   for (const char* name : {"attn_norm", "qkv_linear", "core_attn", "mlp_norm", "fused_group_mlp"}) {
@@ -178,8 +180,9 @@ TEST_P(RecomputeFlagsErrorTest, IsOneLineNamingTheFlags) {
 INSTANTIATE_TEST_SUITE_P(
     Rules, RecomputeFlagsErrorTest,
     ::testing::Values(
-        BadRecompute{"mlp", "", "--recompute_modules: unknown module \"mlp\"; choose from "
-                                "layernorm, moe_act, moe, core_attn"},
+        BadRecompute{"mlp", "",
+                     "--recompute_modules: unknown module \"mlp\"; choose from "
+                     "layernorm, moe_act, moe, core_attn"},
         BadRecompute{"moe,", "", "--recompute_modules=moe, has an empty entry"},
         BadRecompute{"moe,,core_attn", "", "has an empty entry"},
         BadRecompute{"core_attn,core_attn", "", "--recompute_modules lists core_attn twice"},
@@ -208,8 +211,8 @@ TEST(RecomputeFlagsTest, GoodListsBecomeTheModelsRecomputeSet) {
   const auto none = MakeRecompute("", std::nullopt);
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none.value().any());
-  const auto offload = MakeOffloadOptions(Modules("attn_norm,mlp_norm,fused_group_mlp"),
-                                          Model(kFused));
+  const auto offload =
+      MakeOffloadOptions(Modules("attn_norm,mlp_norm,fused_group_mlp"), Model(kFused));
   ASSERT_TRUE(offload.ok());
   const auto r = MakeRecompute("core_attn,moe_act", offload.value());
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -228,9 +231,8 @@ TEST(RecomputeFlagsTest, NumLayersIsEveryLayerOrALayerCountOfTheModel) {
   for (int64_t bad : {-2, 0, 5}) {
     const auto result = RecomputeNumLayers(bad, model);
     ASSERT_FALSE(result.ok()) << bad;
-    EXPECT_EQ(result.status().message(),
-              "--recompute_num_layers=" + std::to_string(bad) +
-                  " must be -1 (every layer) or in [1, --num_layers=4]");
+    EXPECT_EQ(result.status().message(), "--recompute_num_layers=" + std::to_string(bad) +
+                                             " must be -1 (every layer) or in [1, --num_layers=4]");
   }
 }
 

@@ -26,7 +26,9 @@ std::vector<float> Values(int64_t n, uint32_t seed) {
   return testing::RandomFloats(n, rng);
 }
 
-Tensor DeviceTensor(int64_t n, uint32_t seed) { return FromFloats(Values(n, seed), {n}, DType::kF32, kCpu); }
+Tensor DeviceTensor(int64_t n, uint32_t seed) {
+  return FromFloats(Values(n, seed), {n}, DType::kF32, kCpu);
+}
 
 bool OnHost(const SavedTensors& saved, const std::string& key) {
   return saved.Peek(key).space() == MemorySpace::kPinnedHost;
@@ -155,7 +157,8 @@ TEST(OffloadManagerTest, ReloadsRunPrefetchLayersAhead) {
       SavedTensors saved(true, &manager);
       ForwardLayers(saved, 4, {"g"}, 256);
       saved.Save("head", DeviceTensor(16, 1));  // outside any group, read first in backward
-      for (int layer = 0; layer < 4; ++layer) EXPECT_TRUE(OnHost(saved, "g." + std::to_string(layer)));
+      for (int layer = 0; layer < 4; ++layer)
+        EXPECT_TRUE(OnHost(saved, "g." + std::to_string(layer)));
       saved.Load("head");  // backward starts: the first `prefetch` layers are issued
       for (int layer = 3; layer >= 0; --layer) {
         const int first_issued_ahead = 4 - prefetch;  // layers >= this one are issued at the start
@@ -217,7 +220,8 @@ TEST(OffloadManagerTest, StaticGroupsReuseThePinnedPoolAndRoutedGroupsBypassIt) 
       const PinnedPoolStats during = pool.stats();
       EXPECT_EQ(during.hits + during.misses, start.hits + start.misses + 1) << "step " << step;
       EXPECT_EQ(during.unpooled_allocations, start.unpooled_allocations + 1);
-      EXPECT_EQ(during.unpooled_in_use_bytes, start.unpooled_in_use_bytes + 4 * (1000 + 300 * step));
+      EXPECT_EQ(during.unpooled_in_use_bytes,
+                start.unpooled_in_use_bytes + 4 * (1000 + 300 * step));
       saved.Load("r");
       saved.Load("s");
     }

@@ -37,7 +37,6 @@ GptConfig TestModel() {
   return c;
 }
 
-
 std::set<std::string> UnfusedGroups() {
   return {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
 }
@@ -147,7 +146,9 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
   for (Trainer* trainer : {all.get(), some.get()}) {
     for (size_t i = 0; i < reference->parameters().all().size(); ++i) {
       const Parameter& a = *reference->parameters().all()[i];
-      EXPECT_EQ(testing::FloatBits(a.master), testing::FloatBits(trainer->parameters().all()[i]->master)) << a.name;
+      EXPECT_EQ(testing::FloatBits(a.master),
+                testing::FloatBits(trainer->parameters().all()[i]->master))
+          << a.name;
     }
   }
 }
@@ -190,10 +191,13 @@ TEST(OffloadModelTest, ExactlyTheSelectedGroupsMove) {
                                            "layers.1.mlp_norm.x", "layers.1.mlp_norm.rstd"}));
   // The expert groups exist in the MoE layer only; each moves its own inputs and nothing else.
   EXPECT_EQ(MovedKeys({"expert_fc1"}), (Keys{"layers.1.moe.experts.x"}));
-  EXPECT_EQ(MovedKeys({"moe_act"}), (Keys{"layers.1.moe.experts.h", "layers.1.moe.experts.weights"}));
-  EXPECT_EQ(MovedKeys({"expert_fc1", "moe_act"}),
-            (Keys{"layers.1.moe.experts.x", "layers.1.moe.experts.h", "layers.1.moe.experts.weights"}));
-  // The size threshold: the routing weights (rows x f32 = 256 bytes) stay, h (rows x 64 x f32) moves.
+  EXPECT_EQ(MovedKeys({"moe_act"}),
+            (Keys{"layers.1.moe.experts.h", "layers.1.moe.experts.weights"}));
+  EXPECT_EQ(
+      MovedKeys({"expert_fc1", "moe_act"}),
+      (Keys{"layers.1.moe.experts.x", "layers.1.moe.experts.h", "layers.1.moe.experts.weights"}));
+  // The size threshold: the routing weights (rows x f32 = 256 bytes) stay, h (rows x 64 x f32)
+  // moves.
   EXPECT_EQ(MovedKeys({"moe_act"}, /*min_bytes=*/1024), (Keys{"layers.1.moe.experts.h"}));
   Keys everything;
   for (const std::string& group : UnfusedGroups()) {

@@ -77,11 +77,16 @@ using Message = std::tuple<bool /*grad*/, int /*from_stage*/, int /*microbatch*/
 Message MessageOf(const Action& a, int rank, int p) {
   const int stage = a.chunk * p + rank;
   switch (a.kind) {
-    case Kind::kSendActivation: return {false, stage, a.microbatch};
-    case Kind::kRecvActivation: return {false, stage - 1, a.microbatch};
-    case Kind::kSendGrad: return {true, stage, a.microbatch};
-    case Kind::kRecvGrad: return {true, stage + 1, a.microbatch};
-    default: break;
+    case Kind::kSendActivation:
+      return {false, stage, a.microbatch};
+    case Kind::kRecvActivation:
+      return {false, stage - 1, a.microbatch};
+    case Kind::kSendGrad:
+      return {true, stage, a.microbatch};
+    case Kind::kRecvGrad:
+      return {true, stage + 1, a.microbatch};
+    default:
+      break;
   }
   ADD_FAILURE() << "not a communication action: " << a.ToString();
   return {};
@@ -269,8 +274,12 @@ TEST(ScheduleTest, Dataflow) {
             EXPECT_NE(stage, 0) << where;
             EXPECT_TRUE(was_done(Kind::kBackward)) << where;
             break;
-          case Kind::kRecvActivation: EXPECT_NE(stage, 0) << where; break;
-          case Kind::kRecvGrad: EXPECT_NE(stage, last_stage) << where; break;
+          case Kind::kRecvActivation:
+            EXPECT_NE(stage, 0) << where;
+            break;
+          case Kind::kRecvGrad:
+            EXPECT_NE(stage, last_stage) << where;
+            break;
         }
         if (a.is_communication()) {
           EXPECT_EQ(a.peer_rank, ExpectedPeer(a, r, c.p)) << where;
@@ -287,11 +296,16 @@ TEST(ScheduleTest, Dataflow) {
 TEST(ScheduleTest, SendsAndReceivesPairInOrder) {
   auto batch_position = [](Kind kind) {
     switch (kind) {
-      case Kind::kSendActivation: return 0;
-      case Kind::kSendGrad: return 1;
-      case Kind::kRecvActivation: return 2;
-      case Kind::kRecvGrad: return 3;
-      default: return -1;
+      case Kind::kSendActivation:
+        return 0;
+      case Kind::kSendGrad:
+        return 1;
+      case Kind::kRecvActivation:
+        return 2;
+      case Kind::kRecvGrad:
+        return 3;
+      default:
+        return -1;
     }
   };
   for (const Case& c : AllCases()) {

@@ -24,15 +24,13 @@ class CudaRuntimeTest : public ::testing::Test {
 class StreamBlocker {
  public:
   explicit StreamBlocker(Stream& stream) {
-    MOE_CUDA_CALL(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Block,
-                                 &gate_));
+    MOE_CUDA_CALL(
+        cudaLaunchHostFunc(static_cast<cudaStream_t>(stream.native_handle()), &Block, &gate_));
   }
   void Release() { gate_.set_value(); }
 
  private:
-  static void Block(void* gate) {
-    static_cast<std::promise<void>*>(gate)->get_future().wait();
-  }
+  static void Block(void* gate) { static_cast<std::promise<void>*>(gate)->get_future().wait(); }
   std::promise<void> gate_;
 };
 

@@ -31,7 +31,9 @@ void SleepMs(int ms) { std::this_thread::sleep_for(milliseconds(ms)); }
 // Sets the timeline on the CPU device for one test and always resets it.
 class OnCpu {
  public:
-  explicit OnCpu(StepTimeline* timeline) { DeviceContext::Get(Device::CPU()).set_timeline(timeline); }
+  explicit OnCpu(StepTimeline* timeline) {
+    DeviceContext::Get(Device::CPU()).set_timeline(timeline);
+  }
   ~OnCpu() { DeviceContext::Get(Device::CPU()).set_timeline(nullptr); }
 };
 
@@ -253,8 +255,9 @@ TEST(StepTimelineTest, MemoryCounterFollowsAllocations) {
   std::vector<TraceEvent> counters = Select(step.trace, TraceEvent::Kind::kCounter);
   // BeginStep, the ends of "hold" and "allocate", SetPhase, EndStep.
   ASSERT_EQ(counters.size(), 5u);
-  std::stable_sort(counters.begin(), counters.end(),
-            [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+  std::stable_sort(counters.begin(), counters.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return a.start_us < b.start_us;
+  });
   for (const TraceEvent& c : counters) {
     EXPECT_EQ(c.name, "device memory");
     EXPECT_EQ(c.track, TraceTrack::kCompute);

@@ -12,8 +12,8 @@ namespace moe::testing {
 
 Tensor FromFloats(const std::vector<float>& values, const Shape& shape, DType dtype, Device device);
 Tensor FromInts(const std::vector<int32_t>& values, const Shape& shape, Device device);
-std::vector<float> ToFloats(const Tensor& t);     // f32 or bf16
-std::vector<int32_t> ToInts(const Tensor& t);     // i32
+std::vector<float> ToFloats(const Tensor& t);  // f32 or bf16
+std::vector<int32_t> ToInts(const Tensor& t);  // i32
 // The bits of ToFloats(t), for bit-identity checks (NaN compares equal to itself).
 std::vector<uint32_t> FloatBits(const Tensor& t);
 

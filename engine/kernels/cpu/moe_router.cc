@@ -29,7 +29,8 @@ void NormalizeRowsBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) 
     double sum = 0, dot = 0;
     for (int64_t j = 0; j < k; ++j) sum += px[r * k + j];
     for (int64_t j = 0; j < k; ++j) dot += pdy[r * k + j] * (px[r * k + j] / sum);
-    for (int64_t j = 0; j < k; ++j) pdx[r * k + j] = static_cast<float>((pdy[r * k + j] - dot) / sum);
+    for (int64_t j = 0; j < k; ++j)
+      pdx[r * k + j] = static_cast<float>((pdy[r * k + j] - dot) / sum);
   }
 }
 
@@ -43,8 +44,8 @@ void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_
     for (int64_t t = 0; t < tokens; ++t) column += probs.data<float>()[t * experts + e];
     total += static_cast<double>(offset[e + 1] - offset[e]) * column;
   }
-  loss.data<float>()[0] = static_cast<float>(
-      total * experts / (static_cast<double>(tokens) * tokens * topk));
+  loss.data<float>()[0] =
+      static_cast<float>(total * experts / (static_cast<double>(tokens) * tokens * topk));
 }
 
 void LoadBalancingLossBackward(const Tensor& offsets, int64_t topk, float grad,
@@ -54,7 +55,8 @@ void LoadBalancingLossBackward(const Tensor& offsets, int64_t topk, float grad,
   for (int64_t e = 0; e < experts; ++e) {
     const double g = static_cast<double>(grad) * experts * (offset[e + 1] - offset[e]) /
                      (static_cast<double>(tokens) * tokens * topk);
-    for (int64_t t = 0; t < tokens; ++t) dprobs.data<float>()[t * experts + e] += static_cast<float>(g);
+    for (int64_t t = 0; t < tokens; ++t)
+      dprobs.data<float>()[t * experts + e] += static_cast<float>(g);
   }
 }
 

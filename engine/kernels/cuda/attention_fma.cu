@@ -317,7 +317,7 @@ template <typename Kernel, typename Params>
 void Launch(Kernel kernel, dim3 grid, size_t smem_bytes, const Params& params,
             cudaStream_t stream) {
   MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem_bytes)));
+                                     static_cast<int>(smem_bytes)));
   kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
   MOE_CUDA_CHECK_LAUNCH();
 }

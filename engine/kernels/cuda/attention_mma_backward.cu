@@ -250,15 +250,16 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   const Dims& s = p.dims;
   constexpr size_t kDkvSmem = DkvSmemBytes<D>();
   MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardKvKernel<D>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kDkvSmem)));
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kDkvSmem)));
   const dim3 kv_grid((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads);
   MmaBackwardKvKernel<D><<<kv_grid, kMmaThreads, kDkvSmem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();
 
   constexpr size_t kDqSmem = DqSmemBytes<D>();
-  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kDqSmem)));
+  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kDqSmem)));
   const dim3 q_grid((s.seq + kDqBlockM - 1) / kDqBlockM, s.batch * s.heads);
   MmaBackwardQKernel<D><<<q_grid, kMmaThreads, kDqSmem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();

@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
 template <int D>
 void Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
   constexpr size_t kSmem = ForwardSmemBytes<D>();
-  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kSmem)));
+  MOE_CUDA_CALL(cudaFuncSetAttribute(
+      MmaForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
   const dim3 grid((p.dims.seq + kBlockM - 1) / kBlockM, p.dims.batch * p.dims.heads);
   MmaForwardKernel<D><<<grid, kMmaThreads, kSmem, stream>>>(p);
   MOE_CUDA_CHECK_LAUNCH();

@@ -1,5 +1,6 @@
 // The CUDA backend of the ops API: bf16 or f32 storage, fp32 accumulation, cuBLAS for matmuls.
-// Every op runs on the tensor's device compute stream. Contracts: engine/kernels/op_declarations.inc.
+// Every op runs on the tensor's device compute stream. Contracts:
+// engine/kernels/op_declarations.inc.
 #pragma once
 
 #include "engine/kernels/ops.h"

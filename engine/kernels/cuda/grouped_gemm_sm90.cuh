@@ -625,7 +625,7 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 #pragma unroll
     for (int j = 0; j < kWriteColumns / 8; ++j) {
       const int i = chunk * (kWriteColumns / 8) + j;  // accumulator column block
-      const int column = 8 * j + at.Column();          // within the chunk
+      const int column = 8 * j + at.Column();         // within the chunk
       const int offset = ((column / 4) ^ swizzle) * 16 + column % 4 * 4;
       *reinterpret_cast<float2*>(buffer + row * kSwizzleRowBytes + offset) =
           make_float2(acc[4 * i], acc[4 * i + 1]);
@@ -826,8 +826,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 constexpr int kForwardSmemBytes =
     StageRing<kForwardStages>::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
-constexpr int kWeightGradSmemBytes = StageRing<kWeightGradStages>::kBytesBeforeExtra +
-                                     kConsumers * kWriteBuffers * kWriteChunkBytes;
+constexpr int kWeightGradSmemBytes =
+    StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWriteBuffers * kWriteChunkBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
@@ -922,9 +922,10 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
 }
 
 // See the file comment. Asynchronous on `stream`.
-inline cudaError_t GroupedMatmulWeightGradSm90(
-    const bf16* dy, const bf16* x, const int32_t* offsets, int groups, int64_t rows, int64_t n,
-    int64_t k, bool accumulate, float* dw, cudaStream_t stream) {
+inline cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x,
+                                               const int32_t* offsets, int groups, int64_t rows,
+                                               int64_t n, int64_t k, bool accumulate, float* dw,
+                                               cudaStream_t stream) {
   using namespace detail;
   if (groups < 1 || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) || n % 8 != 0 || k % 8 != 0 ||
       !Aligned16(dy) || !Aligned16(x) || !Aligned16(dw)) {

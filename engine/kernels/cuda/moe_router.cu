@@ -136,9 +136,8 @@ void ZLossForward(const Tensor& logits, const Tensor& loss) {
   SquaredLogSumExpKernel<<<Blocks(tokens), kThreads, 0, StreamOf(logits)>>>(
       logits.data<float>(), tokens, logits.dim(1), squares.data<float>());
   MOE_CUDA_CHECK_LAUNCH();
-  ScaledSumKernel<<<1, kThreads, 0, StreamOf(logits)>>>(squares.data<float>(), tokens,
-                                                        1.0 / static_cast<double>(tokens),
-                                                        loss.data<float>());
+  ScaledSumKernel<<<1, kThreads, 0, StreamOf(logits)>>>(
+      squares.data<float>(), tokens, 1.0 / static_cast<double>(tokens), loss.data<float>());
   MOE_CUDA_CHECK_LAUNCH();
 }
 

@@ -128,7 +128,7 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
         const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
         if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
           MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared_bytes)));
+                                             static_cast<int>(shared_bytes)));
         }
         kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
             Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd), rows,
