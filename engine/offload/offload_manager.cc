@@ -36,8 +36,7 @@ struct OffloadManager::GroupState {
   int slot = -1;  // layer slot in the context's backward order
   bool offloaded = false;
   bool reload_issued = false;
-  bool waited = false;      // by the compute stream, for the reload
-  bool copied_out = false;  // the host has waited for the copy out (WaitCopiesOut)
+  bool waited = false;  // by the compute stream, for the reload
   std::vector<Copy> copies;
   int64_t bytes = 0;
   int64_t tensors = 0;
@@ -251,8 +250,7 @@ void OffloadManager::WaitCopiesOut(Record& record, int below_layer) {
   for (; record.copies_waited < record.groups.size(); ++record.copies_waited) {
     GroupState& g = *record.groups[record.copies_waited];
     if (g.layer >= below_layer) return;
-    if (g.offloaded && !g.copied_out) g.d2h_done->Synchronize();
-    g.copied_out = true;
+    if (g.offloaded) g.d2h_done->Synchronize();
   }
 }
 
