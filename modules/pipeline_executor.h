@@ -23,7 +23,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/pipeline/schedule.h"
 #include "modules/gpt_model.h"

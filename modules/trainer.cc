@@ -7,8 +7,8 @@
 #include <fstream>
 #include <optional>
 
-#include "engine/dist/gradient_sync.h"
-#include "engine/dist/host_collectives.h"
+#include "engine/distributed/gradient_sync.h"
+#include "engine/distributed/host_collectives.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"

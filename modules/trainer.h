@@ -1,7 +1,7 @@
 // Trainer: the training loop of one GptModel replica (or this rank's pipeline stages of it) on
 // one device.
 //
-// Parallelism (ProcessGroups, engine/dist/process_groups.h; none: one process). Ranks of the
+// Parallelism (ProcessGroups, engine/distributed/process_groups.h; none: one process). Ranks of the
 // pipeline group hold the model chunks of a LayerPartition over pipeline size x
 // TrainerOptions::virtual_pipeline stages (the embedding on the first stage, head and loss on
 // the last), and run their rank's list of the default schedule (pipeline_executor.h). Ranks of
@@ -56,7 +56,7 @@
 
 #include "engine/autograd/parameters.h"
 #include "engine/core/status.h"
-#include "engine/dist/process_groups.h"
+#include "engine/distributed/process_groups.h"
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/dist/host_collectives.h"
+#include "engine/distributed/host_collectives.h"
 
 namespace moe {
 

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "engine/autograd/parameters.h"
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 #include "engine/kernels/ops.h"
 
 namespace moe {

@@ -14,11 +14,11 @@
 #include <filesystem>
 #include <map>
 
-#include "engine/dist/process_groups.h"
+#include "engine/distributed/process_groups.h"
 #include "engine/runtime/device_context.h"
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
-#include "tests/dist/test_world.h"
+#include "tests/distributed/test_world.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 

@@ -1,4 +1,4 @@
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 #include <glog/logging.h>
 

@@ -1,4 +1,4 @@
-// The Communicator contract (engine/dist/communicator.h), one source for every backend under
+// The Communicator contract (engine/distributed/communicator.h), one source for every backend under
 // mpirun: communicator_mpi_test runs it on the MPI communicator with CPU tensors (any number of
 // ranks); communicator_cuda_test (MOE_TEST_ON_CUDA) on the NCCL communicator with one GPU per
 // rank (at least two ranks: a 2-GPU machine). All-reduce (f32, bf16) with identical bits on every
@@ -7,7 +7,7 @@
 // stream, compute waiting on its event); split; two communicators busy on two streams at once;
 // barrier. Inputs are uploaded on the compute stream, so the comm stream waits on it first, as
 // the contract asks.
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 
 #include "engine/core/bfloat16.h"
 #include "engine/runtime/device_context.h"
-#include "tests/dist/test_world.h"
+#include "tests/distributed/test_world.h"
 #include "tests/testing/tensor_testing.h"
 
 namespace moe {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dist/comm_watchdog.h"
-#include "engine/dist/communicator.h"
+#include "engine/distributed/comm_watchdog.h"
+#include "engine/distributed/communicator.h"
 #include "engine/runtime/cpu_stream.h"
 
 namespace moe {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/autograd/parameters.h"
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/dist/world.h"
+#include "engine/distributed/world.h"
 #include "engine/runtime/device_context.h"
 
 namespace moe {

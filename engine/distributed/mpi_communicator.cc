@@ -1,4 +1,4 @@
-#include "engine/dist/mpi_communicator.h"
+#include "engine/distributed/mpi_communicator.h"
 
 #include <algorithm>
 #include <atomic>

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

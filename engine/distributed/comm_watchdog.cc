@@ -1,4 +1,4 @@
-#include "engine/dist/comm_watchdog.h"
+#include "engine/distributed/comm_watchdog.h"
 
 #include <algorithm>
 #include <future>

@@ -1,4 +1,4 @@
-#include "engine/dist/host_collectives.h"
+#include "engine/distributed/host_collectives.h"
 
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"

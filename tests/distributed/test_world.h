@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "engine/dist/world.h"
+#include "engine/distributed/world.h"
 
 namespace moe::testing {
 

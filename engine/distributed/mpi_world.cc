@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "engine/core/mpi_check.h"
-#include "engine/dist/mpi_communicator.h"
-#include "engine/dist/world.h"
+#include "engine/distributed/mpi_communicator.h"
+#include "engine/distributed/world.h"
 #if MOE_WITH_CUDA
-#include "engine/dist/cuda_nccl_communicator.h"
+#include "engine/distributed/cuda_nccl_communicator.h"
 #endif
 
 namespace moe {

@@ -1,11 +1,11 @@
-#include "engine/dist/world.h"
+#include "engine/distributed/world.h"
 
 #include "engine/core/check.h"
 #include "engine/runtime/device_context.h"
 #if !MOE_WITH_MPI
-#include "engine/dist/single_rank_communicator.h"
+#include "engine/distributed/single_rank_communicator.h"
 #if MOE_WITH_CUDA
-#include "engine/dist/cuda_nccl_communicator.h"
+#include "engine/distributed/cuda_nccl_communicator.h"
 #endif
 #endif
 

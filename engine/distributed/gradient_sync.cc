@@ -1,4 +1,4 @@
-#include "engine/dist/gradient_sync.h"
+#include "engine/distributed/gradient_sync.h"
 
 #include <algorithm>
 

@@ -3,7 +3,7 @@
 // are matched in order with its receives from itself in the same group (a stream copy each).
 #pragma once
 
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

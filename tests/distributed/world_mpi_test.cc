@@ -1,12 +1,12 @@
 // World under mpirun: rank, size and local rank, the rank in failure messages, device selection,
 // and AllAgree (one failing rank fails every rank with the same message).
-#include "engine/dist/world.h"
+#include "engine/distributed/world.h"
 
 #include <gtest/gtest.h>
 
 #include "engine/core/check.h"
 #include "engine/runtime/device_context.h"
-#include "tests/dist/test_world.h"
+#include "tests/distributed/test_world.h"
 
 namespace moe {
 namespace {

@@ -17,7 +17,7 @@
 #include "engine/core/device.h"
 #include "engine/core/status.h"
 #include "engine/core/stream.h"
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

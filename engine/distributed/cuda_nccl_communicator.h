@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/dist/communicator.h"
+#include "engine/distributed/communicator.h"
 
 namespace moe {
 

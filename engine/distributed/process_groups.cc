@@ -1,4 +1,4 @@
-#include "engine/dist/process_groups.h"
+#include "engine/distributed/process_groups.h"
 
 #include <glog/logging.h>
 

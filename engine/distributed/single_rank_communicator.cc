@@ -1,4 +1,4 @@
-#include "engine/dist/single_rank_communicator.h"
+#include "engine/distributed/single_rank_communicator.h"
 
 #include <glog/logging.h>
 

@@ -1,7 +1,7 @@
-// Host collectives (engine/dist/host_collectives.h) under mpirun: the typed all-gather returns
-// every rank's values by rank, exactly (integers beyond float's 2^24, doubles, plain structs);
-// without a group it returns the caller's own; float sums agree on every rank.
-#include "engine/dist/host_collectives.h"
+// Host collectives (engine/distributed/host_collectives.h) under mpirun: the typed all-gather
+// returns every rank's values by rank, exactly (integers beyond float's 2^24, doubles, plain
+// structs); without a group it returns the caller's own; float sums agree on every rank.
+#include "engine/distributed/host_collectives.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/runtime/device_context.h"
-#include "tests/dist/test_world.h"
+#include "tests/distributed/test_world.h"
 
 namespace moe {
 namespace {

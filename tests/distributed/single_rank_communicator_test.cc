@@ -1,6 +1,6 @@
 // The one-rank communicator (builds without MPI): collectives leave tensors as they are, a
 // group's sends to itself land in its receives in order, in stream order.
-#include "engine/dist/single_rank_communicator.h"
+#include "engine/distributed/single_rank_communicator.h"
 
 #include <gtest/gtest.h>
 

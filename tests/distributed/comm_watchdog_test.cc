@@ -1,6 +1,6 @@
 // CommWatchdog: finished operations pass; an operation that outlives the timeout, or an
 // asynchronous backend error, aborts the backend and ends the process with a message.
-#include "engine/dist/comm_watchdog.h"
+#include "engine/distributed/comm_watchdog.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/dist/cuda_nccl_communicator.h"
+#include "engine/distributed/cuda_nccl_communicator.h"
 
 #include <atomic>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/core/cuda_check.h"
-#include "engine/dist/comm_watchdog.h"
+#include "engine/distributed/comm_watchdog.h"
 #include "engine/runtime/cuda_stream.h"
 
 namespace moe {
