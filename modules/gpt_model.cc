@@ -36,6 +36,11 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
   }
 }
 
+void GptModel::SetRecomputeByLayer(std::vector<RecomputeModules> by_layer) {
+  CHECK_EQ(static_cast<int64_t>(by_layer.size()), config_.num_layers);
+  config_.recompute_by_layer = std::move(by_layer);
+}
+
 std::vector<ParameterSpec> GptModel::StageParameterSpecs(const GptConfig& config,
                                                          const GptStage& stage) {
   ParameterSet specs = ParameterSet::SpecsOnly();

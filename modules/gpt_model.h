@@ -48,6 +48,8 @@ class GptModel {
   // The whole model.
   GptModel(const GptConfig& config, ParameterSet& parameters);
   GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage);
+  GptModel(const GptModel&) = delete;  // its modules refer to its config
+  GptModel& operator=(const GptModel&) = delete;
   // The parameters a stage creates, in creation order, without creating them.
   static std::vector<ParameterSpec> StageParameterSpecs(const GptConfig& config,
                                                         const GptStage& stage);
@@ -61,6 +63,11 @@ class GptModel {
   // "embedding.".
   Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad, float aux_grad,
                   const GradsFinal& grads_final = {});
+
+  // What each layer recomputes from the next pass on (GptConfig::recompute_by_layer: one entry per
+  // layer of the whole model; the modules read the model's config when they run). Call between
+  // steps, with no pass in flight.
+  void SetRecomputeByLayer(std::vector<RecomputeModules> by_layer);
 
   const GptConfig& config() const { return config_; }
   const GptStage& stage() const { return stage_; }

@@ -436,10 +436,8 @@ std::vector<Candidate> Candidates(const MemoryPlanRequest& r) {
   for (const std::string& g : OffloadGroupNames()) {
     if (r.offload_candidates.count(g)) out.push_back({g, false});
   }
-  if (r.fixed_recompute.empty()) {
-    for (const std::string& m : RecomputeModuleNames()) {
-      if (r.recompute_candidates.count(m)) out.push_back({m, true});
-    }
+  for (const std::string& m : RecomputeModuleNames()) {
+    if (r.recompute_candidates.count(m)) out.push_back({m, true});
   }
   return out;
 }
@@ -548,9 +546,6 @@ StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
   MemoryPlan plan;
   plan.budget_bytes = request.budget_bytes;
   std::vector<LayerChoice> choices(request.run.model.num_layers);
-  for (size_t l = 0; l < request.fixed_recompute.size() && l < choices.size(); ++l) {
-    choices[l].recompute = request.fixed_recompute[l];
-  }
   for (int rank = 0; rank < request.run.pipeline_parallel; ++rank) {
     const RankModel model(request, partition, schedule[rank], rank);
     const double excess =

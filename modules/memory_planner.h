@@ -67,9 +67,8 @@ struct MemoryPlanRequest {
   int prefetch_layers = 1;
   PlannerSpeeds speeds;
   // Re-planning: per pipeline rank, bytes the measured peak exceeded the predicted one by (planned
-  // around), and the recompute choices already built into the model (non-empty: kept as they are).
+  // around).
   std::vector<double> excess_bytes;
-  std::vector<RecomputeModules> fixed_recompute;
 };
 
 // One candidate of one layer in the plan table.

@@ -10,12 +10,14 @@ MoeLayer::MoeLayer(ParameterSet& parameters, const std::string& name, const GptC
                    int layer)
     : name_(name),
       config_(config),
-      recompute_(config.recompute_in(layer).moe),
+      layer_(layer),
       router_(parameters, name + ".router", config),
       experts_(MakeGroupedMlp(parameters, name + ".experts", config, layer)) {}
 
 Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss) {
-  if (!recompute_ || !saved.training()) return ForwardSaving(saved, x, aux_loss);
+  if (!config_.recompute_in(layer_).moe || !saved.training()) {
+    return ForwardSaving(saved, x, aux_loss);
+  }
   SavedTensors nothing_saved(/*training=*/false);
   const Tensor y = ForwardSaving(nothing_saved, x, aux_loss);
   saved.Save(name_ + ".input", x);
@@ -23,7 +25,7 @@ Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux
 }
 
 Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
-  if (!recompute_) return BackwardSaved(saved, dy, aux_grad);
+  if (!config_.recompute_in(layer_).moe) return BackwardSaved(saved, dy, aux_grad);
   const Tensor x = saved.Load(name_ + ".input");
   SavedTensors replay(/*training=*/true);
   Tensor aux_loss = Tensor::Empty({1}, DType::kF32, x.device());

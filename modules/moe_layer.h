@@ -32,7 +32,7 @@ class MoeLayer {
 
   std::string name_;
   const GptConfig& config_;
-  const bool recompute_;  // config.recompute_in(layer).moe
+  const int layer_;  // config_.recompute_in(layer_).moe, read at run time
   Router router_;
   std::unique_ptr<GroupedMlp> experts_;
 };

@@ -243,9 +243,10 @@ std::vector<std::vector<OffloadGroupSummary>> Trainer::OffloadPolicyByPipelineRa
 }
 
 void Trainer::SetMemoryPlan(const MemoryPlan& plan) {
-  CHECK(offload_ != nullptr && offload_->options().planned) << "no planned offloading";
-  CHECK(plan.recompute_by_layer == config_.recompute_by_layer)
-      << "recompute is built into the model";
+  config_.recompute_by_layer = plan.recompute_by_layer;
+  for (auto& chunk : chunks_) chunk->SetRecomputeByLayer(plan.recompute_by_layer);
+  if (offload_ == nullptr) return;
+  CHECK(offload_->options().planned) << "offloading without a plan";
   offload_->SetPlanned(plan.offload);
   std::vector<std::pair<std::string, size_t>> buffers;
   for (const SavedTensorSize& s : plan.ranks[GroupRank(pipeline_)].host_buffers) {

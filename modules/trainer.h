@@ -129,9 +129,9 @@ class Trainer {
   const ParameterSet& parameters() const { return parameters_; }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
-  // A memory plan's offloads (TrainerOptions::offload->planned was set; its recompute is the
-  // model's, GptConfig::recompute_by_layer), from the next step, with this rank's pinned host
-  // buffers reserved for them.
+  // A memory plan from the next step: what each layer recomputes, and, with offloading (made with
+  // TrainerOptions::offload->planned), the offloaded groups, with this rank's pinned host buffers
+  // reserved for them. Call between steps.
   void SetMemoryPlan(const MemoryPlan& plan);
   // Collective over the pipeline group, after the first step with offloading: every pipeline
   // rank's OffloadManager::summary(), by rank (for OffloadManager::SummaryTable).

@@ -10,8 +10,8 @@ namespace moe {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
 
 TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
-    : layer_(layer),
-      recompute_layernorm_(config.recompute_in(layer).layernorm),
+    : config_(config),
+      layer_(layer),
       attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_eps),
       attention_(parameters, LayerName(layer) + ".attention", config, layer),
       mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_eps) {
@@ -24,13 +24,13 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
 
 void TransformerLayer::DropNormOutput(SavedTensors& saved, const Tensor& output,
                                       std::vector<std::string>& keys) const {
-  if (!recompute_layernorm_ || !saved.training()) return;
+  if (!config_.recompute_in(layer_).layernorm || !saved.training()) return;
   keys = saved.Drop(output);
 }
 
 void TransformerLayer::RecomputeNormOutput(SavedTensors& saved, const RmsNorm& norm,
                                            const std::vector<std::string>& keys) const {
-  if (!recompute_layernorm_) return;
+  if (!config_.recompute_in(layer_).layernorm) return;
   const Tensor output = norm.Recompute(saved);
   for (const std::string& key : keys) saved.Save(key, output);
 }

@@ -36,8 +36,8 @@ class TransformerLayer {
   void RecomputeNormOutput(SavedTensors& saved, const RmsNorm& norm,
                            const std::vector<std::string>& keys) const;
 
+  const GptConfig& config_;  // the model's: what the layer recomputes may change between steps
   int layer_;
-  bool recompute_layernorm_;
   RmsNorm attn_norm_;
   SelfAttention attention_;
   RmsNorm mlp_norm_;

@@ -150,7 +150,7 @@ int Run(const Status& parsed) {
   agreed = world.AllAgree(created.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   Trainer& trainer = **created;
-  if (plan && trainer.offload_manager() != nullptr) trainer.SetMemoryPlan(*plan);  // pins ahead
+  if (plan) trainer.SetMemoryPlan(*plan);  // reserves the offloads' pinned buffers
   if (!FLAGS_load.empty()) {
     agreed = world.AllAgree(trainer.Load(FLAGS_load));
     if (!agreed.ok()) return Fail(agreed, 1);

@@ -21,7 +21,7 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
 
 // The planner's request for run.memory_budget (set): the run's shape and layout, the candidates,
 // the time model's default speeds. Planning it gives the plan or, when a rank cannot fit, the
-// one-line error; re-planning (memory_replan.h) edits its speeds, excess and fixed recompute.
+// one-line error; re-planning (memory_replan.h) edits its speeds and excess.
 MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run);
 // Sets the plan's choices into `run`: each layer's recompute and the offloaded (layer, group)s.
 void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run);

@@ -56,7 +56,6 @@ StatusOr<MemoryReplanner::Update> MemoryReplanner::AfterStep(const StepStats& st
     update.note += line;
   }
   if (!replan) return update;
-  request_.fixed_recompute = plan.recompute_by_layer;
   StatusOr<MemoryPlan> replanned = PlanMemory(request_);
   if (!replanned.ok()) {
     return InvalidArgument("the measured step does not fit the plan and re-planning failed: " +

@@ -6,8 +6,8 @@
 //   measured copy rate (StepStats::copy_bytes_per_s) when anything moved (CalibratedSpeeds).
 // - Over budget: when a pipeline rank's measured peak (the largest of its replicas') exceeds the
 //   budget, its excess over the prediction is planned around from then on.
-// Either one plans the offloads again (what each layer recomputes is built into the model and
-// stays). Every rank computes the same plan: the figures are global.
+// Either one plans again, offloads and recompute (Trainer::SetMemoryPlan applies both from the
+// next step). Every rank computes the same plan: the figures are global.
 #pragma once
 
 #include <string>
