@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/memory/caching_allocator.h"
+#include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
 #include "modules/memory_estimate.h"
@@ -518,6 +519,21 @@ PlannerSpeeds CalibratedSpeeds(const PlannerSpeeds& assumed, double predicted_fo
   }
   if (measured_copy_bytes_per_s > 0) out.copy_bytes_per_s = measured_copy_bytes_per_s;
   return out;
+}
+
+double PlanPinnedBytes(const MemoryPlan& plan, const std::set<std::string>& unpooled_groups) {
+  double most = 0;
+  for (const RankPlanSummary& rank : plan.ranks) {
+    double bytes = 0;
+    for (const SavedTensorSize& s : rank.host_buffers) {
+      const auto size = static_cast<size_t>(s.bytes);
+      bytes += static_cast<double>(unpooled_groups.count(s.group)
+                                       ? PinnedHostPool::UnpooledCapacity(size)
+                                       : PinnedHostPool::SizeClass(size));
+    }
+    most = std::max(most, bytes);
+  }
+  return most;
 }
 
 double MemoryPlan::peak_bytes() const {

@@ -112,6 +112,10 @@ struct MemoryPlan {
 PlannerSpeeds CalibratedSpeeds(const PlannerSpeeds& assumed, double predicted_forward_ms,
                                double measured_forward_ms, double measured_copy_bytes_per_s);
 
+// The pinned host memory the plan's busiest rank holds (its host_buffers, as the pinned pool
+// pins them: size classes, or the unpooled margin for `unpooled_groups`).
+double PlanPinnedBytes(const MemoryPlan& plan, const std::set<std::string>& unpooled_groups);
+
 // The plan, or, when even every candidate everywhere does not bring a rank under the budget, an
 // error naming --memory_budget_gib, the rank and by how many GiB it misses.
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request);

@@ -35,6 +35,7 @@
 #include "engine/distributed/world.h"
 #include "engine/io/chrome_trace.h"
 #include "engine/memory/caching_allocator.h"
+#include "engine/memory/raw_memory.h"
 #include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
 
@@ -133,6 +134,9 @@ int Run(const Status& parsed) {
     agreed = world.AllAgree(planned.status());
     if (!agreed.ok()) return Fail(agreed, 2);
     plan = std::move(planned).value();
+    agreed = world.AllAgree(
+        CheckPinnedFits(run, *plan, NewHostRawMemory()->CapacityBytes(), world.local_size()));
+    if (!agreed.ok()) return Fail(agreed, 2);
     ApplyMemoryPlan(*plan, run);
     replanner.emplace(request, run.data_parallel);
   }

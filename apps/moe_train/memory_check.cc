@@ -91,6 +91,25 @@ MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run) {
   return request;
 }
 
+Status CheckPinnedFits(const RunConfig& run, const MemoryPlan& plan, size_t host_bytes,
+                       int ranks_sharing) {
+  if (host_bytes == 0 || !run.trainer.offload) return Status::Ok();
+  const double pinned = PlanPinnedBytes(plan, run.trainer.offload->unpooled_groups);
+  const double device = run.device.is_cuda() ? 0 : run.memory_budget->bytes;
+  const double share = static_cast<double>(host_bytes) / ranks_sharing;
+  if (pinned + device <= share) return Status::Ok();
+  std::string sharing =
+      ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"
+                        : "";
+  return InvalidArgument(
+      "--memory_budget_gib=" + FlagValueText("memory_budget_gib") + ": the plan pins " +
+      Bytes(pinned) + " of host memory per rank for offloaded activations" +
+      (device > 0 ? " beside the budget's device memory" : "") + ", more than this host's " +
+      Bytes(static_cast<double>(host_bytes)) + " of physical memory allows" + sharing +
+      " (raise the budget, or recompute instead: --offload_modules= "
+      "--recompute_modules=auto)");
+}
+
 void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run) {
   run.model.recompute_by_layer = plan.recompute_by_layer;
   if (run.trainer.offload) run.trainer.offload->planned = plan.offload;

@@ -23,6 +23,11 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
 // the time model's default speeds. Planning it gives the plan or, when a rank cannot fit, the
 // one-line error; re-planning (memory_replan.h) edits its speeds and excess.
 MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run);
+// The plan's pinned host memory (PlanPinnedBytes) against this host's physical memory `host_bytes`
+// (0: unknown, passes), shared by `ranks_sharing` ranks; on the CPU backend the device memory (the
+// budget) comes from it too. A plan that pins more is the one-line error, before any work.
+Status CheckPinnedFits(const RunConfig& run, const MemoryPlan& plan, size_t host_bytes,
+                       int ranks_sharing);
 // Sets the plan's choices into `run`: each layer's recompute and the offloaded (layer, group)s.
 void ApplyMemoryPlan(const MemoryPlan& plan, RunConfig& run);
 

@@ -10,16 +10,6 @@ namespace moe {
 // A cached block serves a request of `size` bytes if it is at most size / kMaxSlackDivisor larger.
 constexpr size_t kMaxSlackDivisor = 8;
 
-namespace {
-
-std::atomic<OutOfMemoryHandler> out_of_memory_handler{nullptr};
-
-}  // namespace
-
-OutOfMemoryHandler SetOutOfMemoryHandler(OutOfMemoryHandler handler) {
-  return out_of_memory_handler.exchange(handler);
-}
-
 struct CachingAllocator::Block {
   void* ptr = nullptr;
   size_t size = 0;                                     // rounded size, as counted in the stats
@@ -85,10 +75,7 @@ std::shared_ptr<Storage> CachingAllocator::Allocate(size_t bytes, Stream& stream
       stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     }
   }
-  if (block == nullptr) {  // outside the lock: the handler may run exit-time code
-    if (OutOfMemoryHandler handler = out_of_memory_handler.load()) handler(out_of_memory);
-    LOG(FATAL) << out_of_memory;
-  }
+  if (block == nullptr) ReportOutOfMemory(out_of_memory);  // outside the lock
   return std::make_shared<Storage>(
       block->ptr, bytes, device_, MemorySpace::kDevice, [this, block] { Free(block); },
       [this, block](Stream& other) { RecordStream(block, other); });

@@ -14,14 +14,9 @@
 //   eighth larger than the request (blocks are not split, so a looser fit holds memory no tensor
 //   uses). On a miss it asks the raw source, then synchronises pending frees and empties the
 //   cache once before failing.
-// - Out of memory is a user error (a run too large for the device), but Allocate has no way to
-//   return one: every op allocates, and threading a Status through all of them would buy
-//   nothing, since no caller can recover mid-step. So the allocator reports through a
-//   process-wide out-of-memory handler (SetOutOfMemoryHandler): it is called, after the lock is
-//   released, with one line ("out of cuda:0 memory allocating 2147483648 bytes: allocated ...,
-//   reserved ..."). The library never exits: an app installs a handler that prints the line and
-//   exits non-zero (moe_train does, before any work). Without a handler (tests, benchmarks), or
-//   if the handler returns, the failure is a CHECK, as for any other broken invariant.
+// - Out of memory is a user error: the allocator reports it through ReportOutOfMemory
+//   (out_of_memory.h), outside its lock, with one line ("out of cuda:0 memory allocating
+//   2147483648 bytes: allocated ..., reserved ...").
 //
 // Thread-safe: tensors may be freed from any thread.
 #pragma once
@@ -37,14 +32,10 @@
 #include "engine/core/storage.h"
 #include "engine/core/stream.h"
 #include "engine/memory/memory_stats.h"
+#include "engine/memory/out_of_memory.h"
 #include "engine/memory/raw_memory.h"
 
 namespace moe {
-
-// Called with one line when a device allocation fails for lack of memory; must not return (an
-// app reports and exits). nullptr removes the handler. Returns the previous one.
-using OutOfMemoryHandler = void (*)(const std::string& message);
-OutOfMemoryHandler SetOutOfMemoryHandler(OutOfMemoryHandler handler);
 
 class CachingAllocator {
  public:

@@ -5,6 +5,8 @@
 
 #include <glog/logging.h>
 
+#include "engine/memory/out_of_memory.h"
+
 namespace moe {
 
 PinnedHostPool::PinnedHostPool(Device device, std::unique_ptr<RawMemory> raw)
@@ -22,6 +24,7 @@ size_t PinnedHostPool::SizeClass(size_t bytes) {
 std::shared_ptr<Storage> PinnedHostPool::Allocate(size_t bytes) {
   const size_t size_class = SizeClass(bytes);
   void* ptr = nullptr;
+  std::string failure;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<void*>& free_list = free_lists_[size_class];
@@ -31,9 +34,11 @@ std::shared_ptr<Storage> PinnedHostPool::Allocate(size_t bytes) {
       ++stats_.hits;
     } else {
       ptr = PinPooled(size_class);
+      if (ptr == nullptr) failure = OutOfMemoryLine(size_class);
     }
-    stats_.pooled_in_use_bytes += size_class;
+    if (ptr != nullptr) stats_.pooled_in_use_bytes += size_class;
   }
+  if (ptr == nullptr) ReportOutOfMemory(failure);  // outside the lock
   return std::make_shared<Storage>(ptr, bytes, device_, MemorySpace::kPinnedHost,
                                    [this, ptr, size_class] {
                                      std::lock_guard<std::mutex> lock(mutex_);
@@ -46,6 +51,7 @@ std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);
   void* ptr = nullptr;
   size_t capacity = 0;
+  std::string failure;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.unpooled_allocations;
@@ -61,15 +67,14 @@ std::shared_ptr<Storage> PinnedHostPool::AllocateUnpooled(size_t bytes) {
         it = unpooled_free_.erase(it);
       }
       capacity = UnpooledCapacity(bytes);
-      ptr = raw_->Allocate(capacity);
-      CHECK(ptr != nullptr) << "out of pinned host memory allocating " << capacity << " bytes";
-      ++stats_.unpooled_pins;
-      stats_.unpooled_reserved_bytes += static_cast<int64_t>(capacity);
+      ptr = PinUnpooled(capacity);
+      if (ptr == nullptr) failure = OutOfMemoryLine(capacity);
     }
-    stats_.unpooled_in_use_bytes += static_cast<int64_t>(bytes);
+    if (ptr != nullptr) stats_.unpooled_in_use_bytes += static_cast<int64_t>(bytes);
     stats_.peak_unpooled_in_use_bytes =
         std::max(stats_.peak_unpooled_in_use_bytes, stats_.unpooled_in_use_bytes);
   }
+  if (ptr == nullptr) ReportOutOfMemory(failure);  // outside the lock
   return std::make_shared<Storage>(ptr, bytes, device_, MemorySpace::kPinnedHost,
                                    [this, ptr, bytes, capacity] {
                                      std::lock_guard<std::mutex> lock(mutex_);
@@ -87,9 +92,23 @@ bool PinnedHostPool::Fits(size_t capacity, size_t bytes) {
   return capacity >= bytes && capacity <= std::max(2 * bytes, UnpooledCapacity(bytes));
 }
 
+std::string PinnedHostPool::OutOfMemoryLine(size_t bytes) const {
+  return "out of pinned host memory pinning " + std::to_string(bytes) + " bytes (pinned already: " +
+         std::to_string(stats_.pooled_reserved_bytes + stats_.unpooled_reserved_bytes) +
+         " bytes) for offloaded activations";
+}
+
+void* PinnedHostPool::PinUnpooled(size_t capacity) {
+  void* ptr = raw_->Allocate(capacity);
+  if (ptr == nullptr) return nullptr;
+  ++stats_.unpooled_pins;
+  stats_.unpooled_reserved_bytes += static_cast<int64_t>(capacity);
+  return ptr;
+}
+
 void* PinnedHostPool::PinPooled(size_t size_class) {
   void* ptr = raw_->Allocate(size_class);
-  CHECK(ptr != nullptr) << "out of pinned host memory allocating " << size_class << " bytes";
+  if (ptr == nullptr) return nullptr;
   owned_.push_back(ptr);
   ++stats_.misses;
   stats_.pooled_reserved_bytes += static_cast<int64_t>(size_class);
@@ -97,12 +116,25 @@ void* PinnedHostPool::PinPooled(size_t size_class) {
 }
 
 void PinnedHostPool::Reserve(const std::vector<size_t>& pooled, std::vector<size_t> unpooled) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure = ReserveLocked(pooled, std::move(unpooled));
+  }
+  if (!failure.empty()) ReportOutOfMemory(failure);  // outside the lock
+}
+
+std::string PinnedHostPool::ReserveLocked(const std::vector<size_t>& pooled,
+                                          std::vector<size_t> unpooled) {
   std::map<size_t, size_t> wanted;  // size class -> blocks
   for (size_t bytes : pooled) ++wanted[SizeClass(bytes)];
   for (const auto& [size_class, count] : wanted) {
     std::vector<void*>& free_list = free_lists_[size_class];
-    while (free_list.size() < count) free_list.push_back(PinPooled(size_class));
+    while (free_list.size() < count) {
+      void* ptr = PinPooled(size_class);
+      if (ptr == nullptr) return OutOfMemoryLine(size_class);
+      free_list.push_back(ptr);
+    }
   }
   // Largest first, each matched to a cached buffer it would be handed (AllocateUnpooled's rule)
   // and not yet matched; the rest pin.
@@ -116,12 +148,11 @@ void PinnedHostPool::Reserve(const std::vector<size_t>& pooled, std::vector<size
       continue;
     }
     const size_t capacity = UnpooledCapacity(bytes);
-    void* ptr = raw_->Allocate(capacity);
-    CHECK(ptr != nullptr) << "out of pinned host memory allocating " << capacity << " bytes";
+    void* ptr = PinUnpooled(capacity);
+    if (ptr == nullptr) return OutOfMemoryLine(capacity);
     unpooled_free_.emplace(capacity, ptr);
-    ++stats_.unpooled_pins;
-    stats_.unpooled_reserved_bytes += static_cast<int64_t>(capacity);
   }
+  return "";
 }
 
 PinnedPoolStats PinnedHostPool::stats() const {

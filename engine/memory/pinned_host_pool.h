@@ -12,6 +12,7 @@
 // synchronising on CUDA) every step.
 //
 // The caller orders reuse: a block must not be released while a copy stream still uses it.
+// Out of pinned memory is reported through ReportOutOfMemory (out_of_memory.h), one line.
 // Thread-safe.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/core/device.h"
@@ -71,7 +73,12 @@ class PinnedHostPool {
   std::multimap<size_t, void*> unpooled_free_;       // capacity -> cached unpooled buffer
   std::vector<void*> owned_;                         // every pooled block, freed at destruction
 
-  void* PinPooled(size_t size_class);  // under mutex_
+  // Under mutex_; nullptr when the raw source is out (the caller reports OutOfMemoryLine after
+  // unlocking).
+  void* PinPooled(size_t size_class);
+  void* PinUnpooled(size_t capacity);
+  std::string ReserveLocked(const std::vector<size_t>& pooled, std::vector<size_t> unpooled);
+  std::string OutOfMemoryLine(size_t bytes) const;
 };
 
 }  // namespace moe

@@ -233,6 +233,19 @@ TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
   EXPECT_EQ(after.unpooled_pins, before.unpooled_pins);
   EXPECT_GT(after.hits + after.unpooled_allocations, before.hits + before.unpooled_allocations);
   EXPECT_GT(step.copy_bytes_per_s, 0);
+
+  // What the pool pins for them is what the pre-flight check (PlanPinnedBytes) counts.
+  const std::set<std::string> unpooled = Options(planned, &plan).offload->unpooled_groups;
+  std::vector<size_t> pooled_sizes, unpooled_sizes;
+  for (const SavedTensorSize& s : plan.ranks[0].host_buffers) {
+    (unpooled.count(s.group) ? unpooled_sizes : pooled_sizes)
+        .push_back(static_cast<size_t>(s.bytes));
+  }
+  PinnedHostPool fresh(Device::CPU(), NewHostRawMemory());
+  fresh.Reserve(pooled_sizes, unpooled_sizes);
+  const PinnedPoolStats pinned = fresh.stats();
+  EXPECT_EQ(static_cast<double>(pinned.pooled_reserved_bytes + pinned.unpooled_reserved_bytes),
+            PlanPinnedBytes(plan, unpooled));
 }
 
 // A plan changed between steps (Trainer::SetMemoryPlan: what layers recompute and which groups

@@ -1,13 +1,15 @@
-// Out of memory in the caching allocator: with no handler a CHECK failure naming the device and
-// the request; with the app's handler, the handler gets that one line, outside the allocator's
-// lock (it may read the allocator's stats), and ends the process its way. The raw sources
-// report a capacity (physical memory for the CPU backend).
+// Out of memory in the engine's allocators (out_of_memory.h): the caching allocator with no
+// handler fails fatally naming the device and the request; with the app's handler, the handler
+// gets that one line, outside the allocator's lock (it may read the allocator's stats), and ends
+// the process its way. The pinned host pool reports the same way, when pinning on demand and
+// when reserving. The raw sources report a capacity (physical memory for the CPU backend).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
 
 #include "engine/memory/caching_allocator.h"
+#include "engine/memory/pinned_host_pool.h"
 #include "engine/runtime/cpu_stream.h"
 
 namespace moe {
@@ -61,6 +63,43 @@ TEST(CachingAllocatorOomDeathTest, TheHandlerGetsOneLineOutsideTheLock) {
       "handled: out of cpu memory allocating 4096 bytes: allocated .*, 2 allocations, 0 cache "
       "hits \\| stats still readable: 2 allocations");
   EXPECT_EQ(SetOutOfMemoryHandler(nullptr), nullptr) << "the handler was set in the child only";
+}
+
+PinnedHostPool* handled_pool = nullptr;
+
+[[noreturn]] void ReportPinnedAndExit(const std::string& message) {
+  fprintf(stderr, "handled: %s | pool still readable: %lld misses\n", message.c_str(),
+          static_cast<long long>(handled_pool->stats().misses));
+  fflush(stderr);
+  _exit(3);
+}
+
+TEST(PinnedHostPoolOomDeathTest, PinningBeyondTheSourceIsOneLineToTheHandler) {
+  PinnedHostPool pool(Device::CPU(), std::make_unique<SmallRawMemory>(1 << 20));
+  auto fits = pool.Allocate(4096);
+  EXPECT_EXIT(
+      {
+        handled_pool = &pool;
+        SetOutOfMemoryHandler(&ReportPinnedAndExit);
+        pool.Allocate(2 << 20);
+      },
+      ::testing::ExitedWithCode(3),
+      "handled: out of pinned host memory pinning 2097152 bytes \\(pinned already: 4096 bytes\\) "
+      "for offloaded activations \\| pool still readable: 1 misses");
+  EXPECT_EXIT(
+      {
+        handled_pool = &pool;
+        SetOutOfMemoryHandler(&ReportPinnedAndExit);
+        pool.AllocateUnpooled(3 << 20);
+      },
+      ::testing::ExitedWithCode(3), "handled: out of pinned host memory pinning 3932160 bytes");
+  EXPECT_EXIT(
+      {
+        handled_pool = &pool;
+        SetOutOfMemoryHandler(&ReportPinnedAndExit);
+        pool.Reserve({4096, 4096, 1 << 19}, {1 << 19});
+      },
+      ::testing::ExitedWithCode(3), "handled: out of pinned host memory pinning 6[0-9]+ bytes");
 }
 
 TEST(CachingAllocatorOomTest, SourcesReportTheirCapacity) {
