@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "engine/core/byte_units.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
@@ -16,9 +17,6 @@
 
 namespace moe {
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kGiB = 1024.0 * kMiB;
 
 double D(int64_t value) { return static_cast<double>(value); }
 double Rounded(double bytes) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <optional>
 
+#include "engine/core/byte_units.h"
 #include "engine/distributed/gradient_sync.h"
 #include "engine/distributed/host_collectives.h"
 #include "engine/io/checkpoint.h"
@@ -184,7 +185,6 @@ StepStats Trainer::TrainStep(bool trace) {
   ops::CopyToHost(totals.aux_loss, &sums[1]);
   if (totals.span_ms > 0) sums[2] = (1.0 - totals.busy_ms / totals.span_ms) / ranks;
   for (int i = 0; i < kNumStepPhases; ++i) sums[3 + i] = timed.breakdown.ms[i] / ranks;
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   sums[kCopies] = (stats.offload.offloaded_bytes + stats.offload.reloaded_bytes) / kGiB;
   sums[kCopies + 1] = stats.offload.d2h_ms + stats.offload.h2d_ms;
   AllReduceHostValues(pipeline_, sums);
@@ -198,7 +198,7 @@ StepStats Trainer::TrainStep(bool trace) {
   const std::vector<int64_t> own_peak = {context.allocator().stats().peak_allocated_bytes};
   // By data rank within this stage, then by stage: world order.
   for (int64_t peak : AllGatherHost(pipeline_, AllGatherHost(data_, own_peak))) {
-    stats.peak_device_mib.push_back(static_cast<double>(peak) / (1 << 20));
+    stats.peak_device_mib.push_back(static_cast<double>(peak) / kMiB);
   }
   stats.tokens = tokens;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

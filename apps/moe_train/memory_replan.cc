@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "engine/core/byte_units.h"
+
 namespace moe {
-namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-}  // namespace
 
 MemoryReplanner::MemoryReplanner(MemoryPlanRequest request, int data_parallel)
     : request_(std::move(request)), data_parallel_(data_parallel) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "engine/core/byte_units.h"
 #include "modules/offload_groups.h"
 
 DEFINE_string(offload_modules, "",
@@ -108,7 +109,7 @@ StatusOr<std::optional<MemoryBudget>> MakeMemoryBudget(double gib, const std::st
     return InvalidArgument("--memory_budget_gib=" + text.str() + " must be positive (0: off)");
   }
   MemoryBudget budget;
-  budget.bytes = gib * 1024.0 * 1024.0 * 1024.0;
+  budget.bytes = gib * kGiB;
   const bool both_auto = offload_list.empty() && recompute_list.empty();
   if (both_auto || offload_list == kAutoCandidates) {
     budget.offload_candidates = EligibleOffloadGroups(model.moe_grouped_mlp);

@@ -6,12 +6,12 @@
 
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/throughput.h"
+#include "engine/core/byte_units.h"
 #include "engine/pipeline/schedule.h"
 
 namespace moe {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
 // The log line's names of the StepPhases, in their order (the metrics file uses StepPhaseName).
 constexpr const char* kPhaseShortNames[kNumStepPhases] = {
     "fwd", "bwd", "opt", "pp wait", "dp wait", "reload wait", "other"};
@@ -94,7 +94,7 @@ void RunLog::Plan(const MemoryPlan& plan, bool table) {
   fflush(stdout);
   predicted_peak_mib_.clear();
   for (const RankPlanSummary& rank : plan.ranks) {
-    predicted_peak_mib_.push_back(rank.peak_bytes / (1024.0 * 1024.0));
+    predicted_peak_mib_.push_back(rank.peak_bytes / kMiB);
   }
 }
 
@@ -138,8 +138,7 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   if (!predicted_peak_mib_.empty()) {
     const double predicted =
         *std::max_element(predicted_peak_mib_.begin(), predicted_peak_mib_.end());
-    printf(" (plan %.0f MiB, budget %.0f MiB)", predicted,
-           run_.memory_budget->bytes / (1024.0 * 1024.0));
+    printf(" (plan %.0f MiB, budget %.0f MiB)", predicted, run_.memory_budget->bytes / kMiB);
     record["predicted_peak_device_mib"] = predicted;
     record["predicted_peak_device_mib_by_pipeline_rank"] = predicted_peak_mib_;
   }

@@ -1,9 +1,10 @@
 #include "engine/memory/caching_allocator.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include <glog/logging.h>
+
+#include "engine/core/byte_units.h"
 
 namespace moe {
 
@@ -19,7 +20,6 @@ struct CachingAllocator::Block {
 };
 
 std::string MemoryStats::ToString() const {
-  constexpr double kMiB = 1024.0 * 1024.0;
   char buffer[256];
   snprintf(buffer, sizeof(buffer),
            "allocated %.1f MiB (peak %.1f), reserved %.1f MiB (peak %.1f), %lld allocations, "

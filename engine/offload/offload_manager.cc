@@ -8,6 +8,7 @@
 
 #include <glog/logging.h>
 
+#include "engine/core/byte_units.h"
 #include "engine/runtime/device_context.h"
 
 namespace moe {
@@ -464,7 +465,6 @@ void OffloadManager::Summarize() {
 
 std::string OffloadManager::SummaryTable(
     const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank) const {
-  constexpr double kMiB = 1024.0 * 1024.0;
   std::string out;
   char line[256];
   if (options_.planned) {

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include "engine/core/byte_units.h"
 #include "engine/runtime/device_context.h"
 
 namespace moe {
@@ -89,8 +90,7 @@ void StepTimeline::Marker(StepPhase opens) {
 }
 
 void StepTimeline::SampleMemory(int event) {
-  const double mib =
-      DeviceContext::Get(device_).allocator().stats().allocated_bytes / double(1 << 20);
+  const double mib = DeviceContext::Get(device_).allocator().stats().allocated_bytes / kMiB;
   marks_.push_back(
       {TraceEvent::Kind::kCounter, TraceTrack::kCompute, "device memory", -1, event, event, mib});
 }

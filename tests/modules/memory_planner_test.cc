@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 
+#include "engine/core/byte_units.h"
 #include "engine/runtime/device_context.h"
 #include "modules/memory_estimate.h"
 #include "modules/offload_groups.h"
@@ -27,7 +28,6 @@ namespace moe {
 namespace {
 
 const Device kDevice = testing::kTestDevice;
-constexpr double kMiB = 1024.0 * 1024.0;
 
 // moe_train's default model with 4 layers.
 GptConfig Model(GroupedMlpKind mlp) {
