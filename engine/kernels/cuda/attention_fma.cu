@@ -101,15 +101,13 @@ __global__ void __launch_bounds__(kThreads) FmaForwardKernel(ForwardParams<T> p)
   float* sv = sk + TileFloats<D>();  // (64, D + 1) values
   float* sp = sv + TileFloats<D>();  // (64, 65) probabilities
   const Dims& s = p.dims;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kTile;
-  const int b = blockIdx.y / s.heads, h = blockIdx.y % s.heads;
-  const int kvh = h / (s.heads / s.kv_heads);
-  const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
-  const T* k = p.k + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
-  const T* v = p.v + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
+  const QueryBlock qb = ThisQueryBlock<D>(s, kTile);
+  const int q0 = qb.q0, b = qb.b, h = qb.h, q_stride = qb.q_stride, kv_stride = qb.kv_stride;
+  const T* k = KvHead<D>(p.k, qb, s);
+  const T* v = KvHead<D>(p.v, qb, s);
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 
-  LoadTile<T, D>(sq, p.q + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0, s.seq);
+  LoadTile<T, D>(sq, QueryHead<D>(p.q, qb, s), q_stride, q0, s.seq);
   float m[4], l[4], o[4][D / 16];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -259,16 +257,14 @@ __global__ void __launch_bounds__(kThreads) FmaBackwardQKernel(BackwardParams<T>
   float* sv = sk + TileFloats<D>();   // (64, D + 1) values of the current tile
   float* sds = sv + TileFloats<D>();  // (64, 65) dS
   const Dims& s = p.dims;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kTile;
-  const int b = blockIdx.y / s.heads, h = blockIdx.y % s.heads;
-  const int kvh = h / (s.heads / s.kv_heads);
-  const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
-  const T* k = p.k + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
-  const T* v = p.v + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
+  const QueryBlock qb = ThisQueryBlock<D>(s, kTile);
+  const int q0 = qb.q0, b = qb.b, h = qb.h, q_stride = qb.q_stride, kv_stride = qb.kv_stride;
+  const T* k = KvHead<D>(p.k, qb, s);
+  const T* v = KvHead<D>(p.v, qb, s);
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 
-  LoadTile<T, D>(sq, p.q + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0, s.seq);
-  LoadTile<T, D>(sdo, p.dout + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0, s.seq);
+  LoadTile<T, D>(sq, QueryHead<D>(p.q, qb, s), q_stride, q0, s.seq);
+  LoadTile<T, D>(sdo, QueryHead<D>(p.dout, qb, s), q_stride, q0, s.seq);
   const int64_t stat_offset = (static_cast<int64_t>(b) * s.heads + h) * s.seq;
   float lse2[4], delta[4], dq[4][D / 16];
 #pragma unroll
@@ -345,20 +341,12 @@ void Backward(const BackwardParams<float>& p, cudaStream_t stream) {
 }  // namespace
 
 void LaunchAttentionForward(const ForwardParams<float>& params, int head_dim, cudaStream_t stream) {
-  if (head_dim == 64) {
-    Forward<64>(params, stream);
-  } else {
-    Forward<128>(params, stream);
-  }
+  WithHeadDim(head_dim, [&](auto d) { Forward<d.value>(params, stream); });
 }
 
 void LaunchAttentionBackward(const BackwardParams<float>& params, int head_dim,
                              cudaStream_t stream) {
-  if (head_dim == 64) {
-    Backward<64>(params, stream);
-  } else {
-    Backward<128>(params, stream);
-  }
+  WithHeadDim(head_dim, [&](auto d) { Backward<d.value>(params, stream); });
 }
 
 }  // namespace moe::cuda::attention

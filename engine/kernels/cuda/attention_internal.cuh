@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
 
@@ -63,6 +64,45 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Offset of row `s`, head `h` of sequence `b` in a (batch, seq, num_heads, d) tensor.
 __device__ __forceinline__ int64_t RowOffset(int b, int s, int h, int seq, int num_heads, int d) {
   return ((static_cast<int64_t>(b) * seq + s) * num_heads + h) * d;
+}
+
+// The block of `rows` queries a (query blocks, batch * heads) grid's block owns, the longest rows
+// first: rows [q0, q0 + rows) of head h of sequence b, and the keys and values of kv head kvh.
+struct QueryBlock {
+  int q0, b, h, kvh;
+  int q_stride, kv_stride;  // row strides of q (and out, dout, dq) and of k and v
+};
+
+template <int D>
+__device__ __forceinline__ QueryBlock ThisQueryBlock(const Dims& s, int rows) {
+  QueryBlock qb;
+  qb.q0 = (gridDim.x - 1 - blockIdx.x) * rows;
+  qb.b = blockIdx.y / s.heads;
+  qb.h = blockIdx.y % s.heads;
+  qb.kvh = qb.h / (s.heads / s.kv_heads);
+  qb.q_stride = s.heads * D;
+  qb.kv_stride = s.kv_heads * D;
+  return qb;
+}
+
+// Row 0 of the block's query head and of its kv head in a (batch, seq, heads, d) tensor.
+template <int D, typename T>
+__device__ __forceinline__ T* QueryHead(T* base, const QueryBlock& qb, const Dims& s) {
+  return base + RowOffset(qb.b, 0, qb.h, s.seq, s.heads, D);
+}
+template <int D, typename T>
+__device__ __forceinline__ T* KvHead(T* base, const QueryBlock& qb, const Dims& s) {
+  return base + RowOffset(qb.b, 0, qb.kvh, s.seq, s.kv_heads, D);
+}
+
+// Calls launch(std::integral_constant<int, D>) for head_dim D in {64, 128} (checked by the caller).
+template <typename Launch>
+void WithHeadDim(int head_dim, Launch&& launch) {
+  if (head_dim == 64) {
+    launch(std::integral_constant<int, 64>());
+  } else {
+    launch(std::integral_constant<int, 128>());
+  }
 }
 
 }  // namespace moe::cuda::attention

@@ -163,18 +163,15 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardQKernel(BackwardParams
   bf16* sv = sk + 2 * kN * kStride;                // 2 stages of (kN, D)
 
   const Dims& s = p.dims;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kDqBlockM;
-  const int b = blockIdx.y / s.heads, h = blockIdx.y % s.heads;
-  const int kvh = h / (s.heads / s.kv_heads);
-  const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
-  const bf16* k = p.k + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
-  const bf16* v = p.v + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
+  const QueryBlock qb = ThisQueryBlock<D>(s, kDqBlockM);
+  const int q0 = qb.q0, b = qb.b, h = qb.h, q_stride = qb.q_stride, kv_stride = qb.kv_stride;
+  const bf16* k = KvHead<D>(p.k, qb, s);
+  const bf16* v = KvHead<D>(p.v, qb, s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_lo = q0 + warp * 16 + lane / 4;  // this thread's rows: row_lo and row_lo + 8
 
-  LoadTileAsync<kDqBlockM, D>(sq, p.q + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0, s.seq);
-  LoadTileAsync<kDqBlockM, D>(sdo, p.dout + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0,
-                              s.seq);
+  LoadTileAsync<kDqBlockM, D>(sq, QueryHead<D>(p.q, qb, s), q_stride, q0, s.seq);
+  LoadTileAsync<kDqBlockM, D>(sdo, QueryHead<D>(p.dout, qb, s), q_stride, q0, s.seq);
   LoadTileAsync<kN, D>(sk, k, kv_stride, 0, s.seq);
   LoadTileAsync<kN, D>(sv, v, kv_stride, 0, s.seq);
   CpAsyncCommit();
@@ -269,11 +266,7 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
 
 void LaunchAttentionBackward(const BackwardParams<bf16>& params, int head_dim,
                              cudaStream_t stream) {
-  if (head_dim == 64) {
-    Backward<64>(params, stream);
-  } else {
-    Backward<128>(params, stream);
-  }
+  WithHeadDim(head_dim, [&](auto d) { Backward<d.value>(params, stream); });
 }
 
 }  // namespace moe::cuda::attention

@@ -31,16 +31,14 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
   bf16* sv = sk + 2 * kBlockN * kStride;           // 2 stages of (64, D)
 
   const Dims& s = p.dims;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-  const int b = blockIdx.y / s.heads, h = blockIdx.y % s.heads;
-  const int kvh = h / (s.heads / s.kv_heads);
-  const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
-  const bf16* k = p.k + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
-  const bf16* v = p.v + RowOffset(b, 0, kvh, s.seq, s.kv_heads, D);
+  const QueryBlock qb = ThisQueryBlock<D>(s, kBlockM);
+  const int q0 = qb.q0, b = qb.b, h = qb.h, q_stride = qb.q_stride, kv_stride = qb.kv_stride;
+  const bf16* k = KvHead<D>(p.k, qb, s);
+  const bf16* v = KvHead<D>(p.v, qb, s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_lo = q0 + warp * 16 + lane / 4;  // this thread's rows: row_lo and row_lo + 8
 
-  LoadTileAsync<kBlockM, D>(sq, p.q + RowOffset(b, 0, h, s.seq, s.heads, D), q_stride, q0, s.seq);
+  LoadTileAsync<kBlockM, D>(sq, QueryHead<D>(p.q, qb, s), q_stride, q0, s.seq);
   LoadTileAsync<kBlockN, D>(sk, k, kv_stride, 0, s.seq);
   LoadTileAsync<kBlockN, D>(sv, v, kv_stride, 0, s.seq);
   CpAsyncCommit();
@@ -147,11 +145,7 @@ void Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
 }  // namespace
 
 void LaunchAttentionForward(const ForwardParams<bf16>& params, int head_dim, cudaStream_t stream) {
-  if (head_dim == 64) {
-    Forward<64>(params, stream);
-  } else {
-    Forward<128>(params, stream);
-  }
+  WithHeadDim(head_dim, [&](auto d) { Forward<d.value>(params, stream); });
 }
 
 }  // namespace moe::cuda::attention

@@ -202,25 +202,20 @@ __device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, 
       : "memory");
 }
 
-// TMA: global box (c0, c1, c2) of `map` += shared `src` (element-wise, in L2); joins the
-// thread's current bulk group.
-__device__ __forceinline__ void TmaReduceAdd3d(const CUtensorMap& map, uint32_t src, int c0, int c1,
-                                               int c2) {
-  asm volatile(
-      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
-      " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)),
-      "r"(src), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
-// TMA: global box (c0, c1, c2) of `map` = shared `src`; joins the thread's current bulk group.
-__device__ __forceinline__ void TmaStore3d(const CUtensorMap& map, uint32_t src, int c0, int c1,
-                                           int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group"
-      " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)),
-      "r"(src), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
+// TMA: global box (c0, c1, c2) of `map` = shared `src`, or += (element-wise, in L2) when
+// `reduce_add`; joins the thread's current bulk group.
+__device__ __forceinline__ void TmaWrite3d(bool reduce_add, const CUtensorMap& map, uint32_t src,
+                                           int c0, int c1, int c2) {
+#define MOE_TMA_WRITE_3D(instruction)                                                              \
+  asm volatile(instruction " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)), "r"(src), "r"(c0), \
+               "r"(c1), "r"(c2)                                                                    \
+               : "memory")
+  if (reduce_add) {
+    MOE_TMA_WRITE_3D("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group");
+  } else {
+    MOE_TMA_WRITE_3D("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group");
+  }
+#undef MOE_TMA_WRITE_3D
 }
 
 __device__ __forceinline__ void BulkCommitGroup() {
@@ -636,11 +631,7 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     if (leader) {
       const int column = column0 + chunk * kWriteColumns;
-      if (accumulate) {
-        TmaReduceAdd3d(dw_map, SmemAddress(buffer), column, row0, group);
-      } else {
-        TmaStore3d(dw_map, SmemAddress(buffer), column, row0, group);
-      }
+      TmaWrite3d(accumulate, dw_map, SmemAddress(buffer), column, row0, group);
       BulkCommitGroup();
     }
   }
