@@ -6,10 +6,12 @@
 # that model at global batch 1 and 8 with a trace of an offloaded step, and (recompute) each
 # recompute module's step time and peak, and larger micro-batches with and without recompute, and
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
-# (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak.
+# (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
+# and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
+# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and micro-batches 13-16.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep;
+#   sweep step;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -131,5 +133,22 @@ for f in 0.25 0.5 0.75 1; do
   brun "mb 8, fraction $f" "$mb8 --offload_modules=$groups --offload_fraction=$f"
   b=$(peak_gib /tmp/b.log)
   brun "mb 8, budget $b, offload + recompute" "$mb8 --memory_budget_gib=$b"
+done
+fi
+
+if [[ $sections == *step* ]]; then
+echo "== whole step: the optimizer against the copy bandwidth"
+timeout 200 "$bin/optimizer_bench" 2>&1 | tee "$out/optimizer_bench.log"
+echo "== the 8-layer preset beside PyTorch eager (same model, batch and precision; steps 7-12)"
+common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+for gb in 1 8; do
+  timeout 150 "$bin/moe_train" $common --global_batch_size=$gb --train_steps=12 --log_interval=6 \
+    > "$out/step_gb$gb.log" 2>&1
+  echo "ours, global batch $gb (rc $?): $(grep '^step' "$out/step_gb$gb.log" | tail -1)"
+  ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
+  echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
+done
+for mb in 13 14 15 16; do
+  brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
 done
 fi

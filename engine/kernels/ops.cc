@@ -520,19 +520,26 @@ void GlobalL2Norm(std::span<const Tensor> xs, const Tensor& out) {
 }
 
 // ---------------------------------------------------------------- optimizer
-void AdamWUpdate(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
-                 const AdamWConfig& config, const Tensor& model) {
-  const Device device = CommonDevice({&master, &grad, &m, &v, &model});
-  for (const Tensor* t : {&master, &grad, &m, &v}) {
-    CheckDType(*t, DType::kF32, "adamw state");
-    CHECK_EQ(t->numel(), master.numel()) << "adamw sizes differ";
-  }
+void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& config) {
+  if (entries.empty()) return;
   CHECK_GE(config.step, 1) << "adamw step is 1-based";
-  if (model.defined()) {
-    CheckFloat(model, "adamw model copy");
-    CHECK_EQ(model.numel(), master.numel()) << "adamw model copy size";
+  const AdamWTensors& first = entries.front();
+  const Device device = first.master.device();
+  for (const AdamWTensors& e : entries) {
+    for (const Tensor* t : {&e.master, &e.grad, &e.m, &e.v}) {
+      CHECK(t->device() == device) << "adamw over devices: " << t->DebugString();
+      CheckDType(*t, DType::kF32, "adamw state");
+      CHECK_EQ(t->numel(), e.master.numel()) << "adamw sizes differ";
+    }
+    CHECK_EQ(e.model.defined(), first.model.defined()) << "adamw: some model copies missing";
+    if (e.model.defined()) {
+      CHECK(e.model.device() == device) << "adamw model copy: " << e.model.DebugString();
+      CheckDType(e.model, first.model.dtype(), "adamw model copy");
+      CheckFloat(e.model, "adamw model copy");
+      CHECK_EQ(e.model.numel(), e.master.numel()) << "adamw model copy size";
+    }
   }
-  MOE_DISPATCH(device, AdamWUpdate, master, grad, m, v, config, model);
+  MOE_DISPATCH(device, AdamWUpdate, entries, config);
 }
 
 // ---------------------------------------------------------------- MoE router

@@ -30,6 +30,13 @@ struct AdamWConfig {
   float grad_scale = 1.0f;    // gradients are multiplied by this first (clipping)
 };
 
+// One parameter's tensors for AdamWUpdate.
+struct AdamWTensors {
+  Tensor master, grad, m, v;  // (n) f32
+  Tensor model;               // undefined, or (n) f32 / bf16: receives the new master values
+  bool weight_decay = true;
+};
+
 #include "engine/kernels/op_declarations.inc"
 
 // Transfers, the same on every backend (Stream::CopyAsync):

@@ -30,11 +30,14 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
   if (options_.clip_grad > 0 && report.grad_norm > options_.clip_grad) {
     config.grad_scale = options_.clip_grad / (report.grad_norm + 1e-6f);
   }
+  config.weight_decay = options_.weight_decay;
+  std::vector<ops::AdamWTensors> entries;
   for (const auto& p : parameters.all()) {
-    config.weight_decay = p->weight_decay ? options_.weight_decay : 0.0f;
     const Tensor model = p->value.SharesStorageWith(p->master) ? Tensor() : p->value;
-    ops::AdamWUpdate(p->master, MaterializedGrad(*p), p->exp_avg, p->exp_avg_sq, config, model);
+    entries.push_back(
+        {p->master, MaterializedGrad(*p), p->exp_avg, p->exp_avg_sq, model, p->weight_decay});
   }
+  ops::AdamWUpdate(entries, config);
   return report;
 }
 

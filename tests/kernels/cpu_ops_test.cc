@@ -601,7 +601,7 @@ TEST_F(CpuOpsTest, AdamWTwoStepsMatchHandComputedReference) {
   // Step 1 by hand: with zero moments m_hat = g and v_hat = g^2, so the step is
   // lr * (wd * w + sign(g)) up to eps.
   const std::vector<float> g1 = testing::RandomFloats(n, rng_);
-  ops::AdamWUpdate(master, Floats(g1, {n}), m, v, config, model);
+  ops::AdamWUpdate(std::vector<ops::AdamWTensors>{{master, Floats(g1, {n}), m, v, model}}, config);
   std::vector<float> by_hand(n);
   for (int64_t i = 0; i < n; ++i) {
     by_hand[i] = w0[i] - config.lr * (config.weight_decay * w0[i] + (g1[i] > 0 ? 1.0f : -1.0f));
@@ -611,7 +611,7 @@ TEST_F(CpuOpsTest, AdamWTwoStepsMatchHandComputedReference) {
 
   config.step = 2;
   const std::vector<float> g2 = testing::RandomFloats(n, rng_);
-  ops::AdamWUpdate(master, Floats(g2, {n}), m, v, config, model);
+  ops::AdamWUpdate(std::vector<ops::AdamWTensors>{{master, Floats(g2, {n}), m, v, model}}, config);
   AdamWReference(w, rm, rv, g2, config);
   auto narrow = [](const std::vector<double>& d) { return std::vector<float>(d.begin(), d.end()); };
   EXPECT_LT(RelativeError(ToFloats(master), narrow(w)), kTolerance);

@@ -6,5 +6,6 @@
 
 namespace moe::cpu {
 using ops::AdamWConfig;
+using ops::AdamWTensors;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cpu

@@ -7,5 +7,6 @@
 
 namespace moe::cuda {
 using ops::AdamWConfig;
+using ops::AdamWTensors;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cuda

@@ -1,0 +1,105 @@
+// optimizer_bench: times the optimizer step of a model's parameters against the device's copy
+// bandwidth, in one process: a device-to-device copy of --copy_gib (bandwidth = read + write
+// bytes / time), the gradient norm (reads 4 bytes per parameter), the multi-tensor AdamW update
+// (reads master, grad, m, v and writes master, m, v and the model copy: 30 bytes per parameter
+// with bf16 values, 28 on the CPU backend where values are the masters) and the whole
+// AdamW::Step (norm, host read-back, clipping, update: 4 bytes more).
+// The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
+// about 5.0B parameters); values are zeros (the timing does not depend on them).
+#include <cstdio>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "apps/moe_bench/median_time.h"
+#include "engine/core/byte_units.h"
+#include "engine/kernels/ops.h"
+#include "engine/optim/adamw.h"
+#include "modules/gpt_model.h"
+
+DEFINE_int64(num_layers, 8, "layers");
+DEFINE_int64(first_dense_layers, 0, "dense layers first");
+DEFINE_int64(hidden_size, 2048, "hidden size");
+DEFINE_int64(num_attention_heads, 16, "attention heads");
+DEFINE_int64(num_query_groups, 4, "key/value heads");
+DEFINE_int64(num_experts, 128, "experts per MoE layer");
+DEFINE_int64(moe_ffn_hidden_size, 768, "expert ffn size");
+DEFINE_int64(vocab_size, 32000, "vocabulary");
+DEFINE_double(copy_gib, 4, "size of the device-to-device copy that measures the bandwidth");
+DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
+DEFINE_string(device, "cuda", "cpu | cuda");
+
+namespace moe {
+namespace {
+
+void PrintRow(const char* what, double ms, double bytes, double copy_gbs) {
+  const double gbs = bytes / (ms * 1e-3) / 1e9;
+  printf("%-44s %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, ms, gbs, 100 * gbs / copy_gbs);
+}
+
+void Run() {
+  const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
+  GptConfig config;
+  config.num_layers = FLAGS_num_layers;
+  config.first_dense_layers = FLAGS_first_dense_layers;
+  config.hidden_size = FLAGS_hidden_size;
+  config.num_attention_heads = FLAGS_num_attention_heads;
+  config.num_query_groups = FLAGS_num_query_groups;
+  config.num_experts = FLAGS_num_experts;
+  config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
+  config.vocab_size = FLAGS_vocab_size;
+  ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1);
+  for (ParameterSpec spec :
+       GptModel::StageParameterSpecs(config, GptStage{0, config.num_layers, true, true})) {
+    spec.init = Init::kZeros;
+    parameters.Create(spec);
+  }
+  std::vector<Tensor> grads;
+  for (const auto& p : parameters.all()) {
+    grads.push_back(MaterializedGrad(*p));
+    ops::Fill(grads.back(), 1e-3f);
+  }
+  const auto n = static_cast<double>(parameters.NumElements());
+  printf("%zu tensors, %.3fB parameters\n", parameters.all().size(), n / 1e9);
+
+  const auto copy_elements = static_cast<int64_t>(FLAGS_copy_gib * static_cast<double>(kGiB) / 4);
+  Tensor src = Tensor::Empty({copy_elements}, DType::kF32, device);
+  Tensor dst = Tensor::Empty({copy_elements}, DType::kF32, device);
+  ops::Fill(src, 1.0f);
+  const auto run = [&](const std::function<void()>& body) {
+    body();  // warm-up
+    return MedianMs(device, FLAGS_iters, body);
+  };
+  const double copy_ms = run([&] { ops::Copy(src, dst); });
+  const double copy_bytes = 2.0 * static_cast<double>(src.nbytes());
+  const double copy_gbs = copy_bytes / (copy_ms * 1e-3) / 1e9;
+  PrintRow("device-to-device copy (read + write)", copy_ms, copy_bytes, copy_gbs);
+
+  Tensor norm = Tensor::Empty({1}, DType::kF32, device);
+  PrintRow("gradient norm (4 B/parameter)", run([&] { ops::GlobalL2Norm(grads, norm); }), 4 * n,
+           copy_gbs);
+  std::vector<ops::AdamWTensors> entries;
+  for (const auto& p : parameters.all()) {
+    const Tensor model = p->value.SharesStorageWith(p->master) ? Tensor() : p->value;
+    entries.push_back({p->master, p->grad, p->exp_avg, p->exp_avg_sq, model, p->weight_decay});
+  }
+  // master, grad, m, v read; master, m, v and the model copy (if any) written.
+  const auto model_bytes = static_cast<double>(
+      entries.front().model.defined() ? DTypeSize(entries.front().model.dtype()) : 0);
+  const double update_bytes = (28 + model_bytes) * n;
+  ops::AdamWConfig update;
+  PrintRow("AdamW update", run([&] { ops::AdamWUpdate(entries, update); }), update_bytes, copy_gbs);
+  AdamW adamw(AdamWOptions{});
+  PrintRow("AdamW::Step: norm, clip, update", run([&] { adamw.Step(parameters, 1e-4f); }),
+           update_bytes + 4 * n, copy_gbs);
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  moe::Run();
+  return 0;
+}
