@@ -40,6 +40,9 @@ struct GptConfig {
   // Non-empty (one entry per layer): what each layer recomputes, the memory planner's choice
   // (modules/memory_planner.h); recompute and recompute_num_layers are then unused.
   std::vector<RecomputeModules> recompute_by_layer;
+  // Token rows per chunk of the LM head and loss (modules/lm_head_loss.h); 0: as many as fit in
+  // kLogitsChunkBytes. How the model runs, not its shape (tests set it).
+  int64_t head_chunk_rows = 0;
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;

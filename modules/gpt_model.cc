@@ -4,7 +4,6 @@
 
 #include "engine/kernels/ops.h"
 #include "engine/runtime/step_timeline.h"
-#include "modules/linear.h"
 
 namespace moe {
 
@@ -29,10 +28,7 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
   if (stage.last) {
     final_norm_ =
         std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size, config.norm_eps);
-    lm_head_ = &parameters.Create({"lm_head.weight",
-                                   {config.vocab_size, config.hidden_size},
-                                   Init::kNormal,
-                                   config.init_std});
+    head_ = std::make_unique<LmHeadLoss>(parameters, config_);
   }
 }
 
@@ -48,7 +44,8 @@ std::vector<ParameterSpec> GptModel::StageParameterSpecs(const GptConfig& config
   return specs.specs();
 }
 
-ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets) {
+ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
+                                float loss_grad) {
   const int64_t tokens = input.dim(0);
   const Device device = input.device();
   ForwardResult result;
@@ -68,34 +65,19 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
     return result;
   }
   const TraceSpan span(device, "head and loss forward");
-  const Tensor normed = final_norm_->Forward(saved, x);
-  const Tensor logits = LinearForward(normed, *lm_head_);
-
-  Tensor losses = Tensor::Empty({tokens}, DType::kF32, device);
-  Tensor lse = Tensor::Empty({tokens}, DType::kF32, device);
-  ops::CrossEntropyForward(logits, targets, losses, lse);
-  result.loss_sum = Tensor::Empty({1}, DType::kF32, device);
-  ops::Sum(losses, result.loss_sum);
-
-  saved.Save("targets", targets);
-  saved.Save("lm_head.x", normed);
-  saved.Save("logits", logits);
-  saved.Save("lse", lse);
+  result.loss_sum = head_->Forward(saved, final_norm_->Forward(saved, x), targets, loss_grad);
   return result;
 }
 
-Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad,
-                          float aux_grad, const GradsFinal& grads_final) {
+Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float aux_grad,
+                          const GradsFinal& grads_final) {
   const auto grads_done = [&](const std::string& prefix) {
     if (grads_final) grads_final(prefix);
   };
   Tensor dx = output_grad;
   if (stage_.last) {
-    const TraceSpan span(lm_head_->value.device(), "head and loss backward");
-    const Tensor logits = saved.Load("logits");
-    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), logits.device());
-    ops::CrossEntropyBackward(logits, saved.Load("targets"), saved.Load("lse"), loss_grad, dlogits);
-    dx = LinearBackward(dlogits, saved.Load("lm_head.x"), *lm_head_);
+    dx = head_->Backward(saved);  // computed by the forward
+    const TraceSpan span(dx.device(), "head and loss backward");
     grads_done("lm_head.");
     dx = final_norm_->Backward(saved, dx);
     grads_done("final_norm.");

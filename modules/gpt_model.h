@@ -1,5 +1,5 @@
 // The GPT model: token embedding -> transformer layers -> final RMSNorm -> untied LM head ->
-// per-token cross-entropy in fp32.
+// per-token cross-entropy in fp32, the last two in chunks of tokens (modules/lm_head_loss.h).
 //   ids, targets (tokens = batch * seq) i32 on the model's device; a negative target is ignored.
 // Parameter names follow "embedding.weight", "layers.N.attention.q_proj.weight", ...,
 // "final_norm.weight", "lm_head.weight" (the safetensors checkpoint uses the same names).
@@ -11,8 +11,10 @@
 //   Backward output_grad: ignored on the last stage (the loss is its output), else the gradient
 //   of this stage's output (tokens, hidden); returns the gradient of its input (tokens, hidden),
 //   or an empty tensor on the first stage.
-// Saves (no group): ids (first stage); targets, the head's input, logits and their lse (last
-// stage). Backward: every grad +=.
+// Saves (no group): ids (first stage); the final norm's input and rstd, and the head's input
+// gradient (tokens, hidden) (last stage): a training forward of the last stage runs the head's
+// backward too, so lm_head.weight's gradient is written (as BeginGradWrite says) by Forward, and
+// the (tokens, vocab) logits are never whole. Backward: every other grad +=.
 #pragma once
 
 #include <functional>
@@ -23,6 +25,7 @@
 #include "engine/autograd/parameters.h"
 #include "engine/autograd/saved_tensors.h"
 #include "modules/gpt_config.h"
+#include "modules/lm_head_loss.h"
 #include "modules/rms_norm.h"
 #include "modules/transformer_layer.h"
 
@@ -54,14 +57,15 @@ class GptModel {
   static std::vector<ParameterSpec> StageParameterSpecs(const GptConfig& config,
                                                         const GptStage& stage);
 
-  // targets are read on the last stage only.
-  ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets);
-  // loss_grad scales d(loss_sum) (1 / tokens in the global batch); aux_grad scales the aux
-  // losses (1 / micro-batches in the global batch). grads_final, if set (on a step's last
-  // backward of this stage), is called with a parameter-name prefix as soon as the gradients
-  // under it are complete: "lm_head.", "final_norm.", each "layers.N." from the last layer down,
-  // "embedding.".
-  Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float loss_grad, float aux_grad,
+  // targets and loss_grad are read on the last stage only; loss_grad scales d(loss_sum) (1 /
+  // tokens in the global batch) in a training forward (saved.training()), unused otherwise.
+  ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
+                        float loss_grad);
+  // aux_grad scales the aux losses (1 / micro-batches in the global batch). grads_final, if set
+  // (on a step's last backward of this stage), is called with a parameter-name prefix as soon as
+  // the gradients under it are complete: "lm_head." (complete since the step's last forward of
+  // this stage), "final_norm.", each "layers.N." from the last layer down, "embedding.".
+  Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float aux_grad,
                   const GradsFinal& grads_final = {});
 
   // What each layer recomputes from the next pass on (GptConfig::recompute_by_layer: one entry per
@@ -78,7 +82,7 @@ class GptModel {
   Parameter* embedding_ = nullptr;  // first stage
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::unique_ptr<RmsNorm> final_norm_;  // last stage
-  Parameter* lm_head_ = nullptr;         // last stage
+  std::unique_ptr<LmHeadLoss> head_;     // last stage
 };
 
 }  // namespace moe

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "modules/lm_head_loss.h"
 #include "modules/offload_groups.h"
 
 namespace moe {
@@ -79,10 +80,17 @@ std::vector<SavedTensorSize> EmbeddingSaves(const GptConfig& m, int64_t micro_ba
 std::vector<SavedTensorSize> HeadSaves(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
   const double b = ComputeBytes(cuda);
   const double tokens = D(micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
-  // Final norm input and rstd, head input, logits, lse, targets.
-  return {{"", tokens * b * h}, {"", tokens * 4},
-          {"", tokens * b * h}, {"", tokens * b * D(m.vocab_size)},
-          {"", tokens * 4},     {"", tokens * 4}};
+  // Final norm input and rstd, the head's input gradient.
+  return {{"", tokens * b * h}, {"", tokens * 4}, {"", tokens * b * h}};
+}
+
+std::vector<double> HeadForwardWorkspace(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
+  const double b = ComputeBytes(cuda);
+  const int64_t tokens = micro_batch_size * m.seq_length;
+  const int64_t chunk_rows = std::min(tokens, HeadChunkRows(m, static_cast<int64_t>(b)));
+  // The head's input, one chunk of logits, losses, lse.
+  return {D(tokens) * b * D(m.hidden_size), D(chunk_rows) * D(m.vocab_size) * b, D(tokens) * 4,
+          D(tokens) * 4};
 }
 
 namespace {
@@ -171,11 +179,12 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
         passes * (m.recompute_num_layers < 0 ? recomputed_layer : full_layer_activations);
   }
   e.activation_bytes = layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda);
-  const double logits_gradient =
-      D(o.micro_batch_size) * D(m.seq_length) * D(m.vocab_size) * ComputeBytes(o.cuda);
+  double head_workspace = 0;
+  for (double bytes : HeadForwardWorkspace(m, o.micro_batch_size, o.cuda)) head_workspace += bytes;
   // Backward of one layer holds its gradients, as large as everything it saves; a recomputed
-  // layer first holds everything it saves again (its recompute).
-  e.workspace_bytes = logits_gradient + full_layer_activations;
+  // layer first holds everything it saves again (its recompute). The head's forward workspace is
+  // freed before the first backward.
+  e.workspace_bytes = std::max(head_workspace, full_layer_activations);
   e.total_bytes = e.state_bytes + e.activation_bytes + e.workspace_bytes;
   return e;
 }

@@ -13,19 +13,25 @@
 //   less what GptConfig::recompute drops: attention: norm input, its input (the norm output), q,
 //   k, v, output, log-sum-exp; dense MLP: norm input, input, fc1 output; MoE: norm input, router
 //   input, logits and probabilities, permuted rows, fc1 output per routed row (tokens x top-k)
-//   and, on the fused path, the activation, routing indices and weights. The head
-//   (HeadActivationBytes): final norm input, head input, logits, log-sum-exp, ids and targets.
+//   and, on the fused path, the activation, routing indices and weights. The embedding and
+//   head (HeadActivationBytes): ids, the final norm's input and rstd, and the head's input
+//   gradient (the head runs its backward in its forward: modules/lm_head_loss.h).
 //   Micro-batches in flight: 1 without a pipeline (forward then backward per micro-batch),
 //   min(p, m) on 1F1B's first rank, min(2(p - 1) + (v - 1)p + 1, v m) chunk passes on the
 //   interleaved first rank (engine/pipeline/schedule.h).
-// - Workspace: what backward allocates beside the saved tensors: the logits gradient, and one
-//   layer's gradients of its saved tensors (as large as its activations without recompute: a
-//   recomputed layer holds them all again while its backward runs).
-// On the H200 (8-layer Qwen3-shaped preset, 2026-12-01) the counted bytes were 88.5 GiB for a
+// - Workspace: what is allocated beside the saved tensors at the peak, the larger of: the head's
+//   forward (HeadForwardWorkspace: its input, one chunk of logits, losses and lse), and one
+//   layer's backward, its gradients of its saved tensors (as large as its activations without
+//   recompute: a recomputed layer holds them all again while its backward runs).
+// On the H200 (8-layer Qwen3-shaped preset, 2026-12-01, before the chunked head, when the logits
+// were saved whole and their gradient was workspace) the counted bytes were 88.5 GiB for a
 // measured 88.1 (micro-batch 1), 131.0 for 130 (micro-batch 12), and with layernorm, moe and
 // core_attn recomputed 86.0 for 85.8 (micro-batch 1), 105.9 for 102.7 (16), 111.2 for 107.2 (20).
+// With the chunked head the count falls by the saved logits and their gradient: 88.0, 125.0 and
+// 138.4 GiB at micro-batches 1, 12 and 16 without recompute (were 88.5, 130.8, 146.2); not yet
+// measured.
 // - No margin, and no offloading: with --offload_modules the activations are an upper bound.
-// The counted bytes were 1.11-1.28x the allocator's measured peak on CPU runs
+// The counted bytes were 1.03-1.25x the allocator's measured peak on CPU runs
 // of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
 // they lie within [1, 2]x). It is meant to refuse runs that cannot fit, not to predict peaks to
 // the megabyte; CUDA peaks are not checked by a test here.
@@ -54,7 +60,7 @@ struct MemoryEstimate {
   double parameters = 0;        // on the busiest rank
   double state_bytes = 0;       // weights, gradients, optimizer state
   double activation_bytes = 0;  // saved for backward, every micro-batch in flight
-  double workspace_bytes = 0;   // backward's transient gradients
+  double workspace_bytes = 0;   // transient: the head's forward or a layer's backward
   double total_bytes = 0;       // the sum of the three
 };
 
@@ -77,6 +83,11 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& model, int64_t micro_ba
 // What the first stage (embedding: ids) and the last (final norm, head, loss) save.
 std::vector<SavedTensorSize> EmbeddingSaves(const GptConfig& model, int64_t micro_batch_size);
 std::vector<SavedTensorSize> HeadSaves(const GptConfig& model, int64_t micro_batch_size, bool cuda);
+// The bytes of each tensor the last stage's training forward holds at the head beside what it
+// saves: the head's input (the final norm's output), one chunk of logits (HeadChunkRows), the
+// per-token losses and log-sum-exp.
+std::vector<double> HeadForwardWorkspace(const GptConfig& model, int64_t micro_batch_size,
+                                         bool cuda);
 // Saved activations of one layer for one micro-batch (with model.recompute).
 double ActivationBytesPerLayer(const GptConfig& model, int64_t micro_batch_size, bool moe_layer,
                                bool cuda);

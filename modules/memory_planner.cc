@@ -104,9 +104,14 @@ class RankModel {
       if (c.last) {
         parameters += D(m.vocab_size) * D(m.hidden_size) + D(m.hidden_size);
         c.head_saves = SumRounded(HeadSaves(m, request.run.micro_batch_size, request.run.cuda));
+        for (double bytes :
+             HeadForwardWorkspace(m, request.run.micro_batch_size, request.run.cuda)) {
+          c.head_workspace += Rounded(bytes);
+        }
         const double tokens = D(request.run.micro_batch_size) * D(m.seq_length);
-        c.logits_gradient = Rounded(tokens * D(m.vocab_size) * (request.run.cuda ? 2 : 4));
-        c.head_forward_ms = Ms(2 * tokens * D(m.hidden_size) * D(m.vocab_size), 0);
+        c.norm_input_gradient = Rounded(tokens * D(m.hidden_size) * (request.run.cuda ? 2 : 4));
+        // The head's forward, logits, input gradient and weight gradient: 3 GEMMs.
+        c.head_forward_ms = Ms(3 * 2 * tokens * D(m.hidden_size) * D(m.vocab_size), 0);
       }
       chunks_.push_back(c);
     }
@@ -257,8 +262,9 @@ class RankModel {
     LayerRange range;
     bool first = false, last = false;
     double embedding_saves = 0, head_saves = 0;
-    double logits_gradient = 0;
-    double head_forward_ms = 0;
+    double head_workspace = 0;       // HeadForwardWorkspace, rounded
+    double norm_input_gradient = 0;  // the final norm's backward output
+    double head_forward_ms = 0;      // the head's backward included
   };
   struct Pass {
     double resident = 0;      // kept on the device from forward to backward
@@ -379,7 +385,8 @@ class RankModel {
       pass.forward_peak = std::max(pass.forward_peak, so_far + copying);
     }
     t += c.head_forward_ms;
-    pass.forward_peak = std::max(pass.forward_peak, pass.resident + (n > 0 ? offloaded[n - 1] : 0));
+    pass.forward_peak = std::max(pass.forward_peak,
+                                 pass.resident + (n > 0 ? offloaded[n - 1] : 0) + c.head_workspace);
     double h2d_free = 0;
     std::vector<bool> issued(n, false);
     const auto issue = [&](int i, double when) {
@@ -397,8 +404,7 @@ class RankModel {
     double below = layer_resident;  // resident saves of the layers not yet through backward
     pass.layer_held.assign(n, 0);
     for (int i = n - 1; i >= 0; --i) pass.top_offloaded.push_back(offloaded[i]);
-    pass.peak = pass.resident + c.logits_gradient + reloaded(0, n - 1);
-    t += 2 * c.head_forward_ms;
+    pass.peak = pass.resident + c.norm_input_gradient + reloaded(0, n - 1);
     for (int i = n - 1; i >= 0; --i) {
       issue(i - prefetch, t);
       issue(i, t);  // on demand, when the prefetch did not reach it

@@ -13,14 +13,16 @@
 //   state + what the other passes in flight keep (their resident saves)
 //   + during a pass's forward, at layer j: its saves so far, and the offloaded groups of layers j
 //     and j - 1 (the host waits for a layer's copies out at the next layer's commits, or, for the
-//     last layer, when backward starts: OffloadManager); at the head: its saves and the last
+//     last layer, when backward starts: OffloadManager); at the head: its saves, its forward
+//     workspace (HeadForwardWorkspace: one chunk of logits, not all of them) and the last
 //     layer's offloaded groups;
 //   + during its backward, for each layer j (last first): the resident saves of its layers <= j,
 //     the embedding's and head's saves, the reloaded groups of layers j - prefetch_layers .. j,
 //     and the layer's backward workspace (the gradients its MLP or attention allocates, plus
-//     what it recomputes); before the first layer, the head's logits gradient.
+//     what it recomputes); before the first layer, the final norm's input gradient.
 // Time model, per pass: each layer's forward takes its matmul FLOPs at matmul_flops_per_s plus
-// its saved bytes at memory_bytes_per_s (element-wise work), backward twice that. Offloaded
+// its saved bytes at memory_bytes_per_s (element-wise work), backward twice that; the head's
+// forward takes its three GEMMs (it runs its backward), its backward nothing. Offloaded
 // groups copy out after their layer's forward, one at a time at copy_bytes_per_s; when the lower
 // layers' copies have not ended by the end of a layer's forward, the device waits with the host
 // (a forward stall). Groups copy back prefetch_layers layers ahead of their backward (not before

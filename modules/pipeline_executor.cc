@@ -47,7 +47,8 @@ class StepRun {
     const Tensor input = chunk.stage().first ? data.ids : Take(received_activations_, {m, c});
     SavedTensors forward_only(/*training=*/false);
     SavedTensors& saved = options_.training ? *saved_.at({m, c}) : forward_only;
-    const ForwardResult result = chunks_[c]->Forward(saved, input, data.targets);
+    const ForwardResult result =
+        chunks_[c]->Forward(saved, input, data.targets, options_.loss_grad);
     if (chunk.stage().last) {
       ops::Axpy(1.0f, result.loss_sum, totals_.loss_sum);
     } else {
@@ -63,9 +64,8 @@ class StepRun {
     CHECK(it != saved_.end()) << "Backward(m" << m << ",c" << c << ") twice or without forward";
     const Tensor output_grad =
         chunks_.at(c)->stage().last ? Tensor() : Take(received_grads_, {m, c});
-    const Tensor input_grad =
-        chunks_[c]->Backward(*it->second, output_grad, options_.loss_grad, options_.aux_grad,
-                             last ? options_.grads_final : GradsFinal());
+    const Tensor input_grad = chunks_[c]->Backward(*it->second, output_grad, options_.aux_grad,
+                                                   last ? options_.grads_final : GradsFinal());
     CHECK(it->second->empty()) << "backward left saved tensors behind, e.g. "
                                << it->second->keys().front();
     saved_.erase(it);

@@ -38,8 +38,8 @@ struct Microbatch {
 struct PipelineStepOptions {
   Device device;  // the chunks' device
   bool training = true;
-  float loss_grad = 0;  // GptModel::Backward's scales (training only)
-  float aux_grad = 0;
+  float loss_grad = 0;                // GptModel::Forward's scale (training only)
+  float aux_grad = 0;                 // GptModel::Backward's (training only)
   OffloadManager* offload = nullptr;  // training only; nullptr: no offloading
   GradsFinal grads_final;  // training only: passed to each chunk's last backward of the step
   Shape activation_shape;  // (tokens, hidden) of the tensors crossing stages

@@ -396,8 +396,9 @@ Status Trainer::DumpReferenceCase(const std::string& dir) {
   parameters_.ZeroGrads();
   SavedTensors saved(/*training=*/true);
   GptModel& model = *chunks_[0];
-  const ForwardResult result = model.Forward(saved, ids, targets);
-  model.Backward(saved, Tensor(), 1.0f / static_cast<float>(ids.numel()), 1.0f);
+  const ForwardResult result =
+      model.Forward(saved, ids, targets, /*loss_grad=*/1.0f / static_cast<float>(ids.numel()));
+  model.Backward(saved, Tensor(), /*aux_grad=*/1.0f);
   Tensor loss = Tensor::Empty({1}, DType::kF32, device_);
   ops::Scale(result.loss_sum, 1.0f / static_cast<float>(ids.numel()), loss);
 

@@ -55,9 +55,9 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                            Bytes(rank_capacity) + ")");
   }
   const MemoryEstimate e = EstimateTrainingMemory(EstimateOptions(run));
-  // Refuse only what cannot fit: the counted bytes (on the H200 within 0.3% of the measured peak;
-  // on CPU above it; recompute included), without the activations when offloading keeps fewer of
-  // them on the device than the estimate counts.
+  // Refuse only what cannot fit: the counted bytes (on the H200 within 0.3% of the measured peak
+  // before the chunked LM head; on CPU above it; recompute included), without the activations
+  // when offloading keeps fewer of them on the device than the estimate counts.
   const bool fewer_activations = run.trainer.offload.has_value();
   const double counted = fewer_activations ? e.state_bytes + e.workspace_bytes : e.total_bytes;
   if (counted * ranks_sharing <= static_cast<double>(capacity_bytes)) return Status::Ok();
@@ -69,8 +69,8 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                                                     : "activations " + Bytes(e.activation_bytes);
   return InvalidArgument("the run needs at least about " + Bytes(counted) + per_rank +
                          " (weights, gradients and optimizer state " + Bytes(e.state_bytes) + ", " +
-                         activations + ", backward workspace " + Bytes(e.workspace_bytes) +
-                         ") but " + device + " has " + Bytes(static_cast<double>(capacity_bytes)) +
+                         activations + ", workspace " + Bytes(e.workspace_bytes) + ") but " +
+                         device + " has " + Bytes(static_cast<double>(capacity_bytes)) +
                          ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
                          "--micro_batch_size, or add --recompute_modules or --offload_modules");
 }

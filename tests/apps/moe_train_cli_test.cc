@@ -303,7 +303,7 @@ INSTANTIATE_TEST_SUITE_P(
 INSTANTIATE_TEST_SUITE_P(
     Memory, RefusalTest,
     ::testing::Values(Refusal{"--seq_length=1000000",
-                              "the run needs at least about 196.3 GiB (weights, "
+                              "the run needs at least about 181.0 GiB (weights, "
                               "gradients and optimizer state 7.0 MiB, ..."},
                       Refusal{"--num_layers=100000",
                               "the run needs at least about 737.0 GiB (weights, "

@@ -278,6 +278,8 @@ std::vector<OpCase> Cases() {
     r.Read("losses", losses);
     r.Read("lse", lse);
     r.Read("dlogits", dlogits);
+    ops::CrossEntropyBackward(logits, t, lse, 0.25f, /*dlogits=*/logits);  // in place (the head)
+    r.Read("dlogits in place", logits);
   });
   add(
       "topk",

@@ -29,9 +29,10 @@ BackendRun ForwardBackward(const GptConfig& config, Device device, const std::ve
   parameters.SyncValuesFromMasters();
   const int64_t tokens = static_cast<int64_t>(ids.size());
   SavedTensors saved;
-  const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, device),
-                                             testing::FromInts(targets, {tokens}, device));
-  model.Backward(saved, Tensor(), 1.0f / tokens, 1.0f);
+  const ForwardResult result =
+      model.Forward(saved, testing::FromInts(ids, {tokens}, device),
+                    testing::FromInts(targets, {tokens}, device), /*loss_grad=*/1.0f / tokens);
+  model.Backward(saved, Tensor(), /*aux_grad=*/1.0f);
   BackendRun run;
   run.loss = testing::ToFloats(result.loss_sum)[0] / tokens;
   run.aux = testing::ToFloats(result.aux_loss)[0];

@@ -159,13 +159,13 @@ TEST_F(ModuleGradTest, WholeModel) {
   const Tensor targets = Ints(target_values, {tokens});
   auto loss = [&] {
     SavedTensors forward_only(false);
-    const ForwardResult r = model.Forward(forward_only, ids, targets);
+    const ForwardResult r = model.Forward(forward_only, ids, targets, /*loss_grad=*/0.0f);
     return testing::ToFloats(r.loss_sum)[0] / tokens + testing::ToFloats(r.aux_loss)[0];
   };
+  parameters_.ZeroGrads();  // before the forward, which writes the head's gradient
   SavedTensors saved;
-  model.Forward(saved, ids, targets);
-  parameters_.ZeroGrads();
-  model.Backward(saved, Tensor(), 1.0f / tokens, 1.0f);
+  model.Forward(saved, ids, targets, /*loss_grad=*/1.0f / tokens);
+  model.Backward(saved, Tensor(), /*aux_grad=*/1.0f);
   EXPECT_TRUE(saved.empty());
   // Through a whole model in f32 the central differences themselves are noisier than through
   // one module: over 25 seeds the error peaked at 8e-3 (smaller steps raise the cancellation

@@ -102,10 +102,11 @@ std::map<std::string, int64_t> SavedAfterForward(const GptConfig& config) {
   for (auto& v : targets) v = token(rng);
   SavedTensors saved(/*training=*/true);
   model.Forward(saved, testing::FromInts(ids, {tokens}, kDevice),
-                testing::FromInts(targets, {tokens}, kDevice));
+                testing::FromInts(targets, {tokens}, kDevice),
+                /*loss_grad=*/1.0f / static_cast<float>(tokens));
   std::map<std::string, int64_t> out;
   for (const std::string& key : saved.keys()) out[key] = saved.Peek(key).nbytes();
-  model.Backward(saved, Tensor(), 1.0f / static_cast<float>(tokens), 1.0f);
+  model.Backward(saved, Tensor(), /*aux_grad=*/1.0f);
   EXPECT_TRUE(saved.empty()) << saved.keys().front();
   return out;
 }

@@ -84,8 +84,9 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
   for (auto& v : targets) v = token(rng);
   SavedTensors saved(true, manager);
   const ForwardResult result = model.Forward(saved, testing::FromInts(ids, {tokens}, kDevice),
-                                             testing::FromInts(targets, {tokens}, kDevice));
-  model.Backward(saved, Tensor(), 1.0f / static_cast<float>(tokens), 1.0f);
+                                             testing::FromInts(targets, {tokens}, kDevice),
+                                             /*loss_grad=*/1.0f / static_cast<float>(tokens));
+  model.Backward(saved, Tensor(), /*aux_grad=*/1.0f);
   EXPECT_TRUE(saved.empty());
   return testing::ToFloats(result.loss_sum)[0];
 }
@@ -221,7 +222,7 @@ TEST(OffloadModelTest, EveryUnfusedGroupNameIsOpenedByTheModel) {
     SavedTensors saved(true, &recorder);
     const int64_t tokens = model.config().seq_length;
     const Tensor ids = testing::FromInts(std::vector<int32_t>(tokens, 1), {tokens}, kDevice);
-    model.Forward(saved, ids, ids);
+    model.Forward(saved, ids, ids, /*loss_grad=*/1.0f);
   }
   std::set<std::string> known(OffloadGroupNames().begin(), OffloadGroupNames().end());
   known.erase("fused_group_mlp");
