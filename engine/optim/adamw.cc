@@ -48,14 +48,18 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
     config.grad_scale = options_.clip_grad / (report.grad_norm + 1e-6f);
   }
   config.weight_decay = options_.weight_decay;
+  ops::AdamWUpdate(AdamWUpdateEntries(slices), config);
+  return report;
+}
+
+std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices) {
   std::vector<ops::AdamWTensors> entries;
   for (const OwnedSlice& s : slices) {
     const Tensor model = s.value.SharesStorageWith(s.master) ? Tensor() : s.value;
     entries.push_back(
         {s.master, s.grad, s.exp_avg, s.exp_avg_sq, model, s.parameter->weight_decay});
   }
-  ops::AdamWUpdate(entries, config);
-  return report;
+  return entries;
 }
 
 float LearningRate(int64_t step, float lr, float min_lr, int64_t warmup_steps,

@@ -5,9 +5,9 @@
 // schedule changes no bit. Checkpoints under the pipeline (x data) layout resume bit for bit, and
 // hold the full model: pipeline and single-process trainers load each other's. The distributed
 // optimizer (state sharded over the data group) in every layout with two replicas or more: like
-// plain data parallel (bit for bit on the CPU with clipping off), deterministic, one shard of the
-// state per rank (device memory), checkpoints that resume bit for bit and load across layouts both
-// ways.
+// plain data parallel (bit for bit on the CPU with clipping off), offloading changes no bit of it,
+// deterministic, one shard of the state per rank (device memory), checkpoints that resume bit for
+// bit and load across layouts both ways.
 //
 // One source, two binaries (tests/CMakeLists.txt): trainer_parallel_mpi_test on the CPU backend
 // over MPI (f32: relative 1e-5), and with MOE_TEST_ON_CUDA trainer_parallel_cuda_test, one GPU
@@ -242,21 +242,26 @@ void ExpectSameRows(const std::vector<OffloadGroupSummary>& got,
 TEST_F(TrainerParallelTest, OffloadUnderThePipelineChangesNoBit) {
   const int pipeline = 2;
   const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
-  for (int virtual_chunks : {1, 2}) {
-    SCOPED_TRACE("virtual " + std::to_string(virtual_chunks));
-    const TrainingRun off = Train(*source_, virtual_chunks, /*offload=*/false, &groups);
-    const TrainingRun on = Train(*source_, virtual_chunks, /*offload=*/true, &groups);
-    for (int step = 0; step < kSteps; ++step) {
-      EXPECT_EQ(on.steps[step].loss, off.steps[step].loss);
-      EXPECT_EQ(on.steps[step].grad_norm, off.steps[step].grad_norm);
-      EXPECT_GT(on.steps[step].offload.offloaded_tensors, 0);
+  for (int virtual_chunks : {1, 2})
+    for (const bool distributed_optimizer : {false, true}) {
+      SCOPED_TRACE("virtual " + std::to_string(virtual_chunks) +
+                   (distributed_optimizer ? ", distributed optimizer" : ""));
+      const TrainingRun off =
+          Train(*source_, virtual_chunks, /*offload=*/false, &groups, distributed_optimizer);
+      const TrainingRun on =
+          Train(*source_, virtual_chunks, /*offload=*/true, &groups, distributed_optimizer);
+      for (int step = 0; step < kSteps; ++step) {
+        EXPECT_EQ(on.steps[step].loss, off.steps[step].loss);
+        EXPECT_EQ(on.steps[step].grad_norm, off.steps[step].grad_norm);
+        EXPECT_GT(on.steps[step].offload.offloaded_tensors, 0);
+      }
+      EXPECT_EQ(on.validation_loss, off.validation_loss);
+      EXPECT_EQ(on.weights, off.weights);
+      EXPECT_EQ(on.values, off.values);
+      ASSERT_EQ(on.offload_policy_by_rank.size(), static_cast<size_t>(pipeline));
+      for (const auto& rows : on.offload_policy_by_rank) EXPECT_FALSE(rows.empty());
+      ExpectSameRows(on.offload_policy_by_rank[groups.pipeline->rank()], on.offload_policy);
     }
-    EXPECT_EQ(on.validation_loss, off.validation_loss);
-    EXPECT_EQ(on.weights, off.weights);
-    ASSERT_EQ(on.offload_policy_by_rank.size(), static_cast<size_t>(pipeline));
-    for (const auto& rows : on.offload_policy_by_rank) EXPECT_FALSE(rows.empty());
-    ExpectSameRows(on.offload_policy_by_rank[groups.pipeline->rank()], on.offload_policy);
-  }
 }
 
 TEST_F(TrainerParallelTest, PipelineCheckpointResumesBitForBit) {
