@@ -29,6 +29,7 @@
 namespace moe {
 
 using GradsFinal = std::function<void(const std::string& name_prefix)>;
+using WeightsNeeded = std::function<void(const std::string& name_prefix)>;
 
 struct GptStage {
   int64_t layer_begin = 0;
@@ -54,8 +55,11 @@ class GptModel {
   static std::vector<ParameterSpec> StageParameterSpecs(const GptConfig& config,
                                                         const GptStage& stage);
 
-  // targets are read on the last stage only.
-  ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets);
+  // targets are read on the last stage only. weights_needed, if set, is called with a
+  // parameter-name prefix before the weights under it are first read: "embedding.", each
+  // "layers.N." from the first layer up, "final_norm.", "lm_head.".
+  ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
+                        const WeightsNeeded& weights_needed = {});
   // loss_grad scales d(loss_sum) (1 / tokens in the global batch); aux_grad scales the aux
   // losses (1 / micro-batches in the global batch). grads_final, if set (on a step's last
   // backward of this stage), is called with a parameter-name prefix as soon as the gradients

@@ -93,6 +93,10 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
   const bool sharded = options_.use_distributed_optimizer && GroupSize(data_) > 1;
   parameters_.AllocateBuckets(sharded ? GroupSize(data_) : 1, sharded ? GroupRank(data_) : 0,
                               options_.bucket_bytes);
+  if (sharded) {
+    weight_gather_ = std::make_unique<WeightGather>(*data_, parameters_,
+                                                    DeviceContext::Get(device_).compute_stream());
+  }
   if (options_.offload)
     offload_ = std::make_unique<OffloadManager>(device_, *options_.offload, rank);
 }
@@ -129,6 +133,12 @@ GptStage Trainer::StageOf(int stage) const {
 
 Communicator* Trainer::shard_group() const { return parameters_.shards() > 1 ? data_ : nullptr; }
 
+void Trainer::WaitForWeights() {
+  if (weight_gather_) weight_gather_->WaitAll();
+}
+
+Trainer::~Trainer() { WaitForWeights(); }
+
 bool Trainer::whole_model() const {
   return chunks_.size() == 1 && chunks_[0]->stage().first && chunks_[0]->stage().last;
 }
@@ -160,6 +170,9 @@ StepStats Trainer::TrainStep(bool trace) {
     gradient_sync.emplace(*data_, parameters_, context.compute_stream());
     step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
   }
+  if (weight_gather_) {  // the last step's weights arrive as the forward needs them
+    step.weights_needed = [&](const std::string& prefix) { weight_gather_->WaitFor(prefix); };
+  }
   const PipelineStepTotals totals =
       RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
   sampler_.SkipTrainSamples(options_.global_batch_size);
@@ -174,10 +187,8 @@ StepStats Trainer::TrainStep(bool trace) {
   timeline_->SetPhase(StepPhase::kOptimizer);
   {
     const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
+    if (weight_gather_) weight_gather_->WaitAll();  // the update writes the owned values
     stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_, shard_group()).grad_norm;
-    if (shard_group() != nullptr) {
-      GatherUpdatedWeights(*data_, parameters_, context.compute_stream());
-    }
     parameters_.ZeroGrads();
   }
   timeline_->SetPhase(StepPhase::kOther);
@@ -212,6 +223,8 @@ StepStats Trainer::TrainStep(bool trace) {
     stats.peak_device_mib.push_back(static_cast<double>(peak) / kMiB);
   }
   stats.tokens = tokens;
+  // After the statistics' collectives, so the gathers overlap the next step's forward, not them.
+  if (weight_gather_) weight_gather_->Start();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;
   return stats;
@@ -267,6 +280,7 @@ void Trainer::SetMemoryPlan(const MemoryPlan& plan) {
 }
 
 double Trainer::Evaluate() {
+  WaitForWeights();
   const int64_t rows = options_.micro_batch_size;
   std::vector<int32_t> windows(rows * sampler_.window_length());
   const auto microbatch = [&](int batch) {
@@ -305,6 +319,7 @@ void CollectTensor(const WholeParameterState& p, std::vector<NamedTensor>* model
 }  // namespace
 
 std::vector<WholeParameterState> Trainer::GatherWholeState() {
+  WaitForWeights();
   const auto& all = parameters_.all();
   std::vector<WholeParameterState> state;
   if (shard_group() == nullptr) {
@@ -404,6 +419,7 @@ StatusOr<nlohmann::json> Trainer::LoadShardedState(const std::string& dir) {
 }
 
 Status Trainer::Load(const std::string& path) {
+  WaitForWeights();
   MOE_ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
   const std::string& dir = peek.dir;
   if (!peek.state.is_object() || !peek.state.contains("model")) {

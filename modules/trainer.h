@@ -22,9 +22,11 @@
 // the owners' parts (GradientSync: ReduceScatterSum, overlapped with backward like the
 // all-reduce), each rank clips by the global norm (its part's squares summed over the data and
 // pipeline groups, adamw.h) and updates its part, and the new values are all-gathered
-// (GatherUpdatedWeights, before the next step's compute). State per parameter on a rank: CUDA
-// bf16 value 2 + f32 gradient 4 + (master, moments) 12 / D; CPU f32 value (= master) 4 +
-// gradient 4 + moments 8 / D (plain data parallel: 18 and 16). Against plain data parallel the
+// (WeightGather: started at the end of the step, overlapped with the next step's forward, which
+// waits layer by layer for the buckets it reads; evaluation, checkpoints, Load, parameters() and
+// the optimizer wait for all). State per parameter on a rank: CUDA bf16 value 2 + f32 gradient 4
+// + (master, moments) 12 / D; CPU f32 value (= master) 4 + gradient 4 + moments 8 / D (plain data
+// parallel: 18 and 16). Against plain data parallel the
 // reduced gradients are bit-identical on the CPU (the same rank-ordered sum, communicator.h); only
 // the norm's summation order differs (f32 rounding), so with clipping inactive the weights are
 // bit-identical too, and with it active they differ by the clip factor's rounding. With one
@@ -76,6 +78,7 @@
 #include "engine/autograd/parameters.h"
 #include "engine/core/status.h"
 #include "engine/distributed/process_groups.h"
+#include "engine/distributed/weight_gather.h"
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
@@ -143,6 +146,7 @@ class Trainer {
                                                    const TrainerOptions& options, Device device,
                                                    const TokenSource* source,
                                                    const ProcessGroups* groups = nullptr);
+  ~Trainer();  // waits for the weights still being gathered
 
   // One optimizer step. `trace`: also record this rank's trace events (StepStats::trace).
   StepStats TrainStep(bool trace = false);
@@ -151,7 +155,11 @@ class Trainer {
 
   int64_t step() const { return step_; }
   // This rank's parameters: all of them, or its stages' without pipeline.
-  const ParameterSet& parameters() const { return parameters_; }
+  // (Waits for the weights still being gathered under the distributed optimizer.)
+  const ParameterSet& parameters() {
+    WaitForWeights();
+    return parameters_;
+  }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
   // A memory plan from the next step: what each layer recomputes, and, with offloading (made with
@@ -193,6 +201,8 @@ class Trainer {
   GptStage StageOf(int stage) const;  // of partition_
   // The data group when the optimizer state is sharded over it, else nullptr.
   Communicator* shard_group() const;
+  // Later compute waits for the weights still being gathered (weight_gather_), if any.
+  void WaitForWeights();
   // Load of a sharded state: bucket by bucket, the whole bucket read into transient buffers.
   StatusOr<nlohmann::json> LoadShardedState(const std::string& dir);
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
@@ -211,6 +221,9 @@ class Trainer {
   AdamW optimizer_;
   BatchSampler sampler_;
   std::unique_ptr<OffloadManager> offload_;
+  // Under the distributed optimizer: the all-gather of each step's new weights, started at the
+  // end of the step, waited for by the next forward layer by layer (or by WaitForWeights).
+  std::unique_ptr<WeightGather> weight_gather_;
   std::unique_ptr<StepTimeline> timeline_;
   int64_t step_ = 0;
 };
