@@ -40,6 +40,12 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>&
   for (auto& thread : pool) thread.join();
 }
 
+// Elements [offset, offset + |shape|) of the 1-D `buffer`, viewed as `shape`: a parameter's
+// place in a bucket buffer.
+Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
+  return buffer.Rows(offset, offset + moe::NumElements(shape)).View(shape);
+}
+
 }  // namespace
 
 ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state)
@@ -158,13 +164,13 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
       Parameter& p = *parameters_[i];
       const int64_t offset = b.layout.offsets[i - b.layout.begin];
       const int64_t numel = moe::NumElements(spec.shape);
-      p.value = b.value.Rows(offset, offset + numel).View(spec.shape);
+      p.value = ParameterView(b.value, offset, spec.shape);
       p.value.set_is_parameter(true);
-      p.grad = b.grad.Rows(offset, offset + numel).View(spec.shape);
+      p.grad = ParameterView(b.grad, offset, spec.shape);
       if (shards == 1) {
-        p.master = b.master.Rows(offset, offset + numel).View(spec.shape);
-        p.exp_avg = b.exp_avg.Rows(offset, offset + numel).View(spec.shape);
-        p.exp_avg_sq = b.exp_avg_sq.Rows(offset, offset + numel).View(spec.shape);
+        p.master = ParameterView(b.master, offset, spec.shape);
+        p.exp_avg = ParameterView(b.exp_avg, offset, spec.shape);
+        p.exp_avg_sq = ParameterView(b.exp_avg_sq, offset, spec.shape);
       } else if (value_is_master) {
         p.master = p.value;
       }
@@ -198,11 +204,9 @@ WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
   for (size_t i = bucket.layout.begin; i < bucket.layout.end; ++i) {
     const int64_t offset = bucket.layout.offsets[i - bucket.layout.begin];
     const Shape& shape = specs_[i].shape;
-    const auto view = [&](const Tensor& t) {
-      return t.Rows(offset, offset + moe::NumElements(shape)).View(shape);
-    };
-    whole.parameters.push_back(
-        {specs_[i].name, view(whole.master), view(whole.exp_avg), view(whole.exp_avg_sq)});
+    whole.parameters.push_back({specs_[i].name, ParameterView(whole.master, offset, shape),
+                                ParameterView(whole.exp_avg, offset, shape),
+                                ParameterView(whole.exp_avg_sq, offset, shape)});
   }
   return whole;
 }
