@@ -187,7 +187,7 @@ StepStats Trainer::TrainStep(bool trace) {
   timeline_->SetPhase(StepPhase::kOptimizer);
   {
     const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
-    if (weight_gather_) weight_gather_->WaitAll();  // the update writes the owned values
+    WaitForWeights();  // the update writes the owned values
     stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_, shard_group()).grad_norm;
     parameters_.ZeroGrads();
   }
