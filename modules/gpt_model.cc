@@ -45,7 +45,10 @@ std::vector<ParameterSpec> GptModel::StageParameterSpecs(const GptConfig& config
 }
 
 ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
-                                float loss_grad) {
+                                float loss_grad, const WeightsNeeded& weights_needed) {
+  const auto needed = [&](const std::string& prefix) {
+    if (weights_needed) weights_needed(prefix);
+  };
   const int64_t tokens = input.dim(0);
   const Device device = input.device();
   ForwardResult result;
@@ -55,16 +58,22 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
   Tensor x = input;
   if (stage_.first) {
     const TraceSpan span(device, "embedding forward");
+    needed("embedding.");
     x = Tensor::Empty({tokens, config_.hidden_size}, embedding_->value.dtype(), device);
     ops::EmbeddingForward(input, embedding_->value, x);
     saved.Save("ids", input);
   }
-  for (auto& layer : layers_) x = layer->Forward(saved, x, result.aux_loss);
+  for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
+    needed(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
+    x = layers_[i]->Forward(saved, x, result.aux_loss);
+  }
   if (!stage_.last) {
     result.output = x;
     return result;
   }
   const TraceSpan span(device, "head and loss forward");
+  needed("final_norm.");
+  needed("lm_head.");
   result.loss_sum = head_->Forward(saved, final_norm_->Forward(saved, x), targets, loss_grad);
   return result;
 }

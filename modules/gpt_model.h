@@ -32,6 +32,7 @@
 namespace moe {
 
 using GradsFinal = std::function<void(const std::string& name_prefix)>;
+using WeightsNeeded = std::function<void(const std::string& name_prefix)>;
 
 struct GptStage {
   int64_t layer_begin = 0;
@@ -59,8 +60,11 @@ class GptModel {
 
   // targets and loss_grad are read on the last stage only; loss_grad scales d(loss_sum) (1 /
   // tokens in the global batch) in a training forward (saved.training()), unused otherwise.
+  // weights_needed, if set, is called with a parameter-name prefix before the weights under it
+  // are first read: "embedding.", each "layers.N." from the first layer up, "final_norm.",
+  // "lm_head.".
   ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
-                        float loss_grad);
+                        float loss_grad, const WeightsNeeded& weights_needed = {});
   // aux_grad scales the aux losses (1 / micro-batches in the global batch). grads_final, if set
   // (on a step's last backward of this stage), is called with a parameter-name prefix as soon as
   // the gradients under it are complete: "lm_head." (complete since the step's last forward of

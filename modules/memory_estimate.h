@@ -5,7 +5,8 @@
 // What it counts, for the busiest pipeline rank (one replica; data parallelism does not change
 // a rank's memory):
 // - State: per parameter StateBytesPerParameter: f32 master + f32 gradient + two f32 AdamW
-//   moments (16 bytes); on CUDA also the bf16 copy compute reads (18). The rank's parameters are
+//   moments (16 bytes); on CUDA also the bf16 copy compute reads (18); under the distributed
+//   optimizer the master (CUDA) and moments count 1 / state_shards. The rank's parameters are
 //   those of its layers plus the embedding (first stage) and the head and final norm (last
 //   stage); with one stage, all of them (GptConfig::total_parameters, recomputed in doubles).
 // - Activations: the tensors forward saves for backward, per layer per micro-batch
@@ -54,6 +55,9 @@ struct MemoryEstimateOptions {
   int64_t first_stage_layers = -1;  // -1: even split
   int64_t last_stage_layers = -1;
   bool cuda = false;
+  // The distributed optimizer: master weights and AdamW moments sharded over this many data
+  // ranks (1: every rank holds them whole).
+  int64_t state_shards = 1;
 };
 
 struct MemoryEstimate {
@@ -64,8 +68,11 @@ struct MemoryEstimate {
   double total_bytes = 0;       // the sum of the three
 };
 
-// Bytes of weights, gradient and optimizer state per parameter.
-double StateBytesPerParameter(bool cuda);
+// Bytes of weights, gradient and optimizer state per parameter on a rank whose master weights and
+// moments are one of `state_shards` shards (the rest is whole on every rank): CUDA 6 + 12 / shards
+// (bf16 value, f32 gradient; f32 master and two moments), CPU 8 + 8 / shards (the f32 value is
+// the master). One shard: 18 and 16. Bucket padding aside.
+double StateBytesPerParameter(bool cuda, int64_t state_shards);
 // Parameters of one transformer layer (dense or MoE).
 double LayerParameters(const GptConfig& model, bool moe_layer);
 // One device tensor that forward saves for backward: its bytes and the offload group that holds

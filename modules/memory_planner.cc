@@ -115,7 +115,7 @@ class RankModel {
       }
       chunks_.push_back(c);
     }
-    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda);
+    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards);
   }
 
   const std::vector<int>& layers() const { return layers_; }

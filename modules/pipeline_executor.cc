@@ -47,8 +47,8 @@ class StepRun {
     const Tensor input = chunk.stage().first ? data.ids : Take(received_activations_, {m, c});
     SavedTensors forward_only(/*training=*/false);
     SavedTensors& saved = options_.training ? *saved_.at({m, c}) : forward_only;
-    const ForwardResult result =
-        chunks_[c]->Forward(saved, input, data.targets, options_.loss_grad);
+    const ForwardResult result = chunks_[c]->Forward(saved, input, data.targets, options_.loss_grad,
+                                                     options_.weights_needed);
     if (chunk.stage().last) {
       ops::Axpy(1.0f, result.loss_sum, totals_.loss_sum);
     } else {

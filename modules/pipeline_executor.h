@@ -41,8 +41,9 @@ struct PipelineStepOptions {
   float loss_grad = 0;                // GptModel::Forward's scale (training only)
   float aux_grad = 0;                 // GptModel::Backward's (training only)
   OffloadManager* offload = nullptr;  // training only; nullptr: no offloading
-  GradsFinal grads_final;  // training only: passed to each chunk's last backward of the step
-  Shape activation_shape;  // (tokens, hidden) of the tensors crossing stages
+  GradsFinal grads_final;        // training only: passed to each chunk's last backward of the step
+  WeightsNeeded weights_needed;  // passed to every forward
+  Shape activation_shape;        // (tokens, hidden) of the tensors crossing stages
   DType activation_dtype = DType::kF32;
 };
 

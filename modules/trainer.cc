@@ -10,6 +10,8 @@
 #include "engine/core/byte_units.h"
 #include "engine/distributed/gradient_sync.h"
 #include "engine/distributed/host_collectives.h"
+#include "engine/distributed/state_gather.h"
+#include "engine/distributed/weight_gather.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
@@ -74,7 +76,8 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       device_(device),
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
-      parameters_(device, device.is_cuda() ? DType::kBF16 : DType::kF32, options.seed),
+      parameters_(ParameterSet::Deferred(device, device.is_cuda() ? DType::kBF16 : DType::kF32,
+                                         options.seed)),
       partition_(partition),
       train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),
@@ -86,6 +89,13 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
     const int stage = StageIndex(rank, chunk, partition.pipeline_size());
     chunks_.push_back(std::make_unique<GptModel>(config_, parameters_, StageOf(stage)));
     chunk_parameters_.push_back(parameters_.all().size());
+  }
+  const bool sharded = options_.use_distributed_optimizer && GroupSize(data_) > 1;
+  parameters_.AllocateBuckets(sharded ? GroupSize(data_) : 1, sharded ? GroupRank(data_) : 0,
+                              options_.bucket_bytes);
+  if (sharded) {
+    weight_gather_ = std::make_unique<WeightGather>(*data_, parameters_,
+                                                    DeviceContext::Get(device_).compute_stream());
   }
   if (options_.offload)
     offload_ = std::make_unique<OffloadManager>(device_, *options_.offload, rank);
@@ -121,6 +131,14 @@ GptStage Trainer::StageOf(int stage) const {
                   partition_.is_last_stage(stage)};
 }
 
+Communicator* Trainer::shard_group() const { return parameters_.shards() > 1 ? data_ : nullptr; }
+
+void Trainer::WaitForWeights() {
+  if (weight_gather_) weight_gather_->WaitAll();
+}
+
+Trainer::~Trainer() { WaitForWeights(); }
+
 bool Trainer::whole_model() const {
   return chunks_.size() == 1 && chunks_[0]->stage().first && chunks_[0]->stage().last;
 }
@@ -152,6 +170,9 @@ StepStats Trainer::TrainStep(bool trace) {
     gradient_sync.emplace(*data_, parameters_, context.compute_stream());
     step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
   }
+  if (weight_gather_) {  // the last step's weights arrive as the forward needs them
+    step.weights_needed = [&](const std::string& prefix) { weight_gather_->WaitFor(prefix); };
+  }
   const PipelineStepTotals totals =
       RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
   sampler_.SkipTrainSamples(options_.global_batch_size);
@@ -166,7 +187,8 @@ StepStats Trainer::TrainStep(bool trace) {
   timeline_->SetPhase(StepPhase::kOptimizer);
   {
     const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
-    stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_).grad_norm;
+    WaitForWeights();  // the update writes the owned values
+    stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_, shard_group()).grad_norm;
     parameters_.ZeroGrads();
   }
   timeline_->SetPhase(StepPhase::kOther);
@@ -201,6 +223,8 @@ StepStats Trainer::TrainStep(bool trace) {
     stats.peak_device_mib.push_back(static_cast<double>(peak) / kMiB);
   }
   stats.tokens = tokens;
+  // After the statistics' collectives, so the gathers overlap the next step's forward, not them.
+  if (weight_gather_) weight_gather_->Start();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++step_;
   return stats;
@@ -256,6 +280,7 @@ void Trainer::SetMemoryPlan(const MemoryPlan& plan) {
 }
 
 double Trainer::Evaluate() {
+  WaitForWeights();
   const int64_t rows = options_.micro_batch_size;
   std::vector<int32_t> windows(rows * sampler_.window_length());
   const auto microbatch = [&](int batch) {
@@ -284,29 +309,46 @@ nlohmann::json Trainer::ModelConfig() const {
 
 namespace {
 
-void CollectTensor(const Parameter& p, std::vector<NamedTensor>* model,
+void CollectTensor(const WholeParameterState& p, std::vector<NamedTensor>* model,
                    std::vector<NamedTensor>* optimizer) {
   model->push_back({p.name, p.master});
   optimizer->push_back({p.name + ".exp_avg", p.exp_avg});
   optimizer->push_back({p.name + ".exp_avg_sq", p.exp_avg_sq});
 }
 
-void CollectTensors(const ParameterSet& parameters, std::vector<NamedTensor>* model,
-                    std::vector<NamedTensor>* optimizer) {
-  for (const auto& p : parameters.all()) CollectTensor(*p, model, optimizer);
-}
-
 }  // namespace
 
+std::vector<WholeParameterState> Trainer::GatherWholeState() {
+  WaitForWeights();
+  const auto& all = parameters_.all();
+  std::vector<WholeParameterState> state;
+  if (shard_group() == nullptr) {
+    if (GroupRank(data_) != 0) return state;  // a replica of data rank 0's state
+    for (const auto& p : all) state.push_back({p->name, p->master, p->exp_avg, p->exp_avg_sq});
+    return state;
+  }
+  state.resize(all.size());
+  for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
+    WholeBucketState whole = GatherBucketState(*data_, parameters_, b, /*root=*/0);
+    const size_t begin = parameters_.buckets()[b].layout.begin;
+    for (size_t i = 0; i < whole.parameters.size(); ++i) {
+      state[begin + i] = std::move(whole.parameters[i]);
+    }
+  }
+  if (GroupRank(data_) != 0) state.clear();
+  return state;
+}
+
 Status Trainer::Save(const std::string& root, const nlohmann::json& description) {
-  if (GroupRank(data_) != 0) return Status::Ok();  // a replica of data rank 0's state
+  const std::vector<WholeParameterState> own = GatherWholeState();
+  if (GroupRank(data_) != 0) return Status::Ok();
   const int rank = GroupRank(pipeline_);
   const int pipeline_size = GroupSize(pipeline_);
   Stream& compute = DeviceContext::Get(device_).compute_stream();
   if (rank != 0) {  // send this rank's state to pipeline rank 0, in parameters_ order
     EnqueueBetween(*pipeline_, compute, [&] {
-      for (const auto& p : parameters_.all()) {
-        for (const Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) pipeline_->Send(*t, 0);
+      for (const WholeParameterState& p : own) {
+        for (const Tensor* t : {&p.master, &p.exp_avg, &p.exp_avg_sq}) pipeline_->Send(*t, 0);
       }
     });
     return Status::Ok();
@@ -316,34 +358,36 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   // others' (their specs from the model, in the order the peer sends them; allocated on compute
   // before the transfers are enqueued).
   const int chunks = static_cast<int>(chunks_.size());
-  std::vector<std::vector<const Parameter*>> stages(static_cast<size_t>(pipeline_size * chunks));
-  std::vector<std::unique_ptr<Parameter>> received;  // in issue order
+  std::vector<std::vector<const WholeParameterState*>> stages(
+      static_cast<size_t>(pipeline_size * chunks));
+  std::vector<WholeParameterState> received;  // in issue order
   std::vector<int> received_peer;
   for (int chunk = 0; chunk < chunks; ++chunk) {
     for (size_t i = chunk_parameters_[chunk]; i < chunk_parameters_[chunk + 1]; ++i) {
-      stages[StageIndex(0, chunk, pipeline_size)].push_back(parameters_.all()[i].get());
+      stages[StageIndex(0, chunk, pipeline_size)].push_back(&own[i]);
     }
   }
+  std::vector<int> received_stage;
   for (int peer = 1; peer < pipeline_size; ++peer) {
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int stage = StageIndex(peer, chunk, pipeline_size);
       for (const ParameterSpec& spec : GptModel::StageParameterSpecs(config_, StageOf(stage))) {
-        auto p = std::make_unique<Parameter>();
-        p->name = spec.name;
-        for (Tensor* t : {&p->master, &p->exp_avg, &p->exp_avg_sq}) {
+        WholeParameterState p{spec.name};
+        for (Tensor* t : {&p.master, &p.exp_avg, &p.exp_avg_sq}) {
           *t = Tensor::Empty(spec.shape, DType::kF32, device_);
         }
-        stages[stage].push_back(p.get());
         received.push_back(std::move(p));
         received_peer.push_back(peer);
+        received_stage.push_back(stage);
       }
     }
   }
+  for (size_t s = 0; s < received.size(); ++s) stages[received_stage[s]].push_back(&received[s]);
   if (!received.empty()) {
     EnqueueBetween(*pipeline_, compute, [&] {
       for (size_t s = 0; s < received.size(); ++s) {
         for (const Tensor* t :
-             {&received[s]->master, &received[s]->exp_avg, &received[s]->exp_avg_sq}) {
+             {&received[s].master, &received[s].exp_avg, &received[s].exp_avg_sq}) {
           pipeline_->Recv(*t, received_peer[s]);
         }
       }
@@ -351,7 +395,7 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   }
   std::vector<NamedTensor> model, optimizer;
   for (const auto& stage : stages) {
-    for (const Parameter* p : stage) CollectTensor(*p, &model, &optimizer);
+    for (const WholeParameterState* p : stage) CollectTensor(*p, &model, &optimizer);
   }
   const nlohmann::json state = {{"step", step_},
                                 {"optimizer_step", optimizer_.step()},
@@ -362,7 +406,20 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   return SaveCheckpoint(root, step_, model, optimizer, state, /*overwrite=*/true);
 }
 
+StatusOr<nlohmann::json> Trainer::LoadShardedState(const std::string& dir) {
+  nlohmann::json state;
+  for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
+    const WholeBucketState whole = parameters_.NewWholeBucketState(b);
+    std::vector<NamedTensor> model, optimizer;
+    for (const WholeParameterState& p : whole.parameters) CollectTensor(p, &model, &optimizer);
+    MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/true));
+    parameters_.AssignBucketState(b, whole);
+  }
+  return state;
+}
+
 Status Trainer::Load(const std::string& path) {
+  WaitForWeights();
   MOE_ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
   const std::string& dir = peek.dir;
   if (!peek.state.is_object() || !peek.state.contains("model")) {
@@ -372,17 +429,24 @@ Status Trainer::Load(const std::string& path) {
   if (!differences.empty()) {
     return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
   }
-  // The checkpoint holds the whole model; this rank loads its stages' parameters by name.
-  std::vector<NamedTensor> model, optimizer;
-  CollectTensors(parameters_, &model, &optimizer);
-  MOE_ASSIGN_OR_RETURN(const nlohmann::json state,
-                       LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
+  // The checkpoint holds the whole model; this rank loads its stages' parameters by name (and
+  // under the distributed optimizer keeps its shard of their state).
+  nlohmann::json state;
+  if (shard_group() != nullptr) {
+    MOE_ASSIGN_OR_RETURN(state, LoadShardedState(dir));
+  } else {
+    std::vector<NamedTensor> model, optimizer;
+    for (const auto& p : parameters_.all()) {
+      CollectTensor({p->name, p->master, p->exp_avg, p->exp_avg_sq}, &model, &optimizer);
+    }
+    MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
+    parameters_.SyncValuesFromMasters();
+  }
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
       return DataLoss("--load " + dir + ": state.json has no integer \"" + key + "\"");
     }
   }
-  parameters_.SyncValuesFromMasters();
   step_ = state.at("step").get<int64_t>();
   optimizer_.set_step(state.at("optimizer_step").get<int64_t>());
   return sampler_.RestoreConsumedTrainSamples(state.at("consumed_train_samples").get<int64_t>());

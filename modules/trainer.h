@@ -10,9 +10,27 @@
 // A step covers global_batch_size sequences, samples [consumed, consumed + global_batch_size) of
 // the sampler, which every rank advances alike. Data-parallel rank d of D reads the d-th of D
 // equal contiguous slices, as global_batch_size / (micro_batch_size x D) micro-batches. Forward
-// and backward accumulate gradients in f32, scaled for the mean over the global batch; the data
-// group sums them (AllReduceSum, one per parameter), then AdamW clips by the global gradient norm
-// (summed over the pipeline group) and steps, so replicas stay identical. The loss is the mean
+// and backward accumulate gradients in f32, scaled for the mean over the global batch, into flat
+// bucket buffers (ParameterSet::AllocateBuckets, TrainerOptions::bucket_bytes); the data group
+// sums them bucket by bucket as backward finishes each (GradientSync: AllReduceSum), then AdamW
+// clips by the global gradient norm (summed over the pipeline group) and steps, so replicas stay
+// identical.
+//
+// The distributed optimizer (TrainerOptions::use_distributed_optimizer, Megatron-LM's
+// --use-distributed-optimizer) shards the f32 master weights and AdamW moments over the data
+// group: data rank r of D owns the r-th 1/D of every bucket. Gradients are reduce-scattered into
+// the owners' parts (GradientSync: ReduceScatterSum, overlapped with backward like the
+// all-reduce), each rank clips by the global norm (its part's squares summed over the data and
+// pipeline groups, adamw.h) and updates its part, and the new values are all-gathered
+// (WeightGather: started at the end of the step, overlapped with the next step's forward, which
+// waits layer by layer for the buckets it reads; evaluation, checkpoints, Load, parameters() and
+// the optimizer wait for all). State per parameter on a rank: CUDA bf16 value 2 + f32 gradient 4
+// + (master, moments) 12 / D; CPU f32 value (= master) 4 + gradient 4 + moments 8 / D (plain data
+// parallel: 18 and 16). Against plain data parallel the
+// reduced gradients are bit-identical on the CPU (the same rank-ordered sum, communicator.h); only
+// the norm's summation order differs (f32 rounding), so with clipping inactive the weights are
+// bit-identical too, and with it active they differ by the clip factor's rounding. With one
+// replica the state has one shard and the run is plain. The loss is the mean
 // cross-entropy over every target of the global batch; each MoE layer's coefficient-weighted aux
 // loss is averaged over the micro-batches; both are summed over every rank, so every rank
 // reports the global values. Evaluation runs forward-only passes (nothing saved) over a fixed
@@ -36,16 +54,19 @@
 // for bit. Reference dumps need the whole model on this rank (no pipeline).
 //
 // Checkpoints under pipeline and data parallelism keep that full-model format, so a checkpoint
-// saved with any layout loads into any other (of the same model shape). Save is collective over
-// every rank of the trainer: data-parallel rank 0 of each stage holds the state (replicas are
-// identical; the others return at once), pipeline ranks 1.. send their parameters' master
+// saved with any layout (distributed optimizer or not) loads into any other (of the same model
+// shape). Save is collective over every rank of the trainer: data-parallel rank 0 of each stage
+// holds the state (replicas are identical; the others return at once; under the distributed
+// optimizer it first gathers every bucket's shards, GatherBucketState, holding the stage's whole
+// state transiently), pipeline ranks 1.. send their parameters' master
 // weights and AdamW moments to pipeline rank 0 (Send/Recv on the pipeline group, stream-ordered),
 // and pipeline rank 0 (world rank 0) writes one checkpoint with the stages' tensors in model
 // order, as one process would. Rank 0 receives into buffers it allocates for the save from the
 // peers' stage parameter specs (GptModel::StageParameterSpecs) and frees afterwards (the whole
-// model's state, transiently). Load is per rank: every
-// rank reads the shared checkpoint itself and loads only its own parameters by name
-// (LoadCheckpoint's subset mode), plus step and data position, which are the same everywhere.
+// model's state, transiently). Load is per rank: every rank reads the shared checkpoint itself
+// and loads only its own parameters by name (LoadCheckpoint's subset mode), plus step and data
+// position, which are the same everywhere; under the distributed optimizer bucket by bucket into
+// transient whole buffers, keeping its part of the state and every value.
 #pragma once
 
 #include <memory>
@@ -57,6 +78,7 @@
 #include "engine/autograd/parameters.h"
 #include "engine/core/status.h"
 #include "engine/distributed/process_groups.h"
+#include "engine/distributed/weight_gather.h"
 #include "engine/io/dataset.h"
 #include "engine/offload/offload_manager.h"
 #include "engine/optim/adamw.h"
@@ -84,6 +106,12 @@ struct TrainerOptions {
   int first_stage_layers = PartitionOptions::kEvenSplit;  // layer partition overrides
   int last_stage_layers = PartitionOptions::kEvenSplit;
   std::optional<OffloadOptions> offload;  // fine-grained activation offloading (off if unset)
+  // Gradient buckets (parameter_buckets.h): f32 gradient bytes that close a bucket (Megatron-LM's
+  // 40M elements).
+  int64_t bucket_bytes = int64_t{40'000'000} * 4;
+  // The distributed optimizer: master weights and AdamW moments sharded over the data group (see
+  // the top). With one replica the one shard is the whole state: the same as without.
+  bool use_distributed_optimizer = false;
 };
 
 struct StepStats {
@@ -118,6 +146,7 @@ class Trainer {
                                                    const TrainerOptions& options, Device device,
                                                    const TokenSource* source,
                                                    const ProcessGroups* groups = nullptr);
+  ~Trainer();  // waits for the weights still being gathered
 
   // One optimizer step. `trace`: also record this rank's trace events (StepStats::trace).
   StepStats TrainStep(bool trace = false);
@@ -126,7 +155,11 @@ class Trainer {
 
   int64_t step() const { return step_; }
   // This rank's parameters: all of them, or its stages' without pipeline.
-  const ParameterSet& parameters() const { return parameters_; }
+  // (Waits for the weights still being gathered under the distributed optimizer.)
+  const ParameterSet& parameters() {
+    WaitForWeights();
+    return parameters_;
+  }
   // nullptr unless TrainerOptions::offload is set.
   const OffloadManager* offload_manager() const { return offload_.get(); }
   // A memory plan from the next step: what each layer recomputes, and, with offloading (made with
@@ -136,6 +169,11 @@ class Trainer {
   // Collective over the pipeline group, after the first step with offloading: every pipeline
   // rank's OffloadManager::summary(), by rank (for OffloadManager::SummaryTable).
   std::vector<std::vector<OffloadGroupSummary>> OffloadPolicyByPipelineRank() const;
+
+  // Collective over the data group: this rank's parameters' whole optimizer state (f32 master
+  // weights and AdamW moments, parameter shapes) in creation order, on data rank 0 (under the
+  // distributed optimizer gathered from the shards, GatherBucketState); {} on the others.
+  std::vector<WholeParameterState> GatherWholeState();
 
   // Writes root/step_<step>; `description` is stored in state.json under "run". Collective:
   // every rank calls it; the returned status is the write's on world rank 0 (pipeline and data
@@ -159,8 +197,14 @@ class Trainer {
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
   Microbatch Upload(const std::vector<int32_t>& windows, int64_t rows) const;
   PipelineStepOptions StepOptions(bool training) const;
-  bool whole_model() const;            // one chunk, first and last stage
-  GptStage StageOf(int stage) const;   // of partition_
+  bool whole_model() const;           // one chunk, first and last stage
+  GptStage StageOf(int stage) const;  // of partition_
+  // The data group when the optimizer state is sharded over it, else nullptr.
+  Communicator* shard_group() const;
+  // Later compute waits for the weights still being gathered (weight_gather_), if any.
+  void WaitForWeights();
+  // Load of a sharded state: bucket by bucket, the whole bucket read into transient buffers.
+  StatusOr<nlohmann::json> LoadShardedState(const std::string& dir);
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;
@@ -177,6 +221,9 @@ class Trainer {
   AdamW optimizer_;
   BatchSampler sampler_;
   std::unique_ptr<OffloadManager> offload_;
+  // Under the distributed optimizer: the all-gather of each step's new weights, started at the
+  // end of the step, waited for by the next forward layer by layer (or by WaitForWeights).
+  std::unique_ptr<WeightGather> weight_gather_;
   std::unique_ptr<StepTimeline> timeline_;
   int64_t step_ = 0;
 };

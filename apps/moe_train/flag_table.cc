@@ -86,6 +86,7 @@ const std::vector<FlagRow>& FlagTable() {
       Range("virtual_pipeline", "parallelism", 1, 1024),
       Range("first_stage_layers", "parallelism", -1, k2e20, "-1: even split"),
       Range("last_stage_layers", "parallelism", -1, k2e20, "-1: even split"),
+      Text("use_distributed_optimizer", "parallelism"),
       Text("data_format", "data"),
       Text("data_path", "data"),
       Range("eval_interval", "eval, checkpoints", 0, k2e40, "0: only at the end"),

@@ -40,6 +40,7 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
   options.first_stage_layers = run.trainer.first_stage_layers;
   options.last_stage_layers = run.trainer.last_stage_layers;
   options.cuda = run.device.is_cuda();
+  options.state_shards = run.trainer.use_distributed_optimizer ? run.data_parallel : 1;
   return options;
 }
 

@@ -42,6 +42,9 @@ DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
 DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage (-1: even split)");
 DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage (-1: even split)");
+DEFINE_bool(use_distributed_optimizer, false,
+            "shard the f32 master weights and AdamW moments over the data-parallel ranks "
+            "(reduce-scatter gradients, all-gather weights; Megatron-LM's option)");
 // Data.
 DEFINE_string(data_format, "synthetic", "synthetic | megatron | flat_u16 | flat_u32");
 DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the token file");
@@ -220,6 +223,12 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.virtual_pipeline = static_cast<int>(FLAGS_virtual_pipeline);
   t.first_stage_layers = static_cast<int>(FLAGS_first_stage_layers);
   t.last_stage_layers = static_cast<int>(FLAGS_last_stage_layers);
+  t.use_distributed_optimizer = FLAGS_use_distributed_optimizer;
+  if (t.use_distributed_optimizer && run.data_parallel == 1) {
+    run.notes.push_back(
+        "optimizer: --use_distributed_optimizer with one data-parallel rank: its one shard is the "
+        "whole state (as without the flag)");
+  }
 
   static const std::set<std::string> kFormats = {"synthetic", "megatron", "flat_u16", "flat_u32"};
   if (!kFormats.count(FLAGS_data_format)) {

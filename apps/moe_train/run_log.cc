@@ -8,6 +8,7 @@
 #include "apps/moe_train/throughput.h"
 #include "engine/core/byte_units.h"
 #include "engine/pipeline/schedule.h"
+#include "modules/memory_estimate.h"
 
 namespace moe {
 namespace {
@@ -22,10 +23,9 @@ std::string Millions(int64_t n) {
   return buffer;
 }
 
-// Weights + grads + AdamW state (f32 master, grad, two moments, plus the bf16 copy on CUDA).
-double StateBytes(const RunConfig& run) {
-  const double per_parameter = run.device.is_cuda() ? 18.0 : 16.0;
-  return per_parameter * static_cast<double>(run.model.total_parameters());
+// The optimizer state's shards (the distributed optimizer: the data-parallel ranks).
+int64_t StateShards(const RunConfig& run) {
+  return run.trainer.use_distributed_optimizer ? run.data_parallel : 1;
 }
 
 }  // namespace
@@ -47,9 +47,20 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
       (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
       m.moe_grouped_mlp == GroupedMlpKind::kFused ? "fused" : "unfused",
       (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
-  printf("parameters: %s total, %s active per token; weights+grads+optimizer %.1f MiB\n",
-         Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
-         StateBytes(run_) / kMiB);
+  // Weights, gradients and AdamW state per parameter on each rank (memory_estimate.h), and what
+  // that makes for the whole model (a pipeline rank holds its stages' share).
+  const int64_t shards = StateShards(run_);
+  const double per_parameter = StateBytesPerParameter(run_.device.is_cuda(), shards);
+  const std::string sharded = shards > 1 ? " (master weights and moments sharded over " +
+                                               std::to_string(shards) + " data ranks)"
+                                         : "";
+  printf(
+      "parameters: %s total, %s active per token; weights+grads+optimizer %.3g bytes/parameter "
+      "on each rank%s: %.1f MiB per rank for the whole model%s\n",
+      Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
+      per_parameter, sharded.c_str(),
+      per_parameter * static_cast<double>(m.total_parameters()) / kMiB,
+      run_.pipeline_parallel > 1 ? " (a pipeline rank: its stages' share)" : "");
   printf("data: %s\n", data.Describe().c_str());
   if (auto floor = data.CrossEntropyFloor(m.seq_length)) {
     printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);

@@ -14,12 +14,24 @@
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
 // nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
 // Without optimizer state (benchmarks, evaluation) only value and grad exist.
+//
+// Storage. A plain set allocates each parameter's tensors in Create. A deferred set (the
+// trainer's) only records them in Create; AllocateBuckets then lays the parameters out in
+// buckets (parameter_buckets.h): per bucket one value buffer and one f32 gradient buffer of which
+// the parameters' value and grad are views, and the optimizer state of the part of the bucket
+// this rank owns: master, exp_avg, exp_avg_sq of shard_numel elements (on the CPU the master is
+// the owned rows of the value buffer, as value is master). With one shard a rank owns every
+// bucket whole and each parameter's master and moments are views of the bucket's. Sharded over
+// `shards` ranks (the distributed optimizer), a rank holds the state of its 1/shards of every
+// bucket only: Parameter::exp_avg and exp_avg_sq are undefined, and so is master on CUDA (on
+// the CPU master stays value); OwnedSlices lists what the rank updates.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/autograd/parameter_buckets.h"
 #include "engine/core/tensor.h"
 
 namespace moe {
@@ -53,6 +65,39 @@ struct ParameterSpec {
   bool weight_decay = true;  // false for norms
 };
 
+// A bucket of a deferred set after AllocateBuckets (see the top).
+struct ParameterBucket {
+  BucketLayout layout;
+  int shard = 0;  // this rank's part of the buffers
+  Tensor value;   // (numel) compute dtype: the parameters' values are views of it
+  Tensor grad;    // (numel) f32: the parameters' gradients are views of it; padding 0
+  Tensor master, exp_avg, exp_avg_sq;  // (shard_numel) f32: the owned elements' state
+
+  int64_t owned_begin() const { return layout.shard_begin(shard); }
+  int64_t owned_end() const { return owned_begin() + layout.shard_numel(); }
+};
+
+// What this rank's optimizer updates of one parameter: all of it, or under a sharded state the
+// elements inside its bucket's owned part. Every tensor is a 1-D view of the same elements.
+struct OwnedSlice {
+  Parameter* parameter = nullptr;
+  Tensor master, grad, exp_avg, exp_avg_sq;
+  Tensor value;  // the compute copy of the same elements (on the CPU the master itself)
+};
+
+// A parameter's optimizer state whole, as one process holds it (checkpoints): f32, its shape.
+struct WholeParameterState {
+  std::string name;
+  Tensor master, exp_avg, exp_avg_sq;
+};
+
+// One bucket's state whole: (numel) f32 buffers laid out as the bucket's, padding included, and
+// its parameters' views of them in creation order.
+struct WholeBucketState {
+  Tensor master, exp_avg, exp_avg_sq;
+  std::vector<WholeParameterState> parameters;
+};
+
 class ParameterSet {
  public:
   // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
@@ -60,6 +105,8 @@ class ParameterSet {
   // A set that only records what is created: its parameters have a name and no tensors (to
   // list a model's parameter specs without memory; modules must not read tensors while built).
   static ParameterSet SpecsOnly();
+  // A set with optimizer state whose tensors exist from AllocateBuckets on (see the top).
+  static ParameterSet Deferred(Device device, DType compute_dtype, uint64_t seed);
 
   Parameter& Create(const ParameterSpec& spec);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
@@ -69,8 +116,24 @@ class ParameterSet {
 
   // grad = 0 for every parameter (lazily: marks grad_pending_zero).
   void ZeroGrads();
-  // value = master (after loading master weights from a checkpoint).
+  // value = master (after loading master weights from a checkpoint). Not under a sharded state.
   void SyncValuesFromMasters();
+
+  // Deferred sets, once every parameter is created: allocates and initialises the buckets of
+  // PlanBuckets(numels, shards, bucket_bytes), this rank owning part `shard` of each.
+  void AllocateBuckets(int shards, int shard, int64_t bucket_bytes);
+  // In backward order; empty for a plain set.
+  const std::vector<ParameterBucket>& buckets() const { return buckets_; }
+  // The ranks the optimizer state is sharded over (1: this rank holds all of it).
+  int shards() const { return buckets_.empty() ? 1 : buckets_.front().layout.shards; }
+  // Bucket b's whole state: new zeroed buffers (e.g. to load a checkpoint or gather shards into).
+  WholeBucketState NewWholeBucketState(size_t b) const;
+  // Bucket b's state = this rank's part of `whole`, and its values = the whole masters (all of
+  // the bucket, in the compute dtype).
+  void AssignBucketState(size_t b, const WholeBucketState& whole);
+  // What this rank updates: every parameter in creation order, or for a bucketed set bucket by
+  // bucket (backward order), each bucket's parameters in creation order, empty parts left out.
+  std::vector<OwnedSlice> OwnedSlices() const;
 
   Device device() const { return device_; }
   DType compute_dtype() const { return compute_dtype_; }
@@ -80,9 +143,11 @@ class ParameterSet {
   DType compute_dtype_;
   uint64_t seed_;
   bool optimizer_state_;
-  bool allocate_ = true;
+  enum class Storage { kPerParameter, kSpecsOnly, kDeferred };
+  Storage storage_ = Storage::kPerParameter;
   std::vector<std::unique_ptr<Parameter>> parameters_;
   std::vector<ParameterSpec> specs_;
+  std::vector<ParameterBucket> buckets_;
 };
 
 }  // namespace moe

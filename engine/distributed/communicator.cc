@@ -1,5 +1,7 @@
 #include "engine/distributed/communicator.h"
 
+#include <cstdint>
+
 #include <glog/logging.h>
 
 namespace moe {
@@ -24,6 +26,20 @@ void Communicator::Broadcast(const Tensor& tensor, int root) {
   CheckTensor(tensor, "Broadcast");
   CheckPeer(root, "Broadcast");
   DoBroadcast(tensor, root);
+}
+
+void Communicator::ReduceScatterSum(const Tensor& input, const Tensor& output) {
+  CheckNotInGroup("ReduceScatterSum");
+  CheckParts(input, output, "ReduceScatterSum");
+  CHECK(output.dtype() == DType::kF32 || output.dtype() == DType::kBF16)
+      << "ReduceScatterSum takes f32 or bf16, not " << output.DebugString();
+  DoReduceScatterSum(input, output);
+}
+
+void Communicator::AllGather(const Tensor& input, const Tensor& output) {
+  CheckNotInGroup("AllGather");
+  CheckParts(output, input, "AllGather");
+  DoAllGather(input, output);
 }
 
 void Communicator::Send(const Tensor& tensor, int peer) {
@@ -95,6 +111,21 @@ void Communicator::CheckTensor(const Tensor& tensor, const char* operation) cons
 void Communicator::CheckPeer(int peer, const char* operation) const {
   CHECK(peer >= 0 && peer < size_)
       << operation << ": rank " << peer << " is not in a communicator of " << size_ << " ranks";
+}
+
+void Communicator::CheckParts(const Tensor& whole, const Tensor& part,
+                              const char* operation) const {
+  CheckTensor(whole, operation);
+  CheckTensor(part, operation);
+  CHECK(whole.dtype() == part.dtype())
+      << operation << " of " << whole.DebugString() << " and " << part.DebugString();
+  CHECK_EQ(whole.numel(), part.numel() * size_)
+      << operation << ": " << whole.DebugString() << " is not " << size_ << " parts of "
+      << part.DebugString();
+  if (!whole.SharesStorageWith(part)) return;
+  const auto* own_part = static_cast<const uint8_t*>(whole.data()) + part.nbytes() * rank_;
+  CHECK(part.data() == own_part) << operation << " in place: " << part.DebugString()
+                                 << " must be part " << rank_ << " of " << whole.DebugString();
 }
 
 void Communicator::AddTransfer(Transfer transfer) {

@@ -24,6 +24,16 @@
 // timing. CUDA (NCCL): NCCL reduces every element once and copies the result to all ranks, so
 // ranks agree; it is run-to-run deterministic for a fixed world size and NCCL configuration.
 //
+// ReduceScatterSum and AllGather cut a tensor of size x n elements into `size` contiguous parts of
+// n, part r belonging to rank r (the layout of a sharded buffer). ReduceScatterSum: rank r's
+// output = the sum over ranks of their input's part r, f32 or bf16, added in the order
+// AllReduceSum adds (MPI: rank order, ((x0 + x1) + x2) + ..., bf16 accumulated in f32 and rounded
+// once, so an element equals AllReduceSum's bit for bit; NCCL: its reduction, deterministic for a
+// fixed world size and configuration). AllGather: output part r = rank r's input, any dtype, bits
+// moved exactly. Either may run in place: the small tensor is then the big one's part `rank`
+// (ReduceScatterSum: output = input's part rank; AllGather: input = output's part rank), as NCCL
+// defines in-place operation; otherwise the two do not share storage.
+//
 // Failure. A rank that dies makes mpirun end the others. An operation that has not finished
 // `timeout` after it started (CPU: its task began; CUDA: its host call), or an asynchronous NCCL
 // error, ends the process with a message naming the operation, rank and host (comm_watchdog.h).
@@ -61,6 +71,10 @@ class Communicator {
   void AllReduceSum(const Tensor& tensor);
   // tensor = root's tensor on every rank (same shape and dtype everywhere).
   void Broadcast(const Tensor& tensor, int root);
+  // output (n) = the sum over ranks of input (size * n) part rank (see above). f32 or bf16.
+  void ReduceScatterSum(const Tensor& input, const Tensor& output);
+  // output (size * n) part r = rank r's input (n) (see above). Same dtype, any.
+  void AllGather(const Tensor& input, const Tensor& output);
 
   // Point-to-point: send `tensor` to `peer`, or receive into it from `peer`.
   void Send(const Tensor& tensor, int peer);
@@ -89,6 +103,8 @@ class Communicator {
   // or a whole group (never empty).
   virtual void DoAllReduceSum(const Tensor& tensor) = 0;
   virtual void DoBroadcast(const Tensor& tensor, int root) = 0;
+  virtual void DoReduceScatterSum(const Tensor& input, const Tensor& output) = 0;
+  virtual void DoAllGather(const Tensor& input, const Tensor& output) = 0;
   virtual void DoTransfers(std::vector<Transfer> transfers) = 0;
   virtual void DoBarrier() = 0;
   virtual std::unique_ptr<Communicator> DoSplit(int color, int key, Stream& stream) = 0;
@@ -102,6 +118,9 @@ class Communicator {
   void CheckNotInGroup(const char* operation) const;
   void CheckTensor(const Tensor& tensor, const char* operation) const;
   void CheckPeer(int peer, const char* operation) const;
+  // `whole` (size * n elements) and `part` (n) of one dtype, on this device; in place only as
+  // part `rank` of whole.
+  void CheckParts(const Tensor& whole, const Tensor& part, const char* operation) const;
   void AddTransfer(Transfer transfer);
 
   const int rank_;

@@ -92,6 +92,25 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  void DoReduceScatterSum(const Tensor& input, const Tensor& output) override {
+    input.RecordStream(stream());
+    output.RecordStream(stream());
+    Watched(Describe("ReduceScatterSum", input), [&] {
+      MOE_NCCL_CALL(ncclReduceScatter(input.data(), output.data(), output.numel(),
+                                      NcclType(output.dtype()), ncclSum, comm_,
+                                      cuda_stream_.get()));
+    });
+  }
+
+  void DoAllGather(const Tensor& input, const Tensor& output) override {
+    input.RecordStream(stream());
+    output.RecordStream(stream());
+    Watched(Describe("AllGather", output), [&] {
+      MOE_NCCL_CALL(ncclAllGather(input.data(), output.data(), input.nbytes(), ncclUint8, comm_,
+                                  cuda_stream_.get()));
+    });
+  }
+
   void DoTransfers(std::vector<Transfer> transfers) override {
     for (const Transfer& t : transfers) t.tensor.RecordStream(stream());
     // ncclGroupEnd blocks the host while NCCL connects to a new peer: watched from the start.

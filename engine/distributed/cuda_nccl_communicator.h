@@ -1,10 +1,12 @@
 // The CUDA backend's Communicator: NCCL, on a CudaStream (built with CUDA only; this header needs
 // no CUDA headers, so MPI code can make NCCL ids and communicators through it).
 //
-// Operations are enqueued on the comm stream's cudaStream_t: ncclAllReduce (f32 or bf16, sum),
-// ncclBroadcast, and ncclSend/ncclRecv between ncclGroupStart/End for a transfer group. Tensors
-// are recorded on the comm stream (Tensor::RecordStream). Split is ncclCommSplit. Barrier is a
-// one-element all-reduce and a stream synchronize.
+// Operations are enqueued on the comm stream's cudaStream_t: ncclAllReduce and ncclReduceScatter
+// (f32 or bf16, sum), ncclBroadcast and ncclAllGather (as bytes), and ncclSend/ncclRecv between
+// ncclGroupStart/End for a transfer group. In place, ReduceScatterSum and AllGather hand NCCL the
+// pointers of its own in-place convention (communicator.h). Tensors are recorded on the comm
+// stream (Tensor::RecordStream). Split is ncclCommSplit. Barrier is a one-element all-reduce and a
+// stream synchronize.
 //
 // Failure (NCCL's own kernels spin forever when a peer is gone): each communicator has a
 // CommWatchdog that polls ncclCommGetAsyncError and the CUDA event recorded after every operation.

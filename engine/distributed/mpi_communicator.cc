@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "engine/core/bfloat16.h"
 #include "engine/core/mpi_check.h"
@@ -11,6 +12,7 @@ namespace {
 
 constexpr int kTransferTag = 0;
 constexpr int kReduceTag = 1;
+constexpr int kGatherTag = 2;
 // MPI counts are ints: larger messages go in chunks of this many bytes.
 constexpr size_t kChunkBytes = size_t{1} << 30;
 
@@ -145,6 +147,54 @@ void MpiCommunicator::ReduceAtRoot(T* data, int64_t count) {
     for (int64_t i = 0; i < count; ++i) sum[i] += ToFloat(received[i]);
   }
   for (int64_t i = 0; i < count; ++i) data[i] = FromFloat<T>(sum[i]);
+}
+
+template <typename T>
+void MpiCommunicator::ReduceScatterParts(const T* input, T* output, int64_t count) {
+  const size_t part_bytes = count * sizeof(T);
+  std::vector<T> received(static_cast<size_t>(count) * size());  // part rank() of rank r at r
+  Requests requests(comm_);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    requests.Recv(received.data() + peer * count, part_bytes, peer, kReduceTag);
+    requests.Send(input + peer * count, part_bytes, peer, kReduceTag);
+  }
+  requests.WaitAll();
+  const T* own = input + rank() * count;
+  const auto part_of = [&](int r) { return r == rank() ? own : received.data() + r * count; };
+  std::vector<float> sum(count);
+  for (int64_t i = 0; i < count; ++i) sum[i] = ToFloat(part_of(0)[i]);
+  for (int r = 1; r < size(); ++r) {
+    const T* part = part_of(r);
+    for (int64_t i = 0; i < count; ++i) sum[i] += ToFloat(part[i]);
+  }
+  for (int64_t i = 0; i < count; ++i) output[i] = FromFloat<T>(sum[i]);
+}
+
+void MpiCommunicator::DoReduceScatterSum(const Tensor& input, const Tensor& output) {
+  Run(Describe("ReduceScatterSum", input), [this, input, output] {
+    if (output.dtype() == DType::kF32) {
+      ReduceScatterParts(input.data<float>(), output.data<float>(), output.numel());
+    } else {
+      ReduceScatterParts(input.data<BFloat16>(), output.data<BFloat16>(), output.numel());
+    }
+  });
+}
+
+void MpiCommunicator::DoAllGather(const Tensor& input, const Tensor& output) {
+  Run(Describe("AllGather", output), [this, input, output] {
+    auto* parts = static_cast<uint8_t*>(output.data());
+    const size_t part_bytes = input.nbytes();
+    uint8_t* own = parts + rank() * part_bytes;
+    if (own != input.data()) std::memcpy(own, input.data(), part_bytes);
+    Requests requests(comm_);
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      requests.Recv(parts + peer * part_bytes, part_bytes, peer, kGatherTag);
+      requests.Send(own, part_bytes, peer, kGatherTag);
+    }
+    requests.WaitAll();
+  });
 }
 
 void MpiCommunicator::DoAllReduceSum(const Tensor& tensor) {

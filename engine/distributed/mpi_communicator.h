@@ -9,6 +9,9 @@
 // between ranks and runs): ranks 1..n-1 send to rank 0, which adds them in rank order,
 // ((x0 + x1) + x2) + ..., then broadcasts the bytes of the sum. bf16 is accumulated in f32 and
 // rounded once. Rank 0 receives n-1 tensors, which is fine at the sizes the CPU backend runs.
+// ReduceScatterSum is the same sum per part: every rank sends part r to rank r, which adds the
+// ranks' parts in rank order (its own at its place), so an element has AllReduceSum's bits.
+// AllGather: every rank sends its input to every other rank (exact bytes).
 //
 // Threads: every communicator's worker and the host thread call MPI at the same time, each on its
 // own MPI communicator, so MPI must provide MPI_THREAD_MULTIPLE (World::Init checks it). Messages
@@ -40,6 +43,8 @@ class MpiCommunicator final : public Communicator {
  private:
   void DoAllReduceSum(const Tensor& tensor) override;
   void DoBroadcast(const Tensor& tensor, int root) override;
+  void DoReduceScatterSum(const Tensor& input, const Tensor& output) override;
+  void DoAllGather(const Tensor& input, const Tensor& output) override;
   void DoTransfers(std::vector<Transfer> transfers) override;
   void DoBarrier() override;
   std::unique_ptr<Communicator> DoSplit(int color, int key, Stream& stream) override;
@@ -49,6 +54,10 @@ class MpiCommunicator final : public Communicator {
   // Rank 0's side of AllReduceSum: receives and adds the other ranks' tensors in rank order.
   template <typename T>
   void ReduceAtRoot(T* data, int64_t count);
+  // This rank's side of ReduceScatterSum: sends the other parts of `input` to their ranks,
+  // receives theirs of its own part, adds all in rank order into `output` (count elements).
+  template <typename T>
+  void ReduceScatterParts(const T* input, T* output, int64_t count);
 
   MPI_Comm comm_;
   CpuStream& cpu_stream_;

@@ -19,10 +19,15 @@ void SingleRankCommunicator::DoTransfers(std::vector<Transfer> transfers) {
     const Tensor& dst = recvs[i]->tensor;
     CHECK_EQ(src.nbytes(), dst.nbytes())
         << "send " << src.DebugString() << " into receive " << dst.DebugString();
-    src.RecordStream(stream());
-    dst.RecordStream(stream());
-    stream().CopyAsync(dst.data(), src.data(), src.nbytes());
+    CopyOnStream(src, dst);
   }
+}
+
+void SingleRankCommunicator::CopyOnStream(const Tensor& src, const Tensor& dst) {
+  if (src.data() == dst.data()) return;
+  src.RecordStream(stream());
+  dst.RecordStream(stream());
+  stream().CopyAsync(dst.data(), src.data(), src.nbytes());
 }
 
 void SingleRankCommunicator::DoBarrier() { stream().Synchronize(); }

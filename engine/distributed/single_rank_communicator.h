@@ -1,6 +1,7 @@
 // A Communicator of one rank, on any stream, with no MPI: what a one-process run has when the
-// build has no MPI. AllReduceSum and Broadcast leave the tensor as it is; a rank's sends to itself
-// are matched in order with its receives from itself in the same group (a stream copy each).
+// build has no MPI. AllReduceSum and Broadcast leave the tensor as it is; ReduceScatterSum and
+// AllGather copy input to output (nothing in place); a rank's sends to itself are matched in
+// order with its receives from itself in the same group (a stream copy each).
 #pragma once
 
 #include "engine/distributed/communicator.h"
@@ -15,9 +16,17 @@ class SingleRankCommunicator final : public Communicator {
  private:
   void DoAllReduceSum(const Tensor& tensor) override {}
   void DoBroadcast(const Tensor& tensor, int root) override {}
+  void DoReduceScatterSum(const Tensor& input, const Tensor& output) override {
+    CopyOnStream(input, output);
+  }
+  void DoAllGather(const Tensor& input, const Tensor& output) override {
+    CopyOnStream(input, output);
+  }
   void DoTransfers(std::vector<Transfer> transfers) override;
   void DoBarrier() override;
   std::unique_ptr<Communicator> DoSplit(int color, int key, Stream& stream) override;
+  // dst = src (same bytes) on the stream; nothing when they are the same memory.
+  void CopyOnStream(const Tensor& src, const Tensor& dst);
 };
 
 }  // namespace moe

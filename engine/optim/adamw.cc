@@ -2,22 +2,39 @@
 
 #include <cmath>
 
+#include <glog/logging.h>
+
 #include "engine/distributed/host_collectives.h"
 
 namespace moe {
 
-StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_group) {
+namespace {
+
+// The sum over the group's ranks of their `value`s, in rank order (every rank gets the same).
+double SumOverGroup(Communicator* group, double value) {
+  double sum = 0;
+  for (double v : AllGatherHost(group, std::vector<double>{value})) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_group,
+                       Communicator* shard_group) {
+  CHECK_EQ(parameters.shards(), shard_group != nullptr ? shard_group->size() : 1)
+      << "the optimizer state's shards and the shard group differ";
+  for (const auto& p : parameters.all()) MaterializedGrad(*p);
+  const std::vector<OwnedSlice> slices = parameters.OwnedSlices();
   std::vector<Tensor> grads;
-  for (const auto& p : parameters.all()) grads.push_back(MaterializedGrad(*p));
+  for (const OwnedSlice& s : slices) grads.push_back(s.grad);
   Tensor norm = Tensor::Empty({1}, DType::kF32, parameters.device());
   ops::GlobalL2Norm(grads, norm);
+  float owned_norm = 0;
+  ops::CopyToHost(norm, &owned_norm);
+  double squared = static_cast<double>(owned_norm) * owned_norm;
+  squared = SumOverGroup(model_group, SumOverGroup(shard_group, squared));
   StepReport report;
-  ops::CopyToHost(norm, &report.grad_norm);
-  if (model_group != nullptr && model_group->size() > 1) {
-    std::vector<float> squared = {report.grad_norm * report.grad_norm};
-    AllReduceHostValues(model_group, squared);
-    report.grad_norm = std::sqrt(squared[0]);
-  }
+  report.grad_norm = static_cast<float>(std::sqrt(squared));
 
   ++step_;
   ops::AdamWConfig config;
@@ -31,14 +48,18 @@ StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_g
     config.grad_scale = options_.clip_grad / (report.grad_norm + 1e-6f);
   }
   config.weight_decay = options_.weight_decay;
-  std::vector<ops::AdamWTensors> entries;
-  for (const auto& p : parameters.all()) {
-    const Tensor model = p->value.SharesStorageWith(p->master) ? Tensor() : p->value;
-    entries.push_back(
-        {p->master, MaterializedGrad(*p), p->exp_avg, p->exp_avg_sq, model, p->weight_decay});
-  }
-  ops::AdamWUpdate(entries, config);
+  ops::AdamWUpdate(AdamWUpdateEntries(slices), config);
   return report;
+}
+
+std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices) {
+  std::vector<ops::AdamWTensors> entries;
+  for (const OwnedSlice& s : slices) {
+    const Tensor model = s.value.SharesStorageWith(s.master) ? Tensor() : s.value;
+    entries.push_back(
+        {s.master, s.grad, s.exp_avg, s.exp_avg_sq, model, s.parameter->weight_decay});
+  }
+  return entries;
 }
 
 float LearningRate(int64_t step, float lr, float min_lr, int64_t warmup_steps,

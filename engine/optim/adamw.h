@@ -1,9 +1,17 @@
 // AdamW over a ParameterSet: global gradient-norm clipping, then a decoupled-weight-decay Adam
 // step on the f32 masters (weight decay only where Parameter::weight_decay), then value = master.
 // The learning rate comes from the schedule (LearningRate, below). Gradients are left as they are:
-// the caller zeroes them before the next accumulation. When the model is split over a group of
-// ranks (pipeline stages, each with its own parameters), the squared norms are summed over the
-// group, so every rank clips by the whole model's norm.
+// the caller zeroes them before the next accumulation.
+//
+// A rank updates what it owns (ParameterSet::OwnedSlices): every parameter, or under a state
+// sharded over the data group its part of every bucket, whose new values it writes to its part of
+// the value buffers (the caller all-gathers them, weight_gather.h). The norm is exact over the
+// whole model: each rank takes the L2 norm of its owned gradients (ops::GlobalL2Norm, f32 result
+// of a double sum on the CPU), squares it in double, and the squares are summed in double, in rank
+// order, over the shard group (the data group when sharded) and then over the model group (the
+// pipeline stages, each with its own parameters), so every rank clips by the same norm, run to
+// run. Against one rank holding everything, only the order of that sum differs (partial sums per
+// shard and stage, each rounded to f32 once): the norm agrees to f32 rounding.
 #pragma once
 
 #include "engine/autograd/parameters.h"
@@ -29,8 +37,10 @@ class AdamW {
   explicit AdamW(const AdamWOptions& options) : options_(options) {}
 
   // One step at learning rate `lr`. Reads the gradient norm back to the host (one sync).
-  // model_group: the ranks the model is split over (nullptr: this rank holds all of it).
-  StepReport Step(ParameterSet& parameters, float lr, Communicator* model_group = nullptr);
+  // model_group: the ranks the model is split over (nullptr: this rank holds all of it);
+  // shard_group: the ranks the state is sharded over (parameters.shards() of them; nullptr: one).
+  StepReport Step(ParameterSet& parameters, float lr, Communicator* model_group = nullptr,
+                  Communicator* shard_group = nullptr);
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
@@ -39,6 +49,14 @@ class AdamW {
   AdamWOptions options_;
   int64_t step_ = 0;  // completed steps
 };
+
+// The ops::AdamWUpdate entries of a rank's owned slices: model = the slice's value, unless the
+// value is the master itself (the CPU).
+std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices);
+
+// The ops::AdamWUpdate entries of a rank's owned slices: model = the slice's value, unless the
+// value is the master itself (the CPU).
+std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices);
 
 // Linear warmup from 0 to `lr` over `warmup_steps`, then cosine decay to `min_lr` at
 // `total_steps`; constant `min_lr` after. `step` counts from 0.

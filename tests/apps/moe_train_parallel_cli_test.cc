@@ -3,8 +3,9 @@
 // checkpoints is one clear line from every rank and exit code 2 of the whole job (no hang, no
 // work); a non-finite loss stops every rank before the step is saved; a good pipeline-parallel
 // run logs once (rank 0) and reports the single-process losses, and one process resumes from its
-// checkpoint. A plain (label cpu) test, as it starts mpirun itself. Every test that writes files
-// works in a temporary directory of its own.
+// checkpoint; so does a run under the distributed optimizer, whose log says the state per rank. A
+// plain (label cpu) test, as it starts mpirun itself. Every test that writes files works in a
+// temporary directory of its own.
 #include <gtest/gtest.h>
 
 #include "tests/testing/command.h"
@@ -116,6 +117,38 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
     EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
     EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
   }
+}
+
+// --use_distributed_optimizer: the log says the state a rank holds (CPU: 8 + 8 / 2 bytes per
+// parameter), the losses are the single process's, and one process resumes from its checkpoint
+// with the next loss; with one process the flag is the degenerate case, noted and unchanged.
+TEST(ParallelRunTest, DistributedOptimizerRunsLikeOneProcessAndOneResumesFromItsCheckpoint) {
+  const Result single = RunMoeTrain(0, "");
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const std::vector<std::string> expected = LossLines(single.output);
+  ASSERT_EQ(expected.size(), 2u) << single.output;
+  EXPECT_EQ(Count(single.output, "16 bytes/parameter on each rank:"), 1) << single.output;
+
+  const testing::ScopedTempDir dir;
+  const std::string root = dir.Path("ckpt");
+  const Result sharded =
+      RunMoeTrain(2, "--use_distributed_optimizer --save_interval=1 --save=" + root);
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_EQ(LossLines(sharded.output), expected) << sharded.output;
+  EXPECT_EQ(Count(sharded.output,
+                  "weights+grads+optimizer 12 bytes/parameter on each rank "
+                  "(master weights and moments sharded over 2 data ranks)"),
+            1)
+      << sharded.output;
+  const Result resumed = RunMoeTrain(0, "--load=" + root + "/step_00000001");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(LossLines(resumed.output), std::vector<std::string>{expected[1]}) << resumed.output;
+
+  const Result degenerate = RunMoeTrain(0, "--use_distributed_optimizer");
+  ASSERT_EQ(degenerate.exit_code, 0) << degenerate.output;
+  EXPECT_EQ(LossLines(degenerate.output), expected) << degenerate.output;
+  EXPECT_EQ(Count(degenerate.output, "--use_distributed_optimizer with one data-parallel rank"), 1)
+      << degenerate.output;
 }
 
 int CountMatches(const std::string& text, const std::string& pattern) {

@@ -2,7 +2,9 @@
 // mpirun: communicator_mpi_test runs it on the MPI communicator with CPU tensors (any number of
 // ranks); communicator_cuda_test (MOE_TEST_ON_CUDA) on the NCCL communicator with one GPU per
 // rank (at least two ranks: a 2-GPU machine). All-reduce (f32, bf16) with identical bits on every
-// rank (and, on MPI, the rank-ordered sum); broadcast from every root; grouped transfers where
+// rank (and, on MPI, the rank-ordered sum); reduce-scatter (f32, bf16; apart and in place) with
+// each part equal to the all-reduce's (bit for bit on MPI); all-gather (apart and in place, exact
+// bits); broadcast from every root; grouped transfers where
 // every rank sends first; ungrouped transfers in matching order; stream order (a Recv on the comm
 // stream, compute waiting on its event); split; two communicators busy on two streams at once;
 // barrier. Inputs are uploaded on the compute stream, so the comm stream waits on it first, as
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "engine/core/bfloat16.h"
+#include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/distributed/test_world.h"
 #include "tests/testing/tensor_testing.h"
@@ -149,6 +152,95 @@ TEST_F(CommunicatorTest, AllReduceSumBf16) {
     ASSERT_EQ(got[i], BFloat16ToFloat(FloatToBFloat16(sum))) << "element " << i;
   }
   EXPECT_EQ(RankZeros(got, DType::kBF16), got);
+}
+
+// Each rank's part of the reduce-scatter is that part of the all-reduce of the same inputs: bit
+// for bit on MPI (the same rank-ordered sum), within fp32 summation order on NCCL; apart and in
+// place (the output is the input's part `rank`).
+TEST_F(CommunicatorTest, ReduceScatterSumIsTheAllReducesPart) {
+  const int ranks = comm_->size(), rank = comm_->rank();
+  const int64_t n = kOnCuda ? 1 << 20 : 999;
+  const std::vector<float> mine = RankValues(rank, ranks * n);
+  Tensor all_reduced = Upload(mine, DType::kF32, *comm_);
+  comm_->AllReduceSum(all_reduced);
+  comm_->stream().Synchronize();
+  const std::vector<float> reduced = testing::ToFloats(all_reduced);
+  const std::vector<float> want(reduced.begin() + rank * n, reduced.begin() + (rank + 1) * n);
+  std::vector<double> magnitude(n, 0.0);  // of the summands, for NCCL's order
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<float> x = RankValues(r, ranks * n);
+    for (int64_t i = 0; i < n; ++i) magnitude[i] += std::abs(x[rank * n + i]);
+  }
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "apart");
+    Tensor input = Upload(mine, DType::kF32, *comm_);
+    Tensor output = in_place ? input.Rows(rank * n, (rank + 1) * n) : Poisoned(n, *comm_);
+    comm_->ReduceScatterSum(input, output);
+    comm_->stream().Synchronize();
+    const std::vector<float> got = testing::ToFloats(output);
+    ASSERT_EQ(got.size(), want.size());
+    for (int64_t i = 0; i < n; ++i) {
+      if (kOnCuda) {
+        ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude[i]) << "element " << i;
+      } else {
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+            << "element " << i << ": " << got[i] << " vs " << want[i];
+      }
+    }
+    if (in_place) {  // the other parts are the caller's, untouched
+      const std::vector<float> whole = testing::ToFloats(input);
+      for (int r = 0; r < ranks; ++r) {
+        if (r == rank) continue;
+        for (int64_t i = r * n; i < (r + 1) * n; ++i) ASSERT_EQ(whole[i], mine[i]) << i;
+      }
+    }
+  }
+}
+
+TEST_F(CommunicatorTest, ReduceScatterSumBf16) {
+  const int ranks = comm_->size();
+  const int64_t n = 4097;
+  std::vector<float> mine(ranks * n);
+  for (int64_t i = 0; i < ranks * n; ++i) {
+    mine[i] = static_cast<float>((comm_->rank() + 1) * (i % 13)) / 8;
+  }
+  Tensor input = Upload(mine, DType::kBF16, *comm_);
+  Tensor output = testing::PoisonedTensor({n}, DType::kBF16, device_);
+  comm_->stream().Wait(*RecordedOnCompute());
+  comm_->ReduceScatterSum(input, output);
+  comm_->stream().Synchronize();
+  const std::vector<float> got = testing::ToFloats(output);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t element = comm_->rank() * n + i;
+    const float sum = static_cast<float>(ranks * (ranks + 1) / 2 * (element % 13)) / 8;
+    ASSERT_EQ(got[i], BFloat16ToFloat(FloatToBFloat16(sum))) << "element " << i;
+  }
+}
+
+// Part r of every rank's output is rank r's input, exact bits (bf16 here), apart and in place.
+TEST_F(CommunicatorTest, AllGatherPutsEveryRanksPartInRankOrder) {
+  const int ranks = comm_->size(), rank = comm_->rank();
+  const int64_t n = kOnCuda ? (1 << 20) + 3 : 1001;
+  const auto part_of = [n](int r) { return RankValues(r, n); };
+  std::vector<float> want;
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<float> part = testing::ToFloats(
+        testing::FromFloats(part_of(r), {n}, DType::kBF16, Device::CPU()));  // as bf16 rounds it
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "apart");
+    Tensor output = testing::PoisonedTensor({ranks * n}, DType::kBF16, device_);
+    Tensor input = Upload(part_of(rank), DType::kBF16, *comm_);
+    if (in_place) {
+      ops::Copy(input, output.Rows(rank * n, (rank + 1) * n));
+      input = output.Rows(rank * n, (rank + 1) * n);
+      comm_->stream().Wait(*RecordedOnCompute());
+    }
+    comm_->AllGather(input, output);
+    comm_->stream().Synchronize();
+    EXPECT_EQ(testing::ToFloats(output), want);
+  }
 }
 
 TEST_F(CommunicatorTest, BroadcastFromEveryRoot) {

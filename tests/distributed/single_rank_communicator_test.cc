@@ -1,5 +1,5 @@
-// The one-rank communicator (builds without MPI): collectives leave tensors as they are, a
-// group's sends to itself land in its receives in order, in stream order.
+// The one-rank communicator (builds without MPI): collectives leave tensors as they are (or copy
+// the one part), a group's sends to itself land in its receives in order, in stream order.
 #include "engine/distributed/single_rank_communicator.h"
 
 #include <gtest/gtest.h>
@@ -24,6 +24,19 @@ TEST_F(SingleRankCommunicatorTest, CollectivesOfOneRankKeepTheTensor) {
   comm_.Broadcast(t, 0);
   comm_.Barrier();
   EXPECT_EQ(testing::ToFloats(t), (std::vector<float>{1.5f, -2.0f}));
+}
+
+TEST_F(SingleRankCommunicatorTest, ReduceScatterAndAllGatherOfOneRankCopy) {
+  Tensor in = testing::FromFloats({1.5f, -2.0f}, {2}, DType::kF32, Device::CPU());
+  Tensor scattered = testing::PoisonedTensor({2}, DType::kF32, Device::CPU());
+  Tensor gathered = testing::PoisonedTensor({2}, DType::kF32, Device::CPU());
+  comm_.ReduceScatterSum(in, scattered);
+  comm_.AllGather(scattered, gathered);
+  comm_.ReduceScatterSum(in, in);  // in place
+  comm_.AllGather(in, in);
+  comm_.Barrier();
+  EXPECT_EQ(testing::ToFloats(gathered), (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(testing::ToFloats(in), (std::vector<float>{1.5f, -2.0f}));
 }
 
 TEST_F(SingleRankCommunicatorTest, GroupedSendsToSelfLandInOrder) {

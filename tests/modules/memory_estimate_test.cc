@@ -1,5 +1,6 @@
 // The memory estimate moe_train checks at start (modules/memory_estimate.h): its parameter count
-// is the model's, its state bytes are the trainer's, on real CPU runs (with and without
+// is the model's, its state bytes are the trainer's (one shard of the masters and moments under
+// the distributed optimizer), on real CPU runs (with and without
 // recompute) it is an upper bound of the measured peak that is not far off (within 2x), and
 // recompute lowers only the activations.
 #include "modules/memory_estimate.h"
@@ -23,6 +24,22 @@ TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
     o.cuda = true;
     EXPECT_EQ(EstimateTrainingMemory(o).state_bytes, 18.0 * m.total_parameters());
   }
+}
+
+// Under the distributed optimizer a rank counts its shard of the masters (CUDA) and moments.
+TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1), 18.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1), 16.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4), 9.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2), 12.0);
+  MemoryEstimateOptions o;
+  o.model = testing::DefaultRunModel();
+  o.cuda = true;
+  o.state_shards = 8;
+  const MemoryEstimate sharded = EstimateTrainingMemory(o);
+  EXPECT_EQ(sharded.state_bytes, 7.5 * o.model.total_parameters());
+  o.state_shards = 1;
+  EXPECT_EQ(EstimateTrainingMemory(o).activation_bytes, sharded.activation_bytes);
 }
 
 TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {

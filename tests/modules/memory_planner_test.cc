@@ -200,6 +200,29 @@ TEST_P(MemoryPlannerTest, SavesOnlyWhatTheBudgetNeeds) {
 
 // A plan's host buffers are what one step's offloads hold at once (one pass in flight here), and
 // reserving them (Trainer::SetMemoryPlan) leaves the step nothing to pin.
+// The planner counts the state a rank holds: under the distributed optimizer one shard of the
+// masters and moments, so a budget that fits the sharded state keeps everything, and the same
+// budget for a whole state needs offloading or recompute.
+TEST_P(MemoryPlannerTest, SeesTheShardedStateOfTheDistributedOptimizer) {
+  const GptConfig model = Model(GetParam());
+  MemoryPlanRequest sharded = Request(model, 1e12);
+  sharded.run.state_shards = 4;
+  const MemoryPlan whole = std::move(PlanMemory(Request(model, 1e12))).value();
+  const MemoryPlan quarter = std::move(PlanMemory(sharded)).value();
+  const double saved =
+      (StateBytesPerParameter(sharded.run.cuda, 1) - StateBytesPerParameter(sharded.run.cuda, 4)) *
+      static_cast<double>(model.total_parameters());
+  EXPECT_NEAR(whole.ranks[0].baseline_peak_bytes - quarter.ranks[0].baseline_peak_bytes, saved,
+              1e-9 * saved);
+  const double budget = quarter.ranks[0].baseline_peak_bytes / (1 - kPlanMargin);
+  sharded.budget_bytes = budget;
+  const MemoryPlan fits = std::move(PlanMemory(sharded)).value();
+  EXPECT_TRUE(fits.offload.empty());
+  for (const RecomputeModules& r : fits.recompute_by_layer) EXPECT_FALSE(r.any());
+  const MemoryPlan squeezed = std::move(PlanMemory(Request(model, budget))).value();
+  EXPECT_FALSE(squeezed.SameChoices(fits));
+}
+
 TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
   const GptConfig model = Model(GetParam());
   const TrainedRun reference = Train(model, nullptr);

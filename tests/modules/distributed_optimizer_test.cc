@@ -1,0 +1,145 @@
+// The distributed optimizer in one process (tests/CMakeLists.txt compiles it twice: on the CPU,
+// and with MOE_TEST_ON_CUDA on one GPU, bf16 values): with one data rank the flag is the
+// degenerate case, its one shard the whole state, and training is bit-identical to plain; and
+// the update of every shard of a sharded, bucketed state (each rank's OwnedSlices, here all in
+// one process) writes exactly the masters, moments and values that the whole update writes
+// (elementwise arithmetic on aligned slices; the rest, reduce-scatter and all-gather, is
+// trainer_parallel_mpi_test's).
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/optim/adamw.h"
+#include "modules/trainer.h"
+#include "tests/testing/tensor_testing.h"
+#include "tests/testing/test_device.h"
+#include "tests/testing/tiny_model.h"
+
+namespace moe {
+namespace {
+
+const Device kDevice = testing::kTestDevice;
+
+GptConfig Model() {
+  GptConfig m = testing::TinyModel();
+  if (kDevice.is_cuda()) m.hidden_size = 128;  // head dim 32 -> the CUDA attention's 64
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  return m;
+}
+
+struct TrainedRun {
+  std::vector<StepStats> steps;
+  std::map<std::string, std::vector<uint32_t>> masters, values;  // bits, by name
+};
+
+TrainedRun Train(bool distributed_optimizer) {
+  DataOptions data;
+  data.vocab_size = Model().vocab_size;
+  const std::unique_ptr<TokenSource> source = std::move(OpenTokenSource(data)).value();
+  TrainerOptions o;
+  o.micro_batch_size = 2;
+  o.global_batch_size = 4;
+  o.train_steps = 3;
+  o.warmup_steps = 1;
+  o.bucket_bytes = 16 << 10;
+  o.use_distributed_optimizer = distributed_optimizer;
+  auto trainer = std::move(Trainer::Create(Model(), o, kDevice, source.get())).value();
+  TrainedRun run;
+  for (int step = 0; step < 3; ++step) run.steps.push_back(trainer->TrainStep());
+  for (const WholeParameterState& p : trainer->GatherWholeState()) {
+    run.masters[p.name] = testing::FloatBits(p.master);
+  }
+  for (const auto& p : trainer->parameters().all()) {
+    run.values[p->name] = testing::FloatBits(p->value);
+  }
+  return run;
+}
+
+TEST(DistributedOptimizerTest, WithOneDataRankTrainsBitIdenticallyToPlain) {
+  const TrainedRun plain = Train(false);
+  const TrainedRun flagged = Train(true);
+  for (size_t step = 0; step < plain.steps.size(); ++step) {
+    EXPECT_EQ(flagged.steps[step].loss, plain.steps[step].loss) << "step " << step;
+    EXPECT_EQ(flagged.steps[step].grad_norm, plain.steps[step].grad_norm) << "step " << step;
+  }
+  EXPECT_FALSE(plain.masters.empty());
+  EXPECT_EQ(flagged.masters, plain.masters);
+  EXPECT_EQ(flagged.values, plain.values);
+}
+
+// Parameters of awkward sizes over a few buckets.
+std::vector<ParameterSpec> Specs() {
+  return {{"a.weight", {37, 19}},
+          {"a.norm", {19}, Init::kOnes, 0.02f, /*weight_decay=*/false},
+          {"b.weight", {3, 500}},
+          {"c.weight", {1000}},
+          {"d.norm", {7}, Init::kOnes, 0.02f, /*weight_decay=*/false}};
+}
+
+// Gradient element i of parameter `name`, the same in every set.
+std::vector<float> Grad(const std::string& name, int64_t n) {
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = 0.01f * static_cast<float>((i * 7 + static_cast<int64_t>(name.size())) % 23) - 0.1f;
+  }
+  return g;
+}
+
+void SetGrads(ParameterSet& set) {
+  for (const auto& p : set.all()) {
+    BeginGradWrite(*p);
+    ops::CopyFromHost(Grad(p->name, p->grad.numel()).data(), p->grad);
+  }
+}
+
+TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
+  constexpr int kShards = 3;
+  constexpr int64_t kBucketBytes = 1200 * 4;  // {a.weight, a.norm}, {b}, {c, d}
+  ops::AdamWConfig config;
+  config.lr = 1e-2f;
+  config.weight_decay = 0.1f;
+  config.step = 1;
+  ParameterSet whole = ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9);
+  for (const ParameterSpec& spec : Specs()) whole.Create(spec);
+  whole.AllocateBuckets(1, 0, kBucketBytes);
+  SetGrads(whole);
+  ops::AdamWUpdate(AdamWUpdateEntries(whole.OwnedSlices()), config);
+
+  std::map<std::string, std::vector<int>> covered;  // elements updated, by parameter
+  for (int shard = 0; shard < kShards; ++shard) {
+    ParameterSet set = ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9);
+    for (const ParameterSpec& spec : Specs()) set.Create(spec);
+    set.AllocateBuckets(kShards, shard, kBucketBytes);
+    ASSERT_EQ(set.buckets().size(), 3u);
+    SetGrads(set);
+    const std::vector<OwnedSlice> slices = set.OwnedSlices();
+    ops::AdamWUpdate(AdamWUpdateEntries(slices), config);
+    for (const OwnedSlice& s : slices) {
+      const Parameter& mine = *s.parameter;
+      const Parameter& want = whole.Get(mine.name);
+      const int64_t first = (static_cast<const uint8_t*>(s.value.data()) -
+                             static_cast<const uint8_t*>(mine.value.data())) /
+                            static_cast<int64_t>(DTypeSize(mine.value.dtype()));
+      const int64_t n = s.value.numel();
+      const auto part = [&](const Tensor& t) {
+        const std::vector<uint32_t> bits = testing::FloatBits(t);
+        return std::vector<uint32_t>(bits.begin() + first, bits.begin() + first + n);
+      };
+      EXPECT_EQ(testing::FloatBits(s.master), part(want.master)) << mine.name;
+      EXPECT_EQ(testing::FloatBits(s.exp_avg), part(want.exp_avg)) << mine.name;
+      EXPECT_EQ(testing::FloatBits(s.exp_avg_sq), part(want.exp_avg_sq)) << mine.name;
+      EXPECT_EQ(testing::FloatBits(s.value), part(want.value)) << mine.name;
+      std::vector<int>& counts = covered[mine.name];
+      counts.resize(want.value.numel(), 0);
+      for (int64_t i = first; i < first + n; ++i) ++counts[i];
+    }
+  }
+  ASSERT_EQ(covered.size(), Specs().size());
+  for (const auto& [name, counts] : covered) {
+    for (size_t i = 0; i < counts.size(); ++i) ASSERT_EQ(counts[i], 1) << name << "[" << i << "]";
+  }
+}
+
+}  // namespace
+}  // namespace moe
