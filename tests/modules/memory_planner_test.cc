@@ -219,8 +219,10 @@ TEST_P(MemoryPlannerTest, SeesTheShardedStateOfTheDistributedOptimizer) {
   const MemoryPlan fits = std::move(PlanMemory(sharded)).value();
   EXPECT_TRUE(fits.offload.empty());
   for (const RecomputeModules& r : fits.recompute_by_layer) EXPECT_FALSE(r.any());
-  const MemoryPlan squeezed = std::move(PlanMemory(Request(model, budget))).value();
-  EXPECT_FALSE(squeezed.SameChoices(fits));
+  // Without the sharding the same budget needs savings (CPU), or cannot be met at all (CUDA,
+  // where sharding saves 9 of 18 bytes per parameter against 6 of 16 on the CPU).
+  StatusOr<MemoryPlan> squeezed = PlanMemory(Request(model, budget));
+  EXPECT_TRUE(!squeezed.ok() || !squeezed->SameChoices(fits));
 }
 
 TEST_P(MemoryPlannerTest, ReservesThePinnedBuffersItsOffloadsHold) {
