@@ -160,6 +160,19 @@ void ExpectWeightsNear(const std::map<std::string, std::vector<float>>& weights,
   EXPECT_LE(outliers, total / 1000) << outliers << " of " << total << " weights differ";
 }
 
+// Trains `resumed` (at step 1) to the end: every step's statistics and the final state are the
+// uninterrupted run's (`reference`, whose steps were `uninterrupted`), bit for bit.
+void ExpectTrainsOnBitIdentically(Trainer& resumed, const std::vector<StepStats>& uninterrupted,
+                                  Trainer& reference) {
+  for (int step = 1; step < kSteps; ++step) {
+    const StepStats stats = resumed.TrainStep();
+    EXPECT_EQ(stats.loss, uninterrupted[step].loss) << "step " << step;
+    EXPECT_EQ(stats.aux_loss, uninterrupted[step].aux_loss) << "step " << step;
+    EXPECT_EQ(stats.grad_norm, uninterrupted[step].grad_norm) << "step " << step;
+  }
+  EXPECT_EQ(State(resumed), State(reference));
+}
+
 class TrainerParallelTest : public ::testing::Test {
  protected:
   TrainerParallelTest()
@@ -280,13 +293,7 @@ TEST_F(TrainerParallelTest, PipelineCheckpointResumesBitForBit) {
   const Status loaded = resumed->Load(root);
   ASSERT_TRUE(loaded.ok()) << loaded.message();
   EXPECT_EQ(resumed->step(), 1);
-  for (int step = 1; step < kSteps; ++step) {
-    const StepStats stats = resumed->TrainStep();
-    EXPECT_EQ(stats.loss, uninterrupted[step].loss) << "step " << step;
-    EXPECT_EQ(stats.aux_loss, uninterrupted[step].aux_loss) << "step " << step;
-    EXPECT_EQ(stats.grad_norm, uninterrupted[step].grad_norm) << "step " << step;
-  }
-  EXPECT_EQ(State(*resumed), State(*reference));
+  ExpectTrainsOnBitIdentically(*resumed, uninterrupted, *reference);
   comm_->Barrier();
   if (world_.rank() == 0) std::filesystem::remove_all(root);
 }
@@ -457,13 +464,7 @@ TEST_F(TrainerParallelTest, DistributedOptimizerCheckpointResumesBitForBit) {
     std::unique_ptr<Trainer> resumed = NewTrainer(&groups, true);
     const Status loaded = resumed->Load(root);
     ASSERT_TRUE(loaded.ok()) << loaded.message();
-    for (int step = 1; step < kSteps; ++step) {
-      const StepStats stats = resumed->TrainStep();
-      EXPECT_EQ(stats.loss, uninterrupted[step].loss) << "step " << step;
-      EXPECT_EQ(stats.aux_loss, uninterrupted[step].aux_loss) << "step " << step;
-      EXPECT_EQ(stats.grad_norm, uninterrupted[step].grad_norm) << "step " << step;
-    }
-    EXPECT_EQ(State(*resumed), State(*reference));
+    ExpectTrainsOnBitIdentically(*resumed, uninterrupted, *reference);
     comm_->Barrier();
     if (world_.rank() == 0) std::filesystem::remove_all(root);
   }
