@@ -28,8 +28,9 @@ INSTANTIATE_TEST_SUITE_P(
     Flags, MemoryBudgetBadInputTest,
     ::testing::Values(
         BadInput{"--memory_budget_gib=-1", "--memory_budget_gib=-1 must be in [0, 1048576]"},
-        BadInput{"--memory_budget_gib=100000",
-                 "--memory_budget_gib=100000 is more than cpu (physical memory) has"},
+        BadInput{
+            "--memory_budget_gib=100000",
+            "--memory_budget_gib=100000 is more than a rank can have: cpu (physical memory) has"},
         BadInput{"--memory_budget_gib=0.001",
                  "--memory_budget_gib=0.001: pipeline rank 0 needs at least"},
         BadInput{"--offload_modules=auto", "--offload_modules=auto needs --memory_budget_gib"},
