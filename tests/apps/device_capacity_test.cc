@@ -1,0 +1,42 @@
+// UsableBytes and CapacityText: a GPU keeps kCudaHeadroomFraction for the context, libraries and
+// the allocator's cache; the CPU backend's device (host memory) is usable whole. The figures are
+// the H200's (143155 MiB, cudaMemGetInfo's total) and the 8-layer preset's estimates at
+// micro-batches 15 and 16 (device_capacity.h): the one that trained fits, the one that ran out of
+// memory does not.
+#include "apps/moe_train/device_capacity.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/core/byte_units.h"
+
+namespace moe {
+namespace {
+
+constexpr size_t kH200Bytes = size_t{143155} * kMiB;
+
+TEST(DeviceCapacityTest, AGpuKeepsItsHeadroom) {
+  const Device gpu = Device::CUDA(0);
+  EXPECT_DOUBLE_EQ(UsableBytes(gpu, kH200Bytes), 0.98 * static_cast<double>(kH200Bytes));
+  EXPECT_LE(138303.0 * kMiB, UsableBytes(gpu, kH200Bytes));  // micro-batch 15 trained
+  EXPECT_GT(141746.0 * kMiB, UsableBytes(gpu, kH200Bytes));  // 16 ran out of memory
+}
+
+TEST(DeviceCapacityTest, TheHostIsUsableWhole) {
+  EXPECT_DOUBLE_EQ(UsableBytes(Device::CPU(), 24 * kGiB), 24.0 * kGiB);
+}
+
+TEST(DeviceCapacityTest, TheTextSaysWhatARunCanUse) {
+  EXPECT_EQ(CapacityText(Device::CUDA(0), kH200Bytes),
+            "cuda:0 has 139.8 GiB, of which runs can use 137.0 GiB (the rest: CUDA context, "
+            "libraries, the allocator's cache)");
+  EXPECT_EQ(CapacityText(Device::CPU(), 24 * kGiB), "cpu (physical memory) has 24.0 GiB");
+}
+
+TEST(DeviceCapacityTest, BytesPicksTheUnit) {
+  EXPECT_EQ(Bytes(512), "512.0 B");
+  EXPECT_EQ(Bytes(1.5 * kGiB), "1.5 GiB");
+  EXPECT_EQ(Bytes(3.0 * kMiB), "3.0 MiB");
+}
+
+}  // namespace
+}  // namespace moe
