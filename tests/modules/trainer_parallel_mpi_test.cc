@@ -184,6 +184,18 @@ class TrainerParallelTest : public ::testing::Test {
     source_ = std::move(OpenTokenSource(data)).value();
   }
 
+  // A one-process run of kSteps (the same on every rank), saved into `dir` by rank 0.
+  std::unique_ptr<Trainer> TrainOneProcessAndSave(const std::string& dir) {
+    std::unique_ptr<Trainer> trained = NewTrainer(nullptr);
+    for (int step = 0; step < kSteps; ++step) trained->TrainStep();
+    if (world_.rank() == 0) {
+      const Status written = trained->Save(dir, {});
+      EXPECT_TRUE(written.ok()) << written.message();
+    }
+    comm_->Barrier();
+    return trained;
+  }
+
   std::unique_ptr<Trainer> NewTrainer(const ProcessGroups* groups,
                                       bool distributed_optimizer = false) {
     StatusOr<std::unique_ptr<Trainer>> created =
@@ -322,13 +334,7 @@ TEST_F(TrainerParallelTest, PipelineAndSingleProcessLoadEachOthersCheckpoints) {
   }
 
   // One process -> pipeline: every rank takes its stage's parameters out of the full model.
-  std::unique_ptr<Trainer> trained = NewTrainer(nullptr);  // the same run on every rank
-  for (int step = 0; step < kSteps; ++step) trained->TrainStep();
-  if (world_.rank() == 0) {
-    const Status written = trained->Save(from_single, {});
-    ASSERT_TRUE(written.ok()) << written.message();
-  }
-  comm_->Barrier();
+  std::unique_ptr<Trainer> trained = TrainOneProcessAndSave(from_single);
   std::unique_ptr<Trainer> staged = NewTrainer(&groups);
   loaded = staged->Load(from_single);
   ASSERT_TRUE(loaded.ok()) << loaded.message();
@@ -493,13 +499,7 @@ TEST_F(TrainerParallelTest, DistributedOptimizerCheckpointsLoadAcrossLayouts) {
     if (world_.rank() == 0) EXPECT_EQ(State(*single), sharded_state);
   }
 
-  std::unique_ptr<Trainer> trained = NewTrainer(nullptr);  // the same run on every rank
-  for (int step = 0; step < kSteps; ++step) trained->TrainStep();
-  if (world_.rank() == 0) {
-    const Status written = trained->Save(from_single, {});
-    ASSERT_TRUE(written.ok()) << written.message();
-  }
-  comm_->Barrier();
+  std::unique_ptr<Trainer> trained = TrainOneProcessAndSave(from_single);
   const auto trained_state = State(*trained);
   const double next_loss = trained->TrainStep().loss;
   for (int pipeline : {1, 2, 4}) {
