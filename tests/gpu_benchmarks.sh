@@ -22,6 +22,13 @@ out=${OUT:-/tmp/moe-out}
 bin=/tmp/moe-build/apps
 export LD_LIBRARY_PATH=/tmp/moe-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+# The 8-layer Qwen3-30B-A3B-shaped preset as the sections below run it (no evaluation).
+preset="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
+preset_gb_run() {  # global batch, log name: steps 7-12 of the preset; prints the last step line
+  timeout 150 "$bin/moe_train" $preset --global_batch_size=$1 --train_steps=12 --log_interval=6 \
+    > "$out/$2.log" 2>&1
+  echo "global batch $1 (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
+}
 
 if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
@@ -61,28 +68,22 @@ fi
 
 if [[ $sections == *timeline* ]]; then
 echo "== timeline: the 8-layer model's step breakdown at global batch 1 and 8, and an offloaded step"
-common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
-for gb in 1 8; do
-  timeout 150 "$bin/moe_train" $common --global_batch_size=$gb --train_steps=12 --log_interval=6 \
-    > "$out/breakdown_gb$gb.log" 2>&1
-  echo "global batch $gb (rc $?): $(grep '^step' "$out/breakdown_gb$gb.log" | tail -1)"
-done
+for gb in 1 8; do preset_gb_run $gb breakdown_gb$gb; done
 offload="--offload_modules=fused_group_mlp --offload_fraction=0.5 --train_steps=10 --log_interval=5"
-timeout 150 "$bin/moe_train" $common $offload --trace_file="$out/trace_offload.json" --trace_steps=9:9 \
+timeout 150 "$bin/moe_train" $preset $offload --trace_file="$out/trace_offload.json" --trace_steps=9:9 \
   > "$out/trace_offload.log" 2>&1
 echo "offloaded, traced (rc $?): $(grep '^step' "$out/trace_offload.log" | tail -1)"
-timeout 150 "$bin/moe_train" $common $offload > "$out/untraced_offload.log" 2>&1
+timeout 150 "$bin/moe_train" $preset $offload > "$out/untraced_offload.log" 2>&1
 echo "offloaded, untraced (rc $?): $(grep '^step' "$out/untraced_offload.log" | tail -1)"
 for f in trace untraced; do grep '^eval\|^step' "$out/${f}_offload.log" | tail -2 | cut -c1-60; done
 fi
 
 if [[ $sections == *recompute* ]]; then
 echo "== recompute: the 8-layer model, global batch 8 of micro-batch 1, then larger micro-batches"
-common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
 line() { grep '^step' "$1" | tail -1 | sed 's/.*| \([0-9.]* ms\/step\).*| \([0-9]* tokens\/s\).*| \(peak mem [0-9]* MiB\).*/\1 | \2 | \3/'; }
 for r in none layernorm moe core_attn layernorm,moe,core_attn; do
   flags=""; [ $r != none ] && flags="--recompute_modules=$r"
-  timeout 150 "$bin/moe_train" $common --global_batch_size=8 --train_steps=8 --log_interval=4 $flags \
+  timeout 150 "$bin/moe_train" $preset --global_batch_size=8 --train_steps=8 --log_interval=4 $flags \
     > /tmp/r.log 2>&1
   printf "%-26s rc %3d | %s\n" "$r" $? "$(line /tmp/r.log)"
   (echo "=== $r"; cat /tmp/r.log) >> "$out/recompute.log"
@@ -90,7 +91,7 @@ done
 for mb in 16 20; do
   for r in none layernorm,moe,core_attn; do
     flags=""; [ $r != none ] && flags="--recompute_modules=$r"
-    timeout 150 "$bin/moe_train" $common --micro_batch_size=$mb --global_batch_size=$mb \
+    timeout 150 "$bin/moe_train" $preset --micro_batch_size=$mb --global_batch_size=$mb \
       --train_steps=4 --log_interval=2 $flags > /tmp/mb.log 2>&1
     rc=$?
     (echo "=== micro-batch $mb $r"; cat /tmp/mb.log) >> "$out/recompute.log"
@@ -100,24 +101,26 @@ for mb in 16 20; do
 done
 fi
 
-budget_common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
 summary() {
   grep '^step' "$1" | tail -1 |
     sed -E 's/.*\| ([0-9.]+ ms\/step).*\| ([0-9]+ tokens\/s).*\| peak mem ([0-9]+ MiB)( \(plan ([0-9]+ MiB).*)?/\1 | \2 | peak \3 | plan \5/'
 }
 peak_gib() { grep '^step' "$1" | tail -1 | sed -E 's/.*peak mem ([0-9]+) MiB.*/\1/' | awk '{printf "%.2f", $1 / 1024}'; }
 brun() {  # name, flags
-  timeout 200 "$bin/moe_train" $budget_common $2 > /tmp/b.log 2>&1
+  timeout 200 "$bin/moe_train" $preset $2 > /tmp/b.log 2>&1
   local rc=$?
   (echo "=== $1"; cat /tmp/b.log) >> "$out/budget.log"
   printf "%-44s rc %3d | %s %s\n" "$1" $rc "$(summary /tmp/b.log)" \
     "$(grep -m1 'moe_train:' /tmp/b.log | grep -v 'moe_train: cuda' | cut -c1-170)"
 }
+unsaved_micro_batches() {  # the preset at micro-batches 13-16, accumulation 1, nothing saved
+  for mb in 13 14 15 16; do
+    brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
+  done
+}
 if [[ $sections == *budget* ]]; then
 echo "== memory budget: the 8-layer model, accumulation 1; micro-batches without and with the planner"
-for mb in 13 14 15 16; do
-  brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
-done
+unsaved_micro_batches
 for mb in 16 20 24 28; do
   brun "mb $mb, --memory_budget_gib=130" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 --memory_budget_gib=130"
 done
@@ -140,15 +143,10 @@ if [[ $sections == *step* ]]; then
 echo "== whole step: the optimizer against the copy bandwidth"
 timeout 200 "$bin/optimizer_bench" 2>&1 | tee "$out/optimizer_bench.log"
 echo "== the 8-layer preset beside PyTorch eager (same model, batch and precision; steps 7-12)"
-common="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
 for gb in 1 8; do
-  timeout 150 "$bin/moe_train" $common --global_batch_size=$gb --train_steps=12 --log_interval=6 \
-    > "$out/step_gb$gb.log" 2>&1
-  echo "ours, global batch $gb (rc $?): $(grep '^step' "$out/step_gb$gb.log" | tail -1)"
+  preset_gb_run $gb step_gb$gb
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
-for mb in 13 14 15 16; do
-  brun "mb $mb, nothing saved" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2"
-done
+unsaved_micro_batches
 fi
