@@ -10,9 +10,10 @@ namespace moe {
 namespace {
 
 double D(int64_t value) { return static_cast<double>(value); }
-double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
 
 }  // namespace
+
+double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
 
 double StateBytesPerParameter(bool cuda, int64_t state_shards) {
   const double shards = D(std::max<int64_t>(1, state_shards));

@@ -68,6 +68,8 @@ struct MemoryEstimate {
   double total_bytes = 0;       // the sum of the three
 };
 
+// Bytes of one activation element: bf16 on CUDA, f32 on the CPU.
+double ComputeBytes(bool cuda);
 // Bytes of weights, gradient and optimizer state per parameter on a rank whose master weights and
 // moments are one of `state_shards` shards (the rest is whole on every rank): CUDA 6 + 12 / shards
 // (bf16 value, f32 gradient; f32 master and two moments), CPU 8 + 8 / shards (the f32 value is

@@ -109,7 +109,7 @@ class RankModel {
           c.head_workspace += Rounded(bytes);
         }
         const double tokens = D(request.run.micro_batch_size) * D(m.seq_length);
-        c.norm_input_gradient = Rounded(tokens * D(m.hidden_size) * (request.run.cuda ? 2 : 4));
+        c.norm_input_gradient = Rounded(tokens * D(m.hidden_size) * ComputeBytes(request.run.cuda));
         // The head's forward, logits, input gradient and weight gradient: 3 GEMMs.
         c.head_forward_ms = Ms(3 * 2 * tokens * D(m.hidden_size) * D(m.vocab_size), 0);
       }
@@ -245,7 +245,7 @@ class RankModel {
     const GptConfig& m = request_.run.model;
     const bool moe = m.is_moe_layer(layer);
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length);
-    const double h = D(m.hidden_size), b = request_.run.cuda ? 2 : 4;
+    const double h = D(m.hidden_size), b = ComputeBytes(request_.run.cuda);
     if (module == kLayerNormRecompute) return Ms(0, 4 * tokens * h * b);
     if (module == kCoreAttnRecompute) return Ms(AttentionCoreFlops(), 4 * tokens * h * b);
     if (!moe) return 0;
@@ -315,7 +315,7 @@ class RankModel {
   double BackwardWorkspace(int layer) const {
     const GptConfig& m = request_.run.model;
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
-    const double b = request_.run.cuda ? 2 : 4, kv = D(m.num_query_groups) * D(m.head_dim());
+    const double b = ComputeBytes(request_.run.cuda), kv = D(m.num_query_groups) * D(m.head_dim());
     const double attention = tokens * (3 * h + 2 * kv) * b;
     if (!m.is_moe_layer(layer)) {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
