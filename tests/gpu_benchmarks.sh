@@ -8,10 +8,12 @@
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
-# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and micro-batches 13-16.
+# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and micro-batches 13-16, and
+# (attention) attention_bench beside PyTorch's SDPA (../shared/peers/torch_attention_peer.py) at
+# the model's shape and three others.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step;
+#   sweep step attention;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -149,4 +151,17 @@ for gb in 1 8; do
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
 unsaved_micro_batches
+fi
+
+if [[ $sections == *attention* ]]; then
+echo "== attention, causal, bf16: ours beside PyTorch SDPA (flash, cuDNN, efficient)"
+# batch heads kv_heads seq head_dim: the preset's shape, a longer sequence, groups of 8, no groups
+for shape in "1 16 4 4096 128" "1 32 8 8192 128" "2 32 4 4096 128" "4 16 16 2048 64"; do
+  read -r b h kv t d <<< "$shape"
+  timeout 60 "$bin/attention_bench" --batch=$b --heads=$h --kv_heads=$kv --seq=$t --head_dim=$d \
+    > "$out/attention_b${b}h${h}kv${kv}t${t}d${d}.log" 2>&1
+  echo "ours  (rc $?): $(grep SUMMARY "$out/attention_b${b}h${h}kv${kv}t${t}d${d}.log")"
+  B=$b H=$h KV=$kv T=$t D=$d timeout 120 python3 "$peers/torch_attention_peer.py" 2>&1 |
+    grep SUMMARY | sed 's/^/peer  /'
+done
 fi

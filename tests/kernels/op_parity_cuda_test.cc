@@ -235,8 +235,11 @@ std::vector<OpCase> Cases() {
   struct AttentionShape {
     int64_t batch, seq, heads, kv_heads, d;
   };
+  // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
+  // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.
   for (AttentionShape s : {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{1, 256, 2, 1, 128},
-                           AttentionShape{2, 130, 4, 4, 64}}) {
+                           AttentionShape{2, 130, 4, 4, 64}, AttentionShape{2, 96, 6, 2, 128},
+                           AttentionShape{1, 256, 8, 2, 128}, AttentionShape{1, 200, 16, 1, 64}}) {
     add(
         "attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
             std::to_string(s.kv_heads) + "_d" + std::to_string(s.d),

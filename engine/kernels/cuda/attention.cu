@@ -11,12 +11,13 @@
 //     are never stored, so seq need not be a multiple of the tile.
 //   Backward, three kernels on the compute stream:
 //     1. delta (batch, heads, seq) f32 = rowsum(dout * out), one warp per row (temporary).
-//     2. dk, dv: one block per (key tile, batch, kv head). It owns those rows of dk and dv
-//        outright: it loops over every query head of the GQA group and every query tile at or
-//        after the key tile, recomputing P = exp(s - lse) from the saved lse.
+//     2. dk, dv: per (key tile, batch, kv head), a cluster of blocks that split the GQA group's
+//        query heads; each loops over its heads and every query tile at or after the key tile,
+//        recomputing P = exp(s - lse) from the saved lse, and the cluster adds the partial sums
+//        in rank order through distributed shared memory (bf16 path; f32 runs one block).
 //     3. dq: one block per (query tile, batch, head), looping over key tiles up to the diagonal.
-//   Determinism: no atomics. Every output element is produced by a single thread that
-//   accumulates in a fixed order, so results are bitwise identical run to run.
+//   Determinism: no atomics. Every output element is accumulated in a fixed order, so results
+//   are bitwise identical run to run.
 // Paths (attention_internal.cuh): f32 runs exact fp32 FMA kernels on CUDA cores
 // (attention_fma.cu); bf16 runs mma.sync m16n8k16 tensor-core kernels with fp32 accumulation
 // (attention_mma_*.cu). Head dims 64 and 128.

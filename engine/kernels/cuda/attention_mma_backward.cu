@@ -1,19 +1,29 @@
 // Causal attention backward on tensor cores: the bf16 path (attention.cu has the design note).
 // delta = rowsum(dout * out) is already in memory when these run.
 //
-// dk/dv kernel: one block of 4 warps per (64 keys, batch, kv head); warp w owns keys
-// 16 w .. 16 w + 15 and accumulates their dk, dv in registers. It walks the query heads of the
-// group and, for each, the query tiles at or after its keys (kDkvBlockM rows, two-stage cp.async
-// ring of Q, dout, lse, delta). Per tile, everything is computed transposed so keys stay the
-// row (M) dimension: S^T = K Q^T, P^T = exp2(S^T * c - lse * log2 e), dP^T = V dout^T,
-// dV += P^T dout, dS^T = P^T (dP^T - delta), dK += dS^T Q; P^T and dS^T feed the next mma from
-// registers. dk is scaled by 1/sqrt(d) once at the end.
+// dk/dv kernel: the query heads of a GQA group are split over a thread-block cluster of `split`
+// blocks (the largest divisor of the group up to 8): one block per head would otherwise walk the
+// whole group's query tiles, and the causal grid's first key block, group x seq / kM tiles, sets
+// the kernel's time while most SMs idle. Each block of 4 warps takes (64 keys, batch, kv head,
+// group / split query heads); warp w owns keys 16 w .. 16 w + 15 and accumulates their partial dk,
+// dv in registers. It walks its query heads and, for each, the query tiles at or after its keys
+// (kDkvBlockM rows, two-stage cp.async ring of Q, dout, lse, delta). Per tile, everything is
+// computed transposed so keys stay the row (M) dimension: S^T = K Q^T, P^T = exp2(S^T * c - lse *
+// log2 e), dP^T = V dout^T, dV += P^T dout, dS^T = P^T (dP^T - delta), dK += dS^T Q; P^T and dS^T
+// feed the next mma from registers. At the end every block puts its partial sums in its shared
+// memory as f32, and block r of the cluster adds its share of the rows over the cluster's blocks in
+// rank order through distributed shared memory, scales dk by 1/sqrt(d) and stores both.
 //
 // dq kernel: one block per (64 queries, batch, head); warp w owns 16 query rows and keeps their
 // Q and dout operands in registers. Per key tile (kDqBlockN rows): S = Q K^T, P = exp2(...),
 // dP = dout V^T, dS = P (dP - delta), dQ += dS K.
 //
-// Every gradient element is accumulated by one thread in a fixed order: deterministic.
+// Every gradient element is accumulated in a fixed order (the cluster's ranks in order):
+// deterministic.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/attention_internal.cuh"
 #include "engine/kernels/cuda/attention_mma.cuh"
@@ -35,14 +45,60 @@ constexpr size_t DkvSmemBytes() {
          4 * kDkvBlockM<D> * sizeof(float);
 }
 
+// The partial dk and dv of a dk/dv block as f32 rows, padded so a warp's fragment writes do not
+// share banks; they reuse the block's shared memory after its loop.
+template <int D>
+constexpr int kPartialStride = D + 4;
+template <int D>
+constexpr size_t PartialSmemBytes() {
+  return 2 * kDkvBlockN * kPartialStride<D> * sizeof(float);
+}
+static_assert(PartialSmemBytes<64>() <= DkvSmemBytes<64>());
+static_assert(PartialSmemBytes<128>() <= DkvSmemBytes<128>());
+constexpr int kMaxKvSplit = 8;  // the largest portable cluster
+
 template <int D>
 constexpr size_t DqSmemBytes() {
   return (2 * kDqBlockM + 4 * kDqBlockN<D>)*SmemStride<D>() * sizeof(bf16);
 }
 
-// grid (key blocks, batch * kv_heads).
+// Writes a warp's (16, D) accumulator fragment to rows of a kPartialStride<D> f32 buffer.
 template <int D>
-__global__ void __launch_bounds__(kMmaThreads) MmaBackwardKvKernel(BackwardParams<bf16> p) {
+__device__ __forceinline__ void WritePartial(const float (&acc)[D / 8][4], float* rows) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * t;
+    *reinterpret_cast<float2*>(rows + g * kPartialStride<D> + col) =
+        make_float2(acc[dt][0], acc[dt][1]);
+    *reinterpret_cast<float2*>(rows + (g + 8) * kPartialStride<D> + col) =
+        make_float2(acc[dt][2], acc[dt][3]);
+  }
+}
+
+// The cluster's barrier (with release/acquire of shared memory) and a pointer into the shared
+// memory of block `rank` of the cluster. Images older than sm_90 are launched with clusters of
+// one block (KvSplit), where these are the block's own.
+__device__ __forceinline__ void ClusterSync() {
+#if __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __syncthreads();
+#endif
+}
+__device__ __forceinline__ const float* ClusterBlockSmem(float* local, int rank) {
+#if __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(local, rank);
+#else
+  return local;
+#endif
+}
+
+// grid (key blocks, batch * kv_heads * split) in clusters of (1, split, 1).
+template <int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    MmaBackwardKvKernel(BackwardParams<bf16> p, int split) {
   constexpr int kStride = SmemStride<D>();
   constexpr int kM = kDkvBlockM<D>;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
@@ -55,19 +111,21 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardKvKernel(BackwardParam
 
   const Dims& s = p.dims;
   const int k0 = blockIdx.x * kDkvBlockN;
-  const int b = blockIdx.y / s.kv_heads, kvh = blockIdx.y % s.kv_heads;
-  const int group = s.heads / s.kv_heads;
+  const int rank = blockIdx.y % split;  // in the cluster
+  const int b = blockIdx.y / split / s.kv_heads, kvh = blockIdx.y / split % s.kv_heads;
+  const int heads_per_block = s.heads / s.kv_heads / split;
+  const int head0 = (kvh * split + rank) * heads_per_block;
   const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int key_lo = k0 + warp * 16 + lane / 4;  // this thread's keys: key_lo and key_lo + 8
 
   // Iteration `it` covers query tile `first_tile + it % tiles_per_head` of head
-  // kvh * group + it / tiles_per_head; tiles before first_tile see none of these keys.
+  // head0 + it / tiles_per_head; tiles before first_tile see none of these keys.
   const int first_tile = k0 / kM;
   const int tiles_per_head = (s.seq + kM - 1) / kM - first_tile;
-  const int num_iterations = group * tiles_per_head;
+  const int num_iterations = heads_per_block * tiles_per_head;
   auto load_tile = [&](int it, int stage) {
-    const int h = kvh * group + it / tiles_per_head;
+    const int h = head0 + it / tiles_per_head;
     const int q0 = (first_tile + it % tiles_per_head) * kM;
     const int64_t stat_offset = (static_cast<int64_t>(b) * s.heads + h) * s.seq;
     LoadTileAsync<kM, D>(sq + stage * kM * kStride, p.q + RowOffset(b, 0, h, s.seq, s.heads, D),
@@ -143,12 +201,33 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardKvKernel(BackwardParam
     __syncthreads();  // the next tile has landed; nobody reads this stage any more
   }
 
-  // The warp's own rows of sk and sv are free: only this warp read them.
-  const int row0 = k0 + warp * 16;
-  StoreRows<D>(dk, s.scale, s.scale, sk + warp * 16 * kStride,
-               p.dk + RowOffset(b, row0, kvh, s.seq, s.kv_heads, D), kv_stride, row0, s.seq);
-  StoreRows<D>(dv, 1.0f, 1.0f, sv + warp * 16 * kStride,
-               p.dv + RowOffset(b, row0, kvh, s.seq, s.kv_heads, D), kv_stride, row0, s.seq);
+  // The loop's last barrier ended every read of the tiles: the memory takes the partial sums.
+  float* partial = reinterpret_cast<float*>(smem_bytes);  // dk rows, then dv rows
+  WritePartial<D>(dk, partial + warp * 16 * kPartialStride<D>);
+  WritePartial<D>(dv, partial + (kDkvBlockN + warp * 16) * kPartialStride<D>);
+  ClusterSync();
+  const int row_lo = rank * kDkvBlockN / split, row_hi = (rank + 1) * kDkvBlockN / split;
+  constexpr int kQuads = D / 4;  // float4 pieces per row
+  for (int i = threadIdx.x; i < 2 * (row_hi - row_lo) * kQuads; i += kMmaThreads) {
+    const bool is_dv = i >= (row_hi - row_lo) * kQuads;
+    const int j = is_dv ? i - (row_hi - row_lo) * kQuads : i;
+    const int row = row_lo + j / kQuads, col = j % kQuads * 4;
+    if (k0 + row >= s.seq) continue;
+    const int offset = ((is_dv ? kDkvBlockN : 0) + row) * kPartialStride<D> + col;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r = 0; r < split; ++r) {
+      const float4 part = *reinterpret_cast<const float4*>(ClusterBlockSmem(partial, r) + offset);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
+    const float scale = is_dv ? 1.0f : s.scale;
+    bf16* dst = (is_dv ? p.dv : p.dk) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + col;
+    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
+    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
+  }
+  ClusterSync();  // no block leaves while another reads its shared memory
 }
 
 // grid (query blocks, batch * heads), the longest rows first.
@@ -242,6 +321,17 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardQKernel(BackwardParams
                s.seq);
 }
 
+// Blocks per (key block, batch, kv head) of the dk/dv kernel: the largest divisor of the GQA group
+// that a portable cluster holds; 1 where the kernel's image is older than sm_90 (no clusters).
+int KvSplit(int group, const void* kernel) {
+  cudaFuncAttributes attributes;
+  MOE_CUDA_CALL(cudaFuncGetAttributes(&attributes, kernel));
+  if (attributes.binaryVersion < 90) return 1;
+  int split = std::min(group, kMaxKvSplit);
+  while (group % split != 0) --split;
+  return split;
+}
+
 template <int D>
 void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   const Dims& s = p.dims;
@@ -249,9 +339,21 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardKvKernel<D>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kDkvSmem)));
-  const dim3 kv_grid((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads);
-  MmaBackwardKvKernel<D><<<kv_grid, kMmaThreads, kDkvSmem, stream>>>(p);
-  MOE_CUDA_CHECK_LAUNCH();
+  const int split =
+      KvSplit(s.heads / s.kv_heads, reinterpret_cast<const void*>(MmaBackwardKvKernel<D>));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads * split);
+  config.blockDim = dim3(kMmaThreads);
+  config.dynamicSmemBytes = kDkvSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = split;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = split > 1 ? 1 : 0;
+  MOE_CUDA_CALL(cudaLaunchKernelEx(&config, MmaBackwardKvKernel<D>, p, split));
 
   constexpr size_t kDqSmem = DqSmemBytes<D>();
   MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>,

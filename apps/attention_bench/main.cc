@@ -1,0 +1,78 @@
+// attention_bench: times causal grouped-query attention (ops::AttentionForward, and forward +
+// ops::AttentionBackward) at one shape, the way ../shared/peers/torch_attention_peer.py times
+// PyTorch's SDPA: bf16 (batch, seq, heads, head_dim) inputs, FLOPs of causal attention only
+// (forward 2 * 2 * b * h * t * t * d / 2, backward 2.5x that), the median of --iters runs after a
+// warm-up. Prints one line per pass and a JSON SUMMARY line last (the peer's fields).
+#include <cstdio>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "apps/moe_bench/median_time.h"
+#include "apps/moe_bench/random_tensor.h"
+#include "engine/kernels/ops.h"
+
+DEFINE_int64(batch, 1, "sequences");
+DEFINE_int64(seq, 4096, "tokens per sequence");
+DEFINE_int64(heads, 16, "query heads");
+DEFINE_int64(kv_heads, 4, "key/value heads (divides --heads)");
+DEFINE_int64(head_dim, 128, "64 or 128");
+DEFINE_int32(iters, 20, "timed iterations (the median is reported)");
+
+namespace moe {
+namespace {
+
+int Run() {
+  if (FLAGS_batch < 1 || FLAGS_seq < 1 || FLAGS_heads < 1 || FLAGS_kv_heads < 1 ||
+      FLAGS_heads % FLAGS_kv_heads != 0 || (FLAGS_head_dim != 64 && FLAGS_head_dim != 128) ||
+      FLAGS_iters < 1) {
+    fprintf(stderr,
+            "attention_bench: --batch, --seq, --heads, --kv_heads, --iters must be positive, "
+            "--kv_heads must divide --heads and --head_dim must be 64 or 128\n");
+    return 2;
+  }
+  const Device device = Device::CUDA(0);
+  const int64_t b = FLAGS_batch, t = FLAGS_seq, h = FLAGS_heads, kv = FLAGS_kv_heads,
+                d = FLAGS_head_dim;
+  const auto input = [&](const Shape& shape, uint32_t seed) {
+    return RandomTensor(shape, DType::kBF16, device, 1.0f, seed, /*distinct=*/1 << 20);
+  };
+  const Tensor q = input({b, t, h, d}, 1), k = input({b, t, kv, d}, 2), v = input({b, t, kv, d}, 3);
+  const Tensor dout = input({b, t, h, d}, 4);
+  const Tensor out = Tensor::Empty({b, t, h, d}, DType::kBF16, device);
+  const Tensor lse = Tensor::Empty({b, h, t}, DType::kF32, device);
+  const Tensor dq = Tensor::Empty(q.shape(), DType::kBF16, device);
+  const Tensor dk = Tensor::Empty(k.shape(), DType::kBF16, device);
+  const Tensor dv = Tensor::Empty(v.shape(), DType::kBF16, device);
+  const auto forward = [&] { ops::AttentionForward(q, k, v, out, lse); };
+  const auto forward_backward = [&] {
+    forward();
+    ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
+  };
+  const auto time = [&](const std::function<void()>& body) {
+    body();  // warm-up
+    return MedianMs(device, FLAGS_iters, body);
+  };
+  const double fwd_ms = time(forward), fwdbwd_ms = time(forward_backward);
+  const double fwd_flop = 2.0 * 2.0 * b * h * t * t * d / 2;
+  const double fwd_tflops = fwd_flop / fwd_ms / 1e9,
+               fwdbwd_tflops = 3.5 * fwd_flop / fwdbwd_ms / 1e9;
+  printf("shape b=%ld h=%ld kv=%ld t=%ld d=%ld\n", b, h, kv, t, d);
+  printf("forward            %8.3f ms %7.1f TFLOP/s\n", fwd_ms, fwd_tflops);
+  printf("forward + backward %8.3f ms %7.1f TFLOP/s\n", fwdbwd_ms, fwdbwd_tflops);
+  printf(
+      "SUMMARY {\"shape\": {\"b\": %ld, \"h\": %ld, \"kv\": %ld, \"t\": %ld, \"d\": %ld}, "
+      "\"ours\": {\"fwd_ms\": %.4f, \"fwd_TFLOPs\": %.1f, \"fwdbwd_ms\": %.4f, "
+      "\"fwdbwd_TFLOPs\": %.1f}}\n",
+      b, h, kv, t, d, fwd_ms, fwd_tflops, fwdbwd_ms, fwdbwd_tflops);
+  return 0;
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  return moe::Run();
+}
