@@ -4,11 +4,11 @@
 //
 // What it counts, for the busiest pipeline rank (one replica; data parallelism does not change
 // a rank's memory):
-// - State: per parameter StateBytesPerParameter: f32 master + f32 gradient + two f32 AdamW
-//   moments (16 bytes); on CUDA also the bf16 copy compute reads (18); under the distributed
-//   optimizer the master (CUDA) and moments count 1 / state_shards. The rank's parameters are
-//   those of its layers plus the embedding (first stage) and the head and final norm (last
-//   stage); with one stage, all of them (GptConfig::total_parameters, recomputed in doubles).
+// - State: per parameter StateBytesPerParameter: f32 master + f32 gradient + two AdamW moments
+//   (16 bytes with f32 moments, 12 with bf16); on CUDA also the bf16 copy compute reads (18); under
+//   the distributed optimizer the master (CUDA) and moments count 1 / state_shards. The rank's
+//   parameters are those of its layers plus the embedding (first stage) and the head and final norm
+//   (last stage); with one stage, all of them (GptConfig::total_parameters, recomputed in doubles).
 // - Activations: the tensors forward saves for backward, per layer per micro-batch
 //   (ActivationBytesPerLayer, in compute bytes: 4 on the CPU, 2 on CUDA; routing tensors f32/i32),
 //   less what GptConfig::recompute drops: attention: norm input, its input (the norm output), q,
@@ -58,6 +58,7 @@ struct MemoryEstimateOptions {
   // The distributed optimizer: master weights and AdamW moments sharded over this many data
   // ranks (1: every rank holds them whole).
   int64_t state_shards = 1;
+  int64_t moment_bytes = 8;  // the two AdamW moments' bytes per parameter (MomentDTypes::bytes)
 };
 
 struct MemoryEstimate {
@@ -71,10 +72,11 @@ struct MemoryEstimate {
 // Bytes of one activation element: bf16 on CUDA, f32 on the CPU.
 double ComputeBytes(bool cuda);
 // Bytes of weights, gradient and optimizer state per parameter on a rank whose master weights and
-// moments are one of `state_shards` shards (the rest is whole on every rank): CUDA 6 + 12 / shards
-// (bf16 value, f32 gradient; f32 master and two moments), CPU 8 + 8 / shards (the f32 value is
-// the master). One shard: 18 and 16. Bucket padding aside.
-double StateBytesPerParameter(bool cuda, int64_t state_shards);
+// moments are one of `state_shards` shards (the rest is whole on every rank), the two moments
+// taking `moment_bytes` (8 f32, 4 bf16): CUDA 6 + (4 + moment_bytes) / shards (bf16 value, f32
+// gradient; f32 master and the moments), CPU 8 + moment_bytes / shards (the f32 value is the
+// master). One shard, f32 moments: 18 and 16. Bucket padding aside.
+double StateBytesPerParameter(bool cuda, int64_t state_shards, int64_t moment_bytes);
 // Parameters of one transformer layer (dense or MoE).
 double LayerParameters(const GptConfig& model, bool moe_layer);
 // One device tensor that forward saves for backward: its bytes and the offload group that holds

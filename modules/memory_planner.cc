@@ -115,7 +115,8 @@ class RankModel {
       }
       chunks_.push_back(c);
     }
-    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards);
+    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards,
+                                                       request.run.moment_bytes);
   }
 
   const std::vector<int>& layers() const { return layers_; }

@@ -77,7 +77,7 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
       parameters_(ParameterSet::Deferred(device, device.is_cuda() ? DType::kBF16 : DType::kF32,
-                                         options.seed)),
+                                         options.seed, options.moment_dtypes)),
       partition_(partition),
       train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),
@@ -372,11 +372,10 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int stage = StageIndex(peer, chunk, pipeline_size);
       for (const ParameterSpec& spec : GptModel::StageParameterSpecs(config_, StageOf(stage))) {
-        WholeParameterState p{spec.name};
-        for (Tensor* t : {&p.master, &p.exp_avg, &p.exp_avg_sq}) {
-          *t = Tensor::Empty(spec.shape, DType::kF32, device_);
-        }
-        received.push_back(std::move(p));
+        const MomentDTypes& moments = parameters_.moment_dtypes();
+        received.push_back({spec.name, Tensor::Empty(spec.shape, DType::kF32, device_),
+                            Tensor::Empty(spec.shape, moments.exp_avg, device_),
+                            Tensor::Empty(spec.shape, moments.exp_avg_sq, device_)});
         received_peer.push_back(peer);
         received_stage.push_back(stage);
       }

@@ -26,7 +26,7 @@
 // waits layer by layer for the buckets it reads; evaluation, checkpoints, Load, parameters() and
 // the optimizer wait for all). State per parameter on a rank: CUDA bf16 value 2 + f32 gradient 4
 // + (master, moments) 12 / D; CPU f32 value (= master) 4 + gradient 4 + moments 8 / D (plain data
-// parallel: 18 and 16). Against plain data parallel the
+// parallel: 18 and 16; bf16 moments take 4 bytes of the 8). Against plain data parallel the
 // reduced gradients are bit-identical on the CPU (the same rank-ordered sum, communicator.h); only
 // the norm's summation order differs (f32 rounding), so with clipping inactive the weights are
 // bit-identical too, and with it active they differ by the clip factor's rounding. With one
@@ -48,7 +48,8 @@
 // also has a "step N" span around it and an optimizer span.
 //
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
-// moments (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq") and state.json (step,
+// moments in their dtypes (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq", f32 or
+// bf16 each: TrainerOptions::moment_dtypes) and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
 // the loop does is a function of that state, so a resumed run repeats an uninterrupted one bit
 // for bit. Reference dumps need the whole model on this rank (no pipeline).
@@ -112,6 +113,9 @@ struct TrainerOptions {
   // The distributed optimizer: master weights and AdamW moments sharded over the data group (see
   // the top). With one replica the one shard is the whole state: the same as without.
   bool use_distributed_optimizer = false;
+  // The AdamW moments' storage dtypes (f32 or bf16 each). Checkpoints hold the moments in these
+  // dtypes; a checkpoint of either loads into either (LoadSafetensors converts).
+  MomentDTypes moment_dtypes;
 };
 
 struct StepStats {

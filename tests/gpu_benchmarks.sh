@@ -8,12 +8,13 @@
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
-# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and micro-batches 13-16, and
+# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and
 # (attention) attention_bench beside PyTorch's SDPA (../shared/peers/torch_attention_peer.py) at
-# the model's shape and three others.
+# the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the preset
+# at global batch 1 and 8 and its larger micro-batches, and moe_100m's loss curves beside f32.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step attention;
+#   sweep step attention moments;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -26,11 +27,12 @@ export LD_LIBRARY_PATH=/tmp/moe-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PAT
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 # The 8-layer Qwen3-30B-A3B-shaped preset as the sections below run it (no evaluation).
 preset="--flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=2 --eval_interval=0 --eval_steps=1"
-preset_gb_run() {  # global batch, log name: steps 7-12 of the preset; prints the last step line
+preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; prints the last step line
   timeout 150 "$bin/moe_train" $preset --global_batch_size=$1 --train_steps=12 --log_interval=6 \
-    > "$out/$2.log" 2>&1
-  echo "global batch $1 (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
+    ${3:-} > "$out/$2.log" 2>&1
+  echo "global batch $1 ${3:-} (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
 }
+bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 
 if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
@@ -150,7 +152,6 @@ for gb in 1 8; do
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
-unsaved_micro_batches
 fi
 
 if [[ $sections == *attention* ]]; then
@@ -163,5 +164,22 @@ for shape in "1 16 4 4096 128" "1 32 8 8192 128" "2 32 4 4096 128" "4 16 16 2048
   echo "ours  (rc $?): $(grep SUMMARY "$out/attention_b${b}h${h}kv${kv}t${t}d${d}.log")"
   B=$b H=$h KV=$kv T=$t D=$d timeout 120 python3 "$peers/torch_attention_peer.py" 2>&1 |
     grep SUMMARY | sed 's/^/peer  /'
+done
+fi
+
+if [[ $sections == *moments* ]]; then
+echo "== bf16 AdamW moments: the optimizer, the preset at global batch 1 and 8, micro-batches 16-18"
+timeout 200 "$bin/optimizer_bench" --moments=bf16 2>&1 | tee "$out/optimizer_bench_bf16.log"
+for gb in 1 8; do preset_gb_run $gb step_gb${gb}_bf16_moments "$bf16_moments"; done
+for mb in 16 17 18; do
+  brun "mb $mb, nothing saved, bf16 moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_moments"
+done
+echo "== moe_100m, 500 steps: f32 vs bf16 moments (metrics files: the loss curves)"
+for m in fp32 bf16; do
+  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
+    --eval_interval=100 --eval_steps=4 --exp_avg_dtype=$m --exp_avg_sq_dtype=$m \
+    --metrics_file="$out/moe_100m_moments_$m.jsonl" > "$out/moe_100m_moments_$m.log" 2>&1
+  echo "moments $m (rc $?): $(grep '^step' "$out/moe_100m_moments_$m.log" | tail -1 | cut -c1-160)"
+  grep '^eval' "$out/moe_100m_moments_$m.log" | tail -5
 done
 fi

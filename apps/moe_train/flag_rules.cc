@@ -90,6 +90,8 @@ const std::vector<FlagRule>& FlagRules() {
       {"warmup_steps", nullptr, kTrainingRun, Training, kNotUsed},
       {"weight_decay", nullptr, kTrainingRun, Training, kNotUsed},
       {"clip_grad", nullptr, kTrainingRun, Training, kNotUsed},
+      {"exp_avg_dtype", nullptr, kTrainingRun, Training, kNotUsed},
+      {"exp_avg_sq_dtype", nullptr, kTrainingRun, Training, kNotUsed},
       {"eval_interval", nullptr, kTrainingRun, Training, kNotUsed},
       {"eval_steps", nullptr, kTrainingRun, Training, kNotUsed},
       {"save", nullptr, kTrainingRun, Training, kNotUsed},

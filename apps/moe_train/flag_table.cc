@@ -81,6 +81,8 @@ const std::vector<FlagRow>& FlagTable() {
       Range("weight_decay", "training", 0, 10),
       Range("clip_grad", "training", 0, 1e6, "0: off"),
       Range("seed", "training", 0, kMaxInt64),
+      Text("exp_avg_dtype", "training"),
+      Text("exp_avg_sq_dtype", "training"),
       Text("device", "training"),
       Range("pipeline_parallel", "parallelism", 1, 4096, "divides the number of ranks"),
       Range("virtual_pipeline", "parallelism", 1, 1024),

@@ -37,6 +37,10 @@ DEFINE_int64(warmup_steps, 20, "linear warmup steps");
 DEFINE_double(weight_decay, 0.1, "AdamW decoupled weight decay (not on norms)");
 DEFINE_double(clip_grad, 1.0, "global gradient-norm clip (0: off)");
 DEFINE_int64(seed, 1234, "seed of the initial weights and the data order");
+DEFINE_string(exp_avg_dtype, "fp32",
+              "storage of AdamW's first moment: fp32 | bf16 (Megatron-LM's option; the update's "
+              "arithmetic stays f32)");
+DEFINE_string(exp_avg_sq_dtype, "fp32", "storage of AdamW's second moment: fp32 | bf16");
 // Parallelism (the process count comes from mpirun; data-parallel size = ranks / pipeline).
 DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
@@ -73,6 +77,12 @@ StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
   if (text == "fused") return GroupedMlpKind::kFused;
   if (text == "unfused") return GroupedMlpKind::kUnfused;
   return InvalidArgument("--moe_grouped_mlp=" + text + " must be fused or unfused");
+}
+
+StatusOr<DType> ParseMomentDType(const char* flag, const std::string& text) {
+  if (text == "fp32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  return InvalidArgument(std::string("--") + flag + "=" + text + " must be fp32 or bf16");
 }
 
 StatusOr<Device> ParseDevice(const std::string& text) {
@@ -208,6 +218,10 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.adamw.clip_grad = static_cast<float>(FLAGS_clip_grad);
   t.eval_steps = FLAGS_eval_steps;
   t.seed = static_cast<uint64_t>(FLAGS_seed);
+  MOE_ASSIGN_OR_RETURN(t.moment_dtypes.exp_avg,
+                       ParseMomentDType("exp_avg_dtype", FLAGS_exp_avg_dtype));
+  MOE_ASSIGN_OR_RETURN(t.moment_dtypes.exp_avg_sq,
+                       ParseMomentDType("exp_avg_sq_dtype", FLAGS_exp_avg_sq_dtype));
   MOE_RETURN_IF_ERROR(CheckTraining(t));
   if (t.warmup_steps > t.train_steps) {
     run.notes.push_back("schedule: --warmup_steps=" + std::to_string(t.warmup_steps) +

@@ -2,8 +2,9 @@
 // bandwidth, in one process: a device-to-device copy of --copy_gib (bandwidth = read + write
 // bytes / time), the gradient norm (reads 4 bytes per parameter), the multi-tensor AdamW update
 // (reads master, grad, m, v and writes master, m, v and the model copy: 30 bytes per parameter
-// with bf16 values, 28 on the CPU backend where values are the masters) and the whole
-// AdamW::Step (norm, host read-back, clipping, update: 4 bytes more).
+// with bf16 values and f32 moments, 22 with bf16 moments (--moments=bf16); 2 fewer on the CPU
+// backend, where values are the masters) and the whole AdamW::Step (norm, host read-back,
+// clipping, update: 4 bytes more).
 // The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
 // about 5.0B parameters); values are zeros (the timing does not depend on them).
 #include <cstdio>
@@ -28,6 +29,7 @@ DEFINE_int64(vocab_size, 32000, "vocabulary");
 DEFINE_double(copy_gib, 4, "size of the device-to-device copy that measures the bandwidth");
 DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
+DEFINE_string(moments, "fp32", "both AdamW moments' storage: fp32 | bf16");
 
 namespace moe {
 namespace {
@@ -37,7 +39,7 @@ void PrintRow(const char* what, double ms, double bytes, double copy_gbs) {
   printf("%-44s %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, ms, gbs, 100 * gbs / copy_gbs);
 }
 
-void Run() {
+int Run() {
   const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
   GptConfig config;
   config.num_layers = FLAGS_num_layers;
@@ -48,7 +50,13 @@ void Run() {
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
-  ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1);
+  if (FLAGS_moments != "fp32" && FLAGS_moments != "bf16") {
+    fprintf(stderr, "optimizer_bench: --moments=%s must be fp32 or bf16\n", FLAGS_moments.c_str());
+    return 2;
+  }
+  const DType moment_dtype = FLAGS_moments == "bf16" ? DType::kBF16 : DType::kF32;
+  ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
+                          /*optimizer_state=*/true, MomentDTypes{moment_dtype, moment_dtype});
   for (ParameterSpec spec :
        GptModel::StageParameterSpecs(config, GptStage{0, config.num_layers, true, true})) {
     spec.init = Init::kZeros;
@@ -60,7 +68,8 @@ void Run() {
     ops::Fill(grads.back(), 1e-3f);
   }
   const auto n = static_cast<double>(parameters.NumElements());
-  printf("%zu tensors, %.3fB parameters\n", parameters.all().size(), n / 1e9);
+  printf("%zu tensors, %.3fB parameters, %s moments\n", parameters.all().size(), n / 1e9,
+         DTypeName(moment_dtype));
 
   const auto copy_elements = static_cast<int64_t>(FLAGS_copy_gib * static_cast<double>(kGiB) / 4);
   Tensor src = Tensor::Empty({copy_elements}, DType::kF32, device);
@@ -86,12 +95,14 @@ void Run() {
   // master, grad, m, v read; master, m, v and the model copy (if any) written.
   const auto model_bytes = static_cast<double>(
       entries.front().model.defined() ? DTypeSize(entries.front().model.dtype()) : 0);
-  const double update_bytes = (28 + model_bytes) * n;
+  const double moment_bytes = 2.0 * parameters.moment_dtypes().bytes();  // read and written
+  const double update_bytes = (12 + moment_bytes + model_bytes) * n;
   ops::AdamWConfig update;
   PrintRow("AdamW update", run([&] { ops::AdamWUpdate(entries, update); }), update_bytes, copy_gbs);
   AdamW adamw(AdamWOptions{});
   PrintRow("AdamW::Step: norm, clip, update", run([&] { adamw.Step(parameters, 1e-4f); }),
            update_bytes + 4 * n, copy_gbs);
+  return 0;
 }
 
 }  // namespace
@@ -100,6 +111,5 @@ void Run() {
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
-  moe::Run();
-  return 0;
+  return moe::Run();
 }

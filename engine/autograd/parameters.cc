@@ -48,12 +48,15 @@ Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
 
 }  // namespace
 
-ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state)
+ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state,
+                           MomentDTypes moments)
     : device_(device),
       compute_dtype_(compute_dtype),
       seed_(seed),
-      optimizer_state_(optimizer_state) {
+      optimizer_state_(optimizer_state),
+      moments_(moments) {
   CHECK(IsFloating(compute_dtype));
+  CHECK(IsFloating(moments.exp_avg) && IsFloating(moments.exp_avg_sq));
   CHECK(device.is_cuda() || compute_dtype == DType::kF32) << "the CPU backend computes in f32";
 }
 
@@ -63,8 +66,9 @@ ParameterSet ParameterSet::SpecsOnly() {
   return set;
 }
 
-ParameterSet ParameterSet::Deferred(Device device, DType compute_dtype, uint64_t seed) {
-  ParameterSet set(device, compute_dtype, seed, /*optimizer_state=*/true);
+ParameterSet ParameterSet::Deferred(Device device, DType compute_dtype, uint64_t seed,
+                                    MomentDTypes moments) {
+  ParameterSet set(device, compute_dtype, seed, /*optimizer_state=*/true, moments);
   set.storage_ = Storage::kDeferred;
   return set;
 }
@@ -95,8 +99,8 @@ Parameter& ParameterSet::Create(const ParameterSpec& spec) {
   p->value.set_is_parameter(true);
   p->grad = Tensor::Empty(spec.shape, DType::kF32, device_);  // pending zero
   if (optimizer_state_) {
-    p->exp_avg = Tensor::Empty(spec.shape, DType::kF32, device_);
-    p->exp_avg_sq = Tensor::Empty(spec.shape, DType::kF32, device_);
+    p->exp_avg = Tensor::Empty(spec.shape, moments_.exp_avg, device_);
+    p->exp_avg_sq = Tensor::Empty(spec.shape, moments_.exp_avg_sq, device_);
     ops::Fill(p->exp_avg, 0.0f);
     ops::Fill(p->exp_avg_sq, 0.0f);
   }
@@ -154,8 +158,8 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
     b.grad = Tensor::Empty({b.layout.numel}, DType::kF32, device_);
     b.master = value_is_master ? b.value.Rows(b.owned_begin(), b.owned_end())
                                : Tensor::Empty({owned}, DType::kF32, device_);
-    b.exp_avg = Tensor::Empty({owned}, DType::kF32, device_);
-    b.exp_avg_sq = Tensor::Empty({owned}, DType::kF32, device_);
+    b.exp_avg = Tensor::Empty({owned}, moments_.exp_avg, device_);
+    b.exp_avg_sq = Tensor::Empty({owned}, moments_.exp_avg_sq, device_);
     for (const Tensor* t : {&b.value, &b.grad, &b.master, &b.exp_avg, &b.exp_avg_sq}) {
       ops::Fill(*t, 0.0f);
     }
@@ -197,10 +201,10 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
 WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
   const ParameterBucket& bucket = buckets_.at(b);
   WholeBucketState whole;
-  for (Tensor* t : {&whole.master, &whole.exp_avg, &whole.exp_avg_sq}) {
-    *t = Tensor::Empty({bucket.layout.numel}, DType::kF32, device_);
-    ops::Fill(*t, 0.0f);
-  }
+  whole.master = Tensor::Empty({bucket.layout.numel}, DType::kF32, device_);
+  whole.exp_avg = Tensor::Empty({bucket.layout.numel}, moments_.exp_avg, device_);
+  whole.exp_avg_sq = Tensor::Empty({bucket.layout.numel}, moments_.exp_avg_sq, device_);
+  for (const Tensor* t : {&whole.master, &whole.exp_avg, &whole.exp_avg_sq}) ops::Fill(*t, 0.0f);
   for (size_t i = bucket.layout.begin; i < bucket.layout.end; ++i) {
     const int64_t offset = bucket.layout.offsets[i - bucket.layout.begin];
     const Shape& shape = specs_[i].shape;

@@ -9,7 +9,7 @@
 //           clears nor reads the gradients (for the experts' f32 gradients that halves the
 //           weight-gradient GEMMs' memory traffic). Code that writes or reads grad goes through
 //           BeginGradWrite or MaterializedGrad below, never the tensor alone;
-//   exp_avg, exp_avg_sq   AdamW moments, f32.
+//   exp_avg, exp_avg_sq   AdamW moments, f32 or bf16 each (MomentDTypes).
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
 // nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
@@ -35,6 +35,15 @@
 #include "engine/core/tensor.h"
 
 namespace moe {
+
+// The AdamW moments' storage dtypes, f32 or bf16 each (Megatron-LM's --exp_avg_dtype and
+// --exp_avg_sq_dtype): bf16 halves their memory and the optimizer's traffic for them; the update's
+// arithmetic stays f32 (ops::AdamWUpdate).
+struct MomentDTypes {
+  DType exp_avg = DType::kF32;
+  DType exp_avg_sq = DType::kF32;
+  int64_t bytes() const { return static_cast<int64_t>(DTypeSize(exp_avg) + DTypeSize(exp_avg_sq)); }
+};
 
 struct Parameter {
   std::string name;
@@ -71,7 +80,7 @@ struct ParameterBucket {
   int shard = 0;  // this rank's part of the buffers
   Tensor value;   // (numel) compute dtype: the parameters' values are views of it
   Tensor grad;    // (numel) f32: the parameters' gradients are views of it; padding 0
-  Tensor master, exp_avg, exp_avg_sq;  // (shard_numel) f32: the owned elements' state
+  Tensor master, exp_avg, exp_avg_sq;  // (shard_numel) f32, moments': the owned elements' state
 
   int64_t owned_begin() const { return layout.shard_begin(shard); }
   int64_t owned_end() const { return owned_begin() + layout.shard_numel(); }
@@ -85,14 +94,15 @@ struct OwnedSlice {
   Tensor value;  // the compute copy of the same elements (on the CPU the master itself)
 };
 
-// A parameter's optimizer state whole, as one process holds it (checkpoints): f32, its shape.
+// A parameter's optimizer state whole, as one process holds it (checkpoints): its shape, the
+// master f32, the moments in the set's MomentDTypes.
 struct WholeParameterState {
   std::string name;
   Tensor master, exp_avg, exp_avg_sq;
 };
 
-// One bucket's state whole: (numel) f32 buffers laid out as the bucket's, padding included, and
-// its parameters' views of them in creation order.
+// One bucket's state whole: (numel) buffers laid out as the bucket's (master f32, moments in the
+// set's MomentDTypes), padding included, and its parameters' views of them in creation order.
 struct WholeBucketState {
   Tensor master, exp_avg, exp_avg_sq;
   std::vector<WholeParameterState> parameters;
@@ -101,12 +111,14 @@ struct WholeBucketState {
 class ParameterSet {
  public:
   // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
-  ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state = true);
+  ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state = true,
+               MomentDTypes moments = {});
   // A set that only records what is created: its parameters have a name and no tensors (to
   // list a model's parameter specs without memory; modules must not read tensors while built).
   static ParameterSet SpecsOnly();
   // A set with optimizer state whose tensors exist from AllocateBuckets on (see the top).
-  static ParameterSet Deferred(Device device, DType compute_dtype, uint64_t seed);
+  static ParameterSet Deferred(Device device, DType compute_dtype, uint64_t seed,
+                               MomentDTypes moments = {});
 
   Parameter& Create(const ParameterSpec& spec);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
@@ -137,12 +149,14 @@ class ParameterSet {
 
   Device device() const { return device_; }
   DType compute_dtype() const { return compute_dtype_; }
+  const MomentDTypes& moment_dtypes() const { return moments_; }
 
  private:
   Device device_;
   DType compute_dtype_;
   uint64_t seed_;
   bool optimizer_state_;
+  MomentDTypes moments_;
   enum class Storage { kPerParameter, kSpecsOnly, kDeferred };
   Storage storage_ = Storage::kPerParameter;
   std::vector<std::unique_ptr<Parameter>> parameters_;

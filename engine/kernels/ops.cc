@@ -528,9 +528,14 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
   for (const AdamWTensors& e : entries) {
     for (const Tensor* t : {&e.master, &e.grad, &e.m, &e.v}) {
       CHECK(t->device() == device) << "adamw over devices: " << t->DebugString();
-      CheckDType(*t, DType::kF32, "adamw state");
       CHECK_EQ(t->numel(), e.master.numel()) << "adamw sizes differ";
     }
+    CheckDType(e.master, DType::kF32, "adamw master");
+    CheckDType(e.grad, DType::kF32, "adamw grad");
+    CheckFloat(e.m, "adamw m");
+    CheckDType(e.m, first.m.dtype(), "adamw m");
+    CheckDType(e.v, first.v.dtype(), "adamw v");
+    CheckFloat(e.v, "adamw v");
     CHECK_EQ(e.model.defined(), first.model.defined()) << "adamw: some model copies missing";
     if (e.model.defined()) {
       CHECK(e.model.device() == device) << "adamw model copy: " << e.model.DebugString();

@@ -102,6 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "--num_attention_heads=4 is not a multiple of --num_query_groups=3"},
         Refusal{"--moe_router_topk=5", "--moe_router_topk=5 exceeds --num_experts=4"},
         Refusal{"--moe_grouped_mlp=cutlass", "--moe_grouped_mlp=cutlass must be fused or unfused"},
+        Refusal{"--exp_avg_dtype=fp16", "--exp_avg_dtype=fp16 must be fp32 or bf16"},
+        Refusal{"--exp_avg_sq_dtype=bfloat16", "--exp_avg_sq_dtype=bfloat16 must be fp32 or bf16"},
         Refusal{"--first_dense_layers=3", "--first_dense_layers=3 must be in [0, --num_layers=2]"},
         Refusal{"--recompute_modules=moe --recompute_num_layers=0",
                 "--recompute_num_layers=0 must be -1 (every layer) or in [1, --num_layers=2]"},
@@ -201,8 +203,8 @@ std::vector<Refusal> RuleCases() {
                    "layer is MoE (its width is --moe_ffn_hidden_size)"});
   for (const std::string flag :
        {"train_steps=5", "global_batch_size=32", "lr=0.001", "min_lr=0.0001", "warmup_steps=2",
-        "weight_decay=0", "clip_grad=0", "eval_interval=5", "eval_steps=2", "save=$D/ckpt",
-        "metrics_file=$D/m.jsonl", "log_interval=5", "trace_file=$D/t.json",
+        "weight_decay=0", "clip_grad=0", "exp_avg_dtype=bf16", "eval_interval=5", "eval_steps=2",
+        "save=$D/ckpt", "metrics_file=$D/m.jsonl", "log_interval=5", "trace_file=$D/t.json",
         "offload_modules=core_attn"}) {
     cases.push_back({"--dump_reference_case=$D/ref --" + flag,
                      "--" + flag +

@@ -623,5 +623,49 @@ TEST_F(CpuOpsTest, AdamWTwoStepsMatchHandComputedReference) {
   EXPECT_EQ(ToFloats(model), rounded);
 }
 
+// bf16 moments: the update reads them widened and does the f32 moments' arithmetic, so from the
+// same (bf16-representable) state the masters come out bit-identical to an f32-moment update and
+// the stored moments are that update's moments rounded to bf16; mixed dtypes likewise.
+TEST_F(CpuOpsTest, AdamWBf16MomentsStoreTheF32UpdatesMomentsRounded) {
+  const int64_t n = 1000;
+  ops::AdamWConfig config;
+  config.lr = 0.01f;
+  config.weight_decay = 0.1f;
+  config.step = 4;
+  const Tensor grad = Random({n});
+  const auto bf16_values = [&](float scale) {  // f32 values that bf16 holds exactly
+    Tensor narrow = Tensor::Empty({n}, DType::kBF16, Device::CPU());
+    ops::Cast(Random({n}, scale), narrow);
+    std::vector<float> values = ToFloats(narrow);
+    return values;
+  };
+  const std::vector<float> w0 = bf16_values(1.0f), m0 = bf16_values(0.1f);
+  std::vector<float> v0 = bf16_values(0.1f);
+  for (float& x : v0) x = BFloat16ToFloat(FloatToBFloat16(x * x));
+  const auto run = [&](DType m_dtype, DType v_dtype) {
+    ops::AdamWTensors e{Floats(w0, {n}), grad, testing::FromFloats(m0, {n}, m_dtype, Device::CPU()),
+                        testing::FromFloats(v0, {n}, v_dtype, Device::CPU())};
+    ops::AdamWUpdate(std::vector<ops::AdamWTensors>{e}, config);
+    return e;
+  };
+  const ops::AdamWTensors f32 = run(DType::kF32, DType::kF32);
+  const auto rounded = [](const Tensor& t) {
+    std::vector<float> values = ToFloats(t);
+    for (float& x : values) x = BFloat16ToFloat(FloatToBFloat16(x));
+    return values;
+  };
+  for (const auto& [m_dtype, v_dtype] :
+       {std::pair{DType::kBF16, DType::kBF16}, std::pair{DType::kBF16, DType::kF32},
+        std::pair{DType::kF32, DType::kBF16}}) {
+    const ops::AdamWTensors e = run(m_dtype, v_dtype);
+    EXPECT_EQ(e.m.dtype(), m_dtype);
+    EXPECT_EQ(e.v.dtype(), v_dtype);
+    EXPECT_EQ(ToFloats(e.master), ToFloats(f32.master));
+    EXPECT_EQ(ToFloats(e.m), m_dtype == DType::kBF16 ? rounded(f32.m) : ToFloats(f32.m));
+    EXPECT_EQ(ToFloats(e.v), v_dtype == DType::kBF16 ? rounded(f32.v) : ToFloats(f32.v));
+  }
+  EXPECT_NE(rounded(f32.m), ToFloats(f32.m));  // the rounding was real
+}
+
 }  // namespace
 }  // namespace moe

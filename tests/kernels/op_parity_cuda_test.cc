@@ -362,33 +362,41 @@ std::vector<OpCase> Cases() {
     r.Read("sum", sum);
     r.Read("norm", norm);
   });
-  add("adamw", [](OpRun& r) {
-    // Sizes that end inside a vector, a tile and a launch's table (over 64 entries: two launches),
-    // alternating weight decay.
-    std::vector<int64_t> sizes = {10000, 3, 16389, 1};
-    sizes.resize(70, 37);
-    std::vector<ops::AdamWTensors> entries;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      const int64_t n = sizes[i];
-      std::vector<float> v_host = testing::ToFloats(r.InF32({n}, 0.1f));
-      for (float& x : v_host) x = x * x;  // second moments are non-negative
-      entries.push_back({r.InF32({n}), r.InF32({n}), r.InF32({n}, 0.1f),
-                         FromFloats(v_host, {n}, DType::kF32, r.device()), r.Out({n}), i % 2 == 0});
-    }
-    ops::AdamWConfig config;
-    config.lr = 1e-2f;
-    config.weight_decay = 0.1f;
-    config.step = 3;
-    config.grad_scale = 0.5f;
-    ops::AdamWUpdate(entries, config);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const std::string suffix = std::to_string(i);
-      r.Read("master" + suffix, entries[i].master);
-      r.Read("m" + suffix, entries[i].m);
-      r.Read("v" + suffix, entries[i].v);
-      r.Read("model" + suffix, entries[i].model);
-    }
-  });
+  // Sizes that end inside a vector, a tile and a launch's table (over 64 entries: two launches),
+  // alternating weight decay; moments f32, or bf16 on both sides (rounding may differ by an ulp
+  // where the two backends' f32 arithmetic does).
+  for (DType moments : {DType::kF32, DType::kBF16}) {
+    add(
+        moments == DType::kF32 ? "adamw" : "adamw_bf16_moments",
+        [moments](OpRun& r) {
+          std::vector<int64_t> sizes = {10000, 3, 16389, 1};
+          sizes.resize(70, 37);
+          std::vector<ops::AdamWTensors> entries;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            const int64_t n = sizes[i];
+            std::vector<float> m_host = testing::ToFloats(r.InF32({n}, 0.1f));
+            std::vector<float> v_host = testing::ToFloats(r.InF32({n}, 0.1f));
+            for (float& x : v_host) x = x * x;  // second moments are non-negative
+            entries.push_back(
+                {r.InF32({n}), r.InF32({n}), FromFloats(m_host, {n}, moments, r.device()),
+                 FromFloats(v_host, {n}, moments, r.device()), r.Out({n}), i % 2 == 0});
+          }
+          ops::AdamWConfig config;
+          config.lr = 1e-2f;
+          config.weight_decay = 0.1f;
+          config.step = 3;
+          config.grad_scale = 0.5f;
+          ops::AdamWUpdate(entries, config);
+          for (size_t i = 0; i < entries.size(); ++i) {
+            const std::string suffix = std::to_string(i);
+            r.Read("master" + suffix, entries[i].master);
+            r.Read("m" + suffix, entries[i].m);
+            r.Read("v" + suffix, entries[i].v);
+            r.Read("model" + suffix, entries[i].model);
+          }
+        },
+        moments == DType::kF32 ? 1e-5 : 1e-4);
+  }
   return cases;
 }
 

@@ -93,14 +93,15 @@ void SetGrads(ParameterSet& set) {
   }
 }
 
-TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
+void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
   constexpr int kShards = 3;
   constexpr int64_t kBucketBytes = 1200 * 4;  // {a.weight, a.norm}, {b}, {c, d}
   ops::AdamWConfig config;
   config.lr = 1e-2f;
   config.weight_decay = 0.1f;
   config.step = 1;
-  ParameterSet whole = ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9);
+  ParameterSet whole =
+      ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, moment_dtypes);
   for (const ParameterSpec& spec : Specs()) whole.Create(spec);
   whole.AllocateBuckets(1, 0, kBucketBytes);
   SetGrads(whole);
@@ -108,7 +109,8 @@ TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
 
   std::map<std::string, std::vector<int>> covered;  // elements updated, by parameter
   for (int shard = 0; shard < kShards; ++shard) {
-    ParameterSet set = ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9);
+    ParameterSet set =
+        ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, moment_dtypes);
     for (const ParameterSpec& spec : Specs()) set.Create(spec);
     set.AllocateBuckets(kShards, shard, kBucketBytes);
     ASSERT_EQ(set.buckets().size(), 3u);
@@ -127,6 +129,7 @@ TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
         return std::vector<uint32_t>(bits.begin() + first, bits.begin() + first + n);
       };
       EXPECT_EQ(testing::FloatBits(s.master), part(want.master)) << mine.name;
+      EXPECT_EQ(s.exp_avg.dtype(), moment_dtypes.exp_avg);
       EXPECT_EQ(testing::FloatBits(s.exp_avg), part(want.exp_avg)) << mine.name;
       EXPECT_EQ(testing::FloatBits(s.exp_avg_sq), part(want.exp_avg_sq)) << mine.name;
       EXPECT_EQ(testing::FloatBits(s.value), part(want.value)) << mine.name;
@@ -138,6 +141,14 @@ TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
   ASSERT_EQ(covered.size(), Specs().size());
   for (const auto& [name, counts] : covered) {
     for (size_t i = 0; i < counts.size(); ++i) ASSERT_EQ(counts[i], 1) << name << "[" << i << "]";
+  }
+}
+
+// With f32 and with bf16 moments.
+TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
+  for (DType moments : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(moments) + std::string(" moments"));
+    ExpectShardsUpdateAsTheWhole(MomentDTypes{moments, moments});
   }
 }
 

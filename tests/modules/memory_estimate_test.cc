@@ -28,10 +28,10 @@ TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
 
 // Under the distributed optimizer a rank counts its shard of the masters (CUDA) and moments.
 TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1), 18.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1), 16.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4), 9.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2), 12.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, /*moment_bytes=*/8), 18.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, 8), 16.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, 8), 9.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2, 8), 12.0);
   MemoryEstimateOptions o;
   o.model = testing::DefaultRunModel();
   o.cuda = true;
@@ -40,6 +40,22 @@ TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
   EXPECT_EQ(sharded.state_bytes, 7.5 * o.model.total_parameters());
   o.state_shards = 1;
   EXPECT_EQ(EstimateTrainingMemory(o).activation_bytes, sharded.activation_bytes);
+}
+
+// bf16 moments take 2 + 2 bytes instead of 4 + 4, sharded or not.
+TEST(MemoryEstimateTest, Bf16MomentsCountTwoBytesEach) {
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, /*moment_bytes=*/4), 14.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, 4), 12.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, 4), 8.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, 6), 16.0);  // one moment of each
+  MemoryEstimateOptions o;
+  o.model = testing::DefaultRunModel();
+  o.cuda = true;
+  const MemoryEstimate f32 = EstimateTrainingMemory(o);
+  o.moment_bytes = 4;
+  const MemoryEstimate bf16 = EstimateTrainingMemory(o);
+  EXPECT_EQ(f32.state_bytes - bf16.state_bytes, 4.0 * o.model.total_parameters());
+  EXPECT_EQ(f32.activation_bytes, bf16.activation_bytes);
 }
 
 TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {

@@ -60,9 +60,11 @@ Device TestDevice() {
   return *device;
 }
 
-TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false) {
+TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false,
+                           MomentDTypes moment_dtypes = {}) {
   TrainerOptions o;
   o.use_distributed_optimizer = distributed_optimizer;
+  o.moment_dtypes = moment_dtypes;
   o.micro_batch_size = 1;
   o.global_batch_size = 8;
   o.train_steps = kSteps;
@@ -197,10 +199,11 @@ class TrainerParallelTest : public ::testing::Test {
   }
 
   std::unique_ptr<Trainer> NewTrainer(const ProcessGroups* groups,
-                                      bool distributed_optimizer = false) {
+                                      bool distributed_optimizer = false,
+                                      MomentDTypes moment_dtypes = {}) {
     StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(TinyConfig(), TinyOptions(1, false, distributed_optimizer), TestDevice(),
-                        source_.get(), groups);
+        Trainer::Create(TinyConfig(), TinyOptions(1, false, distributed_optimizer, moment_dtypes),
+                        TestDevice(), source_.get(), groups);
     CHECK(created.ok()) << created.status().message();
     return std::move(created).value();
   }
@@ -453,26 +456,30 @@ TEST_F(TrainerParallelTest, DistributedOptimizerHoldsOneShardOfTheState) {
 }
 
 // A sharded run saved after one step and resumed repeats the uninterrupted sharded run bit for
-// bit (losses, norms, and the whole state gathered at the end), under every sharded layout.
+// bit (losses, norms, and the whole state gathered at the end), under every sharded layout, with
+// f32 and with bf16 moments (gathered, sent down the pipeline and saved as bf16).
 TEST_F(TrainerParallelTest, DistributedOptimizerCheckpointResumesBitForBit) {
   for (int pipeline : ShardedLayouts(world_.size())) {
-    SCOPED_TRACE("pipeline " + std::to_string(pipeline));
-    const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
-    const std::string root = CheckpointRoot("sharded_resume_pp" + std::to_string(pipeline));
-    std::unique_ptr<Trainer> reference = NewTrainer(&groups, true);
-    std::vector<StepStats> uninterrupted;
-    for (int step = 0; step < kSteps; ++step) uninterrupted.push_back(reference->TrainStep());
-    std::unique_ptr<Trainer> first = NewTrainer(&groups, true);
-    first->TrainStep();
-    const Status saved = first->Save(root, {{"test", "sharded resume"}});
-    ASSERT_TRUE(saved.ok()) << saved.message();
-    comm_->Barrier();
-    std::unique_ptr<Trainer> resumed = NewTrainer(&groups, true);
-    const Status loaded = resumed->Load(root);
-    ASSERT_TRUE(loaded.ok()) << loaded.message();
-    ExpectTrainsOnBitIdentically(*resumed, uninterrupted, *reference);
-    comm_->Barrier();
-    if (world_.rank() == 0) std::filesystem::remove_all(root);
+    for (const DType moments : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE("pipeline " + std::to_string(pipeline) + ", " + DTypeName(moments) + " moments");
+      const MomentDTypes moment_dtypes{moments, moments};
+      const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
+      const std::string root = CheckpointRoot("sharded_resume_pp" + std::to_string(pipeline));
+      std::unique_ptr<Trainer> reference = NewTrainer(&groups, true, moment_dtypes);
+      std::vector<StepStats> uninterrupted;
+      for (int step = 0; step < kSteps; ++step) uninterrupted.push_back(reference->TrainStep());
+      std::unique_ptr<Trainer> first = NewTrainer(&groups, true, moment_dtypes);
+      first->TrainStep();
+      const Status saved = first->Save(root, {{"test", "sharded resume"}});
+      ASSERT_TRUE(saved.ok()) << saved.message();
+      comm_->Barrier();
+      std::unique_ptr<Trainer> resumed = NewTrainer(&groups, true, moment_dtypes);
+      const Status loaded = resumed->Load(root);
+      ASSERT_TRUE(loaded.ok()) << loaded.message();
+      ExpectTrainsOnBitIdentically(*resumed, uninterrupted, *reference);
+      comm_->Barrier();
+      if (world_.rank() == 0) std::filesystem::remove_all(root);
+    }
   }
 }
 

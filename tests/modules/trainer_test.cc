@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include "engine/core/bfloat16.h"
+#include "engine/io/safetensors.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -63,35 +65,91 @@ TEST(TrainerTest, EvaluationChangesNothing) {
   EXPECT_EQ(a->TrainStep().loss, b->TrainStep().loss);
 }
 
+TrainerOptions Bf16MomentOptions() {
+  TrainerOptions o = SmallOptions();
+  o.moment_dtypes = {DType::kBF16, DType::kBF16};
+  return o;
+}
+
+// With f32 and with bf16 AdamW moments (saved as bf16: the resumed run reads back exactly what the
+// uninterrupted one holds).
 TEST(TrainerTest, ResumeIsBitIdentical) {
   auto source = Synthetic(64);
-  const std::string root = ::testing::TempDir() + "/resume_" + std::to_string(testing::TestSeed());
+  for (const TrainerOptions& options : {SmallOptions(), Bf16MomentOptions()}) {
+    SCOPED_TRACE(DTypeName(options.moment_dtypes.exp_avg) + std::string(" moments"));
+    const std::string root =
+        ::testing::TempDir() + "/resume_" + std::to_string(testing::TestSeed());
+    std::filesystem::remove_all(root);
+
+    auto straight = NewTrainer(source.get(), options);
+    std::vector<StepStats> expected;
+    for (int step = 0; step < 6; ++step) expected.push_back(straight->TrainStep());
+
+    auto first_half = NewTrainer(source.get(), options);
+    for (int step = 0; step < 3; ++step) first_half->TrainStep();
+    ASSERT_TRUE(first_half->Save(root, {{"test", true}}).ok());
+
+    auto resumed = NewTrainer(source.get(), options);
+    const Status loaded = resumed->Load(root);
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    EXPECT_EQ(resumed->step(), 3);
+    for (int step = 3; step < 6; ++step) {
+      const StepStats stats = resumed->TrainStep();
+      EXPECT_EQ(stats.loss, expected[step].loss) << "step " << step;
+      EXPECT_EQ(stats.grad_norm, expected[step].grad_norm) << "step " << step;
+    }
+    const auto& want = straight->parameters().all();
+    const auto& got = resumed->parameters().all();
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(testing::ToFloats(got[i]->master), testing::ToFloats(want[i]->master))
+          << want[i]->name;
+      EXPECT_EQ(got[i]->exp_avg.dtype(), options.moment_dtypes.exp_avg);
+      EXPECT_EQ(testing::ToFloats(got[i]->exp_avg_sq), testing::ToFloats(want[i]->exp_avg_sq))
+          << want[i]->name;
+    }
+    std::filesystem::remove_all(root);
+  }
+}
+
+// bf16 moments: the loss falls about as with f32 moments; the checkpoint holds them as bf16,
+// and checkpoints of either dtype load into runs of the other (widened exactly, or rounded).
+TEST(TrainerTest, Bf16MomentsTrainLikeF32AndCheckpointsCrossDtypes) {
+  auto source = Synthetic(64);
+  auto f32 = NewTrainer(source.get()), bf16 = NewTrainer(source.get(), Bf16MomentOptions());
+  double first = 0, last_f32 = 0, last_bf16 = 0;
+  for (int step = 0; step < 40; ++step) {
+    last_f32 = f32->TrainStep().loss;
+    last_bf16 = bf16->TrainStep().loss;
+    if (step == 0) first = last_bf16;
+  }
+  EXPECT_LT(last_bf16, first - 1.0);
+  EXPECT_NEAR(last_bf16, last_f32, 0.05 * last_f32);
+  EXPECT_NE(last_bf16, last_f32) << "the moments' dtype changed nothing";
+
+  const std::string root = ::testing::TempDir() + "/moments_" + std::to_string(testing::TestSeed());
   std::filesystem::remove_all(root);
+  ASSERT_TRUE(bf16->Save(root + "/bf16", {}).ok());
+  ASSERT_TRUE(f32->Save(root + "/f32", {}).ok());
+  const auto contents = ReadSafetensors(root + "/bf16/step_00000040/optimizer.safetensors");
+  ASSERT_TRUE(contents.ok()) << contents.status().message();
+  const Parameter& first_parameter = *bf16->parameters().all().front();
+  EXPECT_EQ(contents.value().tensors.at(first_parameter.name + ".exp_avg").dtype, DType::kBF16);
 
-  auto straight = NewTrainer(source.get());
-  std::vector<StepStats> expected;
-  for (int step = 0; step < 6; ++step) expected.push_back(straight->TrainStep());
-
-  auto first_half = NewTrainer(source.get());
-  for (int step = 0; step < 3; ++step) first_half->TrainStep();
-  ASSERT_TRUE(first_half->Save(root, {{"test", true}}).ok());
-
-  auto resumed = NewTrainer(source.get());
-  const Status loaded = resumed->Load(root);
-  ASSERT_TRUE(loaded.ok()) << loaded.message();
-  EXPECT_EQ(resumed->step(), 3);
-  for (int step = 3; step < 6; ++step) {
-    const StepStats stats = resumed->TrainStep();
-    EXPECT_EQ(stats.loss, expected[step].loss) << "step " << step;
-    EXPECT_EQ(stats.grad_norm, expected[step].grad_norm) << "step " << step;
+  auto widened = NewTrainer(source.get());
+  ASSERT_TRUE(widened->Load(root + "/bf16").ok());
+  auto rounded = NewTrainer(source.get(), Bf16MomentOptions());
+  ASSERT_TRUE(rounded->Load(root + "/f32").ok());
+  for (size_t i = 0; i < f32->parameters().all().size(); ++i) {
+    const Parameter& from_bf16 = *bf16->parameters().all()[i];
+    EXPECT_EQ(testing::ToFloats(widened->parameters().all()[i]->exp_avg),
+              testing::ToFloats(from_bf16.exp_avg));
+    std::vector<float> want = testing::ToFloats(f32->parameters().all()[i]->exp_avg_sq);
+    for (float& x : want) x = BFloat16ToFloat(FloatToBFloat16(x));
+    EXPECT_EQ(testing::ToFloats(rounded->parameters().all()[i]->exp_avg_sq), want);
   }
-  const auto& want = straight->parameters().all();
-  const auto& got = resumed->parameters().all();
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(testing::ToFloats(got[i]->master), testing::ToFloats(want[i]->master))
-        << want[i]->name;
-  }
+  EXPECT_TRUE(std::isfinite(widened->TrainStep().loss));
+  EXPECT_TRUE(std::isfinite(rounded->TrainStep().loss));
   std::filesystem::remove_all(root);
 }
 

@@ -1,5 +1,6 @@
 // CUDA AdamW step over many parameters (contract: engine/kernels/op_declarations.inc), in place on
-// f32 master weights, grad, m, v; the CPU reference's formula and operation order:
+// f32 master weights, f32 grad, and the moments m, v (each f32 or bf16: arithmetic in f32, bf16
+// stored rounded to nearest even); the CPU reference's formula and operation order:
 //   g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   master -= lr * (wd * master + m * m_corr / (sqrt(v * v_corr) + eps)),
 //   m_corr = 1 / (1 - b1^step), v_corr = 1 / (1 - b2^step) (computed in double on the host).
@@ -10,8 +11,9 @@
 // tiles are numbered entry by entry, and blocks walk them grid-stride, so a block's tiles only move
 // forward through the table. A thread handles kUnroll 4-element vectors of a tile, loading all of
 // them before any arithmetic so that each thread keeps 16 loads in flight (the step is
-// memory-bound: 30 bytes per parameter with a bf16 model). Entries' tensors come from the
-// allocator, 16-byte aligned (checked); an entry's last partial vector goes element by element.
+// memory-bound: 30 bytes per parameter with a bf16 model and f32 moments, 22 with bf16 moments).
+// Entries' tensors come from the allocator, 16-byte aligned (checked); an entry's last partial
+// vector goes element by element.
 #include <cmath>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
@@ -33,8 +35,8 @@ struct AdamWStep {
 struct EntryTable {
   float* master[kMaxEntries];
   const float* grad[kMaxEntries];
-  float* m[kMaxEntries];
-  float* v[kMaxEntries];
+  void* m[kMaxEntries];      // all of the launch's m type
+  void* v[kMaxEntries];      // all of the launch's v type
   void* model[kMaxEntries];  // all nullptr, or all of the launch's model type
   int64_t n[kMaxEntries];
   int64_t tiles_end[kMaxEntries];  // tiles of entries [0, i], cumulative
@@ -54,7 +56,8 @@ __device__ __forceinline__ void Update(Element& e, const AdamWStep& p, float wei
   e.w = e.w - p.lr * (weight_decay * e.w + update);
 }
 
-template <typename M>
+// MT, VT: the moments' types; M: the model copy's.
+template <typename MT, typename VT, typename M>
 __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable table, AdamWStep p) {
   const int64_t tiles = table.tiles_end[table.count - 1];
   int entry = 0;
@@ -64,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
     const int64_t n = table.n[entry];
     float* master = table.master[entry];
     const float* grad = table.grad[entry];
-    float* m = table.m[entry];
-    float* v = table.v[entry];
+    MT* m = static_cast<MT*>(table.m[entry]);
+    VT* v = static_cast<VT*>(table.v[entry]);
     M* model = static_cast<M*>(table.model[entry]);
     const float weight_decay = table.weight_decay[entry] ? p.weight_decay : 0.0f;
     const int64_t base = (tile - first_tile) * kTile + int64_t{threadIdx.x} * kVec;
@@ -99,11 +102,11 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
         if (model != nullptr) StoreFloats<kVec>(model + i, w[u]);
       } else {
         for (int64_t k = i; k < n; ++k) {  // the entry's last, partial vector
-          Element e = {master[k], grad[k], m[k], v[k]};
+          Element e = {master[k], grad[k], ToFloat(m[k]), ToFloat(v[k])};
           Update(e, p, weight_decay);
           master[k] = e.w;
-          m[k] = e.m;
-          v[k] = e.v;
+          m[k] = FromFloat<MT>(e.m);
+          v[k] = FromFloat<VT>(e.v);
           if (model != nullptr) model[k] = FromFloat<M>(e.w);
         }
       }
@@ -111,10 +114,10 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
   }
 }
 
-template <typename M>
+template <typename MT, typename VT, typename M>
 void Launch(const EntryTable& table, const AdamWStep& p, cudaStream_t stream) {
   const int64_t tiles = table.tiles_end[table.count - 1];
-  MultiTensorAdamWKernel<M><<<BlocksFor(tiles, 1), kThreads, 0, stream>>>(table, p);
+  MultiTensorAdamWKernel<MT, VT, M><<<BlocksFor(tiles, 1), kThreads, 0, stream>>>(table, p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -133,16 +136,18 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
       static_cast<float>(1.0 / (1.0 - std::pow(config.beta2, step))),
   };
   const cudaStream_t stream = StreamOf(entries.front().master);
-  const bool has_model = entries.front().model.defined();
+  const AdamWTensors& first = entries.front();
+  // Without a model copy the kernel stores none; its type is then only a placeholder.
+  const DType model_dtype = first.model.defined() ? first.model.dtype() : DType::kF32;
   EntryTable table = {};
   const auto flush = [&] {
     if (table.count == 0) return;
-    if (!has_model) {
-      Launch<float>(table, p, stream);
-    } else {
-      DispatchFloat(entries.front().model.dtype(),
-                    [&]<typename M>(TypeTag<M>) { Launch<M>(table, p, stream); });
-    }
+    DispatchFloat(first.m.dtype(), [&]<typename MT>(TypeTag<MT>) {
+      DispatchFloat(first.v.dtype(), [&]<typename VT>(TypeTag<VT>) {
+        DispatchFloat(model_dtype,
+                      [&]<typename M>(TypeTag<M>) { Launch<MT, VT, M>(table, p, stream); });
+      });
+    });
     table = {};
   };
   int64_t tiles = 0;
@@ -156,8 +161,8 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
     const int i = table.count++;
     table.master[i] = Ptr<float>(e.master);
     table.grad[i] = Ptr<const float>(e.grad);
-    table.m[i] = Ptr<float>(e.m);
-    table.v[i] = Ptr<float>(e.v);
+    table.m[i] = e.m.data();
+    table.v[i] = e.v.data();
     table.model[i] = e.model.defined() ? e.model.data() : nullptr;
     table.n[i] = n;
     tiles += (n + kTile - 1) / kTile;
