@@ -10,8 +10,9 @@
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
 # (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and
 # (attention) attention_bench beside PyTorch's SDPA (../shared/peers/torch_attention_peer.py) at
-# the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the preset
-# at global batch 1 and 8 and its larger micro-batches, and moe_100m's loss curves beside f32.
+# the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
+# preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
+# preset with bf16 moments too).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
 #   sweep step attention moments;
@@ -149,6 +150,7 @@ timeout 200 "$bin/optimizer_bench" 2>&1 | tee "$out/optimizer_bench.log"
 echo "== the 8-layer preset beside PyTorch eager (same model, batch and precision; steps 7-12)"
 for gb in 1 8; do
   preset_gb_run $gb step_gb$gb
+  preset_gb_run $gb step_gb${gb}_bf16_moments "$bf16_moments"
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
@@ -168,9 +170,8 @@ done
 fi
 
 if [[ $sections == *moments* ]]; then
-echo "== bf16 AdamW moments: the optimizer, the preset at global batch 1 and 8, micro-batches 16-18"
+echo "== bf16 AdamW moments: the optimizer, micro-batches 16-18 of the preset"
 timeout 200 "$bin/optimizer_bench" --moments=bf16 2>&1 | tee "$out/optimizer_bench_bf16.log"
-for gb in 1 8; do preset_gb_run $gb step_gb${gb}_bf16_moments "$bf16_moments"; done
 for mb in 16 17 18; do
   brun "mb $mb, nothing saved, bf16 moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_moments"
 done
