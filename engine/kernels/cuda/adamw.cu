@@ -150,14 +150,12 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
     });
     table = {};
   };
-  int64_t tiles = 0;
   for (const AdamWTensors& e : entries) {
     const int64_t n = e.master.numel();
     if (n == 0) continue;
     for (const Tensor* t : {&e.master, &e.grad, &e.m, &e.v, &e.model}) {
       CHECK(!t->defined() || Aligned16(t->data())) << "adamw tensor not 16-byte aligned";
     }
-    if (table.count == 0) tiles = 0;
     const int i = table.count++;
     table.master[i] = Ptr<float>(e.master);
     table.grad[i] = Ptr<const float>(e.grad);
@@ -165,8 +163,7 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
     table.v[i] = e.v.data();
     table.model[i] = e.model.defined() ? e.model.data() : nullptr;
     table.n[i] = n;
-    tiles += (n + kTile - 1) / kTile;
-    table.tiles_end[i] = tiles;
+    table.tiles_end[i] = (i == 0 ? 0 : table.tiles_end[i - 1]) + (n + kTile - 1) / kTile;
     table.weight_decay[i] = e.weight_decay;
     if (table.count == kMaxEntries) flush();
   }
