@@ -49,11 +49,8 @@ int Run() {
     forward();
     ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
   };
-  const auto time = [&](const std::function<void()>& body) {
-    body();  // warm-up
-    return MedianMs(device, FLAGS_iters, body);
-  };
-  const double fwd_ms = time(forward), fwdbwd_ms = time(forward_backward);
+  const double fwd_ms = WarmedMedianMs(device, FLAGS_iters, forward);
+  const double fwdbwd_ms = WarmedMedianMs(device, FLAGS_iters, forward_backward);
   const double fwd_flop = 2.0 * 2.0 * b * h * t * t * d / 2;
   const double fwd_tflops = fwd_flop / fwd_ms / 1e9,
                fwdbwd_tflops = 3.5 * fwd_flop / fwdbwd_ms / 1e9;

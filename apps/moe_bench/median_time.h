@@ -1,4 +1,5 @@
-// The median over `iters` runs of body's device time on the compute stream (timing events).
+// The median over `iters` runs of body's device time on the compute stream (timing events), with
+// or without a warm-up run first.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,12 @@ inline double MedianMs(Device device, int iters, const std::function<void()>& bo
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// One untimed run of body (a warm-up), then MedianMs.
+inline double WarmedMedianMs(Device device, int iters, const std::function<void()>& body) {
+  body();
+  return MedianMs(device, iters, body);
 }
 
 }  // namespace moe

@@ -76,8 +76,7 @@ int Run() {
   Tensor dst = Tensor::Empty({copy_elements}, DType::kF32, device);
   ops::Fill(src, 1.0f);
   const auto run = [&](const std::function<void()>& body) {
-    body();  // warm-up
-    return MedianMs(device, FLAGS_iters, body);
+    return WarmedMedianMs(device, FLAGS_iters, body);
   };
   const double copy_ms = run([&] { ops::Copy(src, dst); });
   const double copy_bytes = 2.0 * static_cast<double>(src.nbytes());
