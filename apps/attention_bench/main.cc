@@ -1,13 +1,15 @@
 // attention_bench: times causal grouped-query attention (ops::AttentionForward, and forward +
 // ops::AttentionBackward) at one shape, the way ../shared/peers/torch_attention_peer.py times
-// PyTorch's SDPA: bf16 (batch, seq, heads, head_dim) inputs, FLOPs of causal attention only
-// (forward 2 * 2 * b * h * t * t * d / 2, backward 2.5x that), the median of --iters runs after a
-// warm-up. Prints one line per pass and a JSON SUMMARY line last (the peer's fields).
+// PyTorch's SDPA: bf16 (batch, seq, heads, head_dim) inputs (f32 with --device=cpu, a check of the
+// bench only), FLOPs of causal attention only (forward 2 * 2 * b * h * t * t * d / 2, backward
+// 2.5x that), the median of --iters runs after a warm-up. Prints one line per pass and a JSON
+// SUMMARY line last (the peer's fields).
 #include <cstdio>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include "apps/moe_bench/bench_device.h"
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/random_tensor.h"
 #include "engine/kernels/ops.h"
@@ -18,6 +20,7 @@ DEFINE_int64(heads, 16, "query heads");
 DEFINE_int64(kv_heads, 4, "key/value heads (divides --heads)");
 DEFINE_int64(head_dim, 128, "64 or 128");
 DEFINE_int32(iters, 20, "timed iterations (the median is reported)");
+DEFINE_string(device, "cuda", "cpu | cuda");
 
 namespace moe {
 namespace {
@@ -31,19 +34,23 @@ int Run() {
             "--kv_heads must divide --heads and --head_dim must be 64 or 128\n");
     return 2;
   }
-  const Device device = Device::CUDA(0);
+  const std::optional<Device> chosen = BenchDevice("attention_bench", FLAGS_device);
+  if (!chosen) return 2;
+  const Device device = *chosen;
+  // The CPU reference computes in f32 (a check of the bench, not a timing to compare).
+  const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   const int64_t b = FLAGS_batch, t = FLAGS_seq, h = FLAGS_heads, kv = FLAGS_kv_heads,
                 d = FLAGS_head_dim;
   const auto input = [&](const Shape& shape, uint32_t seed) {
-    return RandomTensor(shape, DType::kBF16, device, 1.0f, seed, /*distinct=*/1 << 20);
+    return RandomTensor(shape, dtype, device, 1.0f, seed, /*distinct=*/1 << 20);
   };
   const Tensor q = input({b, t, h, d}, 1), k = input({b, t, kv, d}, 2), v = input({b, t, kv, d}, 3);
   const Tensor dout = input({b, t, h, d}, 4);
-  const Tensor out = Tensor::Empty({b, t, h, d}, DType::kBF16, device);
+  const Tensor out = Tensor::Empty({b, t, h, d}, dtype, device);
   const Tensor lse = Tensor::Empty({b, h, t}, DType::kF32, device);
-  const Tensor dq = Tensor::Empty(q.shape(), DType::kBF16, device);
-  const Tensor dk = Tensor::Empty(k.shape(), DType::kBF16, device);
-  const Tensor dv = Tensor::Empty(v.shape(), DType::kBF16, device);
+  const Tensor dq = Tensor::Empty(q.shape(), dtype, device);
+  const Tensor dk = Tensor::Empty(k.shape(), dtype, device);
+  const Tensor dv = Tensor::Empty(v.shape(), dtype, device);
   const auto forward = [&] { ops::AttentionForward(q, k, v, out, lse); };
   const auto forward_backward = [&] {
     forward();

@@ -15,6 +15,7 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/moe_bench/bench_device.h"
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/op_breakdown.h"
 #include "apps/moe_bench/random_tensor.h"
@@ -143,13 +144,9 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
 }
 
 int Run() {
-  const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
-  const Status available = CheckDeviceAvailable(device);
-  if (!available.ok()) {
-    fprintf(stderr, "moe_bench: --device=%s: %s\n", FLAGS_device.c_str(),
-            available.message().c_str());
-    return 2;
-  }
+  const std::optional<Device> chosen = BenchDevice("moe_bench", FLAGS_device);
+  if (!chosen) return 2;
+  const Device device = *chosen;
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   const double tolerance = device.is_cuda() ? 2e-2 : 1e-5;
   nlohmann::json results = nlohmann::json::array();

@@ -12,6 +12,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include "apps/moe_bench/bench_device.h"
 #include "apps/moe_bench/median_time.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
@@ -40,7 +41,9 @@ void PrintRow(const char* what, double ms, double bytes, double copy_gbs) {
 }
 
 int Run() {
-  const Device device = FLAGS_device == "cpu" ? Device::CPU() : Device::CUDA(0);
+  const std::optional<Device> chosen = BenchDevice("optimizer_bench", FLAGS_device);
+  if (!chosen) return 2;
+  const Device device = *chosen;
   GptConfig config;
   config.num_layers = FLAGS_num_layers;
   config.first_dense_layers = FLAGS_first_dense_layers;
