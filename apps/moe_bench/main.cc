@@ -211,13 +211,15 @@ int Run() {
                             ops::GroupedMatmulNeedsHostOffsets(
                                 device, dtype, {shape->experts, shape->hidden, shape->ffn});
         const char* grouped_gemms = !device.is_cuda() ? "cpu" : cublas ? "cublas" : "sm90";
-        printf("  %-12s %9s %8s %9s %8s  (dense GEMM of the same size; grouped GEMMs: %s)\n", "op",
-               "ms", "TFLOP/s", "dense ms", "TFLOP/s", grouped_gemms);
+        printf("  %-12s %9s %8s %9s %8s %6s  (dense GEMM of the same size; grouped GEMMs: %s)\n",
+               "op", "ms", "TFLOP/s", "dense ms", "TFLOP/s", "share", grouped_gemms);
         for (const OpTime& op :
              TimeFusedMlpOps(expert_shape, device, dtype, FLAGS_warmup, FLAGS_iters)) {
           printf("  %-12s %9.3f", op.op.c_str(), op.ms);
           if (op.gflop > 0) {
-            printf(" %8.1f %9.3f %8.1f", op.gflop / op.ms, op.dense_ms, op.gflop / op.dense_ms);
+            // share: the op's rate as a fraction of the dense GEMM's (dense ms / op ms).
+            printf(" %8.1f %9.3f %8.1f %5.0f%%", op.gflop / op.ms, op.dense_ms,
+                   op.gflop / op.dense_ms, 100 * op.dense_ms / op.ms);
           }
           printf("\n");
           ops_json.push_back(
