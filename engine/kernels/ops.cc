@@ -524,10 +524,11 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
   if (entries.empty()) return;
   CHECK_GE(config.step, 1) << "adamw step is 1-based";
   const AdamWTensors& first = entries.front();
-  const Device device = first.master.device();
+  const Device device = CommonDevice({&first.master});
   for (const AdamWTensors& e : entries) {
-    for (const Tensor* t : {&e.master, &e.grad, &e.m, &e.v}) {
-      CHECK(t->device() == device) << "adamw over devices: " << t->DebugString();
+    CHECK(CommonDevice({&e.master, &e.grad, &e.m, &e.v, &e.model}) == device)
+        << "adamw over devices: " << e.master.DebugString();
+    for (const Tensor* t : {&e.grad, &e.m, &e.v}) {
       CHECK_EQ(t->numel(), e.master.numel()) << "adamw sizes differ";
     }
     CheckDType(e.master, DType::kF32, "adamw master");
@@ -538,7 +539,6 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
     CheckFloat(e.v, "adamw v");
     CHECK_EQ(e.model.defined(), first.model.defined()) << "adamw: some model copies missing";
     if (e.model.defined()) {
-      CHECK(e.model.device() == device) << "adamw model copy: " << e.model.DebugString();
       CheckDType(e.model, first.model.dtype(), "adamw model copy");
       CheckFloat(e.model, "adamw model copy");
       CHECK_EQ(e.model.numel(), e.master.numel()) << "adamw model copy size";

@@ -54,10 +54,6 @@ class AdamW {
 // value is the master itself (the CPU).
 std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices);
 
-// The ops::AdamWUpdate entries of a rank's owned slices: model = the slice's value, unless the
-// value is the master itself (the CPU).
-std::vector<ops::AdamWTensors> AdamWUpdateEntries(const std::vector<OwnedSlice>& slices);
-
 // Linear warmup from 0 to `lr` over `warmup_steps`, then cosine decay to `min_lr` at
 // `total_steps`; constant `min_lr` after. `step` counts from 0.
 float LearningRate(int64_t step, float lr, float min_lr, int64_t warmup_steps, int64_t total_steps);
