@@ -80,9 +80,8 @@ StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
 }
 
 StatusOr<DType> ParseMomentDType(const char* flag, const std::string& text) {
-  if (text == "fp32") return DType::kF32;
-  if (text == "bf16") return DType::kBF16;
-  return InvalidArgument(std::string("--") + flag + "=" + text + " must be fp32 or bf16");
+  if (const std::optional<DType> dtype = MomentDTypeFromName(text)) return *dtype;
+  return InvalidArgument(std::string("--") + flag + "=" + text + " must be " + kMomentDTypeNames);
 }
 
 StatusOr<Device> ParseDevice(const std::string& text) {

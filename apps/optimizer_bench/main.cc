@@ -53,13 +53,14 @@ int Run() {
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
-  if (FLAGS_moments != "fp32" && FLAGS_moments != "bf16") {
-    fprintf(stderr, "optimizer_bench: --moments=%s must be fp32 or bf16\n", FLAGS_moments.c_str());
+  const std::optional<DType> moment_dtype = MomentDTypeFromName(FLAGS_moments);
+  if (!moment_dtype) {
+    fprintf(stderr, "optimizer_bench: --moments=%s must be %s\n", FLAGS_moments.c_str(),
+            kMomentDTypeNames);
     return 2;
   }
-  const DType moment_dtype = FLAGS_moments == "bf16" ? DType::kBF16 : DType::kF32;
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
-                          /*optimizer_state=*/true, MomentDTypes{moment_dtype, moment_dtype});
+                          /*optimizer_state=*/true, MomentDTypes{*moment_dtype, *moment_dtype});
   for (ParameterSpec spec :
        GptModel::StageParameterSpecs(config, GptStage{0, config.num_layers, true, true})) {
     spec.init = Init::kZeros;
@@ -72,7 +73,7 @@ int Run() {
   }
   const auto n = static_cast<double>(parameters.NumElements());
   printf("%zu tensors, %.3fB parameters, %s moments\n", parameters.all().size(), n / 1e9,
-         DTypeName(moment_dtype));
+         DTypeName(*moment_dtype));
 
   const auto copy_elements = static_cast<int64_t>(FLAGS_copy_gib * static_cast<double>(kGiB) / 4);
   Tensor src = Tensor::Empty({copy_elements}, DType::kF32, device);
@@ -89,11 +90,7 @@ int Run() {
   Tensor norm = Tensor::Empty({1}, DType::kF32, device);
   PrintRow("gradient norm (4 B/parameter)", run([&] { ops::GlobalL2Norm(grads, norm); }), 4 * n,
            copy_gbs);
-  std::vector<ops::AdamWTensors> entries;
-  for (const auto& p : parameters.all()) {
-    const Tensor model = p->value.SharesStorageWith(p->master) ? Tensor() : p->value;
-    entries.push_back({p->master, p->grad, p->exp_avg, p->exp_avg_sq, model, p->weight_decay});
-  }
+  const std::vector<ops::AdamWTensors> entries = AdamWUpdateEntries(parameters.OwnedSlices());
   // master, grad, m, v read; master, m, v and the model copy (if any) written.
   const auto model_bytes = static_cast<double>(
       entries.front().model.defined() ? DTypeSize(entries.front().model.dtype()) : 0);

@@ -48,6 +48,12 @@ Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
 
 }  // namespace
 
+std::optional<DType> MomentDTypeFromName(const std::string& name) {
+  if (name == "fp32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  return std::nullopt;
+}
+
 ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state,
                            MomentDTypes moments)
     : device_(device),

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct MomentDTypes {
   DType exp_avg_sq = DType::kF32;
   int64_t bytes() const { return static_cast<int64_t>(DTypeSize(exp_avg) + DTypeSize(exp_avg_sq)); }
 };
+
+// A moment dtype by the name those flags use: "fp32" or "bf16"; nullopt for any other name.
+inline constexpr const char* kMomentDTypeNames = "fp32 or bf16";
+std::optional<DType> MomentDTypeFromName(const std::string& name);
 
 struct Parameter {
   std::string name;
