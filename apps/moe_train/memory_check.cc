@@ -22,7 +22,7 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
   options.first_stage_layers = run.trainer.first_stage_layers;
   options.last_stage_layers = run.trainer.last_stage_layers;
   options.cuda = run.device.is_cuda();
-  options.state_shards = run.trainer.use_distributed_optimizer ? run.data_parallel : 1;
+  options.state_shards = run.state_shards();
   options.moment_bytes = run.trainer.moment_dtypes.bytes();
   return options;
 }

@@ -54,6 +54,10 @@ struct RunConfig {
   std::pair<int64_t, int64_t> trace_steps{0, -1};
   // What the validation adjusted, one log line each (e.g. the clamped warmup).
   std::vector<std::string> notes;
+
+  // The ranks the optimizer state is sharded over: the data-parallel ranks under
+  // --use_distributed_optimizer, else 1.
+  int64_t state_shards() const { return trainer.use_distributed_optimizer ? data_parallel : 1; }
 };
 
 // The trace file of `rank`: --trace_file itself in a one-rank run, else with ".rank<r>" before

@@ -23,11 +23,6 @@ std::string Millions(int64_t n) {
   return buffer;
 }
 
-// The optimizer state's shards (the distributed optimizer: the data-parallel ranks).
-int64_t StateShards(const RunConfig& run) {
-  return run.trainer.use_distributed_optimizer ? run.data_parallel : 1;
-}
-
 }  // namespace
 
 RunLog::RunLog(const RunConfig& run) : run_(run) {
@@ -51,7 +46,7 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
       (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
   // Weights, gradients and AdamW state per parameter on each rank (memory_estimate.h), and what
   // that makes for the whole model (a pipeline rank holds its stages' share).
-  const int64_t shards = StateShards(run_);
+  const int64_t shards = run_.state_shards();
   const double per_parameter =
       StateBytesPerParameter(run_.device.is_cuda(), shards, t.moment_dtypes.bytes());
   const std::string sharded = shards > 1 ? " (master weights and moments sharded over " +
