@@ -372,10 +372,7 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
     for (int chunk = 0; chunk < chunks; ++chunk) {
       const int stage = StageIndex(peer, chunk, pipeline_size);
       for (const ParameterSpec& spec : GptModel::StageParameterSpecs(config_, StageOf(stage))) {
-        const MomentDTypes& moments = parameters_.moment_dtypes();
-        received.push_back({spec.name, Tensor::Empty(spec.shape, DType::kF32, device_),
-                            Tensor::Empty(spec.shape, moments.exp_avg, device_),
-                            Tensor::Empty(spec.shape, moments.exp_avg_sq, device_)});
+        received.push_back(parameters_.NewWholeState(spec.name, spec.shape));
         received_peer.push_back(peer);
         received_stage.push_back(stage);
       }

@@ -206,10 +206,8 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
 
 WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
   const ParameterBucket& bucket = buckets_.at(b);
-  WholeBucketState whole;
-  whole.master = Tensor::Empty({bucket.layout.numel}, DType::kF32, device_);
-  whole.exp_avg = Tensor::Empty({bucket.layout.numel}, moments_.exp_avg, device_);
-  whole.exp_avg_sq = Tensor::Empty({bucket.layout.numel}, moments_.exp_avg_sq, device_);
+  const WholeParameterState flat = NewWholeState("", {bucket.layout.numel});
+  WholeBucketState whole{flat.master, flat.exp_avg, flat.exp_avg_sq};
   for (const Tensor* t : {&whole.master, &whole.exp_avg, &whole.exp_avg_sq}) ops::Fill(*t, 0.0f);
   for (size_t i = bucket.layout.begin; i < bucket.layout.end; ++i) {
     const int64_t offset = bucket.layout.offsets[i - bucket.layout.begin];
@@ -219,6 +217,12 @@ WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
                                 ParameterView(whole.exp_avg_sq, offset, shape)});
   }
   return whole;
+}
+
+WholeParameterState ParameterSet::NewWholeState(const std::string& name, const Shape& shape) const {
+  return {name, Tensor::Empty(shape, DType::kF32, device_),
+          Tensor::Empty(shape, moments_.exp_avg, device_),
+          Tensor::Empty(shape, moments_.exp_avg_sq, device_)};
 }
 
 void ParameterSet::AssignBucketState(size_t b, const WholeBucketState& whole) {

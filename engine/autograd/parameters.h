@@ -145,6 +145,9 @@ class ParameterSet {
   int shards() const { return buckets_.empty() ? 1 : buckets_.front().layout.shards; }
   // Bucket b's whole state: new zeroed buffers (e.g. to load a checkpoint or gather shards into).
   WholeBucketState NewWholeBucketState(size_t b) const;
+  // A new whole state of `shape` in this set's dtypes (f32 master, moment_dtypes()), not
+  // initialised (e.g. to receive another rank's parameter into).
+  WholeParameterState NewWholeState(const std::string& name, const Shape& shape) const;
   // Bucket b's state = this rank's part of `whole`, and its values = the whole masters (all of
   // the bucket, in the compute dtype).
   void AssignBucketState(size_t b, const WholeBucketState& whole);
