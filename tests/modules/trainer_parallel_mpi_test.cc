@@ -381,7 +381,9 @@ TEST_F(TrainerParallelTest, DistributedOptimizerMatchesPlainDataParallel) {
       const TrainingRun plain = Train(*source_, 1, /*offload=*/false, &groups, false, clip);
       const TrainingRun sharded = Train(*source_, 1, /*offload=*/false, &groups, true, clip);
       for (int step = 0; step < kSteps; ++step) {
-        if (clip > 0) EXPECT_GT(plain.steps[step].grad_norm, clip) << "step " << step;
+        if (clip > 0) {
+          EXPECT_GT(plain.steps[step].grad_norm, clip) << "step " << step;
+        }
         ExpectNear(sharded.steps[step].grad_norm, plain.steps[step].grad_norm, "grad norm");
         if (exact) {
           EXPECT_EQ(sharded.steps[step].loss, plain.steps[step].loss) << "step " << step;
@@ -503,7 +505,9 @@ TEST_F(TrainerParallelTest, DistributedOptimizerCheckpointsLoadAcrossLayouts) {
     const Status loaded = single->Load(from_sharded);
     ASSERT_TRUE(loaded.ok()) << loaded.message();
     EXPECT_EQ(single->step(), kSteps);
-    if (world_.rank() == 0) EXPECT_EQ(State(*single), sharded_state);
+    if (world_.rank() == 0) {
+      EXPECT_EQ(State(*single), sharded_state);
+    }
   }
 
   std::unique_ptr<Trainer> trained = TrainOneProcessAndSave(from_single);
