@@ -15,9 +15,10 @@ double D(int64_t value) { return static_cast<double>(value); }
 
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
 
-double StateBytesPerParameter(bool cuda, int64_t state_shards, int64_t moment_bytes) {
+double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDTypes& dtypes) {
   const double shards = D(std::max<int64_t>(1, state_shards));
-  return cuda ? 6.0 + (4.0 + D(moment_bytes)) / shards : 8.0 + D(moment_bytes) / shards;
+  const double moments = D(dtypes.moment_bytes()), grad = D(dtypes.grad_bytes());
+  return cuda ? 2.0 + grad + (4.0 + moments) / shards : 4.0 + grad + moments / shards;
 }
 
 double LayerParameters(const GptConfig& m, bool moe_layer) {
@@ -163,7 +164,7 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
     // The busiest rank: its layers, plus the embedding and the head if it has both ends.
     e.parameters = rank_layers * layer_parameters + embedding + head;
   }
-  e.state_bytes = e.parameters * StateBytesPerParameter(o.cuda, o.state_shards, o.moment_bytes);
+  e.state_bytes = e.parameters * StateBytesPerParameter(o.cuda, o.state_shards, o.dtypes);
 
   // The activations of the layer passes held at the peak. Recompute limited to the first layers
   // (recompute_num_layers) is counted exactly with one stage; with a pipeline a rank's layers

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/autograd/parameters.h"
 #include "modules/gpt_config.h"
 
 namespace moe {
@@ -58,7 +59,7 @@ struct MemoryEstimateOptions {
   // The distributed optimizer: master weights and AdamW moments sharded over this many data
   // ranks (1: every rank holds them whole).
   int64_t state_shards = 1;
-  int64_t moment_bytes = 8;  // the two AdamW moments' bytes per parameter (MomentDTypes::bytes)
+  OptimizerDTypes dtypes;  // of the gradients and the AdamW moments
 };
 
 struct MemoryEstimate {
@@ -72,11 +73,11 @@ struct MemoryEstimate {
 // Bytes of one activation element: bf16 on CUDA, f32 on the CPU.
 double ComputeBytes(bool cuda);
 // Bytes of weights, gradient and optimizer state per parameter on a rank whose master weights and
-// moments are one of `state_shards` shards (the rest is whole on every rank), the two moments
-// taking `moment_bytes` (8 f32, 4 bf16): CUDA 6 + (4 + moment_bytes) / shards (bf16 value, f32
-// gradient; f32 master and the moments), CPU 8 + moment_bytes / shards (the f32 value is the
-// master). One shard, f32 moments: 18 and 16. Bucket padding aside.
-double StateBytesPerParameter(bool cuda, int64_t state_shards, int64_t moment_bytes);
+// moments are one of `state_shards` shards (the rest is whole on every rank), gradient and moments
+// in `dtypes`: CUDA 2 + grad + (4 + moments) / shards (bf16 value; f32 master and the moments),
+// CPU 4 + grad + moments / shards (the f32 value is the master). One shard, all f32: 18 and 16;
+// bf16 gradient and moments on CUDA: 12. Bucket padding aside.
+double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDTypes& dtypes);
 // Parameters of one transformer layer (dense or MoE).
 double LayerParameters(const GptConfig& model, bool moe_layer);
 // One device tensor that forward saves for backward: its bytes and the offload group that holds

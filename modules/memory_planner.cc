@@ -116,7 +116,7 @@ class RankModel {
       chunks_.push_back(c);
     }
     state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards,
-                                                       request.run.moment_bytes);
+                                                       request.run.dtypes);
   }
 
   const std::vector<int>& layers() const { return layers_; }

@@ -77,7 +77,7 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
       parameters_(ParameterSet::Deferred(device, device.is_cuda() ? DType::kBF16 : DType::kF32,
-                                         options.seed, options.moment_dtypes)),
+                                         options.seed, options.optimizer_dtypes)),
       partition_(partition),
       train_actions_(std::move(train_actions)),
       optimizer_(options.adamw),

@@ -49,7 +49,7 @@
 //
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
 // moments in their dtypes (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq", f32 or
-// bf16 each: TrainerOptions::moment_dtypes) and state.json (step,
+// bf16 each: TrainerOptions::optimizer_dtypes) and state.json (step,
 // data position, seed, model shape, and whatever run description the caller adds). Everything
 // the loop does is a function of that state, so a resumed run repeats an uninterrupted one bit
 // for bit. Reference dumps need the whole model on this rank (no pipeline).
@@ -113,9 +113,10 @@ struct TrainerOptions {
   // The distributed optimizer: master weights and AdamW moments sharded over the data group (see
   // the top). With one replica the one shard is the whole state: the same as without.
   bool use_distributed_optimizer = false;
-  // The AdamW moments' storage dtypes (f32 or bf16 each). Checkpoints hold the moments in these
-  // dtypes; a checkpoint of either loads into either (LoadSafetensors converts).
-  MomentDTypes moment_dtypes;
+  // The storage dtypes of the gradients and the AdamW moments (f32 or bf16 each). Checkpoints hold
+  // the moments in these dtypes; a checkpoint of either loads into either (LoadSafetensors
+  // converts). Gradients are never saved, so their dtype does not matter to checkpoints.
+  OptimizerDTypes optimizer_dtypes;
 };
 
 struct StepStats {

@@ -12,10 +12,12 @@
 # (attention) attention_bench beside PyTorch's SDPA (../shared/peers/torch_attention_peer.py) at
 # the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
-# preset with bf16 moments too).
+# preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
+# moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
+# (the step section runs the preset with them too).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step attention moments;
+#   sweep step attention moments grads;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -34,6 +36,7 @@ preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; 
   echo "global batch $1 ${3:-} (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
 }
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
+bf16_state="--main_grads_dtype=bf16 $bf16_moments"
 
 if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
@@ -151,6 +154,7 @@ echo "== the 8-layer preset beside PyTorch eager (same model, batch and precisio
 for gb in 1 8; do
   preset_gb_run $gb step_gb$gb
   preset_gb_run $gb step_gb${gb}_bf16_moments "$bf16_moments"
+  preset_gb_run $gb step_gb${gb}_bf16_state "$bf16_state"
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
@@ -182,5 +186,26 @@ for m in fp32 bf16; do
     --metrics_file="$out/moe_100m_moments_$m.jsonl" > "$out/moe_100m_moments_$m.log" 2>&1
   echo "moments $m (rc $?): $(grep '^step' "$out/moe_100m_moments_$m.log" | tail -1 | cut -c1-160)"
   grep '^eval' "$out/moe_100m_moments_$m.log" | tail -5
+done
+fi
+
+if [[ $sections == *grads* ]]; then
+echo "== bf16 gradients (and moments): the optimizer, micro-batches 21-24 of the preset"
+timeout 200 "$bin/optimizer_bench" --moments=bf16 --grads=bf16 2>&1 | tee "$out/optimizer_bench_bf16_state.log"
+for mb in 21 22 23 24; do
+  brun "mb $mb, nothing saved, bf16 gradients and moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_state"
+done
+echo "== the MoE blocks at 16384 tokens, fused, f32 vs bf16 weight gradients"
+for g in fp32 bf16; do
+  timeout 300 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=16384 --paths=fused \
+    --grads=$g 2>&1 | tee "$out/moe_bench_grads_$g.log"
+done
+echo "== moe_100m, 500 steps: f32 vs bf16 gradients (f32 moments; metrics files: the loss curves)"
+for g in fp32 bf16; do
+  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
+    --eval_interval=100 --eval_steps=4 --main_grads_dtype=$g \
+    --metrics_file="$out/moe_100m_grads_$g.jsonl" > "$out/moe_100m_grads_$g.log" 2>&1
+  echo "gradients $g (rc $?): $(grep '^step' "$out/moe_100m_grads_$g.log" | tail -1 | cut -c1-160)"
+  grep '^eval' "$out/moe_100m_grads_$g.log" | tail -5
 done
 fi

@@ -7,6 +7,7 @@
 // Forward + backward is timed twice: as a step's first micro-batch (gradients zeroed before it,
 // so backward stores them: "fwd+bwd") and as a later micro-batch adding to them ("+= grads").
 // --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
+// --grads=bf16 keeps the weight gradients in bf16 (moe_train's --main_grads_dtype).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -30,6 +31,7 @@ DEFINE_string(paths, "fused,unfused", "grouped MLP paths to time");
 DEFINE_int32(warmup, 3, "untimed iterations");
 DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
+DEFINE_string(grads, "fp32", "the weight gradients' storage: fp32 | bf16");
 DEFINE_string(json_out, "", "write the results here as JSON");
 DEFINE_bool(breakdown, false,
             "also time the fused path's ops one by one beside dense GEMMs of the same size");
@@ -104,11 +106,12 @@ struct PathResult {
 };
 
 PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Device device,
-                   DType dtype) {
+                   DType dtype, DType grad_dtype) {
   PathResult result;
   result.path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
   const GptConfig config = LayerConfig(shape, kind);
-  ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false);
+  ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false,
+                          OptimizerDTypes{.grad = grad_dtype});
   MoeLayer layer(parameters, "moe", config, 0);
   const Tensor x = RandomInput(shape, tokens, dtype, device, 11);
   const Tensor dy = RandomInput(shape, tokens, dtype, device, 13);
@@ -148,7 +151,13 @@ int Run() {
   if (!chosen) return 2;
   const Device device = *chosen;
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
-  const double tolerance = device.is_cuda() ? 2e-2 : 1e-5;
+  const std::optional<DType> grad_dtype = OptimizerDTypeFromName(FLAGS_grads);
+  if (!grad_dtype) {
+    fprintf(stderr, "moe_bench: --grads=%s must be %s\n", FLAGS_grads.c_str(),
+            kOptimizerDTypeNames);
+    return 2;
+  }
+  const double tolerance = device.is_cuda() || *grad_dtype == DType::kBF16 ? 2e-2 : 1e-5;
   nlohmann::json results = nlohmann::json::array();
   bool all_ok = true;
   printf("%-9s %6s %-8s %9s %8s %10s %8s %12s %10s %s\n", "shape", "tokens", "path", "fwd ms",
@@ -166,7 +175,7 @@ int Run() {
       for (const std::string& path : Split(FLAGS_paths)) {
         paths.push_back(RunPath(
             *shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused : GroupedMlpKind::kFused,
-            device, dtype));
+            device, dtype, *grad_dtype));
       }
       const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
       for (const PathResult& r : paths) {
@@ -214,7 +223,7 @@ int Run() {
         printf("  %-12s %9s %8s %9s %8s %6s  (dense GEMM of the same size; grouped GEMMs: %s)\n",
                "op", "ms", "TFLOP/s", "dense ms", "TFLOP/s", "share", grouped_gemms);
         for (const OpTime& op :
-             TimeFusedMlpOps(expert_shape, device, dtype, FLAGS_warmup, FLAGS_iters)) {
+             TimeFusedMlpOps(expert_shape, device, dtype, *grad_dtype, FLAGS_warmup, FLAGS_iters)) {
           printf("  %-12s %9.3f", op.op.c_str(), op.ms);
           if (op.gflop > 0) {
             // share: the op's rate as a fraction of the dense GEMM's (dense ms / op ms).

@@ -23,8 +23,8 @@ Tensor Random(const Shape& shape, DType dtype, Device device, float scale, uint3
 
 }  // namespace
 
-std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType dtype, int warmup,
-                                    int iters) {
+std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType dtype,
+                                    DType grad_dtype, int warmup, int iters) {
   std::vector<int32_t> offsets(s.experts + 1);
   for (int64_t g = 0; g <= s.experts; ++g) {
     offsets[g] = static_cast<int32_t>(g * s.rows / s.experts);
@@ -42,8 +42,8 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   const Tensor h1 = Constant({s.rows, 2 * f}, dtype, device, 0.0f);
   const Tensor a = Constant({s.rows, f}, dtype, device, 0.0f);
   const Tensor y = Constant({s.rows, h}, dtype, device, 0.0f);
-  const Tensor dw1 = Constant(w1.shape(), DType::kF32, device, 0.0f);
-  const Tensor dw2 = Constant(w2.shape(), DType::kF32, device, 0.0f);
+  const Tensor dw1 = Constant(w1.shape(), grad_dtype, device, 0.0f);
+  const Tensor dw2 = Constant(w2.shape(), grad_dtype, device, 0.0f);
   const Tensor dscale = Constant({s.rows}, DType::kF32, device, 0.0f);
   const Tensor dy = Random({s.rows, h}, dtype, device, 1.0f, 4);
   const Tensor da = Constant({s.rows, f}, dtype, device, 0.0f);

@@ -26,8 +26,9 @@ struct OpTime {
   double dense_ms = 0;  // one dense GEMM of the same m, n, k (GEMMs only)
 };
 
-// Median of `iters` timed runs per op after `warmup` untimed ones.
+// Median of `iters` timed runs per op after `warmup` untimed ones; the weight gradients in
+// `grad_dtype` (f32 or bf16).
 std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& shape, Device device, DType dtype,
-                                    int warmup, int iters);
+                                    DType grad_dtype, int warmup, int iters);
 
 }  // namespace moe

@@ -83,6 +83,7 @@ const std::vector<FlagRow>& FlagTable() {
       Range("seed", "training", 0, kMaxInt64),
       Text("exp_avg_dtype", "training"),
       Text("exp_avg_sq_dtype", "training"),
+      Text("main_grads_dtype", "training"),
       Text("device", "training"),
       Range("pipeline_parallel", "parallelism", 1, 4096, "divides the number of ranks"),
       Range("virtual_pipeline", "parallelism", 1, 1024),

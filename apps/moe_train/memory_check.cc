@@ -23,7 +23,7 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
   options.last_stage_layers = run.trainer.last_stage_layers;
   options.cuda = run.device.is_cuda();
   options.state_shards = run.state_shards();
-  options.moment_bytes = run.trainer.moment_dtypes.bytes();
+  options.dtypes = run.trainer.optimizer_dtypes;
   return options;
 }
 

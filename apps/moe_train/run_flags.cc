@@ -41,6 +41,9 @@ DEFINE_string(exp_avg_dtype, "fp32",
               "storage of AdamW's first moment: fp32 | bf16 (Megatron-LM's option; the update's "
               "arithmetic stays f32)");
 DEFINE_string(exp_avg_sq_dtype, "fp32", "storage of AdamW's second moment: fp32 | bf16");
+DEFINE_string(main_grads_dtype, "fp32",
+              "storage of the gradients accumulated over micro-batches and reduced over data "
+              "ranks: fp32 | bf16 (Megatron-LM's option; each add is f32, rounded to bf16)");
 // Parallelism (the process count comes from mpirun; data-parallel size = ranks / pipeline).
 DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
@@ -79,9 +82,10 @@ StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
   return InvalidArgument("--moe_grouped_mlp=" + text + " must be fused or unfused");
 }
 
-StatusOr<DType> ParseMomentDType(const char* flag, const std::string& text) {
-  if (const std::optional<DType> dtype = MomentDTypeFromName(text)) return *dtype;
-  return InvalidArgument(std::string("--") + flag + "=" + text + " must be " + kMomentDTypeNames);
+StatusOr<DType> ParseOptimizerDType(const char* flag, const std::string& text) {
+  if (const std::optional<DType> dtype = OptimizerDTypeFromName(text)) return *dtype;
+  return InvalidArgument(std::string("--") + flag + "=" + text + " must be " +
+                         kOptimizerDTypeNames);
 }
 
 StatusOr<Device> ParseDevice(const std::string& text) {
@@ -217,10 +221,12 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.adamw.clip_grad = static_cast<float>(FLAGS_clip_grad);
   t.eval_steps = FLAGS_eval_steps;
   t.seed = static_cast<uint64_t>(FLAGS_seed);
-  MOE_ASSIGN_OR_RETURN(t.moment_dtypes.exp_avg,
-                       ParseMomentDType("exp_avg_dtype", FLAGS_exp_avg_dtype));
-  MOE_ASSIGN_OR_RETURN(t.moment_dtypes.exp_avg_sq,
-                       ParseMomentDType("exp_avg_sq_dtype", FLAGS_exp_avg_sq_dtype));
+  MOE_ASSIGN_OR_RETURN(t.optimizer_dtypes.grad,
+                       ParseOptimizerDType("main_grads_dtype", FLAGS_main_grads_dtype));
+  MOE_ASSIGN_OR_RETURN(t.optimizer_dtypes.exp_avg,
+                       ParseOptimizerDType("exp_avg_dtype", FLAGS_exp_avg_dtype));
+  MOE_ASSIGN_OR_RETURN(t.optimizer_dtypes.exp_avg_sq,
+                       ParseOptimizerDType("exp_avg_sq_dtype", FLAGS_exp_avg_sq_dtype));
   MOE_RETURN_IF_ERROR(CheckTraining(t));
   if (t.warmup_steps > t.train_steps) {
     run.notes.push_back("schedule: --warmup_steps=" + std::to_string(t.warmup_steps) +

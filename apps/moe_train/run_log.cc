@@ -32,10 +32,11 @@ RunLog::RunLog(const RunConfig& run) : run_(run) {
 void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   const GptConfig& m = run_.model;
   const TrainerOptions& t = run_.trainer;
-  printf("moe_train: %s, %s compute; AdamW moments exp_avg %s, exp_avg_sq %s\n",
+  printf("moe_train: %s, %s compute; gradients %s; AdamW moments exp_avg %s, exp_avg_sq %s\n",
          run_.device.ToString().c_str(),
-         run_.device.is_cuda() ? "bf16 (f32 master weights and grads)" : "f32",
-         DTypeName(t.moment_dtypes.exp_avg), DTypeName(t.moment_dtypes.exp_avg_sq));
+         run_.device.is_cuda() ? "bf16 (f32 master weights)" : "f32",
+         DTypeName(t.optimizer_dtypes.grad), DTypeName(t.optimizer_dtypes.exp_avg),
+         DTypeName(t.optimizer_dtypes.exp_avg_sq));
   printf(
       "model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
       "experts %lld top-%lld (%s grouped MLP), expert ffn %lld, seq %lld, vocab %lld\n",
@@ -48,7 +49,7 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   // that makes for the whole model (a pipeline rank holds its stages' share).
   const int64_t shards = run_.state_shards();
   const double per_parameter =
-      StateBytesPerParameter(run_.device.is_cuda(), shards, t.moment_dtypes.bytes());
+      StateBytesPerParameter(run_.device.is_cuda(), shards, t.optimizer_dtypes);
   const std::string sharded = shards > 1 ? " (master weights and moments sharded over " +
                                                std::to_string(shards) + " data ranks)"
                                          : "";

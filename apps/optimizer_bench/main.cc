@@ -1,13 +1,15 @@
 // optimizer_bench: times the optimizer step of a model's parameters against the device's copy
 // bandwidth, in one process: a device-to-device copy of --copy_gib (bandwidth = read + write
-// bytes / time), the gradient norm (reads 4 bytes per parameter), the multi-tensor AdamW update
-// (reads master, grad, m, v and writes master, m, v and the model copy: 30 bytes per parameter
-// with bf16 values and f32 moments, 22 with bf16 moments (--moments=bf16); 2 fewer on the CPU
-// backend, where values are the masters) and the whole AdamW::Step (norm, host read-back,
-// clipping, update: 4 bytes more).
+// bytes / time), the gradient norm (reads the gradient: 4 bytes per parameter, 2 with
+// --grads=bf16), the multi-tensor AdamW update (reads master, grad, m, v and writes master, m, v
+// and the model copy: 30 bytes per parameter with bf16 values, f32 gradients and f32 moments, 22
+// with bf16 moments (--moments=bf16), 20 with bf16 gradients too; 2 fewer on the CPU backend,
+// where values are the masters) and the whole AdamW::Step (norm, host read-back, clipping,
+// update: the gradient's bytes more).
 // The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
 // about 5.0B parameters); values are zeros (the timing does not depend on them).
 #include <cstdio>
+#include <tuple>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -31,6 +33,8 @@ DEFINE_double(copy_gib, 4, "size of the device-to-device copy that measures the 
 DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
 DEFINE_string(moments, "fp32", "both AdamW moments' storage: fp32 | bf16");
+DEFINE_string(grads, "fp32",
+              "the gradients' storage (moe_train's --main_grads_dtype): fp32 | bf16");
 
 namespace moe {
 namespace {
@@ -53,14 +57,18 @@ int Run() {
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
-  const std::optional<DType> moment_dtype = MomentDTypeFromName(FLAGS_moments);
-  if (!moment_dtype) {
-    fprintf(stderr, "optimizer_bench: --moments=%s must be %s\n", FLAGS_moments.c_str(),
-            kMomentDTypeNames);
+  const std::optional<DType> moment_dtype = OptimizerDTypeFromName(FLAGS_moments);
+  const std::optional<DType> grad_dtype = OptimizerDTypeFromName(FLAGS_grads);
+  for (const auto& [flag, value, dtype] : {std::tuple{"moments", FLAGS_moments, moment_dtype},
+                                           std::tuple{"grads", FLAGS_grads, grad_dtype}}) {
+    if (dtype) continue;
+    fprintf(stderr, "optimizer_bench: --%s=%s must be %s\n", flag, value.c_str(),
+            kOptimizerDTypeNames);
     return 2;
   }
+  const OptimizerDTypes dtypes{*grad_dtype, *moment_dtype, *moment_dtype};
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
-                          /*optimizer_state=*/true, MomentDTypes{*moment_dtype, *moment_dtype});
+                          /*optimizer_state=*/true, dtypes);
   for (ParameterSpec spec :
        GptModel::StageParameterSpecs(config, GptStage{0, config.num_layers, true, true})) {
     spec.init = Init::kZeros;
@@ -72,8 +80,8 @@ int Run() {
     ops::Fill(grads.back(), 1e-3f);
   }
   const auto n = static_cast<double>(parameters.NumElements());
-  printf("%zu tensors, %.3fB parameters, %s moments\n", parameters.all().size(), n / 1e9,
-         DTypeName(*moment_dtype));
+  printf("%zu tensors, %.3fB parameters, %s gradients, %s moments\n", parameters.all().size(),
+         n / 1e9, DTypeName(dtypes.grad), DTypeName(dtypes.exp_avg));
 
   const auto copy_elements = static_cast<int64_t>(FLAGS_copy_gib * static_cast<double>(kGiB) / 4);
   Tensor src = Tensor::Empty({copy_elements}, DType::kF32, device);
@@ -88,19 +96,19 @@ int Run() {
   PrintRow("device-to-device copy (read + write)", copy_ms, copy_bytes, copy_gbs);
 
   Tensor norm = Tensor::Empty({1}, DType::kF32, device);
-  PrintRow("gradient norm (4 B/parameter)", run([&] { ops::GlobalL2Norm(grads, norm); }), 4 * n,
-           copy_gbs);
+  const auto grad_bytes = static_cast<double>(dtypes.grad_bytes());
+  PrintRow("gradient norm", run([&] { ops::GlobalL2Norm(grads, norm); }), grad_bytes * n, copy_gbs);
   const std::vector<ops::AdamWTensors> entries = AdamWUpdateEntries(parameters.OwnedSlices());
   // master, grad, m, v read; master, m, v and the model copy (if any) written.
   const auto model_bytes = static_cast<double>(
       entries.front().model.defined() ? DTypeSize(entries.front().model.dtype()) : 0);
-  const double moment_bytes = 2.0 * parameters.moment_dtypes().bytes();  // read and written
-  const double update_bytes = (12 + moment_bytes + model_bytes) * n;
+  const auto moment_bytes = static_cast<double>(2 * dtypes.moment_bytes());  // read and written
+  const double update_bytes = (8 + grad_bytes + moment_bytes + model_bytes) * n;
   ops::AdamWConfig update;
   PrintRow("AdamW update", run([&] { ops::AdamWUpdate(entries, update); }), update_bytes, copy_gbs);
   AdamW adamw(AdamWOptions{});
   PrintRow("AdamW::Step: norm, clip, update", run([&] { adamw.Step(parameters, 1e-4f); }),
-           update_bytes + 4 * n, copy_gbs);
+           update_bytes + grad_bytes * n, copy_gbs);
   return 0;
 }
 

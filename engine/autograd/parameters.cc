@@ -48,21 +48,21 @@ Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
 
 }  // namespace
 
-std::optional<DType> MomentDTypeFromName(const std::string& name) {
+std::optional<DType> OptimizerDTypeFromName(const std::string& name) {
   if (name == "fp32") return DType::kF32;
   if (name == "bf16") return DType::kBF16;
   return std::nullopt;
 }
 
 ParameterSet::ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state,
-                           MomentDTypes moments)
+                           OptimizerDTypes dtypes)
     : device_(device),
       compute_dtype_(compute_dtype),
       seed_(seed),
       optimizer_state_(optimizer_state),
-      moments_(moments) {
+      dtypes_(dtypes) {
   CHECK(IsFloating(compute_dtype));
-  CHECK(IsFloating(moments.exp_avg) && IsFloating(moments.exp_avg_sq));
+  CHECK(IsFloating(dtypes.grad) && IsFloating(dtypes.exp_avg) && IsFloating(dtypes.exp_avg_sq));
   CHECK(device.is_cuda() || compute_dtype == DType::kF32) << "the CPU backend computes in f32";
 }
 
@@ -73,8 +73,8 @@ ParameterSet ParameterSet::SpecsOnly() {
 }
 
 ParameterSet ParameterSet::Deferred(Device device, DType compute_dtype, uint64_t seed,
-                                    MomentDTypes moments) {
-  ParameterSet set(device, compute_dtype, seed, /*optimizer_state=*/true, moments);
+                                    OptimizerDTypes dtypes) {
+  ParameterSet set(device, compute_dtype, seed, /*optimizer_state=*/true, dtypes);
   set.storage_ = Storage::kDeferred;
   return set;
 }
@@ -103,10 +103,10 @@ Parameter& ParameterSet::Create(const ParameterSpec& spec) {
     if (!optimizer_state_) p->master = Tensor();
   }
   p->value.set_is_parameter(true);
-  p->grad = Tensor::Empty(spec.shape, DType::kF32, device_);  // pending zero
+  p->grad = Tensor::Empty(spec.shape, dtypes_.grad, device_);  // pending zero
   if (optimizer_state_) {
-    p->exp_avg = Tensor::Empty(spec.shape, moments_.exp_avg, device_);
-    p->exp_avg_sq = Tensor::Empty(spec.shape, moments_.exp_avg_sq, device_);
+    p->exp_avg = Tensor::Empty(spec.shape, dtypes_.exp_avg, device_);
+    p->exp_avg_sq = Tensor::Empty(spec.shape, dtypes_.exp_avg_sq, device_);
     ops::Fill(p->exp_avg, 0.0f);
     ops::Fill(p->exp_avg_sq, 0.0f);
   }
@@ -161,11 +161,11 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
     b.shard = shard;
     const int64_t owned = b.layout.shard_numel();
     b.value = Tensor::Empty({b.layout.numel}, compute_dtype_, device_);
-    b.grad = Tensor::Empty({b.layout.numel}, DType::kF32, device_);
+    b.grad = Tensor::Empty({b.layout.numel}, dtypes_.grad, device_);
     b.master = value_is_master ? b.value.Rows(b.owned_begin(), b.owned_end())
                                : Tensor::Empty({owned}, DType::kF32, device_);
-    b.exp_avg = Tensor::Empty({owned}, moments_.exp_avg, device_);
-    b.exp_avg_sq = Tensor::Empty({owned}, moments_.exp_avg_sq, device_);
+    b.exp_avg = Tensor::Empty({owned}, dtypes_.exp_avg, device_);
+    b.exp_avg_sq = Tensor::Empty({owned}, dtypes_.exp_avg_sq, device_);
     for (const Tensor* t : {&b.value, &b.grad, &b.master, &b.exp_avg, &b.exp_avg_sq}) {
       ops::Fill(*t, 0.0f);
     }
@@ -221,8 +221,8 @@ WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
 
 WholeParameterState ParameterSet::NewWholeState(const std::string& name, const Shape& shape) const {
   return {name, Tensor::Empty(shape, DType::kF32, device_),
-          Tensor::Empty(shape, moments_.exp_avg, device_),
-          Tensor::Empty(shape, moments_.exp_avg_sq, device_)};
+          Tensor::Empty(shape, dtypes_.exp_avg, device_),
+          Tensor::Empty(shape, dtypes_.exp_avg_sq, device_)};
 }
 
 void ParameterSet::AssignBucketState(size_t b, const WholeBucketState& whole) {

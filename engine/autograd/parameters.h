@@ -3,13 +3,15 @@
 // A Parameter has
 //   value   what compute reads: bf16 on CUDA, f32 on the CPU (flagged is_parameter);
 //   master  the f32 weights the optimizer updates (on the CPU the same tensor as value);
-//   grad    f32, accumulated (+=) by backward over micro-batches, zeroed after each step.
+//   grad    f32 or bf16 (OptimizerDTypes::grad), accumulated (+=) by backward over
+//           micro-batches, zeroed after each step.
 //           Zeroing is lazy: ZeroGrads only marks grad_pending_zero, and the first backward
 //           write after it stores (=) instead of adding, so a step's first micro-batch neither
 //           clears nor reads the gradients (for the experts' f32 gradients that halves the
-//           weight-gradient GEMMs' memory traffic). Code that writes or reads grad goes through
-//           BeginGradWrite or MaterializedGrad below, never the tensor alone;
-//   exp_avg, exp_avg_sq   AdamW moments, f32 or bf16 each (MomentDTypes).
+//           weight-gradient GEMMs' memory traffic). bf16 gradients are added in f32 and rounded
+//           at every write (each op's own accumulation stays f32). Code that writes or reads grad
+//           goes through BeginGradWrite or MaterializedGrad below, never the tensor alone;
+//   exp_avg, exp_avg_sq   AdamW moments, f32 or bf16 each (OptimizerDTypes).
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
 // nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
@@ -17,7 +19,7 @@
 //
 // Storage. A plain set allocates each parameter's tensors in Create. A deferred set (the
 // trainer's) only records them in Create; AllocateBuckets then lays the parameters out in
-// buckets (parameter_buckets.h): per bucket one value buffer and one f32 gradient buffer of which
+// buckets (parameter_buckets.h): per bucket one value buffer and one gradient buffer of which
 // the parameters' value and grad are views, and the optimizer state of the part of the bucket
 // this rank owns: master, exp_avg, exp_avg_sq of shard_numel elements (on the CPU the master is
 // the owned rows of the value buffer, as value is master). With one shard a rank owns every
@@ -37,18 +39,24 @@
 
 namespace moe {
 
-// The AdamW moments' storage dtypes, f32 or bf16 each (Megatron-LM's --exp_avg_dtype and
-// --exp_avg_sq_dtype): bf16 halves their memory and the optimizer's traffic for them; the update's
-// arithmetic stays f32 (ops::AdamWUpdate).
-struct MomentDTypes {
+// The storage dtypes of the gradients and the AdamW moments, f32 or bf16 each (Megatron-LM's
+// precision-aware optimizer: --main_grads_dtype, --exp_avg_dtype, --exp_avg_sq_dtype). bf16
+// halves their memory and the traffic of every pass over them (the weight-gradient GEMMs'
+// output, the gradient all-reduce, the norm, the optimizer); all arithmetic stays f32
+// (ops::AdamWUpdate, the weight-gradient ops), each bf16 store rounded to nearest.
+struct OptimizerDTypes {
+  DType grad = DType::kF32;
   DType exp_avg = DType::kF32;
   DType exp_avg_sq = DType::kF32;
-  int64_t bytes() const { return static_cast<int64_t>(DTypeSize(exp_avg) + DTypeSize(exp_avg_sq)); }
+  int64_t grad_bytes() const { return static_cast<int64_t>(DTypeSize(grad)); }
+  int64_t moment_bytes() const {
+    return static_cast<int64_t>(DTypeSize(exp_avg) + DTypeSize(exp_avg_sq));
+  }
 };
 
-// A moment dtype by the name those flags use: "fp32" or "bf16"; nullopt for any other name.
-inline constexpr const char* kMomentDTypeNames = "fp32 or bf16";
-std::optional<DType> MomentDTypeFromName(const std::string& name);
+// One of those dtypes by the name the flags use: "fp32" or "bf16"; nullopt for any other name.
+inline constexpr const char* kOptimizerDTypeNames = "fp32 or bf16";
+std::optional<DType> OptimizerDTypeFromName(const std::string& name);
 
 struct Parameter {
   std::string name;
@@ -84,7 +92,8 @@ struct ParameterBucket {
   BucketLayout layout;
   int shard = 0;  // this rank's part of the buffers
   Tensor value;   // (numel) compute dtype: the parameters' values are views of it
-  Tensor grad;    // (numel) f32: the parameters' gradients are views of it; padding 0
+  Tensor grad;    // (numel) OptimizerDTypes::grad: the parameters' gradients are views of it;
+                  // padding 0
   Tensor master, exp_avg, exp_avg_sq;  // (shard_numel) f32, moments': the owned elements' state
 
   int64_t owned_begin() const { return layout.shard_begin(shard); }
@@ -100,14 +109,14 @@ struct OwnedSlice {
 };
 
 // A parameter's optimizer state whole, as one process holds it (checkpoints): its shape, the
-// master f32, the moments in the set's MomentDTypes.
+// master f32, the moments in the set's OptimizerDTypes.
 struct WholeParameterState {
   std::string name;
   Tensor master, exp_avg, exp_avg_sq;
 };
 
 // One bucket's state whole: (numel) buffers laid out as the bucket's (master f32, moments in the
-// set's MomentDTypes), padding included, and its parameters' views of them in creation order.
+// set's OptimizerDTypes), padding included, and its parameters' views of them in creation order.
 struct WholeBucketState {
   Tensor master, exp_avg, exp_avg_sq;
   std::vector<WholeParameterState> parameters;
@@ -117,13 +126,13 @@ class ParameterSet {
  public:
   // `compute_dtype` is the dtype of Parameter::value (f32 or bf16).
   ParameterSet(Device device, DType compute_dtype, uint64_t seed, bool optimizer_state = true,
-               MomentDTypes moments = {});
+               OptimizerDTypes dtypes = {});
   // A set that only records what is created: its parameters have a name and no tensors (to
   // list a model's parameter specs without memory; modules must not read tensors while built).
   static ParameterSet SpecsOnly();
   // A set with optimizer state whose tensors exist from AllocateBuckets on (see the top).
   static ParameterSet Deferred(Device device, DType compute_dtype, uint64_t seed,
-                               MomentDTypes moments = {});
+                               OptimizerDTypes dtypes = {});
 
   Parameter& Create(const ParameterSpec& spec);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
@@ -145,7 +154,7 @@ class ParameterSet {
   int shards() const { return buckets_.empty() ? 1 : buckets_.front().layout.shards; }
   // Bucket b's whole state: new zeroed buffers (e.g. to load a checkpoint or gather shards into).
   WholeBucketState NewWholeBucketState(size_t b) const;
-  // A new whole state of `shape` in this set's dtypes (f32 master, moment_dtypes()), not
+  // A new whole state of `shape` in this set's dtypes (f32 master, optimizer_dtypes()), not
   // initialised (e.g. to receive another rank's parameter into).
   WholeParameterState NewWholeState(const std::string& name, const Shape& shape) const;
   // Bucket b's state = this rank's part of `whole`, and its values = the whole masters (all of
@@ -157,14 +166,14 @@ class ParameterSet {
 
   Device device() const { return device_; }
   DType compute_dtype() const { return compute_dtype_; }
-  const MomentDTypes& moment_dtypes() const { return moments_; }
+  const OptimizerDTypes& optimizer_dtypes() const { return dtypes_; }
 
  private:
   Device device_;
   DType compute_dtype_;
   uint64_t seed_;
   bool optimizer_state_;
-  MomentDTypes moments_;
+  OptimizerDTypes dtypes_;
   enum class Storage { kPerParameter, kSpecsOnly, kDeferred };
   Storage storage_ = Storage::kPerParameter;
   std::vector<std::unique_ptr<Parameter>> parameters_;

@@ -31,4 +31,18 @@ inline float BFloat16ToFloat(BFloat16 value) {
   return out;
 }
 
+// f32 and bf16 storage alike, for host code templated on it.
+inline float ToFloat(float value) { return value; }
+inline float ToFloat(BFloat16 value) { return BFloat16ToFloat(value); }
+template <typename T>
+T FromFloat(float value);
+template <>
+inline float FromFloat<float>(float value) {
+  return value;
+}
+template <>
+inline BFloat16 FromFloat<BFloat16>(float value) {
+  return FloatToBFloat16(value);
+}
+
 }  // namespace moe

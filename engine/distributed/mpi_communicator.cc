@@ -93,19 +93,6 @@ void BroadcastBytes(void* data, size_t bytes, int root, MPI_Comm comm) {
   }
 }
 
-float ToFloat(float value) { return value; }
-float ToFloat(BFloat16 value) { return BFloat16ToFloat(value); }
-template <typename T>
-T FromFloat(float value);
-template <>
-float FromFloat<float>(float value) {
-  return value;
-}
-template <>
-BFloat16 FromFloat<BFloat16>(float value) {
-  return FloatToBFloat16(value);
-}
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::milliseconds timeout)

@@ -151,7 +151,9 @@ void Matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_
   CheckShape(out, expected, "matmul output");
   CheckSameDType(a, b, "matmul");
   CheckFloat(a, "matmul operand");
-  CHECK(out.dtype() == a.dtype() || out.dtype() == DType::kF32)
+  // The CPU computes in f32 and also writes bf16 gradients (f32 operands, bf16 out).
+  CHECK(out.dtype() == a.dtype() || out.dtype() == DType::kF32 ||
+        (!device.is_cuda() && out.dtype() == DType::kBF16))
       << "matmul output " << out.DebugString() << " for " << DTypeName(a.dtype()) << " operands";
   MOE_DISPATCH(device, Matmul, a, b, out, transpose_a, transpose_b, beta);
 }
@@ -214,7 +216,7 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& of
   CheckShape(dw, {dw.dim(0), dy.dim(1), x.dim(1)}, "grouped weight gradient dw");
   CheckFloat(dy, "grouped weight gradient dy");
   CheckSameDType(dy, x, "grouped weight gradient");
-  CheckDType(dw, DType::kF32, "grouped weight gradient dw");
+  CheckFloat(dw, "grouped weight gradient dw");
   CheckGroupOffsets(offsets, host_offsets, dw.dim(0), x.dim(0), "grouped weight gradient offsets");
   MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, host_offsets, dw, accumulate);
 }
@@ -253,7 +255,7 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
   CheckSameDType(x, dx, "rmsnorm backward");
   CheckShape(weight, {x.dim(-1)}, "rmsnorm weight");
   CheckShape(dweight, {x.dim(-1)}, "rmsnorm dweight");
-  CheckDType(dweight, DType::kF32, "rmsnorm dweight");
+  CheckFloat(dweight, "rmsnorm dweight");
   CheckShape(rstd, {Rows(x)}, "rmsnorm rstd");
   CheckDType(rstd, DType::kF32, "rmsnorm rstd");
   MOE_DISPATCH(device, RmsNormBackward, dy, x, weight, rstd, dx, dweight);
@@ -411,7 +413,7 @@ void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtab
   CHECK(ids.ndim() == 1 && dtable.ndim() == 2) << "embedding ids (tokens), dtable (vocab, h)";
   CheckShape(dout, {ids.dim(0), dtable.dim(1)}, "embedding dout");
   CheckFloat(dout, "embedding dout");
-  CheckDType(dtable, DType::kF32, "embedding dtable");
+  CheckFloat(dtable, "embedding dtable");
   MOE_DISPATCH(device, EmbeddingBackward, ids, dout, dtable);
 }
 
@@ -532,7 +534,8 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
       CHECK_EQ(t->numel(), e.master.numel()) << "adamw sizes differ";
     }
     CheckDType(e.master, DType::kF32, "adamw master");
-    CheckDType(e.grad, DType::kF32, "adamw grad");
+    CheckFloat(e.grad, "adamw grad");
+    CheckDType(e.grad, first.grad.dtype(), "adamw grad");
     CheckFloat(e.m, "adamw m");
     CheckDType(e.m, first.m.dtype(), "adamw m");
     CheckDType(e.v, first.v.dtype(), "adamw v");

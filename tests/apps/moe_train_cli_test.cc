@@ -104,6 +104,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--moe_grouped_mlp=cutlass", "--moe_grouped_mlp=cutlass must be fused or unfused"},
         Refusal{"--exp_avg_dtype=fp16", "--exp_avg_dtype=fp16 must be fp32 or bf16"},
         Refusal{"--exp_avg_sq_dtype=bfloat16", "--exp_avg_sq_dtype=bfloat16 must be fp32 or bf16"},
+        Refusal{"--main_grads_dtype=f16", "--main_grads_dtype=f16 must be fp32 or bf16"},
         Refusal{"--first_dense_layers=3", "--first_dense_layers=3 must be in [0, --num_layers=2]"},
         Refusal{"--recompute_modules=moe --recompute_num_layers=0",
                 "--recompute_num_layers=0 must be -1 (every layer) or in [1, --num_layers=2]"},

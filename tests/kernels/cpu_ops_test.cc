@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -665,6 +666,72 @@ TEST_F(CpuOpsTest, AdamWBf16MomentsStoreTheF32UpdatesMomentsRounded) {
     EXPECT_EQ(ToFloats(e.v), v_dtype == DType::kBF16 ? rounded(f32.v) : ToFloats(f32.v));
   }
   EXPECT_NE(rounded(f32.m), ToFloats(f32.m));  // the rounding was real
+}
+
+// bf16 gradients (--main_grads_dtype=bf16): every op that writes a gradient takes a bf16 output
+// and writes the f32 result rounded once: from a bf16-representable starting value, bit for bit
+// the f32 output's result rounded to nearest even, for = and +=. The norm and AdamW read bf16
+// gradients widened: the same results as the widened values in f32.
+TEST_F(CpuOpsTest, Bf16GradientsAreTheF32ResultRoundedOnce) {
+  const auto rounded = [](std::vector<float> values) {
+    for (float& x : values) x = BFloat16ToFloat(FloatToBFloat16(x));
+    return values;
+  };
+  // Runs write(out) on an f32 and a bf16 output that start from the same bf16-representable values.
+  const auto expect_rounded_once = [&](const std::string& what, const Shape& shape,
+                                       const std::function<void(const Tensor&)>& write) {
+    SCOPED_TRACE(what);
+    const std::vector<float> start = rounded(ToFloats(Random(shape)));
+    const Tensor f32 = FromFloats(start, shape, DType::kF32, device_);
+    const Tensor bf16 = FromFloats(start, shape, DType::kBF16, device_);
+    write(f32);
+    write(bf16);
+    EXPECT_EQ(bf16.dtype(), DType::kBF16);
+    EXPECT_EQ(ToFloats(bf16), rounded(ToFloats(f32)));
+    EXPECT_NE(rounded(ToFloats(f32)), ToFloats(f32)) << "nothing needed rounding";
+  };
+  const int64_t k = 5, n = 4, rows = 9, vocab = 6;
+  const Tensor a = Random({rows, n}), b = Random({rows, k});
+  for (const float beta : {0.0f, 1.0f}) {
+    expect_rounded_once("matmul beta " + std::to_string(beta), {n, k}, [&](const Tensor& out) {
+      ops::Matmul(a, b, out, /*transpose_a=*/true, /*transpose_b=*/false, beta);
+    });
+  }
+  const Tensor dy = Random({kGroupedRows, n}), x = Random({kGroupedRows, k});
+  for (const bool accumulate : {true, false}) {
+    expect_rounded_once(accumulate ? "grouped +=" : "grouped =", {kGroups, n, k},
+                        [&](const Tensor& dw) {
+                          ops::GroupedMatmulWeightGrad(dy, x, Ints(kGroupOffsets, {kGroups + 1}),
+                                                       {}, dw, accumulate);
+                        });
+  }
+  const Tensor norm_x = Random({rows, k}), norm_dy = Random({rows, k}), weight = Random({k});
+  const Tensor rstd = Poisoned({rows}), norm_y = Poisoned({rows, k}), dx = Poisoned({rows, k});
+  ops::RmsNormForward(norm_x, weight, 1e-5f, norm_y, rstd);
+  expect_rounded_once("rmsnorm dweight", {k}, [&](const Tensor& dweight) {
+    ops::RmsNormBackward(norm_dy, norm_x, weight, rstd, dx, dweight);
+  });
+  const Tensor ids = Ints(RandomInts(rows, vocab), {rows});
+  expect_rounded_once("embedding dtable", {vocab, k},
+                      [&](const Tensor& dtable) { ops::EmbeddingBackward(ids, b, dtable); });
+
+  const std::vector<float> g = rounded(ToFloats(Random({1000})));
+  const Tensor g32 = FromFloats(g, {1000}, DType::kF32, device_);
+  const Tensor g16 = FromFloats(g, {1000}, DType::kBF16, device_);
+  Tensor norm32 = Poisoned({1}), norm16 = Poisoned({1});
+  ops::GlobalL2Norm(std::vector<Tensor>{g32}, norm32);
+  ops::GlobalL2Norm(std::vector<Tensor>{g16}, norm16);
+  EXPECT_EQ(ToFloats(norm16), ToFloats(norm32));
+  ops::AdamWConfig config;
+  config.lr = 0.01f;
+  config.step = 2;
+  const std::vector<float> w0 = ToFloats(Random({1000}));
+  const auto updated_master = [&](const Tensor& grad) {
+    const ops::AdamWTensors e{Floats(w0, {1000}), grad, Zeros({1000}), Zeros({1000})};
+    ops::AdamWUpdate(std::vector<ops::AdamWTensors>{e}, config);
+    return ToFloats(e.master);
+  };
+  EXPECT_EQ(updated_master(g16), updated_master(g32));
 }
 
 }  // namespace

@@ -15,19 +15,24 @@
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
-//   fc1 wgrad     dw1 (E, 2f, h) f32 = or += dy^T · x   (TMA store and TMA reduce-add epilogues)
-//   fc2 wgrad     dw2 (E, h, f) f32 = or += dy^T · a
+//   fc1 wgrad     dw1 (E, 2f, h) = or += dy^T · x   (TMA store and TMA reduce-add epilogues)
+//   fc2 wgrad     dw2 (E, h, f) = or += dy^T · a    (each with an f32 dw, then with a bf16 dw)
 // Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
-// not finish within 20 s, e.g. a pipeline deadlock):
-//   - relative error max|ours - ref| / max|ref| (bf16 y: 1e-2; f32 dw: 1e-3), no non-finite values
-//     (y starts as NaN, so an unwritten row fails);
+// not finish within 20 s, e.g. a pipeline deadlock), against an f32 reference (the per-group
+// cuBLAS products; for +=, plus the initial dw values as dw holds them):
+//   - no non-finite values (y, and dw for =, start as NaN: an unwritten element fails), and every
+//     |ours - ref| within: bf16 y 1e-2 max|ref|; f32 dw 1e-3 max|ref|; bf16 dw one bf16 ulp of
+//     |ref| plus 2^-16 max|ref| (f32 summation-order noise where a sum cancels) -- for += one ulp
+//     of |ref| + 1, as the product is rounded to bf16 before L2 adds it to the initial value
+//     (|initial| < 1), so where the sum cancels the error is up to half an ulp of the product;
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
-//   - wgrad =: dw starts as NaN, every empty group's dw_g ends as zeros; wgrad +=: every empty
-//     group's dw_g is bit-identical to its initial values.
-// Timing: median of 10 (after one warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours,
-// cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16 -> f32 form), the
-// engine's cuBLAS wgrad path (widen to f32, TF32 grouped GEMM), and one dense cublasGemmEx of the
-// same FLOPs (one weight matrix: far less weight or dw traffic than the grouped problem).
+//   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
+//     bit-identical to its initial values.
+// Timing: median of 10 (after one warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours
+// (wgrad: each dw type and epilogue), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it
+// has no bf16 -> f32 form), the engine's cuBLAS wgrad path (widen to f32, TF32 grouped GEMM),
+// and one dense cublasGemmEx of the same FLOPs (one weight matrix: far less weight or dw traffic
+// than the grouped problem).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -42,6 +47,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
@@ -74,6 +80,8 @@ constexpr int kTimedRuns = 10;
 constexpr int kGuardRows = 256;
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kF32Tolerance = 1e-3;
+constexpr double kBf16DwFloor = 0x1p-16;    // of max|ref|, beside one bf16 ulp per element
+constexpr float kInitialMagnitude = 1.0f;   // FillUniform's values lie in [-1, 1)
 constexpr uint16_t kSentinelBits = 0x7FC1;  // a bf16 NaN
 constexpr double kTimeoutSeconds = 20.0;
 
@@ -100,18 +108,32 @@ __device__ float UniformFromHash(uint64_t seed, size_t i) {  // in [-1, 1)
   return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-__global__ void FillUniformBf16(bf16* out, size_t count, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
-       i += size_t{gridDim.x} * blockDim.x) {
-    out[i] = __float2bfloat16(UniformFromHash(seed, i));
+__device__ float ToFloat(float v) { return v; }
+__device__ float ToFloat(bf16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return __float2bfloat16(v);
   }
 }
 
-// out = (or += when `add`) uniform values of `seed`.
-__global__ void FillUniformF32(float* out, size_t count, uint64_t seed, bool add = false) {
+// out = uniform values of `seed` (bf16: rounded to nearest).
+template <typename T>
+__global__ void FillUniform(T* out, size_t count, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
-    out[i] = (add ? out[i] : 0.0f) + UniformFromHash(seed, i);
+    out[i] = FromFloat<T>(UniformFromHash(seed, i));
+  }
+}
+
+template <typename T>
+__global__ void AddInto(const T* in, float* out, size_t count) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] += ToFloat(in[i]);
   }
 }
 
@@ -135,11 +157,8 @@ struct ErrorStats {
   unsigned long long non_finite;    // elements where ours or ref is NaN or Inf
 };
 
-__device__ float ToFloat(float v) { return v; }
-__device__ float ToFloat(bf16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__global__ void Compare(const T* ours, const T* reference, size_t count, ErrorStats* stats) {
+template <typename Ours, typename Ref>
+__global__ void Compare(const Ours* ours, const Ref* reference, size_t count, ErrorStats* stats) {
   float max_error = 0.0f, max_reference = 0.0f;
   unsigned long long non_finite = 0;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
@@ -164,25 +183,47 @@ __global__ void Compare(const T* ours, const T* reference, size_t count, ErrorSt
   }
 }
 
-// The smallest index where |ours - ref| exceeds `limit` or either is not finite.
-template <typename T>
-__global__ void FirstMismatch(const T* ours, const T* reference, size_t count, float limit,
-                              unsigned long long* first) {
+// What CheckClose accepts at every element: |ours - ref| <= of_max_reference max|ref|, plus (when
+// bf16_ulp) one bf16 ulp of |ref| + ulp_margin.
+struct Tolerance {
+  double of_max_reference;
+  bool bf16_ulp = false;
+  float ulp_margin = 0.0f;
+
+  __device__ float Limit(float ref, float max_reference) const {
+    const float limit = static_cast<float>(of_max_reference) * max_reference;
+    if (!bf16_ulp) return limit;
+    // 2^e for a magnitude in [2^e, 2^(e + 1)) (0 below the normal range); bf16 keeps 8 bits.
+    const float binade = __uint_as_float(__float_as_uint(fabsf(ref) + ulp_margin) & 0x7F800000u);
+    return limit + binade * 0x1p-7f;
+  }
+};
+
+// found[0] += the elements where |ours - ref| exceeds the tolerance or either is not finite;
+// found[1] = min(found[1], the smallest such index).
+template <typename Ours, typename Ref>
+__global__ void FindBeyond(const Ours* ours, const Ref* reference, size_t count,
+                           Tolerance tolerance, float max_reference, unsigned long long* found) {
+  unsigned long long local = 0;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
     const float a = ToFloat(ours[i]), b = ToFloat(reference[i]);
-    if (!(fabsf(a - b) <= limit)) atomicMin(first, static_cast<unsigned long long>(i));
+    if (!(fabsf(a - b) <= tolerance.Limit(b, max_reference))) {
+      ++local;
+      atomicMin(found + 1, static_cast<unsigned long long>(i));
+    }
   }
+  if (local != 0) atomicAdd(found, local);
 }
 
-// Elements whose bits differ between a and b.
-template <typename Bits>
-__global__ void CountDifferentBits(const Bits* a, const Bits* b, size_t count,
+// Elements whose values, widened to f32, differ in bits between a and b.
+template <typename A, typename B>
+__global__ void CountDifferentBits(const A* a, const B* b, size_t count,
                                    unsigned long long* different) {
   unsigned long long local = 0;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
-    local += a[i] != b[i];
+    local += __float_as_uint(ToFloat(a[i])) != __float_as_uint(ToFloat(b[i]));
   }
   if (local != 0) atomicAdd(different, local);
 }
@@ -306,9 +347,9 @@ float HostFloat(bf16 v) { return __bfloat162float(v); }
 
 // On a failure, also prints where the first bad element is: (matrix, row, column) of a
 // row-major (matrices, rows, columns) layout.
-template <typename T>
-void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* reference,
-                size_t count, int64_t rows, int64_t columns, double tolerance) {
+template <typename Ours, typename Ref>
+void CheckClose(Tally& tally, const std::string& what, const Ours* ours, const Ref* reference,
+                size_t count, int64_t rows, int64_t columns, const Tolerance& tolerance) {
   DeviceArray<ErrorStats> stats(1);
   MOE_CHECK_CUDA(cudaMemset(stats.data, 0, sizeof(ErrorStats)));
   Compare<<<kGrid, kBlock>>>(ours, reference, count, stats.data);
@@ -318,23 +359,27 @@ void CheckClose(Tally& tally, const std::string& what, const T* ours, const T* r
   float max_error, max_reference;
   std::memcpy(&max_error, &host.max_error_bits, 4);
   std::memcpy(&max_reference, &host.max_reference_bits, 4);
+  DeviceArray<unsigned long long> found(2);  // count, first index
+  MOE_CHECK_CUDA(cudaMemset(found.data, 0, 8));
+  MOE_CHECK_CUDA(cudaMemset(found.data + 1, 0xFF, 8));
+  FindBeyond<<<kGrid, kBlock>>>(ours, reference, count, tolerance, max_reference, found.data);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  unsigned long long beyond[2];
+  MOE_CHECK_CUDA(cudaMemcpy(beyond, found.data, sizeof beyond, cudaMemcpyDeviceToHost));
   const double relative = max_reference > 0 ? max_error / max_reference : max_error;
-  char detail[160];
-  std::snprintf(detail, sizeof detail, "rel err %.2e (max|ref| %.3g, tol %.0e), non-finite %llu",
-                relative, max_reference, tolerance, host.non_finite);
-  const bool ok = host.non_finite == 0 && relative <= tolerance;
+  char detail[200];
+  std::snprintf(detail, sizeof detail,
+                "rel err %.2e (max|ref| %.3g, tol %.0e%s), %llu beyond tol, non-finite %llu",
+                relative, max_reference, tolerance.of_max_reference,
+                tolerance.bf16_ulp ? " + 1 bf16 ulp" : "", beyond[0], host.non_finite);
+  const bool ok = host.non_finite == 0 && beyond[0] == 0;
   tally.Record(ok, what, detail);
-  if (ok) return;
-  DeviceArray<unsigned long long> first(1);
-  MOE_CHECK_CUDA(cudaMemset(first.data, 0xFF, 8));
-  FirstMismatch<<<kGrid, kBlock>>>(ours, reference, count,
-                                   static_cast<float>(tolerance) * max_reference, first.data);
-  unsigned long long index = 0;
-  MOE_CHECK_CUDA(cudaMemcpy(&index, first.data, 8, cudaMemcpyDeviceToHost));
-  if (index >= count) return;
-  T a, b;
-  MOE_CHECK_CUDA(cudaMemcpy(&a, ours + index, sizeof(T), cudaMemcpyDeviceToHost));
-  MOE_CHECK_CUDA(cudaMemcpy(&b, reference + index, sizeof(T), cudaMemcpyDeviceToHost));
+  const unsigned long long index = beyond[1];
+  if (ok || index >= count) return;
+  Ours a;
+  Ref b;
+  MOE_CHECK_CUDA(cudaMemcpy(&a, ours + index, sizeof a, cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(&b, reference + index, sizeof b, cudaMemcpyDeviceToHost));
   const long long matrix = index / (rows * columns), in_matrix = index % (rows * columns);
   std::printf("          first bad element: matrix %lld, row %lld, column %lld: ours %g, ref %g\n",
               matrix, in_matrix / columns, in_matrix % columns, HostFloat(a), HostFloat(b));
@@ -427,8 +472,8 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
               static_cast<long long>(k), transpose_w ? "^T" : "", groups);
   DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * n * k);
   DeviceArray<bf16> y((rows + kGuardRows) * n), reference(rows * n);
-  FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed);
-  FillUniformBf16<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
+  FillUniform<<<kGrid, kBlock>>>(x.data, x.count, seed);
+  FillUniform<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
   FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(y.data), y.count, kSentinelBits);
   MOE_CHECK_CUDA(cudaGetLastError());
 
@@ -457,7 +502,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   ours();
   SyncOrTimeout(name);
   CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, rows, n,
-             kBf16Tolerance);
+             Tolerance{kBf16Tolerance});
   DeviceArray<unsigned long long> changed(1);
   MOE_CHECK_CUDA(cudaMemset(changed.data, 0, 8));
   CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(y.data + rows * n),
@@ -489,83 +534,92 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
       flops);
 }
 
-// dw (groups, n, k) f32 += dy_g^T (n, rows_g) · x_g (rows_g, k).
+// dw (groups, n, k) (+)= dy_g^T (n, rows_g) · x_g (rows_g, k), with an f32 and with a bf16 dw.
 void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
                      int64_t k, uint64_t seed) {
   const Case& c = ops.c;
   const int64_t rows = c.rows();
   const int groups = c.groups();
   const size_t dw_count = static_cast<size_t>(groups) * n * k;
-  std::printf("  %s: dw (%d, %lld, %lld) f32 += dy (%lld, %lld)^T . x (%lld, %lld) per group\n",
-              name, groups, static_cast<long long>(n), static_cast<long long>(k),
+  std::printf("  %s: dw (%d, %lld, %lld) += dy (%lld, %lld)^T . x (%lld, %lld) per group\n", name,
+              groups, static_cast<long long>(n), static_cast<long long>(k),
               static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
               static_cast<long long>(k));
   DeviceArray<bf16> dy(rows * n), x(rows * k);
-  DeviceArray<float> dw(dw_count), reference(dw_count);
-  FillUniformBf16<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
-  FillUniformBf16<<<kGrid, kBlock>>>(x.data, x.count, seed + 1);
-  MOE_CHECK_CUDA(cudaMemset(reference.data, 0, reference.count * sizeof(float)));
+  DeviceArray<float> dw(dw_count), reference(dw_count);  // dw: f32, or bf16 in its first half
+  FillUniform<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
+  FillUniform<<<kGrid, kBlock>>>(x.data, x.count, seed + 1);
   MOE_CHECK_CUDA(cudaGetLastError());
 
   const float one = 1.0f;
   int nonempty = 0;
-  for (int g = 0; g < groups; ++g) {
-    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
-    if (count == 0) continue;
-    ++nonempty;
-    // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
-    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
-                                  x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n,
-                                  CUDA_R_16BF, n, &one, reference.data + g * n * k, CUDA_R_32F, k,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-
-  // First dw = (TMA stores) into NaN, against reference = the products (zeros for empty
-  // groups); then dw += (TMA reduce-add) into uniform values, against reference + those values
-  // (empty groups: exactly those values).
-  const struct {
-    bool accumulate;
-    const char* label;
-  } variants[] = {{false, "=, TMA store"}, {true, "+=, TMA reduce-add"}};
+  for (int g = 0; g < groups; ++g) nonempty += c.offsets[g + 1] != c.offsets[g];
+  // reference = the products (zeros for empty groups).
+  const auto products = [&] {
+    MOE_CHECK_CUDA(cudaMemset(reference.data, 0, reference.count * sizeof(float)));
+    for (int g = 0; g < groups; ++g) {
+      const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+      if (count == 0) continue;
+      // dw_g^T (k, n) += x_g^T (k, count) · dy_g (count, n)
+      MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, count, &one,
+                                    x.data + begin * k, CUDA_R_16BF, k, dy.data + begin * n,
+                                    CUDA_R_16BF, n, &one, reference.data + g * n * k, CUDA_R_32F, k,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  };
   const double flops = 2.0 * rows * n * k;
-  const double added_dw_bytes = 2.0 * nonempty * n * k * 4;  // read + write of the touched dw_g
-  for (const auto& variant : variants) {
-    if (variant.accumulate) {
-      FillUniformF32<<<kGrid, kBlock>>>(dw.data, dw.count, seed + 2);
-      FillUniformF32<<<kGrid, kBlock>>>(reference.data, reference.count, seed + 2, /*add=*/true);
+  // dw bytes moved in the non-empty groups: written, and for += also read.
+  const auto dw_traffic = [&](size_t element_bytes, bool accumulate) {
+    return (accumulate ? 2.0 : 1.0) * nonempty * n * k * element_bytes;
+  };
+
+  // dw = (TMA stores) into NaN, against reference = the products (zeros for empty groups); or
+  // dw += (TMA reduce-add) into uniform values, against reference + those values as dw holds
+  // them (empty groups: exactly those values).
+  const auto probe = [&](auto* dw_out, bool accumulate) {
+    using Out = std::remove_pointer_t<decltype(dw_out)>;
+    constexpr bool kF32 = std::is_same_v<Out, float>;
+    products();
+    if (accumulate) {
+      FillUniform<<<kGrid, kBlock>>>(dw_out, dw_count, seed + 2);
+      AddInto<<<kGrid, kBlock>>>(dw_out, reference.data, dw_count);
     } else {
-      FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dw.data), dw.count * 2,
-                                  kSentinelBits);  // 0x7FC17FC1: an f32 NaN
+      FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dw_out), dw_count * sizeof(Out) / 2,
+                                  kSentinelBits);  // f32 NaN too
     }
     MOE_CHECK_CUDA(cudaGetLastError());
     const auto ours = [&] {
       MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(
-          dy.data, x.data, ops.offsets.data, groups, rows, n, k, variant.accumulate, dw.data,
-          nullptr));
+          dy.data, x.data, ops.offsets.data, groups, rows, n, k, accumulate, dw_out, nullptr));
     };
     ours();
     SyncOrTimeout(name);
-    const std::string what = std::string(name) + " dw (" + variant.label + ")";
-    CheckClose(tally, what, dw.data, reference.data, dw_count, n, k, kF32Tolerance);
+    const std::string label =
+        std::string(kF32 ? "f32 " : "bf16 ") + (accumulate ? "+=, TMA reduce-add" : "=, TMA store");
+    const std::string what = std::string(name) + " dw (" + label + ")";
+    CheckClose(tally, what, dw_out, reference.data, dw_count, n, k,
+               kF32 ? Tolerance{kF32Tolerance}
+                    : Tolerance{kBf16DwFloor, true, accumulate ? kInitialMagnitude : 0.0f});
     DeviceArray<unsigned long long> different(1);
     MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
     int empty = 0;
     for (int g = 0; g < groups; ++g) {
       if (c.offsets[g + 1] != c.offsets[g]) continue;
       ++empty;
-      CountDifferentBits<<<kGrid, kBlock>>>(
-          reinterpret_cast<const uint32_t*>(dw.data + g * n * k),
-          reinterpret_cast<const uint32_t*>(reference.data + g * n * k), n * k, different.data);
+      CountDifferentBits<<<kGrid, kBlock>>>(dw_out + g * n * k, reference.data + g * n * k, n * k,
+                                            different.data);
     }
     if (empty > 0) {
       const unsigned long long changed = ReadCounter(different);
       tally.Record(changed == 0, what + " empty groups",
                    std::to_string(changed) + " elements of " + std::to_string(empty) +
-                       " empty groups not " + (variant.accumulate ? "unchanged" : "zero"));
+                       " empty groups not " + (accumulate ? "unchanged" : "zero"));
     }
-    PrintTime((std::string("sm90 grouped (ours), ") + variant.label).c_str(), MedianMs(ours, name),
-              flops, variant.accumulate ? added_dw_bytes : added_dw_bytes / 2);
-  }
+    PrintTime(("sm90 (ours), " + label).c_str(), MedianMs(ours, name), flops,
+              dw_traffic(sizeof(Out), accumulate));
+  };
+  for (const bool accumulate : {false, true}) probe(dw.data, accumulate);
+  for (const bool accumulate : {false, true}) probe(reinterpret_cast<bf16*>(dw.data), accumulate);
 
   // Baselines write into `reference` (no longer needed), reinterpreted as their output type.
   GroupedCall grouped;
@@ -588,7 +642,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
         "cublasGemmGroupedBatchedEx bf16 -> bf16",
         MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
                  name),
-        flops, added_dw_bytes / 2);
+        flops, dw_traffic(sizeof(bf16), true));
     grouped.Upload(pa32, pb32, pc32);
     PrintTime("engine's cuBLAS path: widen + TF32 grouped f32",
               MedianMs(
@@ -599,7 +653,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
                                 CUBLAS_COMPUTE_32F_FAST_TF32);
                   },
                   name),
-              flops, added_dw_bytes);
+              flops, dw_traffic(sizeof(float), true));
   }
   PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs",
             MedianMs(
@@ -646,7 +700,10 @@ void PrintKernelAttributes() {
        reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
       {"GroupedMatmulKernel<!transpose_w>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
-      {"GroupedWeightGradKernel", reinterpret_cast<const void*>(GroupedWeightGradKernel)},
+      {"GroupedWeightGradKernel<float>",
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<float>)},
+      {"GroupedWeightGradKernel<bf16>",
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<moe::cuda::sm90::bf16>)},
   };
   for (const auto& k : kernels) {
     cudaFuncAttributes attributes;

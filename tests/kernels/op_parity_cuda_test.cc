@@ -41,6 +41,12 @@ class OpRun {
   Tensor InF32(const Shape& shape, float scale = 1.0f) {
     return Make(shape, scale, DType::kF32, /*round_to_run_dtype=*/false);
   }
+  // A gradient as --main_grads_dtype=bf16 keeps it in bf16 runs: the run's dtype on every device
+  // (the CPU writes bf16 gradients too, rounding its f32 results).
+  Tensor InGrad(const Shape& shape) {
+    return Make(shape, 1.0f, dtype_, /*round_to_run_dtype=*/true);
+  }
+  Tensor OutGrad(const Shape& shape) { return PoisonedTensor(shape, dtype_, device_); }
   Tensor Ints(const std::vector<int32_t>& values, const Shape& shape) {
     return FromInts(values, shape, device_);
   }
@@ -135,8 +141,11 @@ std::vector<OpCase> Cases() {
         ops::Matmul(a, b, out, ta, tb);
         Tensor acc = r.InF32({m, n});  // f32 accumulation: out += a b
         ops::Matmul(a, b, acc, ta, tb, 1.0f);
+        Tensor grad = r.InGrad({m, n});  // the same into a gradient of the run's dtype
+        ops::Matmul(a, b, grad, ta, tb, 1.0f);
         r.Read("out", out);
         r.Read("acc", acc);
+        r.Read("grad", grad);
       });
     }
   }
@@ -173,10 +182,16 @@ std::vector<OpCase> Cases() {
       ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw, /*accumulate=*/true);
       Tensor dw_stored = r.OutF32({groups, c.n, c.k});  // dw_g = dy_g^T x_g, zeros if empty
       ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw_stored, /*accumulate=*/false);
+      Tensor dw_grad = r.InGrad({groups, c.n, c.k});  // both again into the run's dtype
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw_grad, /*accumulate=*/true);
+      Tensor dw_grad_stored = r.OutGrad({groups, c.n, c.k});
+      ops::GroupedMatmulWeightGrad(dy, x, offsets, host, dw_grad_stored, /*accumulate=*/false);
       r.Read("y", y);
       r.Read("dx", dx);
       r.Read("dw", dw);
       r.Read("dw_stored", dw_stored);
+      r.Read("dw_grad", dw_grad);
+      r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
   add("rmsnorm", [](OpRun& r) {
@@ -186,10 +201,13 @@ std::vector<OpCase> Cases() {
     ops::RmsNormForward(x, w, 1e-5f, y, rstd);
     Tensor dx = r.Out({rows, h}), dw = r.InF32({h});  // dweight accumulates
     ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
+    Tensor dw_grad = r.InGrad({h});
+    ops::RmsNormBackward(dy, x, w, rstd, dx, dw_grad);
     r.Read("y", y);
     r.Read("rstd", rstd);
     r.Read("dx", dx);
     r.Read("dweight", dw);
+    r.Read("dweight_grad", dw_grad);
   });
   for (int64_t cols : {128, 1000}) {
     add("softmax_" + std::to_string(cols), [cols](OpRun& r) {
@@ -267,8 +285,11 @@ std::vector<OpCase> Cases() {
     Tensor out = r.Out({tokens, h}), dtable = r.InF32({vocab, h});
     ops::EmbeddingForward(ids, table, out);
     ops::EmbeddingBackward(ids, dout, dtable);
+    Tensor dtable_grad = r.InGrad({vocab, h});
+    ops::EmbeddingBackward(ids, dout, dtable_grad);
     r.Read("out", out);
     r.Read("dtable", dtable);
+    r.Read("dtable_grad", dtable_grad);
   });
   add("cross_entropy", [](OpRun& r) {
     const int64_t tokens = 19, vocab = 1000;
@@ -355,20 +376,31 @@ std::vector<OpCase> Cases() {
     Tensor ones = r.Out({100003});
     ops::Fill(ones, 1.0f);
     ops::Add(a, ones, a);
-    Tensor sum = r.OutF32({1}), norm = r.OutF32({1});
+    Tensor sum = r.OutF32({1}), norm = r.OutF32({1}), grad_norm = r.OutF32({1});
     ops::Sum(a, sum);
     std::vector<Tensor> both = {a, b};
     ops::GlobalL2Norm(both, norm);
+    std::vector<Tensor> grads = {r.InGrad({5000}), r.InF32({77})};  // mixed dtypes in bf16 runs
+    ops::GlobalL2Norm(grads, grad_norm);
     r.Read("sum", sum);
     r.Read("norm", norm);
+    r.Read("grad_norm", grad_norm);
   });
   // Sizes that end inside a vector, a tile and a launch's table (over 64 entries: two launches),
   // alternating weight decay; moments f32, or bf16 on both sides (rounding may differ by an ulp
-  // where the two backends' f32 arithmetic does).
-  for (DType moments : {DType::kF32, DType::kBF16}) {
+  // where the two backends' f32 arithmetic does), and bf16 gradients too.
+  struct AdamWCase {
+    const char* name;
+    DType grads, moments;
+  };
+  for (const AdamWCase& c :
+       {AdamWCase{"adamw", DType::kF32, DType::kF32},
+        AdamWCase{"adamw_bf16_moments", DType::kF32, DType::kBF16},
+        AdamWCase{"adamw_bf16_grads_and_moments", DType::kBF16, DType::kBF16}}) {
+    const DType grads = c.grads, moments = c.moments;
     add(
-        moments == DType::kF32 ? "adamw" : "adamw_bf16_moments",
-        [moments](OpRun& r) {
+        c.name,
+        [grads, moments](OpRun& r) {
           std::vector<int64_t> sizes = {10000, 3, 16389, 1};
           sizes.resize(70, 37);
           std::vector<ops::AdamWTensors> entries;
@@ -377,8 +409,11 @@ std::vector<OpCase> Cases() {
             std::vector<float> m_host = testing::ToFloats(r.InF32({n}, 0.1f));
             std::vector<float> v_host = testing::ToFloats(r.InF32({n}, 0.1f));
             for (float& x : v_host) x = x * x;  // second moments are non-negative
+            const Tensor grad = r.InF32({n});
+            Tensor grad_stored = Tensor::Empty({n}, grads, r.device());
+            ops::Cast(grad, grad_stored);
             entries.push_back(
-                {r.InF32({n}), r.InF32({n}), FromFloats(m_host, {n}, moments, r.device()),
+                {r.InF32({n}), grad_stored, FromFloats(m_host, {n}, moments, r.device()),
                  FromFloats(v_host, {n}, moments, r.device()), r.Out({n}), i % 2 == 0});
           }
           ops::AdamWConfig config;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <utility>
 
 #include "engine/optim/adamw.h"
 #include "modules/trainer.h"
@@ -89,11 +90,13 @@ std::vector<float> Grad(const std::string& name, int64_t n) {
 void SetGrads(ParameterSet& set) {
   for (const auto& p : set.all()) {
     BeginGradWrite(*p);
-    ops::CopyFromHost(Grad(p->name, p->grad.numel()).data(), p->grad);
+    ops::Cast(
+        testing::FromFloats(Grad(p->name, p->grad.numel()), p->grad.shape(), DType::kF32, kDevice),
+        p->grad);
   }
 }
 
-void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
+void ExpectShardsUpdateAsTheWhole(const OptimizerDTypes& optimizer_dtypes) {
   constexpr int kShards = 3;
   constexpr int64_t kBucketBytes = 1200 * 4;  // {a.weight, a.norm}, {b}, {c, d}
   ops::AdamWConfig config;
@@ -101,7 +104,7 @@ void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
   config.weight_decay = 0.1f;
   config.step = 1;
   ParameterSet whole =
-      ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, moment_dtypes);
+      ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
   for (const ParameterSpec& spec : Specs()) whole.Create(spec);
   whole.AllocateBuckets(1, 0, kBucketBytes);
   SetGrads(whole);
@@ -110,7 +113,7 @@ void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
   std::map<std::string, std::vector<int>> covered;  // elements updated, by parameter
   for (int shard = 0; shard < kShards; ++shard) {
     ParameterSet set =
-        ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, moment_dtypes);
+        ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
     for (const ParameterSpec& spec : Specs()) set.Create(spec);
     set.AllocateBuckets(kShards, shard, kBucketBytes);
     ASSERT_EQ(set.buckets().size(), 3u);
@@ -129,7 +132,7 @@ void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
         return std::vector<uint32_t>(bits.begin() + first, bits.begin() + first + n);
       };
       EXPECT_EQ(testing::FloatBits(s.master), part(want.master)) << mine.name;
-      EXPECT_EQ(s.exp_avg.dtype(), moment_dtypes.exp_avg);
+      EXPECT_EQ(s.exp_avg.dtype(), optimizer_dtypes.exp_avg);
       EXPECT_EQ(testing::FloatBits(s.exp_avg), part(want.exp_avg)) << mine.name;
       EXPECT_EQ(testing::FloatBits(s.exp_avg_sq), part(want.exp_avg_sq)) << mine.name;
       EXPECT_EQ(testing::FloatBits(s.value), part(want.value)) << mine.name;
@@ -144,11 +147,14 @@ void ExpectShardsUpdateAsTheWhole(const MomentDTypes& moment_dtypes) {
   }
 }
 
-// With f32 and with bf16 moments.
+// With f32 and with bf16 moments, and bf16 gradients.
 TEST(DistributedOptimizerTest, TheShardsUpdatesAreTheWholeUpdate) {
-  for (DType moments : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(DTypeName(moments) + std::string(" moments"));
-    ExpectShardsUpdateAsTheWhole(MomentDTypes{moments, moments});
+  for (const auto& [grad, moments] :
+       {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kF32, DType::kBF16},
+        std::pair{DType::kBF16, DType::kBF16}}) {
+    SCOPED_TRACE(DTypeName(grad) + std::string(" gradients, ") + DTypeName(moments) + " moments");
+    ExpectShardsUpdateAsTheWhole(OptimizerDTypes{grad, moments, moments});
+    if (HasFailure()) return;
   }
 }
 

@@ -1,7 +1,8 @@
-// The tiny model on CUDA (bf16 compute, f32 master weights and grads) against the CPU reference
-// (f32) from the same weights (rounded to bf16 for both) and the same batch: the loss, the aux
-// loss and every parameter gradient agree within bf16 tolerance. All experts are chosen, so bf16
-// rounding cannot flip a routing decision and change which function is differentiated.
+// The tiny model on CUDA (bf16 compute, f32 master weights) against the CPU reference (f32) from
+// the same weights (rounded to bf16 for both) and the same batch: the loss, the aux loss and every
+// parameter gradient agree within bf16 tolerance, with either grouped MLP and with f32 or bf16
+// gradients (--main_grads_dtype; bf16 on both backends). All experts are chosen, so bf16 rounding
+// cannot flip a routing decision and change which function is differentiated.
 #include <gtest/gtest.h>
 
 #include "engine/kernels/ops.h"
@@ -18,8 +19,9 @@ struct BackendRun {
 };
 
 BackendRun ForwardBackward(const GptConfig& config, Device device, const std::vector<int32_t>& ids,
-                           const std::vector<int32_t>& targets) {
-  ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, 42);
+                           const std::vector<int32_t>& targets, DType grad_dtype) {
+  ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, 42,
+                          /*optimizer_state=*/true, OptimizerDTypes{.grad = grad_dtype});
   GptModel model(config, parameters);
   for (const auto& p : parameters.all()) {  // both runs compute with the same bf16 values
     std::vector<float> values = testing::ToFloats(p->master);
@@ -37,13 +39,17 @@ BackendRun ForwardBackward(const GptConfig& config, Device device, const std::ve
   run.loss = testing::ToFloats(result.loss_sum)[0] / tokens;
   run.aux = testing::ToFloats(result.aux_loss)[0];
   for (const auto& p : parameters.all()) {
+    EXPECT_EQ(p->grad.dtype(), grad_dtype);
     run.grads[p->name] = testing::ToFloats(MaterializedGrad(*p));
   }
   return run;
 }
 
-TEST(GptModelCudaTest, MatchesTheCpuReference) {
+class GptModelCudaTest : public ::testing::TestWithParam<std::tuple<GroupedMlpKind, DType>> {};
+
+TEST_P(GptModelCudaTest, MatchesTheCpuReference) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const auto [grouped_mlp, grad_dtype] = GetParam();
   GptConfig config;
   config.num_layers = 3;
   config.hidden_size = 128;
@@ -57,15 +63,15 @@ TEST(GptModelCudaTest, MatchesTheCpuReference) {
   config.seq_length = 128;
   config.vocab_size = 512;
   config.init_std = 0.05f;
-  config.moe_grouped_mlp = GroupedMlpKind::kUnfused;
+  config.moe_grouped_mlp = grouped_mlp;
   std::mt19937 rng(testing::TestSeed());
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size) - 1);
   std::vector<int32_t> ids(2 * config.seq_length), targets(ids.size());
   for (auto& t : ids) t = token(rng);
   for (auto& t : targets) t = token(rng);
 
-  const BackendRun cpu = ForwardBackward(config, Device::CPU(), ids, targets);
-  const BackendRun gpu = ForwardBackward(config, Device::CUDA(0), ids, targets);
+  const BackendRun cpu = ForwardBackward(config, Device::CPU(), ids, targets, grad_dtype);
+  const BackendRun gpu = ForwardBackward(config, Device::CUDA(0), ids, targets, grad_dtype);
   EXPECT_NEAR(gpu.loss, cpu.loss, 1e-2 * cpu.loss);
   EXPECT_NEAR(gpu.aux, cpu.aux, 1e-2 * std::abs(cpu.aux));
   double worst = 0;
@@ -78,6 +84,17 @@ TEST(GptModelCudaTest, MatchesTheCpuReference) {
   printf("loss cpu %.6f cuda %.6f; largest gradient error %.3g (%s)\n", cpu.loss, gpu.loss, worst,
          worst_name.c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(PathsAndGradients, GptModelCudaTest,
+                         ::testing::Combine(::testing::Values(GroupedMlpKind::kUnfused,
+                                                              GroupedMlpKind::kFused),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == GroupedMlpKind::kFused
+                                                  ? "fused_"
+                                                  : "unfused_") +
+                                  DTypeName(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace moe

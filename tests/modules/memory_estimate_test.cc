@@ -28,10 +28,11 @@ TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
 
 // Under the distributed optimizer a rank counts its shard of the masters (CUDA) and moments.
 TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, /*moment_bytes=*/8), 18.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, 8), 16.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, 8), 9.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2, 8), 12.0);
+  const OptimizerDTypes f32;
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, f32), 18.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, f32), 16.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, f32), 9.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2, f32), 12.0);
   MemoryEstimateOptions o;
   o.model = testing::DefaultRunModel();
   o.cuda = true;
@@ -42,20 +43,30 @@ TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
   EXPECT_EQ(EstimateTrainingMemory(o).activation_bytes, sharded.activation_bytes);
 }
 
-// bf16 moments take 2 + 2 bytes instead of 4 + 4, sharded or not.
-TEST(MemoryEstimateTest, Bf16MomentsCountTwoBytesEach) {
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, /*moment_bytes=*/4), 14.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, 4), 12.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, 4), 8.0);
-  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, 6), 16.0);  // one moment of each
+// bf16 moments take 2 + 2 bytes instead of 4 + 4, sharded or not; a bf16 gradient 2 instead of 4
+// (never sharded).
+TEST(MemoryEstimateTest, Bf16MomentsAndGradientsCountTwoBytesEach) {
+  const OptimizerDTypes bf16_moments{DType::kF32, DType::kBF16, DType::kBF16};
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, bf16_moments), 14.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 1, bf16_moments), 12.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, bf16_moments), 8.0);
+  const OptimizerDTypes one_of_each{DType::kF32, DType::kF32, DType::kBF16};
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, one_of_each), 16.0);
+  const OptimizerDTypes all_bf16{DType::kBF16, DType::kBF16, DType::kBF16};
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 1, all_bf16), 12.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/true, 4, all_bf16), 6.0);
+  EXPECT_EQ(StateBytesPerParameter(/*cuda=*/false, 2, all_bf16), 8.0);
   MemoryEstimateOptions o;
   o.model = testing::DefaultRunModel();
   o.cuda = true;
   const MemoryEstimate f32 = EstimateTrainingMemory(o);
-  o.moment_bytes = 4;
+  o.dtypes = bf16_moments;
   const MemoryEstimate bf16 = EstimateTrainingMemory(o);
   EXPECT_EQ(f32.state_bytes - bf16.state_bytes, 4.0 * o.model.total_parameters());
   EXPECT_EQ(f32.activation_bytes, bf16.activation_bytes);
+  o.dtypes = all_bf16;
+  EXPECT_EQ(f32.state_bytes - EstimateTrainingMemory(o).state_bytes,
+            6.0 * o.model.total_parameters());
 }
 
 TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {

@@ -209,8 +209,8 @@ TEST_P(MemoryPlannerTest, SeesTheShardedStateOfTheDistributedOptimizer) {
   sharded.run.state_shards = 4;
   const MemoryPlan whole = std::move(PlanMemory(Request(model, 1e12))).value();
   const MemoryPlan quarter = std::move(PlanMemory(sharded)).value();
-  const double saved = (StateBytesPerParameter(sharded.run.cuda, 1, sharded.run.moment_bytes) -
-                        StateBytesPerParameter(sharded.run.cuda, 4, sharded.run.moment_bytes)) *
+  const double saved = (StateBytesPerParameter(sharded.run.cuda, 1, sharded.run.dtypes) -
+                        StateBytesPerParameter(sharded.run.cuda, 4, sharded.run.dtypes)) *
                        static_cast<double>(model.total_parameters());
   EXPECT_NEAR(whole.ranks[0].baseline_peak_bytes - quarter.ranks[0].baseline_peak_bytes, saved,
               1e-9 * saved);

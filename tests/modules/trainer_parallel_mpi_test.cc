@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "engine/core/byte_units.h"
 #include "engine/distributed/process_groups.h"
@@ -61,10 +62,10 @@ Device TestDevice() {
 }
 
 TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false,
-                           MomentDTypes moment_dtypes = {}) {
+                           OptimizerDTypes optimizer_dtypes = {}) {
   TrainerOptions o;
   o.use_distributed_optimizer = distributed_optimizer;
-  o.moment_dtypes = moment_dtypes;
+  o.optimizer_dtypes = optimizer_dtypes;
   o.micro_batch_size = 1;
   o.global_batch_size = 8;
   o.train_steps = kSteps;
@@ -200,10 +201,10 @@ class TrainerParallelTest : public ::testing::Test {
 
   std::unique_ptr<Trainer> NewTrainer(const ProcessGroups* groups,
                                       bool distributed_optimizer = false,
-                                      MomentDTypes moment_dtypes = {}) {
-    StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(TinyConfig(), TinyOptions(1, false, distributed_optimizer, moment_dtypes),
-                        TestDevice(), source_.get(), groups);
+                                      OptimizerDTypes optimizer_dtypes = {}) {
+    StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(
+        TinyConfig(), TinyOptions(1, false, distributed_optimizer, optimizer_dtypes), TestDevice(),
+        source_.get(), groups);
     CHECK(created.ok()) << created.status().message();
     return std::move(created).value();
   }
@@ -459,23 +460,27 @@ TEST_F(TrainerParallelTest, DistributedOptimizerHoldsOneShardOfTheState) {
 
 // A sharded run saved after one step and resumed repeats the uninterrupted sharded run bit for
 // bit (losses, norms, and the whole state gathered at the end), under every sharded layout, with
-// f32 and with bf16 moments (gathered, sent down the pipeline and saved as bf16).
+// f32 and with bf16 moments (gathered, sent down the pipeline and saved as bf16), and with bf16
+// gradients too (reduce-scattered in bf16).
 TEST_F(TrainerParallelTest, DistributedOptimizerCheckpointResumesBitForBit) {
   for (int pipeline : ShardedLayouts(world_.size())) {
-    for (const DType moments : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE("pipeline " + std::to_string(pipeline) + ", " + DTypeName(moments) + " moments");
-      const MomentDTypes moment_dtypes{moments, moments};
+    for (const auto& [grad, moments] :
+         {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kF32, DType::kBF16},
+          std::pair{DType::kBF16, DType::kBF16}}) {
+      SCOPED_TRACE("pipeline " + std::to_string(pipeline) + ", " + DTypeName(grad) +
+                   " gradients, " + DTypeName(moments) + " moments");
+      const OptimizerDTypes optimizer_dtypes{grad, moments, moments};
       const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
       const std::string root = CheckpointRoot("sharded_resume_pp" + std::to_string(pipeline));
-      std::unique_ptr<Trainer> reference = NewTrainer(&groups, true, moment_dtypes);
+      std::unique_ptr<Trainer> reference = NewTrainer(&groups, true, optimizer_dtypes);
       std::vector<StepStats> uninterrupted;
       for (int step = 0; step < kSteps; ++step) uninterrupted.push_back(reference->TrainStep());
-      std::unique_ptr<Trainer> first = NewTrainer(&groups, true, moment_dtypes);
+      std::unique_ptr<Trainer> first = NewTrainer(&groups, true, optimizer_dtypes);
       first->TrainStep();
       const Status saved = first->Save(root, {{"test", "sharded resume"}});
       ASSERT_TRUE(saved.ok()) << saved.message();
       comm_->Barrier();
-      std::unique_ptr<Trainer> resumed = NewTrainer(&groups, true, moment_dtypes);
+      std::unique_ptr<Trainer> resumed = NewTrainer(&groups, true, optimizer_dtypes);
       const Status loaded = resumed->Load(root);
       ASSERT_TRUE(loaded.ok()) << loaded.message();
       ExpectTrainsOnBitIdentically(*resumed, uninterrupted, *reference);

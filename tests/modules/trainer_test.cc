@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "engine/core/bfloat16.h"
@@ -67,16 +68,24 @@ TEST(TrainerTest, EvaluationChangesNothing) {
 
 TrainerOptions Bf16MomentOptions() {
   TrainerOptions o = SmallOptions();
-  o.moment_dtypes = {DType::kBF16, DType::kBF16};
+  o.optimizer_dtypes.exp_avg = DType::kBF16;
+  o.optimizer_dtypes.exp_avg_sq = DType::kBF16;
+  return o;
+}
+
+TrainerOptions Bf16GradientOptions(TrainerOptions o = SmallOptions()) {
+  o.optimizer_dtypes.grad = DType::kBF16;
   return o;
 }
 
 // With f32 and with bf16 AdamW moments (saved as bf16: the resumed run reads back exactly what the
-// uninterrupted one holds).
+// uninterrupted one holds), and with bf16 gradients too (never saved: a step starts from none).
 TEST(TrainerTest, ResumeIsBitIdentical) {
   auto source = Synthetic(64);
-  for (const TrainerOptions& options : {SmallOptions(), Bf16MomentOptions()}) {
-    SCOPED_TRACE(DTypeName(options.moment_dtypes.exp_avg) + std::string(" moments"));
+  for (const TrainerOptions& options :
+       {SmallOptions(), Bf16MomentOptions(), Bf16GradientOptions(Bf16MomentOptions())}) {
+    SCOPED_TRACE(DTypeName(options.optimizer_dtypes.exp_avg) + std::string(" moments, ") +
+                 DTypeName(options.optimizer_dtypes.grad) + " gradients");
     const std::string root =
         ::testing::TempDir() + "/resume_" + std::to_string(testing::TestSeed());
     std::filesystem::remove_all(root);
@@ -104,7 +113,7 @@ TEST(TrainerTest, ResumeIsBitIdentical) {
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(testing::ToFloats(got[i]->master), testing::ToFloats(want[i]->master))
           << want[i]->name;
-      EXPECT_EQ(got[i]->exp_avg.dtype(), options.moment_dtypes.exp_avg);
+      EXPECT_EQ(got[i]->exp_avg.dtype(), options.optimizer_dtypes.exp_avg);
       EXPECT_EQ(testing::ToFloats(got[i]->exp_avg_sq), testing::ToFloats(want[i]->exp_avg_sq))
           << want[i]->name;
     }
@@ -151,6 +160,67 @@ TEST(TrainerTest, Bf16MomentsTrainLikeF32AndCheckpointsCrossDtypes) {
   EXPECT_TRUE(std::isfinite(widened->TrainStep().loss));
   EXPECT_TRUE(std::isfinite(rounded->TrainStep().loss));
   std::filesystem::remove_all(root);
+}
+
+// The floats of a dumped tensor (f32 or bf16).
+std::vector<float> DumpedFloats(const HostTensor& t) {
+  std::vector<float> out(t.bytes.size() / DTypeSize(t.dtype));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == DType::kBF16) {
+      BFloat16 b;
+      std::memcpy(&b.bits, t.bytes.data() + 2 * i, 2);
+      out[i] = BFloat16ToFloat(b);
+    } else {
+      std::memcpy(&out[i], t.bytes.data() + 4 * i, 4);
+    }
+  }
+  return out;
+}
+
+// bf16 gradients (--main_grads_dtype=bf16): each backward op adds in f32 and rounds once, so after
+// one micro-batch (every parameter written by one op here) every gradient is the f32 run's rounded
+// to nearest even, bit for bit; the data gradients and the loss are untouched.
+TEST(TrainerTest, Bf16GradientsAreTheF32GradientsRoundedOnce) {
+  auto source = Synthetic(64);
+  const std::string root = ::testing::TempDir() + "/grads_" + std::to_string(testing::TestSeed());
+  std::filesystem::remove_all(root);
+  ASSERT_TRUE(NewTrainer(source.get())->DumpReferenceCase(root + "/f32").ok());
+  ASSERT_TRUE(
+      NewTrainer(source.get(), Bf16GradientOptions())->DumpReferenceCase(root + "/bf16").ok());
+  const auto f32 = ReadSafetensors(root + "/f32/reference.safetensors");
+  const auto bf16 = ReadSafetensors(root + "/bf16/reference.safetensors");
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  int gradients = 0;
+  for (const auto& [name, want] : f32.value().tensors) {
+    const HostTensor& got = bf16.value().tensors.at(name);
+    if (name.rfind("grad.", 0) != 0) {
+      EXPECT_EQ(got.bytes, want.bytes) << name;
+      continue;
+    }
+    ++gradients;
+    EXPECT_EQ(got.dtype, DType::kBF16) << name;
+    std::vector<float> rounded = DumpedFloats(want);
+    for (float& x : rounded) x = BFloat16ToFloat(FloatToBFloat16(x));
+    EXPECT_EQ(DumpedFloats(got), rounded) << name;
+  }
+  EXPECT_GT(gradients, 10);
+  std::filesystem::remove_all(root);
+}
+
+// Over many steps bf16 gradients (rounded at every micro-batch's add) train about as f32 ones.
+TEST(TrainerTest, Bf16GradientsTrainLikeF32) {
+  auto source = Synthetic(64);
+  auto f32 = NewTrainer(source.get()), bf16 = NewTrainer(source.get(), Bf16GradientOptions());
+  EXPECT_EQ(bf16->parameters().all().front()->grad.dtype(), DType::kBF16);
+  double first = 0, last_f32 = 0, last_bf16 = 0;
+  for (int step = 0; step < 40; ++step) {
+    last_f32 = f32->TrainStep().loss;
+    last_bf16 = bf16->TrainStep().loss;
+    if (step == 0) first = last_bf16;
+  }
+  EXPECT_LT(last_bf16, first - 1.0);
+  EXPECT_NEAR(last_bf16, last_f32, 0.05 * last_f32);
+  EXPECT_NE(last_bf16, last_f32) << "the gradients' dtype changed nothing";
 }
 
 TEST(TrainerTest, LoadingAnotherShapeIsAnError) {

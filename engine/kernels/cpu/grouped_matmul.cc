@@ -1,6 +1,7 @@
 // CPU GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc):
 // the CPU Matmul (Eigen) on each non-empty group's row range, so the results are bit-identical to
-// one Matmul per group. All f32. The offsets tensor is host memory here, read directly: host
+// one Matmul per group. f32, except dw, which may be bf16 (Matmul rounds each group's result
+// once). The offsets tensor is host memory here, read directly: host
 // offsets are never needed (ops.cc has checked that any given equal it).
 #include "engine/kernels/cpu/cpu_ops.h"
 

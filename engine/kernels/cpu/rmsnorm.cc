@@ -1,11 +1,12 @@
 // CPU RMSNorm, f32 with double row sums.
 //   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved.
 //   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows
-//     dy * x * rstd.
+//     dy * x * rstd (dweight f32, or bf16 rounded once per call).
 #include <algorithm>
 #include <cmath>
 
 #include "engine/kernels/cpu/cpu_ops.h"
+#include "engine/kernels/cpu/f32_output.h"
 
 namespace moe::cpu {
 
@@ -28,7 +29,8 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
                      const Tensor& dx, const Tensor& dweight) {
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   const float* w = weight.data<float>();
-  float* dw = dweight.data<float>();
+  const F32Output dweight_f32(dweight, /*read=*/true);
+  float* dw = dweight_f32.f32().data<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x.data<float>() + r * h;
     const float* dyr = dy.data<float>() + r * h;
@@ -42,6 +44,7 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
       dxr[j] = s * (w[j] * dyr[j] - xr[j] * c);
     }
   }
+  dweight_f32.Commit();
 }
 
 }  // namespace moe::cpu

@@ -1,6 +1,6 @@
 // CUDA AdamW step over many parameters (contract: engine/kernels/op_declarations.inc), in place on
-// f32 master weights, f32 grad, and the moments m, v (each f32 or bf16: arithmetic in f32, bf16
-// stored rounded to nearest even); the CPU reference's formula and operation order:
+// f32 master weights and the moments m, v from grad (grad, m and v each f32 or bf16: arithmetic in
+// f32, bf16 stored rounded to nearest even); the CPU reference's formula and operation order:
 //   g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   master -= lr * (wd * master + m * m_corr / (sqrt(v * v_corr) + eps)),
 //   m_corr = 1 / (1 - b1^step), v_corr = 1 / (1 - b2^step) (computed in double on the host).
@@ -11,7 +11,8 @@
 // tiles are numbered entry by entry, and blocks walk them grid-stride, so a block's tiles only move
 // forward through the table. A thread handles kUnroll 4-element vectors of a tile, loading all of
 // them before any arithmetic so that each thread keeps 16 loads in flight (the step is
-// memory-bound: 30 bytes per parameter with a bf16 model and f32 moments, 22 with bf16 moments).
+// memory-bound: 30 bytes per parameter with a bf16 model, f32 grad and f32 moments, 22 with bf16
+// moments, 20 with bf16 grad and moments).
 // Entries' tensors come from the allocator, 16-byte aligned (checked); an entry's last partial
 // vector goes element by element.
 #include <cmath>
@@ -34,10 +35,10 @@ struct AdamWStep {
 
 struct EntryTable {
   float* master[kMaxEntries];
-  const float* grad[kMaxEntries];
-  void* m[kMaxEntries];      // all of the launch's m type
-  void* v[kMaxEntries];      // all of the launch's v type
-  void* model[kMaxEntries];  // all nullptr, or all of the launch's model type
+  const void* grad[kMaxEntries];  // all of the launch's grad type
+  void* m[kMaxEntries];           // all of the launch's m type
+  void* v[kMaxEntries];           // all of the launch's v type
+  void* model[kMaxEntries];       // all nullptr, or all of the launch's model type
   int64_t n[kMaxEntries];
   int64_t tiles_end[kMaxEntries];  // tiles of entries [0, i], cumulative
   bool weight_decay[kMaxEntries];
@@ -56,8 +57,8 @@ __device__ __forceinline__ void Update(Element& e, const AdamWStep& p, float wei
   e.w = e.w - p.lr * (weight_decay * e.w + update);
 }
 
-// MT, VT: the moments' types; M: the model copy's.
-template <typename MT, typename VT, typename M>
+// GT: the gradient's type; MT, VT: the moments'; M: the model copy's.
+template <typename GT, typename MT, typename VT, typename M>
 __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable table, AdamWStep p) {
   const int64_t tiles = table.tiles_end[table.count - 1];
   int entry = 0;
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
     const int64_t first_tile = entry == 0 ? 0 : table.tiles_end[entry - 1];
     const int64_t n = table.n[entry];
     float* master = table.master[entry];
-    const float* grad = table.grad[entry];
+    const GT* grad = static_cast<const GT*>(table.grad[entry]);
     MT* m = static_cast<MT*>(table.m[entry]);
     VT* v = static_cast<VT*>(table.v[entry]);
     M* model = static_cast<M*>(table.model[entry]);
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
         if (model != nullptr) StoreFloats<kVec>(model + i, w[u]);
       } else {
         for (int64_t k = i; k < n; ++k) {  // the entry's last, partial vector
-          Element e = {master[k], grad[k], ToFloat(m[k]), ToFloat(v[k])};
+          Element e = {master[k], ToFloat(grad[k]), ToFloat(m[k]), ToFloat(v[k])};
           Update(e, p, weight_decay);
           master[k] = e.w;
           m[k] = FromFloat<MT>(e.m);
@@ -114,10 +115,10 @@ __global__ void __launch_bounds__(kThreads) MultiTensorAdamWKernel(EntryTable ta
   }
 }
 
-template <typename MT, typename VT, typename M>
+template <typename GT, typename MT, typename VT, typename M>
 void Launch(const EntryTable& table, const AdamWStep& p, cudaStream_t stream) {
   const int64_t tiles = table.tiles_end[table.count - 1];
-  MultiTensorAdamWKernel<MT, VT, M><<<BlocksFor(tiles, 1), kThreads, 0, stream>>>(table, p);
+  MultiTensorAdamWKernel<GT, MT, VT, M><<<BlocksFor(tiles, 1), kThreads, 0, stream>>>(table, p);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -142,10 +143,12 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
   EntryTable table = {};
   const auto flush = [&] {
     if (table.count == 0) return;
-    DispatchFloat(first.m.dtype(), [&]<typename MT>(TypeTag<MT>) {
-      DispatchFloat(first.v.dtype(), [&]<typename VT>(TypeTag<VT>) {
-        DispatchFloat(model_dtype,
-                      [&]<typename M>(TypeTag<M>) { Launch<MT, VT, M>(table, p, stream); });
+    DispatchFloat(first.grad.dtype(), [&]<typename GT>(TypeTag<GT>) {
+      DispatchFloat(first.m.dtype(), [&]<typename MT>(TypeTag<MT>) {
+        DispatchFloat(first.v.dtype(), [&]<typename VT>(TypeTag<VT>) {
+          DispatchFloat(model_dtype,
+                        [&]<typename M>(TypeTag<M>) { Launch<GT, MT, VT, M>(table, p, stream); });
+        });
       });
     });
     table = {};
@@ -158,7 +161,7 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
     }
     const int i = table.count++;
     table.master[i] = Ptr<float>(e.master);
-    table.grad[i] = Ptr<const float>(e.grad);
+    table.grad[i] = e.grad.data();
     table.m[i] = e.m.data();
     table.v[i] = e.v.data();
     table.model[i] = e.model.defined() ? e.model.data() : nullptr;

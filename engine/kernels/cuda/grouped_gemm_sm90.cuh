@@ -10,14 +10,19 @@
 //   GroupedMatmulSm90:           y[rows of g] = x[rows of g] · op(w_g)            (=, bf16 y)
 //     x (rows, k); w (groups, n, k) with transpose_w (y = x w_g^T), else (groups, k, n)
 //     (y = x w_g); y (rows, n). Every row of y is written (k == 0 writes zeros).
-//   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]    (+= or =, f32 dw)
-//     dy (rows, n), x (rows, k), dw (groups, n, k) f32. accumulate: TMA reduce-add
-//     (cp.reduce.async.bulk.tensor .add.f32: the add happens in L2, exactly one add per dw
-//     element per call, so results are run-to-run identical; NOT verified whether it flushes f32
-//     subnormals as red.global.add.f32 does), and a group without rows leaves dw_g as it is.
-//     Otherwise TMA stores (=, dw is only written: half the memory traffic of +=), and a group
-//     without rows gets zeros. (A load-add-store epilogue by the consumer threads was 1.5x
-//     slower than the reduce-add at the Qwen3 shape on the H200, 2026-11-30.)
+//   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]  (+= or =, f32/bf16 dw)
+//     dy (rows, n), x (rows, k), dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
+//     gets the f32 accumulators rounded to nearest even (cvt.rn.bf16x2.f32). accumulate: TMA
+//     reduce-add (cp.reduce.async.bulk.tensor .add on the tensor map's type: the add happens in
+//     L2, exactly one add per dw element per call, so results are run-to-run identical), and a
+//     group without rows leaves dw_g as it is. f32: NOT verified whether it flushes subnormals
+//     as red.global.add.f32 does. bf16: L2 adds the rounded bf16 product to the bf16 dw value
+//     and stores bf16, so += rounds twice (product, then sum); the precision and rounding of that
+//     add are not documented for the tensor form: not verified (the PTX ISA says "rounds to the
+//     nearest even" only of the non-tensor cp.reduce.async.bulk .add). Otherwise TMA stores (=,
+//     dw is only written: half the memory traffic of +=), and a group without rows gets zeros.
+//     (A load-add-store epilogue by the consumer threads was 1.5x slower than the reduce-add at
+//     the Qwen3 shape with f32 dw on the H200, 2026-11-30.)
 //   Requirements (the launchers return cudaErrorInvalidValue otherwise): n and k multiples of 8
 //   and base pointers 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes);
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
@@ -60,6 +65,10 @@
 //     wgmma's imm-trans-a / imm-trans-b = 1 selects MN-major (bf16 allows it), 0 K-major.
 //   - m64nNk16 f32 accumulator: warp w of the warpgroup, lane = 4 g + t, register 4 i + 2 h + j
 //     holds row 16 w + g + 8 h, column 8 i + 2 t + j (CUTLASS CLayout_64xN).
+//   - cp.reduce.async.bulk.tensor has no type qualifier: the element type is the tensor map's,
+//     and its table of valid .redOp and element types lists .add for .f32, .f16 and .bf16 (PTX
+//     ISA 9.1). The .noftz that .add.bf16 requires belongs to the non-tensor
+//     cp.reduce.async.bulk only; the tensor form's syntax has none.
 //   - mbarrier phases: a fresh barrier is in phase 0; try_wait.parity(P) returns once the phase
 //     with parity P has completed, and parity 1 counts as completed before the first phase
 //     does, so the producer's first pass over the empty barriers (waiting parity phase ^ 1 = 1)
@@ -76,6 +85,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 // wgmma and setmaxnreg exist only on sm_90a. nvcc -arch=sm_90a also embeds generic compute_90
 // PTX; in that pass (and for any other GPU) the kernels are built as a trap.
@@ -113,16 +123,19 @@ constexpr int kKMajorSliceBytes = kWgmmaK * 2;                  // next 16 K val
 constexpr int kMNMajorSliceBytes = kWgmmaK * kSwizzleRowBytes;  // next 16 K rows
 constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next 8 rows
 
-// Weight-gradient TMA writes (reduce-add or store): each consumer writes its 64 x 256 f32 result
-// in chunks of 64 rows x 32 columns (one 128-byte swizzle row of f32 per tile row), through
-// kWriteBuffers staging buffers; that many chunks' writes can be in flight while it goes on.
-constexpr int kWriteColumns = 32;
-constexpr int kWriteChunkBytes = 64 * kWriteColumns * 4;  // 8 KiB
+// Weight-gradient TMA writes (reduce-add or store): each consumer writes its 64 x 256 result (dw
+// element type Out) in chunks of 64 rows x kWriteColumns<Out> columns (one 128-byte swizzle row
+// per tile row: 32 f32 or 64 bf16), through kWriteBuffers staging buffers; that many chunks'
+// writes can be in flight while it goes on.
+template <typename Out>
+constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
+constexpr int kWriteChunkBytes = 64 * kSwizzleRowBytes;  // 8 KiB, either type
 constexpr int kWriteBuffers = 2;
-static_assert((kBlockN / kWriteColumns) % kWriteBuffers == 0,
+static_assert((kBlockN / kWriteColumns<float>) % kWriteBuffers == 0 &&
+                  (kBlockN / kWriteColumns<bf16>) % kWriteBuffers == 0,
               "each tile's first chunk must reuse the buffer of the previous tile's oldest chunk");
 
-static_assert(kBlockK * 2 == kSwizzleRowBytes && kWriteColumns * 4 == kSwizzleRowBytes);
+static_assert(kBlockK * 2 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
 static_assert(kBlockM == 64 * kConsumers && kBlockN % 64 == 0 && kBlockN / 8 * 4 == kAccumulators);
 static_assert(kProducerRegisters * kWarpgroupThreads +
@@ -599,39 +612,58 @@ __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int vali
   }
 }
 
+// Two adjacent dw elements at shared `address` = a, b (bf16: rounded to nearest even). Through
+// 32-bit shared addresses: the compiler hoists WriteTile's store addresses out of the tile loop,
+// and as 64-bit generic addresses the bf16 instantiation's 16 of them spilled.
+template <typename Out>
+__device__ __forceinline__ void StorePair(uint32_t address, float a, float b) {
+  if constexpr (std::is_same_v<Out, float>) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(a), "f"(b) : "memory");
+  } else {
+    static_assert(std::is_same_v<Out, bf16>, "dw is f32 or bf16");
+    // cvt puts its first source in the upper half: b, so that a lands at `address`.
+    asm volatile(
+        "{ .reg .b32 pair; cvt.rn.bf16x2.f32 pair, %2, %1;"
+        " st.shared.b32 [%0], pair; }" ::"r"(address),
+        "f"(a), "f"(b)
+        : "memory");
+  }
+}
+
 // dw_g[tile rows, tile columns] += (accumulate: TMA reduce-add) or = (TMA store) this
-// warpgroup's accumulators, in 64 x 32 chunks staged through kWriteBuffers 128B-swizzled
-// buffers (`staging`); TMA clips the boxes to dw. The warpgroup's thread 0 issues the writes and
-// waits for a buffer's previous write to have read it before the warpgroup refills it (named
-// barrier `barrier_id`).
+// warpgroup's accumulators as Out, in 64 x kWriteColumns<Out> chunks staged through
+// kWriteBuffers 128B-swizzled buffers (from shared address `staging`); TMA clips the boxes to dw.
+// The warpgroup's thread 0 issues the writes and waits for a buffer's previous write to have read
+// it before the warpgroup refills it (named barrier `barrier_id`).
+template <typename Out>
 __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& dw_map,
-                                          uint8_t* staging, int barrier_id, int group, int row0,
+                                          uint32_t staging, int barrier_id, int group, int row0,
                                           int column0, bool accumulate) {
+  constexpr int kColumns = kWriteColumns<Out>;
   const FragmentPosition at;
   const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int row = at.Row();
   // Row r's 16-byte chunk c lies at chunk c ^ (r % 8); Row() % 8 = lane / 4, also for Row() + 8.
   const int swizzle = at.lane / 4;
 #pragma unroll
-  for (int chunk = 0; chunk < kBlockN / kWriteColumns; ++chunk) {
-    uint8_t* const buffer = staging + chunk % kWriteBuffers * kWriteChunkBytes;
+  for (int chunk = 0; chunk < kBlockN / kColumns; ++chunk) {
+    const uint32_t buffer = staging + chunk % kWriteBuffers * kWriteChunkBytes;
     if (leader) BulkWaitGroupRead<kWriteBuffers - 1>();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
 #pragma unroll
-    for (int j = 0; j < kWriteColumns / 8; ++j) {
-      const int i = chunk * (kWriteColumns / 8) + j;  // accumulator column block
-      const int column = 8 * j + at.Column();         // within the chunk
-      const int offset = ((column / 4) ^ swizzle) * 16 + column % 4 * 4;
-      *reinterpret_cast<float2*>(buffer + row * kSwizzleRowBytes + offset) =
-          make_float2(acc[4 * i], acc[4 * i + 1]);
-      *reinterpret_cast<float2*>(buffer + (row + 8) * kSwizzleRowBytes + offset) =
-          make_float2(acc[4 * i + 2], acc[4 * i + 3]);
+    for (int j = 0; j < kColumns / 8; ++j) {
+      const int i = chunk * (kColumns / 8) + j;  // accumulator column block
+      const int byte = (8 * j + at.Column()) * static_cast<int>(sizeof(Out));  // in the row
+      const int offset = ((byte / 16) ^ swizzle) * 16 + byte % 16;
+      const uint32_t first = buffer + row * kSwizzleRowBytes + offset;
+      StorePair<Out>(first, acc[4 * i], acc[4 * i + 1]);
+      StorePair<Out>(first + 8 * kSwizzleRowBytes, acc[4 * i + 2], acc[4 * i + 3]);
     }
     FenceProxyAsync();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     if (leader) {
-      const int column = column0 + chunk * kWriteColumns;
-      TmaWrite3d(accumulate, dw_map, SmemAddress(buffer), column, row0, group);
+      const int column = column0 + chunk * kColumns;
+      TmaWrite3d(accumulate, dw_map, buffer, column, row0, group);
       BulkCommitGroup();
     }
   }
@@ -716,8 +748,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // dw_g (+)= dy_g^T · x_g (see the file comment). dy_map: dy as (n, rows), x_map: x as (k, rows),
-// both box (64, 64) (MN-major operands: each token row is a K row); dw_map: dw f32 as
-// (k, n, groups), box (32, 64, 1).
+// both box (64, 64) (MN-major operands: each token row is a K row); dw_map: dw (Out) as
+// (k, n, groups), box (kWriteColumns<Out>, 64, 1).
+template <typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWeightGradKernel(const __grid_constant__ CUtensorMap dy_map,
                             const __grid_constant__ CUtensorMap x_map,
@@ -781,7 +814,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   IncreaseMaxRegisters<kConsumerRegisters>();
   const int consumer = warpgroup - 1;
-  uint8_t* const staging = ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes;
+  const uint32_t staging = SmemAddress(ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes);
   Accumulators acc;
 #pragma unroll
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
@@ -805,7 +838,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     }
-    WriteTile(acc, dw_map, staging, 1 + consumer, tile.group, row0, tile.n0, accumulate);
+    WriteTile<Out>(acc, dw_map, staging, 1 + consumer, tile.group, row0, tile.n0, accumulate);
   }
   if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 #else
@@ -912,20 +945,23 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
   return cudaGetLastError();
 }
 
-// See the file comment. Asynchronous on `stream`.
-inline cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x,
-                                               const int32_t* offsets, int groups, int64_t rows,
-                                               int64_t n, int64_t k, bool accumulate, float* dw,
-                                               cudaStream_t stream) {
+// See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.
+template <typename Out>
+cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int32_t* offsets,
+                                        int groups, int64_t rows, int64_t n, int64_t k,
+                                        bool accumulate, Out* dw, cudaStream_t stream) {
   using namespace detail;
+  static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>, "dw is f32 or bf16");
+  constexpr uint64_t kOutBytes = sizeof(Out);
   if (groups < 1 || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) || n % 8 != 0 || k % 8 != 0 ||
       !Aligned16(dy) || !Aligned16(x) || !Aligned16(dw)) {
     return cudaErrorInvalidValue;
   }
   if (n == 0 || k == 0) return cudaSuccess;
   if (rows == 0) {
-    return accumulate ? cudaSuccess
-                      : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * 4, stream);
+    return accumulate
+               ? cudaSuccess
+               : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * kOutBytes, stream);
   }
   const int64_t tiles =
       static_cast<int64_t>(groups) * ((n + kBlockM - 1) / kBlockM) * ((k + kBlockN - 1) / kBlockN);
@@ -939,17 +975,19 @@ inline cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x,
   status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur}, {uk * 2},
                               {64, kBlockK});
   if (status != cudaSuccess) return status;
-  status = EncodeTensorMap<3>(&dw_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dw,
-                              {uk, un, static_cast<uint64_t>(groups)}, {uk * 4, un * uk * 4},
-                              {kWriteColumns, 64, 1});
+  status = EncodeTensorMap<3>(&dw_map,
+                              std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                              dw, {uk, un, static_cast<uint64_t>(groups)},
+                              {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
   if (status != cudaSuccess) return status;
-  status = cudaFuncSetAttribute(GroupedWeightGradKernel,
+  status = cudaFuncSetAttribute(GroupedWeightGradKernel<Out>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightGradSmemBytes);
   if (status != cudaSuccess) return status;
   int grid = 0;
   status = PersistentGrid(tiles, &grid);
   if (status != cudaSuccess) return status;
-  GroupedWeightGradKernel<<<grid, kThreads, kWeightGradSmemBytes, stream>>>(
+  GroupedWeightGradKernel<Out><<<grid, kThreads, kWeightGradSmemBytes, stream>>>(
       dy_map, x_map, dw_map, offsets, groups, static_cast<int>(rows), static_cast<int>(n),
       static_cast<int>(k), accumulate);
   return cudaGetLastError();

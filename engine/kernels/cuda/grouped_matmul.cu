@@ -11,7 +11,8 @@
 // Precision as in matmul.cu (CublasComputeType). cuBLAS's grouped GEMM has no bf16 x bf16 -> f32
 // form, so the bf16 weight gradient widens dy and x to f32 copies and multiplies them with
 // CUBLAS_COMPUTE_32F_FAST_TF32: TF32 holds every bf16 value exactly, so the products are exact
-// and accumulate in fp32.
+// and accumulate in fp32. It adds into f32 only, so a bf16 dw goes through an f32 copy, rounded
+// back once.
 #include <algorithm>
 #include <vector>
 
@@ -163,15 +164,19 @@ void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& of
   CheckHostOffsetsGiven(host_offsets, dw, "GroupedMatmulWeightGrad");
   if (!accumulate) Fill(dw, 0.0f);  // then += below: cuBLAS's grouped GEMM skips empty groups
   if (dw.numel() == 0 || x.dim(0) == 0) return;
+  const auto as_f32 = [](const Tensor& t) {
+    if (t.dtype() == DType::kF32) return t;
+    Tensor wide = Tensor::Empty(t.shape(), DType::kF32, t.device());
+    Cast(t, wide);
+    return wide;
+  };
+  const Tensor dw32 = as_f32(dw);
   if (x.dtype() == DType::kF32) {
-    WeightGrad(dy, x, host_offsets, dw, CublasComputeType(DType::kF32));
-    return;
+    WeightGrad(dy, x, host_offsets, dw32, CublasComputeType(DType::kF32));
+  } else {
+    WeightGrad(as_f32(dy), as_f32(x), host_offsets, dw32, CUBLAS_COMPUTE_32F_FAST_TF32);
   }
-  Tensor dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
-  Tensor x32 = Tensor::Empty(x.shape(), DType::kF32, x.device());
-  Cast(dy, dy32);
-  Cast(x, x32);
-  WeightGrad(dy32, x32, host_offsets, dw, CUBLAS_COMPUTE_32F_FAST_TF32);
+  if (dw.dtype() != DType::kF32) Cast(dw32, dw);
 }
 
 }  // namespace moe::cuda

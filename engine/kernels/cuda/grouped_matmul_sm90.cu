@@ -62,9 +62,19 @@ bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& dw, bool accumulate) {
   if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;
   const cudaStream_t stream = StreamOf(dw);
-  return Launched(sm90::GroupedMatmulWeightGradSm90(
-      Ptr<bf16>(dy), Ptr<bf16>(x), Ptr<int32_t>(offsets), static_cast<int>(dw.dim(0)), x.dim(0),
-      dy.dim(1), x.dim(1), accumulate, Ptr<float>(dw), stream));
+  const auto launch = [&](auto* out) {
+    return Launched(sm90::GroupedMatmulWeightGradSm90(
+        Ptr<bf16>(dy), Ptr<bf16>(x), Ptr<int32_t>(offsets), static_cast<int>(dw.dim(0)), x.dim(0),
+        dy.dim(1), x.dim(1), accumulate, out, stream));
+  };
+  switch (dw.dtype()) {
+    case DType::kF32:
+      return launch(Ptr<float>(dw));
+    case DType::kBF16:
+      return launch(Ptr<bf16>(dw));
+    default:
+      return false;
+  }
 }
 
 }  // namespace moe::cuda

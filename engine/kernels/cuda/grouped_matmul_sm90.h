@@ -15,6 +15,7 @@ bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape)
 
 // Each launches the kernel and returns true when it takes the call; otherwise (see above, and
 // operands not 16-byte aligned or sizes of 2^31 and more) returns false having done nothing.
+// The weight gradient's dw is f32 or bf16 (any other dtype: false).
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
                           bool transpose_w);
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,

@@ -1,5 +1,6 @@
 // CUDA RMSNorm (contracts: engine/kernels/op_declarations.inc). x, y, dy, dx f32 or bf16 (one
-// dtype); weight f32 or bf16; rstd and dweight f32; fp32 arithmetic.
+// dtype); weight f32 or bf16; rstd f32; dweight f32 or bf16 (a gradient: rounded once per call);
+// fp32 arithmetic.
 //   Forward: rstd = 1 / sqrt(mean(x^2) + eps); y = x * rstd * weight. One block per row.
 //   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows dy*x*rstd.
 // dweight is deterministic without float atomics: a fixed number of blocks (kPartialBlocks, or
@@ -79,8 +80,9 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, 
 // dweight[c] += sum over b of partials[b][c] in a fixed order: a block covers 32 columns with
 // kAddGroups warps; warp g sums b = g, g + kAddGroups, ... and the groups are then added in order.
 constexpr int kAddGroups = 8;
+template <typename G>
 __global__ void AddPartialsKernel(const float* partials, int64_t num_partials, int64_t h,
-                                  float* dweight) {
+                                  G* dweight) {
   __shared__ float group_sums[kAddGroups][32];
   const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
   float sum = 0.0f;
@@ -92,7 +94,7 @@ __global__ void AddPartialsKernel(const float* partials, int64_t num_partials, i
   if (threadIdx.y == 0 && c < h) {
     float total = 0.0f;
     for (int g = 0; g < kAddGroups; ++g) total += group_sums[g][threadIdx.x];
-    dweight[c] += total;
+    dweight[c] = FromFloat<G>(ToFloat(dweight[c]) + total);
   }
 }
 
@@ -137,9 +139,11 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
       });
     });
   });
-  AddPartialsKernel<<<static_cast<int>((h + 31) / 32), dim3(32, kAddGroups), 0, stream>>>(
-      Ptr<const float>(partials), blocks, h, Ptr<float>(dweight));
-  MOE_CUDA_CHECK_LAUNCH();
+  DispatchFloat(dweight.dtype(), [&]<typename G>(TypeTag<G>) {
+    AddPartialsKernel<G><<<static_cast<int>((h + 31) / 32), dim3(32, kAddGroups), 0, stream>>>(
+        Ptr<const float>(partials), blocks, h, Ptr<G>(dweight));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace moe::cuda
