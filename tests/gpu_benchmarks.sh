@@ -14,10 +14,11 @@
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
 # preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
 # moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
-# (the step section runs the preset with them too).
+# (the step section runs the preset with them too), and (wgrad) the fused MoE blocks at 16384
+# tokens with f32 and with bf16 weight gradients.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step attention moments grads;
+#   sweep step attention moments grads wgrad;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -195,11 +196,6 @@ timeout 200 "$bin/optimizer_bench" --moments=bf16 --grads=bf16 2>&1 | tee "$out/
 for mb in 21 22 23 24; do
   brun "mb $mb, nothing saved, bf16 gradients and moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_state"
 done
-echo "== the MoE blocks at 16384 tokens, fused, f32 vs bf16 weight gradients"
-for g in fp32 bf16; do
-  timeout 300 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=16384 --paths=fused \
-    --grads=$g 2>&1 | tee "$out/moe_bench_grads_$g.log"
-done
 echo "== moe_100m, 500 steps: f32 vs bf16 gradients (f32 moments; metrics files: the loss curves)"
 for g in fp32 bf16; do
   timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
@@ -207,5 +203,13 @@ for g in fp32 bf16; do
     --metrics_file="$out/moe_100m_grads_$g.jsonl" > "$out/moe_100m_grads_$g.log" 2>&1
   echo "gradients $g (rc $?): $(grep '^step' "$out/moe_100m_grads_$g.log" | tail -1 | cut -c1-160)"
   grep '^eval' "$out/moe_100m_grads_$g.log" | tail -5
+done
+fi
+
+if [[ $sections == *wgrad* ]]; then
+echo "== the MoE blocks at 16384 tokens, fused, f32 vs bf16 weight gradients"
+for g in fp32 bf16; do
+  timeout 280 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=16384 --paths=fused \
+    --grads=$g 2>&1 | tee "$out/moe_bench_grads_$g.log"
 done
 fi
