@@ -38,6 +38,13 @@ preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; 
 }
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 bf16_state="--main_grads_dtype=bf16 $bf16_moments"
+moe_100m_curve() {  # label, flags: moe_100m for 500 steps; its metrics file holds the loss curve
+  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
+    --eval_interval=100 --eval_steps=4 $2 --metrics_file="$out/moe_100m_$1.jsonl" \
+    > "$out/moe_100m_$1.log" 2>&1
+  echo "$1 (rc $?): $(grep '^step' "$out/moe_100m_$1.log" | tail -1 | cut -c1-160)"
+  grep '^eval' "$out/moe_100m_$1.log" | tail -5
+}
 
 if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
@@ -181,13 +188,7 @@ for mb in 16 17 18; do
   brun "mb $mb, nothing saved, bf16 moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_moments"
 done
 echo "== moe_100m, 500 steps: f32 vs bf16 moments (metrics files: the loss curves)"
-for m in fp32 bf16; do
-  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
-    --eval_interval=100 --eval_steps=4 --exp_avg_dtype=$m --exp_avg_sq_dtype=$m \
-    --metrics_file="$out/moe_100m_moments_$m.jsonl" > "$out/moe_100m_moments_$m.log" 2>&1
-  echo "moments $m (rc $?): $(grep '^step' "$out/moe_100m_moments_$m.log" | tail -1 | cut -c1-160)"
-  grep '^eval' "$out/moe_100m_moments_$m.log" | tail -5
-done
+for m in fp32 bf16; do moe_100m_curve moments_$m "--exp_avg_dtype=$m --exp_avg_sq_dtype=$m"; done
 fi
 
 if [[ $sections == *grads* ]]; then
@@ -197,13 +198,7 @@ for mb in 22 23 24; do
   brun "mb $mb, nothing saved, bf16 gradients and moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_state"
 done
 echo "== moe_100m, 500 steps: f32 vs bf16 gradients (f32 moments; metrics files: the loss curves)"
-for g in fp32 bf16; do
-  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
-    --eval_interval=100 --eval_steps=4 --main_grads_dtype=$g \
-    --metrics_file="$out/moe_100m_grads_$g.jsonl" > "$out/moe_100m_grads_$g.log" 2>&1
-  echo "gradients $g (rc $?): $(grep '^step' "$out/moe_100m_grads_$g.log" | tail -1 | cut -c1-160)"
-  grep '^eval' "$out/moe_100m_grads_$g.log" | tail -5
-done
+for g in fp32 bf16; do moe_100m_curve grads_$g "--main_grads_dtype=$g"; done
 fi
 
 if [[ $sections == *wgrad* ]]; then

@@ -294,7 +294,9 @@ TEST(TrainerTraceTest, OffloadWaitIsNonNegativeWithPrefetch) {
     EXPECT_FALSE(Instants(stats.trace, " reloaded").empty());
     const double step_ms = 1e3 * stats.seconds;
     const double gap = std::abs(step_ms - PhaseSum(stats));
-    EXPECT_LE(gap, 0.05 * step_ms);
+    // The steps take about 2 ms: 5% of that is within a loaded host's scheduling noise (0.14 ms
+    // seen under ctest -j2 on 2 cores), so the bound has a 0.5 ms floor, as the test above has 2.
+    EXPECT_LE(gap, std::max(0.5, 0.05 * step_ms));
     EXPECT_LE(gap, 2.0);
   }
 }
