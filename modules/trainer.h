@@ -26,7 +26,8 @@
 // waits layer by layer for the buckets it reads; evaluation, checkpoints, Load, parameters() and
 // the optimizer wait for all). State per parameter on a rank: CUDA bf16 value 2 + f32 gradient 4
 // + (master, moments) 12 / D; CPU f32 value (= master) 4 + gradient 4 + moments 8 / D (plain data
-// parallel: 18 and 16; bf16 moments take 4 bytes of the 8). Against plain data parallel the
+// parallel: 18 and 16; bf16 moments take 4 bytes of the 8, a bf16 gradient 2 of the 4:
+// StateBytesPerParameter). Against plain data parallel the
 // reduced gradients are bit-identical on the CPU (the same rank-ordered sum, communicator.h); only
 // the norm's summation order differs (f32 rounding), so with clipping inactive the weights are
 // bit-identical too, and with it active they differ by the clip factor's rounding. With one

@@ -32,8 +32,9 @@ struct AdamWConfig {
 
 // One parameter's tensors for AdamWUpdate.
 struct AdamWTensors {
-  Tensor master, grad;  // (n) f32
-  Tensor m, v;          // (n) f32 or bf16 (AdamW's first and second moments)
+  Tensor master;  // (n) f32
+  Tensor grad;    // (n) f32 or bf16
+  Tensor m, v;    // (n) f32 or bf16 (AdamW's first and second moments)
   Tensor model;         // undefined, or (n) f32 / bf16: receives the new master values
   bool weight_decay = true;
 };
