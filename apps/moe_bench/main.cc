@@ -151,12 +151,8 @@ int Run() {
   if (!chosen) return 2;
   const Device device = *chosen;
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
-  const std::optional<DType> grad_dtype = OptimizerDTypeFromName(FLAGS_grads);
-  if (!grad_dtype) {
-    fprintf(stderr, "moe_bench: --grads=%s must be %s\n", FLAGS_grads.c_str(),
-            kOptimizerDTypeNames);
-    return 2;
-  }
+  const std::optional<DType> grad_dtype = BenchStateDType("moe_bench", "grads", FLAGS_grads);
+  if (!grad_dtype) return 2;
   const double tolerance = device.is_cuda() || *grad_dtype == DType::kBF16 ? 2e-2 : 1e-5;
   nlohmann::json results = nlohmann::json::array();
   bool all_ok = true;

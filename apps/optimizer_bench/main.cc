@@ -9,7 +9,6 @@
 // The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
 // about 5.0B parameters); values are zeros (the timing does not depend on them).
 #include <cstdio>
-#include <tuple>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -57,15 +56,10 @@ int Run() {
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
-  const std::optional<DType> moment_dtype = OptimizerDTypeFromName(FLAGS_moments);
-  const std::optional<DType> grad_dtype = OptimizerDTypeFromName(FLAGS_grads);
-  for (const auto& [flag, value, dtype] : {std::tuple{"moments", FLAGS_moments, moment_dtype},
-                                           std::tuple{"grads", FLAGS_grads, grad_dtype}}) {
-    if (dtype) continue;
-    fprintf(stderr, "optimizer_bench: --%s=%s must be %s\n", flag, value.c_str(),
-            kOptimizerDTypeNames);
-    return 2;
-  }
+  const std::optional<DType> moment_dtype =
+      BenchStateDType("optimizer_bench", "moments", FLAGS_moments);
+  const std::optional<DType> grad_dtype = BenchStateDType("optimizer_bench", "grads", FLAGS_grads);
+  if (!moment_dtype || !grad_dtype) return 2;
   const OptimizerDTypes dtypes{*grad_dtype, *moment_dtype, *moment_dtype};
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
                           /*optimizer_state=*/true, dtypes);
