@@ -181,22 +181,28 @@ for shape in "1 16 4 4096 128" "1 32 8 8192 128" "2 32 4 4096 128" "4 16 16 2048
 done
 fi
 
+# A storage-dtype section's first half: optimizer_bench with its flags, then the preset's given
+# micro-batches without any saving. Args: what, optimizer_bench flags, log name, moe_train flags,
+# micro-batches...
+state_dtype_runs() {
+  local what=$1 bench_flags=$2 log=$3 train_flags=$4
+  shift 4
+  echo "== $what: the optimizer, micro-batches $* of the preset"
+  timeout 200 "$bin/optimizer_bench" $bench_flags 2>&1 | tee "$out/$log.log"
+  for mb in "$@"; do
+    brun "mb $mb, nothing saved, $what" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $train_flags"
+  done
+}
+
 if [[ $sections == *moments* ]]; then
-echo "== bf16 AdamW moments: the optimizer, micro-batches 16-18 of the preset"
-timeout 200 "$bin/optimizer_bench" --moments=bf16 2>&1 | tee "$out/optimizer_bench_bf16.log"
-for mb in 16 17 18; do
-  brun "mb $mb, nothing saved, bf16 moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_moments"
-done
+state_dtype_runs "bf16 moments" "--moments=bf16" optimizer_bench_bf16 "$bf16_moments" 16 17 18
 echo "== moe_100m, 500 steps: f32 vs bf16 moments (metrics files: the loss curves)"
 for m in fp32 bf16; do moe_100m_curve moments_$m "--exp_avg_dtype=$m --exp_avg_sq_dtype=$m"; done
 fi
 
 if [[ $sections == *grads* ]]; then
-echo "== bf16 gradients (and moments): the optimizer, micro-batches 22-24 of the preset"
-timeout 200 "$bin/optimizer_bench" --moments=bf16 --grads=bf16 2>&1 | tee "$out/optimizer_bench_bf16_state.log"
-for mb in 22 23 24; do
-  brun "mb $mb, nothing saved, bf16 gradients and moments" "--micro_batch_size=$mb --global_batch_size=$mb --train_steps=4 --log_interval=2 $bf16_state"
-done
+state_dtype_runs "bf16 gradients and moments" "--moments=bf16 --grads=bf16" \
+  optimizer_bench_bf16_state "$bf16_state" 22 23 24
 echo "== moe_100m, 500 steps: f32 vs bf16 gradients (f32 moments; metrics files: the loss curves)"
 for g in fp32 bf16; do moe_100m_curve grads_$g "--main_grads_dtype=$g"; done
 fi
