@@ -23,6 +23,9 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/attention_internal.cuh"
@@ -321,12 +324,27 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardQKernel(BackwardParams
                s.seq);
 }
 
+// Whether `kernel`'s image on the current device is sm_90 or later (has clusters). Asked of the
+// driver once per (kernel, device): the backward launches it for every layer.
+bool ImageHasClusters(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, bool> known;
+  int device = 0;
+  MOE_CUDA_CALL(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto [it, first] = known.try_emplace({kernel, device}, false);
+  if (first) {
+    cudaFuncAttributes attributes;
+    MOE_CUDA_CALL(cudaFuncGetAttributes(&attributes, kernel));
+    it->second = attributes.binaryVersion >= 90;
+  }
+  return it->second;
+}
+
 // Blocks per (key block, batch, kv head) of the dk/dv kernel: the largest divisor of the GQA group
 // that a portable cluster holds; 1 where the kernel's image is older than sm_90 (no clusters).
 int KvSplit(int group, const void* kernel) {
-  cudaFuncAttributes attributes;
-  MOE_CUDA_CALL(cudaFuncGetAttributes(&attributes, kernel));
-  if (attributes.binaryVersion < 90) return 1;
+  if (!ImageHasClusters(kernel)) return 1;
   int split = std::min(group, kMaxKvSplit);
   while (group % split != 0) --split;
   return split;
