@@ -35,7 +35,7 @@ struct AdamWTensors {
   Tensor master;  // (n) f32
   Tensor grad;    // (n) f32 or bf16
   Tensor m, v;    // (n) f32 or bf16 (AdamW's first and second moments)
-  Tensor model;         // undefined, or (n) f32 / bf16: receives the new master values
+  Tensor model;   // undefined, or (n) f32 / bf16: receives the new master values
   bool weight_decay = true;
 };
 
