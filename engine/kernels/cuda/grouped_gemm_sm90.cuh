@@ -87,13 +87,7 @@
 #include <cstdint>
 #include <type_traits>
 
-// wgmma and setmaxnreg exist only on sm_90a. nvcc -arch=sm_90a also embeds generic compute_90
-// PTX; in that pass (and for any other GPU) the kernels are built as a trap.
-#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MOE_SM90A_KERNELS 1
-#else
-#define MOE_SM90A_KERNELS 0
-#endif
+#include "engine/kernels/cuda/sm90_ptx.cuh"
 
 namespace moe::cuda::sm90 {
 
@@ -144,206 +138,9 @@ static_assert(kProducerRegisters * kWarpgroupThreads +
 
 namespace detail {
 
-// ---------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void MbarrierInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Makes the initialised barriers visible to the async proxy (TMA) and to the other threads
-// (with the __syncthreads that follows).
-__device__ __forceinline__ void FenceBarrierInit() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase completes.
-__device__ __forceinline__ void MbarrierArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// Returns once the phase of parity `parity` has completed (acquire: what the arrivals released,
-// including the TMA bytes, is visible afterwards).
-__device__ __forceinline__ void MbarrierWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-
-__device__ __forceinline__ uint64_t MapAddress(const CUtensorMap& map) {
-  return reinterpret_cast<uint64_t>(&map);
-}
-
-__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap& map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(MapAddress(map)) : "memory");
-}
-
-// TMA: the box at coordinates (c0 innermost, c1[, c2]) of `map` into shared `dst`; its bytes
-// complete_tx on `bar`.
-__device__ __forceinline__ void TmaLoad2d(const CUtensorMap& map, uint32_t dst, uint32_t bar,
-                                          int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-__device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar,
-                                          int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
-// TMA: global box (c0, c1, c2) of `map` = shared `src`, or += (element-wise, in L2) when
-// `reduce_add`; joins the thread's current bulk group.
-__device__ __forceinline__ void TmaWrite3d(bool reduce_add, const CUtensorMap& map, uint32_t src,
-                                           int c0, int c1, int c2) {
-#define MOE_TMA_WRITE_3D(instruction)                                                              \
-  asm volatile(instruction " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)), "r"(src), "r"(c0), \
-               "r"(c1), "r"(c2)                                                                    \
-               : "memory")
-  if (reduce_add) {
-    MOE_TMA_WRITE_3D("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group");
-  } else {
-    MOE_TMA_WRITE_3D("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group");
-  }
-#undef MOE_TMA_WRITE_3D
-}
-
-__device__ __forceinline__ void BulkCommitGroup() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
-// Waits until at most kPending of this thread's bulk groups still read their shared source.
-template <int kPending>
-__device__ __forceinline__ void BulkWaitGroupRead() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
-}
-
-// Waits until all of this thread's bulk groups have completed.
-__device__ __forceinline__ void BulkWaitAll() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-
-// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
-// (wgmma operand reads, TMA stores) that are synchronised after it.
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-template <int kRegisters>
-__device__ __forceinline__ void IncreaseMaxRegisters() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-
-template <int kRegisters>
-__device__ __forceinline__ void DecreaseMaxRegisters() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void WgmmaCommitGroup() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// Waits until at most kPending of the warpgroup's committed wgmma groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void WgmmaWaitGroup() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-
-// v as lane 0 has it. Values that steer wgmma issue must be provably warp-uniform: ptxas
-// serialises wgmmas that sit behind branches it cannot prove uniform (warning C7518).
-__device__ __forceinline__ int WarpUniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
-
 using Accumulators = float[kAccumulators];
 
-__device__ __forceinline__ void FenceAccumulators(Accumulators& d) {
-#pragma unroll
-  for (int i = 0; i < kAccumulators; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (64 x 256 f32, this warpgroup's accumulators) = a (64 x 16) · b (16 x 256) (+ d when
-// `accumulate`), bf16 operands in shared memory given by descriptors; kTransposeA/B: 0 K-major,
-// 1 MN-major.
-template <int kTransposeA, int kTransposeB>
-__device__ __forceinline__ void WgmmaM64N256K16(Accumulators& d, uint64_t a, uint64_t b,
-                                                bool accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "
-      "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "
-      "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, "
-      "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, "
-      "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, %131, %132;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(kTransposeA), "n"(kTransposeB));
-}
-
 // ---------------------------------------------------------------- shared-memory operands
-
-// Descriptor of a 128B-swizzled operand at shared address `start` (1024-byte aligned up to the
-// K-slice offsets added to it, which only touch address bits below 7 or at 11 and above).
-__device__ __forceinline__ uint64_t SmemDescriptor(uint32_t start, uint32_t leading_bytes,
-                                                   uint32_t stride_bytes) {
-  return static_cast<uint64_t>((start & 0x3FFFF) >> 4) |
-         static_cast<uint64_t>(leading_bytes >> 4) << 16 |
-         static_cast<uint64_t>(stride_bytes >> 4) << 32 | uint64_t{1} << 62;
-}
 
 // Rows of 64 K values (a token-row tile, or (out, in) weight rows) as TMA lays out one box.
 __device__ __forceinline__ uint64_t KMajorDescriptor(uint32_t start, int k_slice) {
@@ -356,19 +153,6 @@ __device__ __forceinline__ uint64_t MNMajorDescriptor(uint32_t start, int k_slic
 }
 
 // ---------------------------------------------------------------- pipeline
-
-template <int kStages>
-struct PipelineState {
-  int stage = 0;
-  uint32_t phase = 0;
-
-  __device__ void Advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
 
 // The mbarriers of the stage ring: full[s] (operands landed), empty[s] (consumers done), and
 // landed[s] (weight gradient only: the TMA bytes of a stage the producer still has to mask).
@@ -438,9 +222,8 @@ __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, 
       WgmmaFence();
 #pragma unroll
       for (int slice = 0; slice < kBlockK / kWgmmaK; ++slice) {
-        WgmmaM64N256K16<kTransposeA, kTransposeB>(acc, a_descriptor(state.stage, slice),
-                                                  b_descriptor(state.stage, slice),
-                                                  kb > 0 || slice > 0);
+        WgmmaSS<kTransposeA, kTransposeB>(acc, a_descriptor(state.stage, slice),
+                                          b_descriptor(state.stage, slice), kb > 0 || slice > 0);
       }
       WgmmaCommitGroup();
       WgmmaWaitGroup<1>();
@@ -479,8 +262,8 @@ struct RowTile {
   int n0;                  // first column of C
 
   __device__ RowTile WarpUniform() const {
-    return {detail::WarpUniform(group), detail::WarpUniform(row_begin),
-            detail::WarpUniform(row_end), detail::WarpUniform(n0)};
+    return {sm90::WarpUniform(group), sm90::WarpUniform(row_begin),
+            sm90::WarpUniform(row_end), sm90::WarpUniform(n0)};
   }
 };
 
@@ -578,8 +361,8 @@ struct WeightGradTile {
   int row_begin, row_end;  // the group's token rows: the reduction
 
   __device__ WeightGradTile WarpUniform() const {
-    return {detail::WarpUniform(group), detail::WarpUniform(m0), detail::WarpUniform(n0),
-            detail::WarpUniform(row_begin), detail::WarpUniform(row_end)};
+    return {sm90::WarpUniform(group), sm90::WarpUniform(m0), sm90::WarpUniform(n0),
+            sm90::WarpUniform(row_begin), sm90::WarpUniform(row_end)};
   }
 };
 
@@ -854,39 +637,6 @@ constexpr int kWeightGradSmemBytes =
     StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWriteBuffers * kWriteChunkBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
-
-inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encoder;
-}
-
-// A 128B-swizzled tiled map of a row-major tensor: dims innermost first (elements), strides of
-// dims 1.. in bytes, box in elements (inner box = 128 bytes); zeros outside the tensor.
-template <int kRank>
-cudaError_t EncodeTensorMap(CUtensorMap* map, CUtensorMapDataType type, const void* base,
-                            const uint64_t (&dims)[kRank], const uint64_t (&strides)[kRank - 1],
-                            const uint32_t (&box)[kRank]) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  uint32_t element_strides[kRank];
-  std::fill_n(element_strides, kRank, 1u);
-  const CUresult result =
-      encode(map, type, kRank, const_cast<void*>(base), dims, strides, box, element_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 inline bool FitsInt(int64_t v) { return v >= 0 && v < (int64_t{1} << 31); }
 

@@ -4,15 +4,9 @@
 // otherwise it is compiled like the rest of the engine, its kernels are traps and take no call.
 #include "engine/kernels/cuda/grouped_matmul_sm90.h"
 
-#include <map>
-#include <mutex>
-
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
-
-#ifndef MOE_SM90A_BUILD
-#define MOE_SM90A_BUILD 0
-#endif
+#include "engine/kernels/cuda/sm90_device.h"
 
 namespace moe::cuda {
 namespace {
@@ -25,28 +19,12 @@ bool Launched(cudaError_t status) {
   return true;
 }
 
-// Whether the device is compute capability 9.0, where sm_90a code runs (and nowhere else). Asked
-// of the driver once per device: every grouped GEMM call comes through here.
-bool IsComputeCapability90(int device_index) {
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto [it, first] = known.try_emplace(device_index, false);
-  if (first) {
-    int major = 0, minor = 0;
-    MOE_CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index));
-    MOE_CUDA_CALL(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index));
-    it->second = major == 9 && minor == 0;
-  }
-  return it->second;
-}
-
 }  // namespace
 
 bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape) {
-  return MOE_SM90A_BUILD && device.is_cuda() && dtype == DType::kBF16 && weight_shape[0] >= 1 &&
+  return device.is_cuda() && dtype == DType::kBF16 && weight_shape[0] >= 1 &&
          weight_shape[0] <= sm90::kMaxGroups && weight_shape[1] % 8 == 0 &&
-         weight_shape[2] % 8 == 0 && IsComputeCapability90(device.index);
+         weight_shape[2] % 8 == 0 && Sm90aKernelsRunOn(device.index);
 }
 
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
