@@ -13,6 +13,9 @@
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/random_tensor.h"
 #include "engine/kernels/ops.h"
+#if MOE_WITH_CUDA
+#include "engine/kernels/cuda/attention_sm90.h"
+#endif
 
 DEFINE_int64(batch, 1, "sequences");
 DEFINE_int64(seq, 4096, "tokens per sequence");
@@ -21,6 +24,8 @@ DEFINE_int64(kv_heads, 4, "key/value heads (divides --heads)");
 DEFINE_int64(head_dim, 128, "64 or 128");
 DEFINE_int32(iters, 20, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
+DEFINE_bool(hopper_kernels, true,
+            "false: time the mma.sync kernels on a Hopper GPU instead of its wgmma kernels");
 
 namespace moe {
 namespace {
@@ -37,6 +42,9 @@ int Run() {
   const std::optional<Device> chosen = BenchDevice("attention_bench", FLAGS_device);
   if (!chosen) return 2;
   const Device device = *chosen;
+#if MOE_WITH_CUDA
+  cuda::attention::AllowSm90Attention(FLAGS_hopper_kernels);
+#endif
   // The CPU reference computes in f32 (a check of the bench, not a timing to compare).
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   const int64_t b = FLAGS_batch, t = FLAGS_seq, h = FLAGS_heads, kv = FLAGS_kv_heads,
@@ -61,7 +69,8 @@ int Run() {
   const double fwd_flop = 2.0 * 2.0 * b * h * t * t * d / 2;
   const double fwd_tflops = fwd_flop / fwd_ms / 1e9,
                fwdbwd_tflops = 3.5 * fwd_flop / fwdbwd_ms / 1e9;
-  printf("shape b=%ld h=%ld kv=%ld t=%ld d=%ld\n", b, h, kv, t, d);
+  printf("shape b=%ld h=%ld kv=%ld t=%ld d=%ld, Hopper kernels %s\n", b, h, kv, t, d,
+         FLAGS_hopper_kernels ? "allowed" : "off");
   printf("forward            %8.3f ms %7.1f TFLOP/s\n", fwd_ms, fwd_tflops);
   printf("forward + backward %8.3f ms %7.1f TFLOP/s\n", fwdbwd_ms, fwdbwd_tflops);
   printf(

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "engine/core/cuda_check.h"
+#include "engine/kernels/cuda/attention_sm90.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
@@ -258,28 +259,35 @@ std::vector<OpCase> Cases() {
   };
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
   // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.
-  for (AttentionShape s : {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{1, 256, 2, 1, 128},
-                           AttentionShape{2, 130, 4, 4, 64}, AttentionShape{2, 96, 6, 2, 128},
-                           AttentionShape{1, 256, 8, 2, 128}, AttentionShape{1, 200, 16, 1, 64}}) {
-    add(
-        "attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
-            std::to_string(s.kv_heads) + "_d" + std::to_string(s.d),
-        [s](OpRun& r) {
-          Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
-          Tensor k = r.In({s.batch, s.seq, s.kv_heads, s.d});
-          Tensor v = r.In({s.batch, s.seq, s.kv_heads, s.d});
-          Tensor dout = r.In({s.batch, s.seq, s.heads, s.d});
-          Tensor out = r.Out(q.shape()), lse = r.OutF32({s.batch, s.heads, s.seq});
-          ops::AttentionForward(q, k, v, out, lse);
-          Tensor dq = r.Out(q.shape()), dk = r.Out(k.shape()), dv = r.Out(v.shape());
-          ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
-          r.Read("out", out);
-          r.Read("lse", lse);
-          r.Read("dq", dq);
-          r.Read("dk", dk);
-          r.Read("dv", dv);
-        },
-        2e-5, 2e-2);
+  // Each runs with the Hopper forward where it runs, and again with the mma.sync kernels alone
+  // ("_mma"), which are what other GPUs run.
+  for (bool hopper : {true, false}) {
+    for (AttentionShape s :
+         {AttentionShape{2, 37, 4, 2, 64}, AttentionShape{1, 256, 2, 1, 128},
+          AttentionShape{2, 130, 4, 4, 64}, AttentionShape{2, 96, 6, 2, 128},
+          AttentionShape{1, 256, 8, 2, 128}, AttentionShape{1, 200, 16, 1, 64}}) {
+      add(
+          "attention_s" + std::to_string(s.seq) + "_h" + std::to_string(s.heads) + "kv" +
+              std::to_string(s.kv_heads) + "_d" + std::to_string(s.d) + (hopper ? "" : "_mma"),
+          [s, hopper](OpRun& r) {
+            cuda::attention::AllowSm90Attention(hopper);
+            Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
+            Tensor k = r.In({s.batch, s.seq, s.kv_heads, s.d});
+            Tensor v = r.In({s.batch, s.seq, s.kv_heads, s.d});
+            Tensor dout = r.In({s.batch, s.seq, s.heads, s.d});
+            Tensor out = r.Out(q.shape()), lse = r.OutF32({s.batch, s.heads, s.seq});
+            ops::AttentionForward(q, k, v, out, lse);
+            Tensor dq = r.Out(q.shape()), dk = r.Out(k.shape()), dv = r.Out(v.shape());
+            ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
+            r.Read("out", out);
+            r.Read("lse", lse);
+            r.Read("dq", dq);
+            r.Read("dk", dk);
+            r.Read("dv", dv);
+            cuda::attention::AllowSm90Attention(true);
+          },
+          2e-5, 2e-2);
+    }
   }
   add("embedding", [](OpRun& r) {
     const int64_t vocab = 50, tokens = 300, h = 96;

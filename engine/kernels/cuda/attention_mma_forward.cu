@@ -1,4 +1,5 @@
-// Causal attention forward on tensor cores: the bf16 path (attention.cu has the design note).
+// Causal attention forward on tensor cores: the bf16 path where the Hopper kernel does not run
+// (attention_sm90.cu; attention.cu has the design note).
 //
 // One block of 4 warps per (64 queries, batch, head); warp w owns query rows 16 w .. 16 w + 15
 // and keeps its Q operand in registers. Key/value tiles of 64 rows stream through a two-stage
@@ -145,6 +146,7 @@ void Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
 }  // namespace
 
 void LaunchAttentionForward(const ForwardParams<bf16>& params, int head_dim, cudaStream_t stream) {
+  if (TryAttentionForwardSm90(params, head_dim, stream)) return;
   WithHeadDim(head_dim, [&](auto d) { Forward<d.value>(params, stream); });
 }
 
