@@ -14,7 +14,8 @@
 // memory as f32, and block r of the cluster adds its share of the rows over the cluster's blocks in
 // rank order through distributed shared memory, scales dk by 1/sqrt(d) and stores both.
 //
-// dq kernel: one block per (64 queries, batch, head); warp w owns 16 query rows and keeps their
+// dq kernel (where the Hopper one of attention_sm90.cu does not run): one block per (64 queries,
+// batch, head); warp w owns 16 query rows and keeps their
 // Q and dout operands in registers. Per key tile (kDqBlockN rows): S = Q K^T, P = exp2(...),
 // dP = dout V^T, dS = P (dP - delta), dQ += dS K.
 //
@@ -373,6 +374,7 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   config.numAttrs = split > 1 ? 1 : 0;
   MOE_CUDA_CALL(cudaLaunchKernelEx(&config, MmaBackwardKvKernel<D>, p, split));
 
+  if (TryAttentionBackwardQSm90(p, D, stream)) return;
   constexpr size_t kDqSmem = DqSmemBytes<D>();
   MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
