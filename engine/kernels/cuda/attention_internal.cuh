@@ -4,8 +4,8 @@
 //
 // Paths, chosen by dtype through overloading: f32 -> CUDA-core FMA kernels (attention_fma.cu,
 // exact fp32 math for parity with the CPU reference); bf16 -> tensor-core mma.sync kernels
-// (attention_mma_forward.cu, attention_mma_backward.cu), whose forward and dq hand over to the
-// Hopper wgmma kernels (attention_sm90.cu) where those run. Launchers check every launch.
+// (attention_mma_forward.cu, attention_mma_backward.cu), which hand over to the Hopper wgmma
+// kernels (attention_sm90.cu) where those run. Launchers check every launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,13 +59,20 @@ void LaunchAttentionBackward(const BackwardParams<float>& params, int head_dim,
                              cudaStream_t stream);
 void LaunchAttentionBackward(const BackwardParams<bf16>& params, int head_dim, cudaStream_t stream);
 
-// The Hopper kernels (attention_sm90.cu): the forward, and the backward's dq (the dq of
-// `params`; delta already in memory). Each launches and returns true where they run
-// (sm90_device.h, and AllowSm90Attention not turned off); otherwise returns false having done
-// nothing.
+// The Hopper kernels (attention_sm90.cu): the forward, and the backward (dq, dk, dv; delta already
+// in memory). Each launches and returns true where they run (sm90_device.h, and
+// AllowSm90Attention not turned off); otherwise returns false having done nothing.
 bool TryAttentionForwardSm90(const ForwardParams<bf16>& params, int head_dim, cudaStream_t stream);
-bool TryAttentionBackwardQSm90(const BackwardParams<bf16>& params, int head_dim,
-                               cudaStream_t stream);
+bool TryAttentionBackwardSm90(const BackwardParams<bf16>& params, int head_dim,
+                              cudaStream_t stream);
+
+// The thread-block cluster of the dk/dv kernels splits a GQA group's query heads over this many
+// blocks: the largest divisor of the group that a portable cluster (8 blocks) holds.
+inline int ClusterSplit(int group) {
+  int split = group < 8 ? group : 8;
+  while (group % split != 0) --split;
+  return split;
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

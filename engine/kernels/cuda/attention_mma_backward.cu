@@ -1,4 +1,5 @@
-// Causal attention backward on tensor cores: the bf16 path (attention.cu has the design note).
+// Causal attention backward on tensor cores: the bf16 path where the Hopper kernels do not run
+// (attention_sm90.cu; attention.cu has the design note).
 // delta = rowsum(dout * out) is already in memory when these run.
 //
 // dk/dv kernel: the query heads of a GQA group are split over a thread-block cluster of `split`
@@ -14,8 +15,7 @@
 // memory as f32, and block r of the cluster adds its share of the rows over the cluster's blocks in
 // rank order through distributed shared memory, scales dk by 1/sqrt(d) and stores both.
 //
-// dq kernel (where the Hopper one of attention_sm90.cu does not run): one block per (64 queries,
-// batch, head); warp w owns 16 query rows and keeps their
+// dq kernel: one block per (64 queries, batch, head); warp w owns 16 query rows and keeps their
 // Q and dout operands in registers. Per key tile (kDqBlockN rows): S = Q K^T, P = exp2(...),
 // dP = dout V^T, dS = P (dP - delta), dQ += dS K.
 //
@@ -59,7 +59,6 @@ constexpr size_t PartialSmemBytes() {
 }
 static_assert(PartialSmemBytes<64>() <= DkvSmemBytes<64>());
 static_assert(PartialSmemBytes<128>() <= DkvSmemBytes<128>());
-constexpr int kMaxKvSplit = 8;  // the largest portable cluster
 
 template <int D>
 constexpr size_t DqSmemBytes() {
@@ -345,10 +344,7 @@ bool ImageHasClusters(const void* kernel) {
 // Blocks per (key block, batch, kv head) of the dk/dv kernel: the largest divisor of the GQA group
 // that a portable cluster holds; 1 where the kernel's image is older than sm_90 (no clusters).
 int KvSplit(int group, const void* kernel) {
-  if (!ImageHasClusters(kernel)) return 1;
-  int split = std::min(group, kMaxKvSplit);
-  while (group % split != 0) --split;
-  return split;
+  return ImageHasClusters(kernel) ? ClusterSplit(group) : 1;
 }
 
 template <int D>
@@ -373,8 +369,6 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   config.attrs = &cluster;
   config.numAttrs = split > 1 ? 1 : 0;
   MOE_CUDA_CALL(cudaLaunchKernelEx(&config, MmaBackwardKvKernel<D>, p, split));
-
-  if (TryAttentionBackwardQSm90(p, D, stream)) return;
   constexpr size_t kDqSmem = DqSmemBytes<D>();
   MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -388,6 +382,7 @@ void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
 
 void LaunchAttentionBackward(const BackwardParams<bf16>& params, int head_dim,
                              cudaStream_t stream) {
+  if (TryAttentionBackwardSm90(params, head_dim, stream)) return;
   WithHeadDim(head_dim, [&](auto d) { Backward<d.value>(params, stream); });
 }
 

@@ -28,6 +28,8 @@
 // in, and the 64-wide column blocks are the boxes, 16 KiB apart.
 #include "engine/kernels/cuda/attention_sm90.h"
 
+#include <cooperative_groups.h>
+
 #include <atomic>
 
 #include "engine/core/cuda_check.h"
@@ -41,7 +43,7 @@ namespace {
 
 using namespace moe::cuda::sm90;
 
-constexpr int kBlockQ = 128;  // query rows per CTA: 64 per consumer warpgroup
+constexpr int kBlockRows = 128;  // resident rows per CTA (queries; keys for dk/dv): 64 a consumer
 constexpr int kStages = 2;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreads = 3 * 128;
@@ -58,49 +60,52 @@ constexpr int kCoreGroupBytes = 1024;         // the next 8 rows
 template <int kRows, int D>
 constexpr int kTileBytes = D / kBoxColumns* kRows* kRowBytes;
 
-// Shared memory from a 1024-byte-aligned base: kResident query-side tiles of kBlockQ rows (Q, and
-// dout for dq), key and value stages of kKvRows rows, then the mbarriers.
-template <int D, int kResident, int kKvRows>
+// Shared memory from a 1024-byte-aligned base: kResident tiles of kBlockRows rows (Q; Q and
+// dout for dq; K and V for dk/dv), then the ring of stages, each a pair of streamed tiles of
+// kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers.
+template <int D, int kResident, int kStreamRows>
 struct TileSmem {
-  static constexpr int kResidentBytes = kTileBytes<kBlockQ, D>;
-  static constexpr int kKvBytes = kTileBytes<kKvRows, D>;
-  static constexpr int kDataBytes = kResident * kResidentBytes + 2 * kStages * kKvBytes;
+  static constexpr int kResidentBytes = kTileBytes<kBlockRows, D>;
+  static constexpr int kStreamBytes = kTileBytes<kStreamRows, D>;
+  static constexpr int kDataBytes = kResident * kResidentBytes + 2 * kStages * kStreamBytes;
   static constexpr int kBarriers = 1 + 4 * kStages;
   static constexpr size_t kBytes = 1023 + kDataBytes + 8 * kBarriers;
 
   uint32_t base;
 
   __device__ uint32_t Resident(int i) const { return base + i * kResidentBytes; }
-  __device__ uint32_t K(int stage) const {
-    return base + kResident * kResidentBytes + stage * kKvBytes;
+  // Streamed tile `which` (0 or 1) of a stage, its full and empty barriers.
+  __device__ uint32_t Streamed(int which, int stage) const {
+    return base + kResident * kResidentBytes + (which * kStages + stage) * kStreamBytes;
   }
-  __device__ uint32_t V(int stage) const { return K(kStages + stage); }
   __device__ uint32_t Barrier(int i) const { return base + kDataBytes + 8 * i; }
   __device__ uint32_t ResidentFull() const { return Barrier(0); }
-  __device__ uint32_t KFull(int stage) const { return Barrier(1 + stage); }
-  __device__ uint32_t KEmpty(int stage) const { return Barrier(1 + kStages + stage); }
-  __device__ uint32_t VFull(int stage) const { return Barrier(1 + 2 * kStages + stage); }
-  __device__ uint32_t VEmpty(int stage) const { return Barrier(1 + 3 * kStages + stage); }
+  __device__ uint32_t Full(int which, int stage) const {
+    return Barrier(1 + which * kStages + stage);
+  }
+  __device__ uint32_t Empty(int which, int stage) const {
+    return Barrier(1 + (2 + which) * kStages + stage);
+  }
 
   __device__ void InitBarriers() const {
     MbarrierInit(ResidentFull(), 1);
-    for (int st = 0; st < kStages; ++st) {
-      MbarrierInit(KFull(st), 1);
-      MbarrierInit(VFull(st), 1);
-      MbarrierInit(KEmpty(st), kConsumerWarps);
-      MbarrierInit(VEmpty(st), kConsumerWarps);
+    for (int which = 0; which < 2; ++which) {
+      for (int st = 0; st < kStages; ++st) {
+        MbarrierInit(Full(which, st), 1);
+        MbarrierInit(Empty(which, st), kConsumerWarps);
+      }
     }
     FenceBarrierInit();
   }
 };
 
-// One CTA's place: query rows [q0, q0 + kBlockQ) of head h of sequence b (kv head kvh), the
-// longest rows first over grid (query tiles, batch * heads).
+// One forward or dq CTA's place: query rows [q0, q0 + kBlockRows) of head h of sequence b (kv head
+// kvh), the longest rows first over grid (query tiles, batch * heads).
 struct QueryTile {
   int q0, b, h, kvh;
 
   __device__ explicit QueryTile(const Dims& s)
-      : q0((gridDim.x - 1 - blockIdx.x) * kBlockQ),
+      : q0((gridDim.x - 1 - blockIdx.x) * kBlockRows),
         b(blockIdx.y / s.heads),
         h(blockIdx.y % s.heads),
         kvh(h / (s.heads / s.kv_heads)) {}
@@ -110,39 +115,62 @@ struct QueryTile {
 // walked from the last one down (the first one processed holds the diagonal).
 template <int kKvRows>
 __device__ __forceinline__ int KeyTiles(const QueryTile& tile, const Dims& s) {
-  return (min(tile.q0 + kBlockQ, s.seq) + kKvRows - 1) / kKvRows;
+  return (min(tile.q0 + kBlockRows, s.seq) + kKvRows - 1) / kKvRows;
 }
 
-// The TMA boxes of the tile of kRows rows at `row0` of (head, sequence) into `dst`; their bytes
+// A tile's place in a (batch, seq, heads, D) tensor: rows [row0, row0 + its rows) of `head`.
+struct TileAt {
+  int head, row0;
+};
+
+// The TMA boxes of the tile of kRows rows at `at` of sequence `batch` into `dst`; their bytes
 // complete_tx on `bar` (the caller has announced them).
 template <int kRows, int D>
 __device__ __forceinline__ void LoadTile(const CUtensorMap& map, uint32_t dst, uint32_t bar,
-                                         int head, int row0, int batch) {
+                                         TileAt at, int batch) {
 #pragma unroll
   for (int box = 0; box < D / kBoxColumns; ++box)
-    TmaLoad4d(map, dst + box * kRows * kRowBytes, bar, box * kBoxColumns, head, row0, batch);
+    TmaLoad4d(map, dst + box * kRows * kRowBytes, bar, box * kBoxColumns, at.head, at.row0, batch);
 }
 
-// The producer thread: the query-side tiles once, then every key tile's K and V through the ring.
-template <int D, int kResident, int kKvRows>
-__device__ __forceinline__ void Produce(const TileSmem<D, kResident, kKvRows>& smem,
+// Barrier set-up and the register split between the producer warpgroup (returns false) and the
+// two consumer warpgroups (returns true).
+template <typename Smem>
+__device__ __forceinline__ bool IsConsumer(const Smem& smem) {
+  if (threadIdx.x == 0) smem.InitBarriers();
+  __syncthreads();
+  if (threadIdx.x >= 128) {
+    IncreaseMaxRegisters<kConsumerRegisters>();
+    return true;
+  }
+  DecreaseMaxRegisters<kProducerRegisters>();
+  return false;
+}
+
+// The producer (thread 0): the resident tiles at `resident_at` once, then for it = 0 .. tiles - 1
+// the pair of tiles at streamed_at(it) through the ring (`streamed` maps: the first and second
+// tile of a stage). Each stage's two tiles have their own barriers, so consumers can start on the
+// first before the second lands.
+template <int D, int kResident, int kStreamRows, typename StreamedAt>
+__device__ __forceinline__ void Produce(const TileSmem<D, kResident, kStreamRows>& smem,
                                         const CUtensorMap* const (&resident)[kResident],
-                                        const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                        const QueryTile& tile, int num_tiles) {
-  MbarrierArriveExpectTx(smem.ResidentFull(), kResident * kTileBytes<kBlockQ, D>);
+                                        TileAt resident_at, const CUtensorMap* const (&streamed)[2],
+                                        int batch, int tiles, StreamedAt streamed_at) {
+  MbarrierArriveExpectTx(smem.ResidentFull(), kResident * kTileBytes<kBlockRows, D>);
 #pragma unroll
   for (int i = 0; i < kResident; ++i)
-    LoadTile<kBlockQ, D>(*resident[i], smem.Resident(i), smem.ResidentFull(), tile.h, tile.q0,
-                         tile.b);
+    LoadTile<kBlockRows, D>(*resident[i], smem.Resident(i), smem.ResidentFull(), resident_at,
+                            batch);
   PipelineState<kStages> state;
-  for (int it = 0; it < num_tiles; ++it) {
-    const int k0 = (num_tiles - 1 - it) * kKvRows;
-    MbarrierWait(smem.KEmpty(state.stage), state.phase ^ 1);
-    MbarrierArriveExpectTx(smem.KFull(state.stage), kTileBytes<kKvRows, D>);
-    LoadTile<kKvRows, D>(k_map, smem.K(state.stage), smem.KFull(state.stage), tile.kvh, k0, tile.b);
-    MbarrierWait(smem.VEmpty(state.stage), state.phase ^ 1);
-    MbarrierArriveExpectTx(smem.VFull(state.stage), kTileBytes<kKvRows, D>);
-    LoadTile<kKvRows, D>(v_map, smem.V(state.stage), smem.VFull(state.stage), tile.kvh, k0, tile.b);
+  for (int it = 0; it < tiles; ++it) {
+    const TileAt at = streamed_at(it);
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      MbarrierWait(smem.Empty(which, state.stage), state.phase ^ 1);
+      MbarrierArriveExpectTx(smem.Full(which, state.stage), kTileBytes<kStreamRows, D>);
+      LoadTile<kStreamRows, D>(*streamed[which], smem.Streamed(which, state.stage),
+                               smem.Full(which, state.stage), at, batch);
+    }
     state.Advance();
   }
 }
@@ -159,36 +187,45 @@ __device__ __forceinline__ uint64_t MNMajor(uint32_t tile, int kk) {
   return SmemDescriptor(tile + kk * kMNMajorSliceBytes, kRows * kRowBytes, kCoreGroupBytes);
 }
 
-// acc (this warpgroup's 64 rows x kKvRows) = A B^T over D: A's rows at `a_rows` in a tile of
-// kBlockQ rows, B a key-side tile of kKvRows rows. Issued and committed, not waited for.
-template <int D, int kKvRows>
-__device__ __forceinline__ void IssueScores(float (&acc)[kKvRows / 2], uint32_t a_rows,
+// acc (this warpgroup's 64 rows x kStreamRows) = A B^T over D: A its rows at `a_rows` of a
+// resident tile, B a streamed tile of kStreamRows rows. Issued and committed, not waited for.
+template <int D, int kStreamRows>
+__device__ __forceinline__ void IssueScores(float (&acc)[kStreamRows / 2], uint32_t a_rows,
                                             uint32_t b_tile) {
+  WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    WgmmaSS<0, 0>(acc, KMajor<kBlockQ>(a_rows, kk), KMajor<kKvRows>(b_tile, kk), kk > 0);
+    WgmmaSS<0, 0>(acc, KMajor<kBlockRows>(a_rows, kk), KMajor<kStreamRows>(b_tile, kk), kk > 0);
+  WgmmaCommitGroup();
 }
 
-// acc (64 x D) += P B with P (64 x kKvRows) in accumulator registers, packed to bf16 here, and B
-// the key-side tile of kKvRows x D at `b_tile` (MN-major). Issued and committed, not waited for.
-template <int D, int kKvRows>
-__device__ __forceinline__ void IssueProducts(float (&acc)[D / 2], const float (&p)[kKvRows / 2],
-                                              uint32_t b_tile,
-                                              uint32_t (&packed)[kKvRows / 16][4]) {
+// acc (64 x D) += P B with P (64 x kStreamRows) in accumulator registers, packed to bf16 here
+// into `packed` (live until the wgmmas complete), and B the streamed tile of kStreamRows x D at
+// `b_tile` (MN-major). Issued and committed, not waited for.
+template <int D, int kStreamRows>
+__device__ __forceinline__ void IssueProducts(float (&acc)[D / 2],
+                                              const float (&p)[kStreamRows / 2], uint32_t b_tile,
+                                              uint32_t (&packed)[kStreamRows / 16][4]) {
   const auto pack = [](float lo, float hi) {
     const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&pair);
   };
 #pragma unroll
-  for (int kk = 0; kk < kKvRows / 16; ++kk) {
+  for (int kk = 0; kk < kStreamRows / 16; ++kk) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) packed[kk][q] = pack(p[8 * kk + 2 * q], p[8 * kk + 2 * q + 1]);
   }
   WgmmaFence();
 #pragma unroll
-  for (int kk = 0; kk < kKvRows / 16; ++kk)
-    WgmmaRS<1>(acc, packed[kk], MNMajor<kKvRows>(b_tile, kk), true);
+  for (int kk = 0; kk < kStreamRows / 16; ++kk)
+    WgmmaRS<1>(acc, packed[kk], MNMajor<kStreamRows>(b_tile, kk), true);
   WgmmaCommitGroup();
+}
+
+template <int N>
+__device__ __forceinline__ void Zero(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
 }
 
 __device__ __forceinline__ float QuadMax(float x) {
@@ -201,17 +238,17 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// This consumer thread: its warpgroup's 64 rows start at query q0 + 64 consumer; its own rows
-// are Row(0) and Row(1) (accumulator registers 4 i + 2 h + j hold row Row(h), column Column(i, j)).
+// A consumer thread: warpgroup `consumer` owns rows [64 consumer, 64 consumer + 64) of the
+// resident tiles; accumulator register 4 i + 2 h + j holds its row LocalRow(h) of those 64 and
+// column Column(i, j) of the streamed tile.
 struct ConsumerThread {
   int consumer, warp, lane;
 
   __device__ ConsumerThread()
       : consumer(threadIdx.x / 128 - 1), warp(threadIdx.x / 32 % 4), lane(threadIdx.x % 32) {}
   __device__ int LocalRow(int half) const { return warp * 16 + lane / 4 + 8 * half; }
-  __device__ int Row(const QueryTile& tile, int half) const {
-    return tile.q0 + consumer * 64 + LocalRow(half);
-  }
+  // Its row of the resident tiles that start at row0.
+  __device__ int Row(int row0, int half) const { return row0 + consumer * 64 + LocalRow(half); }
   __device__ static int Column(int i, int j) { return 8 * i + 2 * (threadIdx.x % 4) + j; }
   __device__ uint32_t Rows(uint32_t resident) const { return resident + consumer * 64 * kRowBytes; }
   __device__ void Release(uint32_t empty_bar) const {
@@ -219,9 +256,10 @@ struct ConsumerThread {
   }
 };
 
-// The epilogue: acc (64 x D) times the row's scale as bf16 over the consumer's own rows of the
-// resident tile at `rows` (free: only this warpgroup's wgmmas, all complete, read them), laid out
-// as the 64-row TMA box of `map`, then stored by TMA (rows past seq are clipped).
+// The epilogue of the forward and dq: acc (64 x D) times the row's scale as bf16 over the
+// consumer's own rows of the resident tile at `rows` (free: only this warpgroup's wgmmas, all
+// complete, read them), laid out as the 64-row TMA box of `map`, then stored by TMA (rows past
+// seq are clipped).
 template <int D>
 __device__ __forceinline__ void StoreRows(const float (&acc)[D / 2], const float (&scale)[2],
                                           uint8_t* smem_raw, uint32_t rows, const CUtensorMap& map,
@@ -232,8 +270,8 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[D / 2], const float
   for (int r = 0; r < D / 2; r += 2) {
     const int i = r / 4, half = r / 2 % 2;  // 8-column block, row half
     const int row = me.LocalRow(half);
-    const int offset = i / 8 * kBlockQ * kRowBytes + row * kRowBytes + ((i % 8) ^ (row % 8)) * 16 +
-                       4 * (me.lane % 4);
+    const int offset = i / 8 * kBlockRows * kRowBytes + row * kRowBytes +
+                       ((i % 8) ^ (row % 8)) * 16 + 4 * (me.lane % 4);
     *reinterpret_cast<__nv_bfloat162*>(rows_generic + offset) =
         __floats2bfloat162_rn(acc[r] * scale[half], acc[r + 1] * scale[half]);
   }
@@ -242,36 +280,16 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[D / 2], const float
   const int row0 = tile.q0 + me.consumer * 64;
   if (threadIdx.x % 128 == 0 && row0 < seq) {
 #pragma unroll
-    for (int box = 0; box < D / kBoxColumns; ++box)
-      TmaStore4d(map, rows + box * kBlockQ * kRowBytes, box * kBoxColumns, tile.h, row0, tile.b);
+    for (int box = 0; box < D / kBoxColumns; ++box) {
+      TmaStore4d(map, rows + box * kBlockRows * kRowBytes, box * kBoxColumns, tile.h, row0, tile.b);
+    }
     BulkCommitGroup();
     BulkWaitAll();
   }
 }
 
-// Barrier set-up and the producer's part, common to both kernels; returns true in consumer threads.
-template <int D, int kResident, int kKvRows>
-__device__ __forceinline__ bool StartRoles(const TileSmem<D, kResident, kKvRows>& smem,
-                                           const CUtensorMap* const (&resident)[kResident],
-                                           const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                           const QueryTile& tile, int num_tiles) {
-  if (threadIdx.x == 0) smem.InitBarriers();
-  __syncthreads();
-  if (threadIdx.x >= 128) {
-    IncreaseMaxRegisters<kConsumerRegisters>();
-    return true;
-  }
-  DecreaseMaxRegisters<kProducerRegisters>();
-  if (threadIdx.x == 0) {
-    PrefetchTensorMap(k_map);
-    PrefetchTensorMap(v_map);
-    Produce(smem, resident, k_map, v_map, tile, num_tiles);
-  }
-  return false;
-}
-
 constexpr int kForwardKvRows = 128;  // keys per tile of the forward
-static_assert(kForwardKvRows == kBlockQ, "the forward's diagonal is its first tile's alone");
+static_assert(kForwardKvRows == kBlockRows, "the forward's diagonal is its first tile's alone");
 
 // Forward. grid (query tiles, batch * heads).
 template <int D>
@@ -285,14 +303,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const TileSmem<D, 1, kForwardKvRows> smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
   const QueryTile tile(s);
   const int num_tiles = KeyTiles<kForwardKvRows>(tile, s);
-  const CUtensorMap* const resident[1] = {&q_map};
-  if (!StartRoles(smem, resident, k_map, v_map, tile, num_tiles)) return;
+  if (!IsConsumer(smem)) {
+    if (threadIdx.x == 0) {
+      const CUtensorMap* const resident[1] = {&q_map};
+      const CUtensorMap* const streamed[2] = {&k_map, &v_map};
+      Produce(smem, resident, {tile.h, tile.q0}, streamed, tile.b, num_tiles, [&](int it) {
+        return TileAt{tile.kvh, (num_tiles - 1 - it) * kForwardKvRows};
+      });
+    }
+    return;
+  }
 
   const ConsumerThread me;
   const uint32_t q_rows = me.Rows(smem.Resident(0));
   float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  Zero(o);
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};  // this thread's partial sums; the quad's sum is taken at the end
   MbarrierWait(smem.ResidentFull(), 0);
@@ -300,19 +325,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < num_tiles; ++it) {
     const int k0 = (num_tiles - 1 - it) * kForwardKvRows;
     float sc[kForwardKvRows / 2];
-    MbarrierWait(smem.KFull(state.stage), state.phase);
-    WgmmaFence();
-    IssueScores<D, kForwardKvRows>(sc, q_rows, smem.K(state.stage));
-    WgmmaCommitGroup();
+    MbarrierWait(smem.Full(0, state.stage), state.phase);
+    IssueScores<D, kForwardKvRows>(sc, q_rows, smem.Streamed(0, state.stage));
     WgmmaWaitGroup<0>();
     FenceAccumulators(sc);
-    me.Release(smem.KEmpty(state.stage));
+    me.Release(smem.Empty(0, state.stage));
 
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int r = 0; r < kForwardKvRows / 2; ++r) {
       float x = sc[r] * s.scale_log2;
-      if (it == 0 && k0 + ConsumerThread::Column(r / 4, r % 2) > me.Row(tile, r / 2 % 2))
+      if (it == 0 && k0 + ConsumerThread::Column(r / 4, r % 2) > me.Row(tile.q0, r / 2 % 2))
         x = -INFINITY;
       sc[r] = x;
       tile_max[r / 2 % 2] = fmaxf(tile_max[r / 2 % 2], x);
@@ -333,12 +356,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < D / 2; ++r) o[r] *= correction[r / 2 % 2];
 
-    MbarrierWait(smem.VFull(state.stage), state.phase);
+    MbarrierWait(smem.Full(1, state.stage), state.phase);
     uint32_t packed[kForwardKvRows / 16][4];
-    IssueProducts<D, kForwardKvRows>(o, sc, smem.V(state.stage), packed);
+    IssueProducts<D, kForwardKvRows>(o, sc, smem.Streamed(1, state.stage), packed);
     WgmmaWaitGroup<0>();
     FenceAccumulators(o);
-    me.Release(smem.VEmpty(state.stage));
+    me.Release(smem.Empty(1, state.stage));
     state.Advance();
   }
 
@@ -347,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int half = 0; half < 2; ++half) {
     l[half] = QuadSum(l[half]);
     inv[half] = 1.0f / l[half];
-    const int row = me.Row(tile, half);
+    const int row = me.Row(tile.q0, half);
     if (me.lane % 4 == 0 && row < s.seq) {
       lse[(static_cast<int64_t>(tile.b) * s.heads + tile.h) * s.seq + row] =
           (m[half] + log2f(l[half])) * kLn2;
@@ -359,10 +382,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-constexpr int kDqKvRows = 64;  // keys per tile of dq: S, dP and dQ fit the registers at D = 128
+constexpr int kBackwardStreamRows = 64;  // rows per streamed tile of dq and dk/dv (registers)
 
 // dq = scale * sum over key tiles of dS K, dS = P (dout V^T - delta), P = exp2(Q K^T c - lse
-// log2 e), zero where key > row. Query-side tiles Q and dout stay resident. grid as the forward's.
+// log2 e), zero where key > row. Q and dout resident, K and V streamed. grid as the forward's.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     Sm90BackwardQKernel(const __grid_constant__ CUtensorMap q_map,
@@ -372,12 +395,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap dq_map, const float* lse,
                         const float* delta, Dims s) {
 #if MOE_SM90A_KERNELS
+  constexpr int kN = kBackwardStreamRows;
   extern __shared__ uint8_t smem_raw[];
-  const TileSmem<D, 2, kDqKvRows> smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
+  const TileSmem<D, 2, kN> smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
   const QueryTile tile(s);
-  const int num_tiles = KeyTiles<kDqKvRows>(tile, s);
-  const CUtensorMap* const resident[2] = {&q_map, &dout_map};
-  if (!StartRoles(smem, resident, k_map, v_map, tile, num_tiles)) return;
+  const int num_tiles = KeyTiles<kN>(tile, s);
+  if (!IsConsumer(smem)) {
+    if (threadIdx.x == 0) {
+      const CUtensorMap* const resident[2] = {&q_map, &dout_map};
+      const CUtensorMap* const streamed[2] = {&k_map, &v_map};
+      Produce(smem, resident, {tile.h, tile.q0}, streamed, tile.b, num_tiles, [&](int it) {
+        return TileAt{tile.kvh, (num_tiles - 1 - it) * kN};
+      });
+    }
+    return;
+  }
 
   const ConsumerThread me;
   const uint32_t q_rows = me.Rows(smem.Resident(0)), dout_rows = me.Rows(smem.Resident(1));
@@ -385,49 +417,194 @@ __global__ void __launch_bounds__(kThreads, 1)
   float lse2[2], row_delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = me.Row(tile, half);
+    const int row = me.Row(tile.q0, half);
     lse2[half] = row < s.seq ? lse[stats + row] * kLog2e : 0.0f;
     row_delta[half] = row < s.seq ? delta[stats + row] : 0.0f;
   }
   float dq[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+  Zero(dq);
   MbarrierWait(smem.ResidentFull(), 0);
   PipelineState<kStages> state;
   for (int it = 0; it < num_tiles; ++it) {
-    const int k0 = (num_tiles - 1 - it) * kDqKvRows;
-    float p[kDqKvRows / 2], ds[kDqKvRows / 2];
-    MbarrierWait(smem.KFull(state.stage), state.phase);
-    WgmmaFence();
-    IssueScores<D, kDqKvRows>(p, q_rows, smem.K(state.stage));
-    WgmmaCommitGroup();
-    MbarrierWait(smem.VFull(state.stage), state.phase);
-    WgmmaFence();
-    IssueScores<D, kDqKvRows>(ds, dout_rows, smem.V(state.stage));
-    WgmmaCommitGroup();
+    const int k0 = (num_tiles - 1 - it) * kN;
+    float p[kN / 2], ds[kN / 2];
+    MbarrierWait(smem.Full(0, state.stage), state.phase);
+    IssueScores<D, kN>(p, q_rows, smem.Streamed(0, state.stage));
+    MbarrierWait(smem.Full(1, state.stage), state.phase);
+    IssueScores<D, kN>(ds, dout_rows, smem.Streamed(1, state.stage));
     WgmmaWaitGroup<0>();
     FenceAccumulators(p);
     FenceAccumulators(ds);
-    me.Release(smem.VEmpty(state.stage));
+    me.Release(smem.Empty(1, state.stage));
 
-    const bool diagonal = k0 + kDqKvRows - 1 > tile.q0;
+    const bool diagonal = k0 + kN - 1 > tile.q0;
 #pragma unroll
-    for (int r = 0; r < kDqKvRows / 2; ++r) {
+    for (int r = 0; r < kN / 2; ++r) {
       const int half = r / 2 % 2;
       const float prob = exp2f(p[r] * s.scale_log2 - lse2[half]);
       const bool masked =
-          diagonal && k0 + ConsumerThread::Column(r / 4, r % 2) > me.Row(tile, half);
+          diagonal && k0 + ConsumerThread::Column(r / 4, r % 2) > me.Row(tile.q0, half);
       ds[r] = masked ? 0.0f : prob * (ds[r] - row_delta[half]);
     }
-    uint32_t packed[kDqKvRows / 16][4];
-    IssueProducts<D, kDqKvRows>(dq, ds, smem.K(state.stage), packed);
+    uint32_t packed[kN / 16][4];
+    IssueProducts<D, kN>(dq, ds, smem.Streamed(0, state.stage), packed);
     WgmmaWaitGroup<0>();
     FenceAccumulators(dq);
-    me.Release(smem.KEmpty(state.stage));
+    me.Release(smem.Empty(0, state.stage));
     state.Advance();
   }
   const float scale[2] = {s.scale, s.scale};
   StoreRows<D>(dq, scale, smem_raw, q_rows, dq_map, me, tile, s.seq);
+#else
+  __trap();
+#endif
+}
+
+// The dk/dv partial sums of a CTA as f32 in its shared memory (after its loop): dk rows, then dv
+// rows, D floats each, the 16-byte chunk c of row r at chunk c ^ (r % 8) (the fragment writes of
+// 8 rows then fall in different banks).
+template <int D>
+__device__ __forceinline__ int PartialOffset(int which, int row, int column) {
+  const int chunk = column / 4;
+  return ((which * kBlockRows + row) * D + (chunk ^ (row % 8)) * 4 + column % 4);
+}
+
+// dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
+// the longest (first key tiles) first. Each CTA of a cluster takes `group / split` of the GQA
+// group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T, P^T =
+// exp2(S^T c - lse log2 e) (zero where query < key or query >= seq), dP^T = V dout^T, dV += P^T
+// dout, dS^T = P^T (dP^T - delta), dK += dS^T Q, keys the rows throughout (K and V resident, Q
+// and dout streamed). At the end the CTAs of the cluster add their partial sums in rank order
+// through distributed shared memory, CTA r the rows [r 128 / split, (r + 1) 128 / split), scale
+// dk by 1 / sqrt(d) and store bf16: deterministic.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    Sm90BackwardKvKernel(const __grid_constant__ CUtensorMap k_map,
+                         const __grid_constant__ CUtensorMap v_map,
+                         const __grid_constant__ CUtensorMap q_map,
+                         const __grid_constant__ CUtensorMap dout_map, const float* lse,
+                         const float* delta, bf16* dk_out, bf16* dv_out, Dims s, int split) {
+#if MOE_SM90A_KERNELS
+  constexpr int kM = kBackwardStreamRows;
+  using Smem = TileSmem<D, 2, kM>;
+  static_assert(2 * kBlockRows * D * 4 <= Smem::kDataBytes, "the partial sums reuse the tiles");
+  extern __shared__ uint8_t smem_raw[];
+  const Smem smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
+  float* partial = reinterpret_cast<float*>(smem_raw + (smem.base - SmemAddress(smem_raw)));
+  const int k0 = blockIdx.x * kBlockRows;
+  const int rank = blockIdx.y % split;  // in the cluster
+  const int b = blockIdx.y / split / s.kv_heads, kvh = blockIdx.y / split % s.kv_heads;
+  const int heads_per_cta = s.heads / s.kv_heads / split;
+  const int head0 = (kvh * split + rank) * heads_per_cta;
+  // Iteration `it`: query tile first_tile + it % tiles_per_head of head head0 + it /
+  // tiles_per_head; the tiles before first_tile see none of these keys.
+  const int first_tile = k0 / kM;
+  const int tiles_per_head = (s.seq + kM - 1) / kM - first_tile;
+  const int num_tiles = heads_per_cta * tiles_per_head;
+  const auto query_tile = [&](int it) {
+    return TileAt{head0 + it / tiles_per_head, (first_tile + it % tiles_per_head) * kM};
+  };
+
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  if (!IsConsumer(smem)) {
+    if (threadIdx.x == 0) {
+      const CUtensorMap* const resident[2] = {&k_map, &v_map};
+      const CUtensorMap* const streamed[2] = {&q_map, &dout_map};
+      Produce(smem, resident, {kvh, k0}, streamed, b, num_tiles, query_tile);
+    }
+    __syncwarp();
+    cluster.sync();  // the partial sums are written
+    cluster.sync();  // and read
+    return;
+  }
+
+  const ConsumerThread me;
+  const uint32_t k_rows = me.Rows(smem.Resident(0)), v_rows = me.Rows(smem.Resident(1));
+  float dk[D / 2], dv[D / 2];
+  Zero(dk);
+  Zero(dv);
+  MbarrierWait(smem.ResidentFull(), 0);
+  PipelineState<kStages> state;
+  for (int it = 0; it < num_tiles; ++it) {
+    const TileAt at = query_tile(it);
+    const int64_t stats = (static_cast<int64_t>(b) * s.heads + at.head) * s.seq;
+    // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's values
+    // into the products' operands and waits for the wgmmas in flight to do so (C7517).
+    float pt[kM / 2], dpt[kM / 2];
+    Zero(pt);
+    Zero(dpt);
+    MbarrierWait(smem.Full(0, state.stage), state.phase);
+    IssueScores<D, kM>(pt, k_rows, smem.Streamed(0, state.stage));
+    MbarrierWait(smem.Full(1, state.stage), state.phase);
+    IssueScores<D, kM>(dpt, v_rows, smem.Streamed(1, state.stage));
+    WgmmaWaitGroup<1>();
+    FenceAccumulators(pt);
+
+    const bool masked = at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq;
+#pragma unroll
+    for (int r = 0; r < kM / 2; ++r) {
+      const int query = at.row0 + ConsumerThread::Column(r / 4, r % 2);
+      const bool zero = masked && (query < me.Row(k0, r / 2 % 2) || query >= s.seq);
+      const float query_lse = __ldg(lse + stats + min(query, s.seq - 1));
+      pt[r] = zero ? 0.0f : exp2f(pt[r] * s.scale_log2 - query_lse * kLog2e);
+    }
+    uint32_t packed[kM / 16][4];
+    IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), packed);
+    WgmmaWaitGroup<1>();  // dP^T has landed; the dV product may still run
+    FenceAccumulators(dpt);
+#pragma unroll
+    for (int r = 0; r < kM / 2; ++r) {
+      const int query = at.row0 + ConsumerThread::Column(r / 4, r % 2);
+      const float query_delta = query < s.seq ? __ldg(delta + stats + query) : 0.0f;
+      dpt[r] = pt[r] * (dpt[r] - query_delta);
+    }
+    WgmmaWaitGroup<0>();
+    FenceAccumulators(dv);
+    me.Release(smem.Empty(1, state.stage));
+    IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), packed);
+    WgmmaWaitGroup<0>();
+    FenceAccumulators(dk);
+    me.Release(smem.Empty(0, state.stage));
+    state.Advance();
+  }
+
+  // Both consumers are done with every tile (the producer loads nothing more): the shared
+  // memory takes the partial sums.
+  NamedBarrierSync(3, 256);
+#pragma unroll
+  for (int r = 0; r < D / 2; r += 2) {
+    const int row = me.consumer * 64 + me.LocalRow(r / 2 % 2);
+    const int column = ConsumerThread::Column(r / 4, 0);
+    *reinterpret_cast<float2*>(partial + PartialOffset<D>(0, row, column)) =
+        make_float2(dk[r], dk[r + 1]);
+    *reinterpret_cast<float2*>(partial + PartialOffset<D>(1, row, column)) =
+        make_float2(dv[r], dv[r + 1]);
+  }
+  cluster.sync();
+  const int row_lo = rank * kBlockRows / split, row_hi = (rank + 1) * kBlockRows / split;
+  constexpr int kChunks = D / 4;  // float4 pieces per row
+  for (int i = threadIdx.x - 128; i < 2 * (row_hi - row_lo) * kChunks; i += 256) {
+    const int which = i / ((row_hi - row_lo) * kChunks);  // 0: dk, 1: dv
+    const int j = i % ((row_hi - row_lo) * kChunks);
+    const int row = row_lo + j / kChunks, column = j % kChunks * 4;
+    if (k0 + row >= s.seq) continue;
+    const int offset = PartialOffset<D>(which, row, column);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r = 0; r < split; ++r) {
+      const float4 part =
+          *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, r) + offset);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
+    const float scale = which == 0 ? s.scale : 1.0f;
+    bf16* dst =
+        (which == 0 ? dk_out : dv_out) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + column;
+    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
+    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
 #else
   __trap();
 #endif
@@ -441,45 +618,71 @@ bool HeadMap(CUtensorMap* map, const bf16* base, const Dims& s, int heads, int d
                             {kBoxColumns, 1, rows, 1}) == cudaSuccess;
 }
 
-// Launches `kernel` over (query tiles, batch * heads) with `smem_bytes` of shared memory.
+// Launches `kernel` over `grid` in clusters of (1, cluster_y, 1) with `smem_bytes` of shared
+// memory.
 template <typename... Params, typename... Args>
-void Launch(void (*kernel)(Params...), size_t smem_bytes, const Dims& s, cudaStream_t stream,
-            const Args&... args) {
+void Launch(void (*kernel)(Params...), size_t smem_bytes, dim3 grid, int cluster_y,
+            cudaStream_t stream, const Args&... args) {
   MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(smem_bytes)));
-  const dim3 grid((s.seq + kBlockQ - 1) / kBlockQ, s.batch * s.heads);
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(args...);
-  MOE_CUDA_CHECK_LAUNCH();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = cluster_y;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  MOE_CUDA_CALL(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
+dim3 QueryTileGrid(const Dims& s) {
+  return dim3((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.heads);
 }
 
 template <int D>
 bool Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
   CUtensorMap q_map, k_map, v_map, out_map;
   const Dims& s = p.dims;
-  if (!HeadMap(&q_map, p.q, s, s.heads, D, kBlockQ) ||
+  if (!HeadMap(&q_map, p.q, s, s.heads, D, kBlockRows) ||
       !HeadMap(&k_map, p.k, s, s.kv_heads, D, kForwardKvRows) ||
       !HeadMap(&v_map, p.v, s, s.kv_heads, D, kForwardKvRows) ||
       !HeadMap(&out_map, p.out, s, s.heads, D, 64)) {
     return false;
   }
-  Launch(Sm90ForwardKernel<D>, TileSmem<D, 1, kForwardKvRows>::kBytes, s, stream, q_map, k_map,
-         v_map, out_map, p.lse, s);
+  Launch(Sm90ForwardKernel<D>, TileSmem<D, 1, kForwardKvRows>::kBytes, QueryTileGrid(s), 1, stream,
+         q_map, k_map, v_map, out_map, p.lse, s);
   return true;
 }
 
 template <int D>
-bool BackwardQ(const BackwardParams<bf16>& p, cudaStream_t stream) {
-  CUtensorMap q_map, dout_map, k_map, v_map, dq_map;
+bool Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
+  constexpr int kN = kBackwardStreamRows;
   const Dims& s = p.dims;
-  if (!HeadMap(&q_map, p.q, s, s.heads, D, kBlockQ) ||
-      !HeadMap(&dout_map, p.dout, s, s.heads, D, kBlockQ) ||
-      !HeadMap(&k_map, p.k, s, s.kv_heads, D, kDqKvRows) ||
-      !HeadMap(&v_map, p.v, s, s.kv_heads, D, kDqKvRows) ||
+  // Resident (128-row boxes), streamed (64-row boxes) and stored (64-row boxes) maps.
+  CUtensorMap q_resident, dout_resident, k_resident, v_resident;
+  CUtensorMap q_streamed, dout_streamed, k_streamed, v_streamed, dq_map;
+  if (!HeadMap(&q_resident, p.q, s, s.heads, D, kBlockRows) ||
+      !HeadMap(&dout_resident, p.dout, s, s.heads, D, kBlockRows) ||
+      !HeadMap(&k_resident, p.k, s, s.kv_heads, D, kBlockRows) ||
+      !HeadMap(&v_resident, p.v, s, s.kv_heads, D, kBlockRows) ||
+      !HeadMap(&q_streamed, p.q, s, s.heads, D, kN) ||
+      !HeadMap(&dout_streamed, p.dout, s, s.heads, D, kN) ||
+      !HeadMap(&k_streamed, p.k, s, s.kv_heads, D, kN) ||
+      !HeadMap(&v_streamed, p.v, s, s.kv_heads, D, kN) ||
       !HeadMap(&dq_map, p.dq, s, s.heads, D, 64)) {
     return false;
   }
-  Launch(Sm90BackwardQKernel<D>, TileSmem<D, 2, kDqKvRows>::kBytes, s, stream, q_map, dout_map,
-         k_map, v_map, dq_map, p.lse, p.delta, s);
+  const int split = ClusterSplit(s.heads / s.kv_heads);
+  const dim3 kv_grid((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.kv_heads * split);
+  Launch(Sm90BackwardKvKernel<D>, TileSmem<D, 2, kN>::kBytes, kv_grid, split, stream, k_resident,
+         v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk, p.dv, s, split);
+  Launch(Sm90BackwardQKernel<D>, TileSmem<D, 2, kN>::kBytes, QueryTileGrid(s), 1, stream,
+         q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse, p.delta, s);
   return true;
 }
 
@@ -502,11 +705,11 @@ bool TryAttentionForwardSm90(const ForwardParams<bf16>& params, int head_dim, cu
   return launched;
 }
 
-bool TryAttentionBackwardQSm90(const BackwardParams<bf16>& params, int head_dim,
-                               cudaStream_t stream) {
+bool TryAttentionBackwardSm90(const BackwardParams<bf16>& params, int head_dim,
+                              cudaStream_t stream) {
   if (!Sm90Runs()) return false;
   bool launched = false;
-  WithHeadDim(head_dim, [&](auto d) { launched = BackwardQ<d.value>(params, stream); });
+  WithHeadDim(head_dim, [&](auto d) { launched = Backward<d.value>(params, stream); });
   return launched;
 }
 
