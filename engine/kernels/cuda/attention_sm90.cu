@@ -62,14 +62,16 @@ constexpr int kTileBytes = D / kBoxColumns* kRows* kRowBytes;
 
 // Shared memory from a 1024-byte-aligned base: kResident tiles of kBlockRows rows (Q; Q and
 // dout for dq; K and V for dk/dv), then the ring of stages, each a pair of streamed tiles of
-// kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers.
-template <int D, int kResident, int kStreamRows>
+// kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers, then kExtraBytes.
+template <int D, int kResident, int kStreamRows, int kExtraBytes = 0>
 struct TileSmem {
   static constexpr int kResidentBytes = kTileBytes<kBlockRows, D>;
   static constexpr int kStreamBytes = kTileBytes<kStreamRows, D>;
   static constexpr int kDataBytes = kResident * kResidentBytes + 2 * kStages * kStreamBytes;
   static constexpr int kBarriers = 1 + 4 * kStages;
-  static constexpr size_t kBytes = 1023 + kDataBytes + 8 * kBarriers;
+  static constexpr int kBarrierBytes = 128;
+  static_assert(8 * kBarriers <= kBarrierBytes);
+  static constexpr size_t kBytes = 1023 + kDataBytes + kBarrierBytes + kExtraBytes;
 
   uint32_t base;
 
@@ -79,6 +81,8 @@ struct TileSmem {
     return base + kResident * kResidentBytes + (which * kStages + stage) * kStreamBytes;
   }
   __device__ uint32_t Barrier(int i) const { return base + kDataBytes + 8 * i; }
+  // kExtraBytes for the kernel's own use, 128-byte aligned.
+  __device__ uint32_t Extra() const { return base + kDataBytes + kBarrierBytes; }
   __device__ uint32_t ResidentFull() const { return Barrier(0); }
   __device__ uint32_t Full(int which, int stage) const {
     return Barrier(1 + which * kStages + stage);
@@ -151,11 +155,11 @@ __device__ __forceinline__ bool IsConsumer(const Smem& smem) {
 // the pair of tiles at streamed_at(it) through the ring (`streamed` maps: the first and second
 // tile of a stage). Each stage's two tiles have their own barriers, so consumers can start on the
 // first before the second lands.
-template <int D, int kResident, int kStreamRows, typename StreamedAt>
-__device__ __forceinline__ void Produce(const TileSmem<D, kResident, kStreamRows>& smem,
-                                        const CUtensorMap* const (&resident)[kResident],
-                                        TileAt resident_at, const CUtensorMap* const (&streamed)[2],
-                                        int batch, int tiles, StreamedAt streamed_at) {
+template <int D, int kResident, int kStreamRows, int kExtraBytes, typename StreamedAt>
+__device__ __forceinline__ void Produce(
+    const TileSmem<D, kResident, kStreamRows, kExtraBytes>& smem,
+    const CUtensorMap* const (&resident)[kResident], TileAt resident_at,
+    const CUtensorMap* const (&streamed)[2], int batch, int tiles, StreamedAt streamed_at) {
   MbarrierArriveExpectTx(smem.ResidentFull(), kResident * kTileBytes<kBlockRows, D>);
 #pragma unroll
   for (int i = 0; i < kResident; ++i)
@@ -469,6 +473,12 @@ __device__ __forceinline__ int PartialOffset(int which, int row, int column) {
   return ((which * kBlockRows + row) * D + (chunk ^ (row % 8)) * 4 + column % 4);
 }
 
+// The dk/dv kernel's shared memory; its extra: per consumer, two buffers (by iteration parity)
+// of a query tile's lse * log2 e and delta, kBackwardStreamRows each.
+constexpr int kStatFloats = 2 * kBackwardStreamRows;
+template <int D>
+using BackwardKvSmem = TileSmem<D, 2, kBackwardStreamRows, 2 * 2 * kStatFloats * sizeof(float)>;
+
 // dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
 // the longest (first key tiles) first. Each CTA of a cluster takes `group / split` of the GQA
 // group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T, P^T =
@@ -486,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const float* delta, bf16* dk_out, bf16* dv_out, Dims s, int split) {
 #if MOE_SM90A_KERNELS
   constexpr int kM = kBackwardStreamRows;
-  using Smem = TileSmem<D, 2, kM>;
+  using Smem = BackwardKvSmem<D>;
   static_assert(2 * kBlockRows * D * 4 <= Smem::kDataBytes, "the partial sums reuse the tiles");
   extern __shared__ uint8_t smem_raw[];
   const Smem smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
@@ -520,16 +530,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const ConsumerThread me;
   const uint32_t k_rows = me.Rows(smem.Resident(0)), v_rows = me.Rows(smem.Resident(1));
+  // Thread `stat` of the warpgroup fetches one statistic of each query tile, an iteration ahead:
+  // lse * log2 e of column stat (stat < kM), else delta of column stat - kM; 0 past seq.
+  const int stat = threadIdx.x % 128;
+  float* stats = reinterpret_cast<float*>(smem_raw + (smem.Extra() - SmemAddress(smem_raw))) +
+                 me.consumer * 2 * kStatFloats;
+  const auto fetch_stat = [&](int it) {
+    const TileAt at = query_tile(it);
+    const int query = at.row0 + stat % kM;
+    if (query >= s.seq) return 0.0f;
+    const int64_t index = (static_cast<int64_t>(b) * s.heads + at.head) * s.seq + query;
+    return stat < kM ? lse[index] * kLog2e : delta[index];
+  };
+  float fetched = fetch_stat(0);
+
   float dk[D / 2], dv[D / 2];
   Zero(dk);
   Zero(dv);
+  // P^T and dS^T as the bf16 A operands of the dV and dK products; each stays untouched until its
+  // product has completed (ptxas keeps registers an in-flight wgmma reads).
+  uint32_t p_packed[kM / 16][4], ds_packed[kM / 16][4];
   MbarrierWait(smem.ResidentFull(), 0);
-  PipelineState<kStages> state;
+  PipelineState<kStages> state, previous;
   for (int it = 0; it < num_tiles; ++it) {
     const TileAt at = query_tile(it);
-    const int64_t stats = (static_cast<int64_t>(b) * s.heads + at.head) * s.seq;
-    // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's values
-    // into the products' operands and waits for the wgmmas in flight to do so (C7517).
+    float* tile_stats = stats + it % 2 * kStatFloats;
+    tile_stats[stat] = fetched;
+    NamedBarrierSync(1 + me.consumer,
+                     128);  // also: every read of this buffer two tiles ago is over
+    if (it + 1 < num_tiles) fetched = fetch_stat(it + 1);
+
+    // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's
+    // values into the products' operands and waits for the wgmmas in flight to do so (C7517).
     float pt[kM / 2], dpt[kM / 2];
     Zero(pt);
     Zero(dpt);
@@ -537,36 +569,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     IssueScores<D, kM>(pt, k_rows, smem.Streamed(0, state.stage));
     MbarrierWait(smem.Full(1, state.stage), state.phase);
     IssueScores<D, kM>(dpt, v_rows, smem.Streamed(1, state.stage));
+    if (it > 0) {
+      WgmmaWaitGroup<2>();  // the last tile's dK product is done: its Q stage is free
+      FenceAccumulators(dk);
+      me.Release(smem.Empty(0, previous.stage));
+    }
     WgmmaWaitGroup<1>();
     FenceAccumulators(pt);
 
     const bool masked = at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq;
 #pragma unroll
     for (int r = 0; r < kM / 2; ++r) {
-      const int query = at.row0 + ConsumerThread::Column(r / 4, r % 2);
+      const int column = ConsumerThread::Column(r / 4, r % 2);
+      const int query = at.row0 + column;
       const bool zero = masked && (query < me.Row(k0, r / 2 % 2) || query >= s.seq);
-      const float query_lse = __ldg(lse + stats + min(query, s.seq - 1));
-      pt[r] = zero ? 0.0f : exp2f(pt[r] * s.scale_log2 - query_lse * kLog2e);
+      pt[r] = zero ? 0.0f : exp2f(pt[r] * s.scale_log2 - tile_stats[column]);
     }
-    uint32_t packed[kM / 16][4];
-    IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), packed);
+    IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), p_packed);
     WgmmaWaitGroup<1>();  // dP^T has landed; the dV product may still run
     FenceAccumulators(dpt);
 #pragma unroll
     for (int r = 0; r < kM / 2; ++r) {
-      const int query = at.row0 + ConsumerThread::Column(r / 4, r % 2);
-      const float query_delta = query < s.seq ? __ldg(delta + stats + query) : 0.0f;
-      dpt[r] = pt[r] * (dpt[r] - query_delta);
+      const int column = ConsumerThread::Column(r / 4, r % 2);
+      dpt[r] = pt[r] * (dpt[r] - tile_stats[kM + column]);
     }
-    WgmmaWaitGroup<0>();
+    IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), ds_packed);
+    WgmmaWaitGroup<1>();  // the dV product is done: this tile's dout stage is free
     FenceAccumulators(dv);
     me.Release(smem.Empty(1, state.stage));
-    IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), packed);
-    WgmmaWaitGroup<0>();
-    FenceAccumulators(dk);
-    me.Release(smem.Empty(0, state.stage));
+    previous = state;
     state.Advance();
   }
+  WgmmaWaitGroup<0>();
+  FenceAccumulators(dk);
+  me.Release(smem.Empty(0, previous.stage));
 
   // Both consumers are done with every tile (the producer loads nothing more): the shared
   // memory takes the partial sums.
@@ -679,7 +715,7 @@ bool Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   }
   const int split = ClusterSplit(s.heads / s.kv_heads);
   const dim3 kv_grid((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.kv_heads * split);
-  Launch(Sm90BackwardKvKernel<D>, TileSmem<D, 2, kN>::kBytes, kv_grid, split, stream, k_resident,
+  Launch(Sm90BackwardKvKernel<D>, BackwardKvSmem<D>::kBytes, kv_grid, split, stream, k_resident,
          v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk, p.dv, s, split);
   Launch(Sm90BackwardQKernel<D>, TileSmem<D, 2, kN>::kBytes, QueryTileGrid(s), 1, stream,
          q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse, p.delta, s);
