@@ -9,8 +9,8 @@
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
 # (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and
-# (attention) attention_bench beside PyTorch's SDPA (../shared/peers/torch_attention_peer.py) at
-# the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
+# (attention) attention_bench (the Hopper kernels, then the mma.sync ones) beside PyTorch's SDPA
+# (../shared/peers/torch_attention_peer.py) at the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
 # preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
 # moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
@@ -173,9 +173,12 @@ echo "== attention, causal, bf16: ours beside PyTorch SDPA (flash, cuDNN, effici
 # batch heads kv_heads seq head_dim: the preset's shape, a longer sequence, groups of 8, no groups
 for shape in "1 16 4 4096 128" "1 32 8 8192 128" "2 32 4 4096 128" "4 16 16 2048 64"; do
   read -r b h kv t d <<< "$shape"
-  timeout 60 "$bin/attention_bench" --batch=$b --heads=$h --kv_heads=$kv --seq=$t --head_dim=$d \
-    > "$out/attention_b${b}h${h}kv${kv}t${t}d${d}.log" 2>&1
-  echo "ours  (rc $?): $(grep SUMMARY "$out/attention_b${b}h${h}kv${kv}t${t}d${d}.log")"
+  for hopper in true false; do  # the wgmma kernels, then the mma.sync kernels other GPUs run
+    log="$out/attention_b${b}h${h}kv${kv}t${t}d${d}_hopper_$hopper.log"
+    timeout 60 "$bin/attention_bench" --batch=$b --heads=$h --kv_heads=$kv --seq=$t --head_dim=$d \
+      --hopper_kernels=$hopper > "$log" 2>&1
+    echo "ours, Hopper kernels $hopper (rc $?): $(grep SUMMARY "$log")"
+  done
   B=$b H=$h KV=$kv T=$t D=$d timeout 120 python3 "$peers/torch_attention_peer.py" 2>&1 |
     grep SUMMARY | sed 's/^/peer  /'
 done
