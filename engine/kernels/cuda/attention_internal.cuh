@@ -60,8 +60,8 @@ void LaunchAttentionBackward(const BackwardParams<float>& params, int head_dim,
 void LaunchAttentionBackward(const BackwardParams<bf16>& params, int head_dim, cudaStream_t stream);
 
 // The Hopper kernels (attention_sm90.cu): the forward, and the backward (dq, dk, dv; delta already
-// in memory). Each launches and returns true where they run (sm90_device.h, and
-// AllowSm90Attention not turned off); otherwise returns false having done nothing.
+// in memory; head dim 128 only). Each launches and returns true where they run (sm90_device.h,
+// and AllowSm90Attention not turned off); otherwise returns false having done nothing.
 bool TryAttentionForwardSm90(const ForwardParams<bf16>& params, int head_dim, cudaStream_t stream);
 bool TryAttentionBackwardSm90(const BackwardParams<bf16>& params, int head_dim,
                               cudaStream_t stream);
