@@ -20,7 +20,9 @@
 //   are bitwise identical run to run.
 // Paths (attention_internal.cuh): f32 runs exact fp32 FMA kernels on CUDA cores
 // (attention_fma.cu); bf16 runs mma.sync m16n8k16 tensor-core kernels with fp32 accumulation
-// (attention_mma_*.cu). Head dims 64 and 128.
+// (attention_mma_*.cu), except on compute capability 9.0, where warp-specialised wgmma + TMA
+// kernels of the same design take the forward, and the backward at head dim 128
+// (attention_sm90.cu). Head dims 64 and 128.
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
