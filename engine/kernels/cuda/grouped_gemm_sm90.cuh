@@ -262,8 +262,8 @@ struct RowTile {
   int n0;                  // first column of C
 
   __device__ RowTile WarpUniform() const {
-    return {sm90::WarpUniform(group), sm90::WarpUniform(row_begin),
-            sm90::WarpUniform(row_end), sm90::WarpUniform(n0)};
+    return {sm90::WarpUniform(group), sm90::WarpUniform(row_begin), sm90::WarpUniform(row_end),
+            sm90::WarpUniform(n0)};
   }
 };
 
