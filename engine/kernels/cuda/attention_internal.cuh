@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/cuda_common.cuh"
 
 namespace moe::cuda::attention {
@@ -109,6 +110,29 @@ __device__ __forceinline__ T* QueryHead(T* base, const QueryBlock& qb, const Dim
 template <int D, typename T>
 __device__ __forceinline__ T* KvHead(T* base, const QueryBlock& qb, const Dims& s) {
   return base + RowOffset(qb.b, 0, qb.kvh, s.seq, s.kv_heads, D);
+}
+
+// Launches `kernel` with `threads` per block over `grid` in thread-block clusters of (1, cluster_y,
+// 1) (cluster_y 1: no cluster attribute, as images older than sm_90 need) with `smem_bytes` of
+// dynamic shared memory, on `stream`; checks both calls.
+template <typename... Params, typename... Args>
+void LaunchInClusters(void (*kernel)(Params...), dim3 grid, int threads, size_t smem_bytes,
+                      int cluster_y, cudaStream_t stream, const Args&... args) {
+  MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem_bytes)));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = cluster_y;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = cluster_y > 1 ? 1 : 0;
+  MOE_CUDA_CALL(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 }
 
 // Calls launch(std::integral_constant<int, D>) for head_dim D in {64, 128} (checked by the caller).

@@ -350,32 +350,15 @@ int KvSplit(int group, const void* kernel) {
 template <int D>
 void Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   const Dims& s = p.dims;
-  constexpr size_t kDkvSmem = DkvSmemBytes<D>();
-  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardKvKernel<D>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kDkvSmem)));
   const int split =
       KvSplit(s.heads / s.kv_heads, reinterpret_cast<const void*>(MmaBackwardKvKernel<D>));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads * split);
-  config.blockDim = dim3(kMmaThreads);
-  config.dynamicSmemBytes = kDkvSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = split;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = split > 1 ? 1 : 0;
-  MOE_CUDA_CALL(cudaLaunchKernelEx(&config, MmaBackwardKvKernel<D>, p, split));
-  constexpr size_t kDqSmem = DqSmemBytes<D>();
-  MOE_CUDA_CALL(cudaFuncSetAttribute(MmaBackwardQKernel<D>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kDqSmem)));
-  const dim3 q_grid((s.seq + kDqBlockM - 1) / kDqBlockM, s.batch * s.heads);
-  MmaBackwardQKernel<D><<<q_grid, kMmaThreads, kDqSmem, stream>>>(p);
-  MOE_CUDA_CHECK_LAUNCH();
+  LaunchInClusters(MmaBackwardKvKernel<D>,
+                   dim3((s.seq + kDkvBlockN - 1) / kDkvBlockN, s.batch * s.kv_heads * split),
+                   kMmaThreads, DkvSmemBytes<D>(), split, stream, p, split);
+
+  LaunchInClusters(MmaBackwardQKernel<D>,
+                   dim3((s.seq + kDqBlockM - 1) / kDqBlockM, s.batch * s.heads), kMmaThreads,
+                   DqSmemBytes<D>(), 1, stream, p);
 }
 
 }  // namespace

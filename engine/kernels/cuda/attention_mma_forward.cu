@@ -7,7 +7,6 @@
 // pre-scaled by log2(e) / sqrt(d), then O += P V with P re-packed to bf16 straight from the
 // accumulators. At the end O / l goes out through shared memory in 16-byte stores and
 // lse = (m + log2 l) * ln 2, the natural-log value of the contract.
-#include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/attention_internal.cuh"
 #include "engine/kernels/cuda/attention_mma.cuh"
 
@@ -135,12 +134,9 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
 
 template <int D>
 void Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
-  constexpr size_t kSmem = ForwardSmemBytes<D>();
-  MOE_CUDA_CALL(cudaFuncSetAttribute(
-      MmaForwardKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
-  const dim3 grid((p.dims.seq + kBlockM - 1) / kBlockM, p.dims.batch * p.dims.heads);
-  MmaForwardKernel<D><<<grid, kMmaThreads, kSmem, stream>>>(p);
-  MOE_CUDA_CHECK_LAUNCH();
+  LaunchInClusters(MmaForwardKernel<D>,
+                   dim3((p.dims.seq + kBlockM - 1) / kBlockM, p.dims.batch * p.dims.heads),
+                   kMmaThreads, ForwardSmemBytes<D>(), 1, stream, p);
 }
 
 }  // namespace

@@ -654,28 +654,6 @@ bool HeadMap(CUtensorMap* map, const bf16* base, const Dims& s, int heads, int d
                             {kBoxColumns, 1, rows, 1}) == cudaSuccess;
 }
 
-// Launches `kernel` over `grid` in clusters of (1, cluster_y, 1) with `smem_bytes` of shared
-// memory.
-template <typename... Params, typename... Args>
-void Launch(void (*kernel)(Params...), size_t smem_bytes, dim3 grid, int cluster_y,
-            cudaStream_t stream, const Args&... args) {
-  MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem_bytes)));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = cluster_y;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  MOE_CUDA_CALL(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
-}
-
 dim3 QueryTileGrid(const Dims& s) {
   return dim3((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.heads);
 }
@@ -690,8 +668,9 @@ bool Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
       !HeadMap(&out_map, p.out, s, s.heads, D, 64)) {
     return false;
   }
-  Launch(Sm90ForwardKernel<D>, TileSmem<D, 1, kForwardKvRows>::kBytes, QueryTileGrid(s), 1, stream,
-         q_map, k_map, v_map, out_map, p.lse, s);
+  LaunchInClusters(Sm90ForwardKernel<D>, QueryTileGrid(s), kThreads,
+                   TileSmem<D, 1, kForwardKvRows>::kBytes, 1, stream, q_map, k_map, v_map, out_map,
+                   p.lse, s);
   return true;
 }
 
@@ -715,10 +694,12 @@ bool Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   }
   const int split = ClusterSplit(s.heads / s.kv_heads);
   const dim3 kv_grid((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.kv_heads * split);
-  Launch(Sm90BackwardKvKernel<D>, BackwardKvSmem<D>::kBytes, kv_grid, split, stream, k_resident,
-         v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk, p.dv, s, split);
-  Launch(Sm90BackwardQKernel<D>, TileSmem<D, 2, kN>::kBytes, QueryTileGrid(s), 1, stream,
-         q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse, p.delta, s);
+  LaunchInClusters(Sm90BackwardKvKernel<D>, kv_grid, kThreads, BackwardKvSmem<D>::kBytes, split,
+                   stream, k_resident, v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk,
+                   p.dv, s, split);
+  LaunchInClusters(Sm90BackwardQKernel<D>, QueryTileGrid(s), kThreads, TileSmem<D, 2, kN>::kBytes,
+                   1, stream, q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse,
+                   p.delta, s);
   return true;
 }
 
