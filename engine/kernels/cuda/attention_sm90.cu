@@ -1,31 +1,35 @@
-// Causal attention forward on Hopper (sm_90a): wgmma on TMA-loaded, 128-byte-swizzled tiles,
-// warp-specialised. The bf16 forward takes it on compute capability 9.0 (attention_sm90.h);
-// elsewhere the mma.sync kernel of attention_mma_forward.cu runs. attention.cu has the design
-// note of the whole op; the math is the same online softmax.
+// Causal attention on Hopper (sm_90a): wgmma on TMA-loaded, 128-byte-swizzled tiles,
+// warp-specialised. On compute capability 9.0 the bf16 forward, and the backward at head dim 128,
+// run here (attention_sm90.h); elsewhere the mma.sync kernels of attention_mma_*.cu do.
+// attention.cu has the design note of the whole op; the math is the same.
 //
-// One CTA of 3 warpgroups per (128 queries, batch, head), the longest rows first:
-//   - warpgroup 0 produces: one thread TMA-loads the query tile once, then streams the key and
-//     value tiles (128 rows each) through a 2-stage ring with their own full/empty mbarriers, so
-//     S = Q K^T starts before V has landed. Key tiles go from the diagonal one down to tile 0.
-//   - warpgroups 1 and 2 consume 64 query rows each. Per key tile: S = Q K^T (D / 16 m64n128k16
-//     wgmmas, both operands K-major in shared memory); scores scaled by log2(e) / sqrt(d), masked
-//     on the diagonal tile; the running max m and sum l in fp32 registers; O rescaled, then
-//     O += P V with P packed to bf16 straight from the S accumulators (wgmma's A from registers)
-//     and V read MN-major (8 m64nDk16 wgmmas).
-//   - Epilogue: each consumer writes O / l as bf16 over its own rows of the query tile, laid out
+// Every kernel: one CTA of 3 warpgroups over 128 resident rows, the longest work first.
+// Warpgroup 0 produces: one thread TMA-loads the resident tiles once, then streams pairs of tiles
+// through a 2-stage ring, each tile with its own full/empty mbarriers (so a consumer starts on the
+// first of a pair before the second lands). Warpgroups 1 and 2 consume 64 resident rows each.
+//   - Forward, per (128 queries, batch, head): Q resident, (K, V) tiles of 128 keys streamed from
+//     the diagonal one down to 0. Per tile: S = Q K^T (D / 16 m64n128k16 wgmmas, both operands
+//     K-major in shared memory); scores scaled by log2(e) / sqrt(d), masked on the diagonal tile;
+//     the running max m and sum l in fp32 registers; O rescaled, then O += P V with P packed to
+//     bf16 straight from the S accumulators (wgmma's A from registers) and V read MN-major.
+//     Epilogue: each consumer writes O / l as bf16 over its own rows of the query tile, laid out
 //     as TMA's swizzled boxes, and TMA-stores them (rows past seq are clipped); lse =
-//     (m + log2 l) ln 2 per row, natural log as the contract says.
-// The diagonal tile comes first and holds every row's own key, so m is finite after it (no
-// inf - inf). Rows and keys past seq are TMA's zero fill: keys past seq are later than every real
-// row, so the causal mask removes them; rows past seq are never stored. Each output element is
-// computed in one fixed order: deterministic.
+//     (m + log2 l) ln 2 per row, natural log as the contract says. The diagonal tile comes first
+//     and holds every row's own key, so m is finite after it (no inf - inf).
+//   - dq, per (128 queries, batch, head): Q and dout resident, (K, V) tiles of 64 keys streamed;
+//     S and dP from shared memory, dQ += dS K from registers; stored like the forward's output.
+//   - dk/dv, per (128 keys, batch, kv head, share of the GQA group's heads): K and V resident,
+//     (Q, dout) tiles of 64 queries streamed, keys the wgmma rows throughout; the partial sums of
+//     a thread-block cluster are added in rank order through distributed shared memory.
+// Rows and keys past seq are TMA's zero fill and are masked or never stored. No atomics: each
+// output element is computed in one fixed order, so results are identical run to run.
 //
-// Layouts (sm90_ptx.cuh; the rules in grouped_gemm_sm90.cuh's file comment): a tile of 128 rows
-// of (batch, seq, heads, D) is D / 64 TMA boxes of 128 rows x 64 columns (16 KiB each, row r at
-// byte 128 r, its 16-byte chunk c at c ^ (r % 8)). As a K-major operand (Q for S; K as S's B),
-// the k-th 16 columns of a box start 32 k bytes in, 8-row groups 1024 bytes apart. As an
-// MN-major operand (V as B of P V: keys are its K, D its N) the k-th 16 keys start 2048 k bytes
-// in, and the 64-wide column blocks are the boxes, 16 KiB apart.
+// Layouts (sm90_ptx.cuh; the rules in grouped_gemm_sm90.cuh's file comment): a tile of R rows of
+// (batch, seq, heads, D) is D / 64 TMA boxes of R rows x 64 columns (row r at byte 128 r, its
+// 16-byte chunk c at c ^ (r % 8)). As a K-major operand (S's A and B) the k-th 16 columns of a
+// box start 32 k bytes in, 8-row groups 1024 bytes apart. As an MN-major operand (the B of the
+// products with P or dS: the streamed tile's rows are its K, D its N) the k-th 16 rows start
+// 2048 k bytes in, and the 64-wide column blocks are the boxes, R x 128 bytes apart.
 #include "engine/kernels/cuda/attention_sm90.h"
 
 #include <cooperative_groups.h>
@@ -33,7 +37,6 @@
 #include <atomic>
 
 #include "engine/core/cuda_check.h"
-
 #include "engine/kernels/cuda/attention_internal.cuh"
 #include "engine/kernels/cuda/sm90_device.h"
 #include "engine/kernels/cuda/sm90_ptx.cuh"
