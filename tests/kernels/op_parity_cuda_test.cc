@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -86,6 +87,27 @@ class OpRun {
   std::mt19937 rng_;
   Outputs outputs_;
 };
+
+struct AttentionShape {
+  int64_t batch, seq, heads, kv_heads, d;
+};
+
+// Causal attention forward and backward on fresh inputs of shape `s`; reads out, lse, dq, dk, dv.
+void RunAttention(OpRun& r, const AttentionShape& s) {
+  Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
+  Tensor k = r.In({s.batch, s.seq, s.kv_heads, s.d});
+  Tensor v = r.In({s.batch, s.seq, s.kv_heads, s.d});
+  Tensor dout = r.In({s.batch, s.seq, s.heads, s.d});
+  Tensor out = r.Out(q.shape()), lse = r.OutF32({s.batch, s.heads, s.seq});
+  ops::AttentionForward(q, k, v, out, lse);
+  Tensor dq = r.Out(q.shape()), dk = r.Out(k.shape()), dv = r.Out(v.shape());
+  ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
+  r.Read("out", out);
+  r.Read("lse", lse);
+  r.Read("dq", dq);
+  r.Read("dk", dk);
+  r.Read("dv", dv);
+}
 
 struct OpCase {
   std::string name;
@@ -254,12 +276,9 @@ std::vector<OpCase> Cases() {
     r.Read("y", y);
     r.Read("dx", dx);
   });
-  struct AttentionShape {
-    int64_t batch, seq, heads, kv_heads, d;
-  };
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
   // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.
-  // Each runs with the Hopper forward where it runs, and again with the mma.sync kernels alone
+  // Each runs with the Hopper kernels where they run, and again with the mma.sync kernels alone
   // ("_mma"), which are what other GPUs run.
   for (bool hopper : {true, false}) {
     for (AttentionShape s :
@@ -271,19 +290,7 @@ std::vector<OpCase> Cases() {
               std::to_string(s.kv_heads) + "_d" + std::to_string(s.d) + (hopper ? "" : "_mma"),
           [s, hopper](OpRun& r) {
             cuda::attention::AllowSm90Attention(hopper);
-            Tensor q = r.In({s.batch, s.seq, s.heads, s.d});
-            Tensor k = r.In({s.batch, s.seq, s.kv_heads, s.d});
-            Tensor v = r.In({s.batch, s.seq, s.kv_heads, s.d});
-            Tensor dout = r.In({s.batch, s.seq, s.heads, s.d});
-            Tensor out = r.Out(q.shape()), lse = r.OutF32({s.batch, s.heads, s.seq});
-            ops::AttentionForward(q, k, v, out, lse);
-            Tensor dq = r.Out(q.shape()), dk = r.Out(k.shape()), dv = r.Out(v.shape());
-            ops::AttentionBackward(dout, q, k, v, out, lse, dq, dk, dv);
-            r.Read("out", out);
-            r.Read("lse", lse);
-            r.Read("dq", dq);
-            r.Read("dk", dk);
-            r.Read("dv", dv);
+            RunAttention(r, s);
             cuda::attention::AllowSm90Attention(true);
           },
           2e-5, 2e-2);
@@ -508,6 +515,30 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kF32, {128, 1536, 2048}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {8, 36, 64}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
+}
+
+// The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed
+// order, with no atomics: two runs on the same inputs agree bit for bit (the offload and pipeline
+// bit-identity tests rely on it), at both head dims and with GQA groups split over clusters.
+TEST(AttentionDeterminismTest, TwoRunsAgreeBitForBit) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const AttentionShape& s :
+       {AttentionShape{1, 300, 8, 2, 128}, AttentionShape{2, 200, 4, 4, 64}}) {
+    Outputs runs[2];
+    for (Outputs& outputs : runs) {
+      OpRun r(Device::CUDA(0), DType::kBF16, 1234);
+      RunAttention(r, s);
+      outputs = r.TakeOutputs();
+    }
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      const std::vector<float>& a = runs[0][i].second;
+      const std::vector<float>& b = runs[1][i].second;
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << runs[0][i].first << " differs between runs at head dim " << s.d;
+    }
+  }
 }
 
 std::vector<std::string> CaseNames() {
