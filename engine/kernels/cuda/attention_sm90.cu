@@ -61,15 +61,17 @@ constexpr int kCoreGroupBytes = 1024;         // the next 8 rows
 
 // A tile of `kRows` rows of D columns: D / 64 boxes of kRows x 64.
 template <int kRows, int D>
-constexpr int kTileBytes = D / kBoxColumns* kRows* kRowBytes;
+constexpr int TileBytes() {
+  return D / kBoxColumns * kRows * kRowBytes;
+}
 
 // Shared memory from a 1024-byte-aligned base: kResident tiles of kBlockRows rows (Q; Q and
 // dout for dq; K and V for dk/dv), then the ring of stages, each a pair of streamed tiles of
 // kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers, then kExtraBytes.
 template <int D, int kResident, int kStreamRows, int kExtraBytes = 0>
 struct TileSmem {
-  static constexpr int kResidentBytes = kTileBytes<kBlockRows, D>;
-  static constexpr int kStreamBytes = kTileBytes<kStreamRows, D>;
+  static constexpr int kResidentBytes = TileBytes<kBlockRows, D>();
+  static constexpr int kStreamBytes = TileBytes<kStreamRows, D>();
   static constexpr int kDataBytes = kResident * kResidentBytes + 2 * kStages * kStreamBytes;
   static constexpr int kBarriers = 1 + 4 * kStages;
   static constexpr int kBarrierBytes = 128;
@@ -163,7 +165,7 @@ __device__ __forceinline__ void Produce(
     const TileSmem<D, kResident, kStreamRows, kExtraBytes>& smem,
     const CUtensorMap* const (&resident)[kResident], TileAt resident_at,
     const CUtensorMap* const (&streamed)[2], int batch, int tiles, StreamedAt streamed_at) {
-  MbarrierArriveExpectTx(smem.ResidentFull(), kResident * kTileBytes<kBlockRows, D>);
+  MbarrierArriveExpectTx(smem.ResidentFull(), kResident * TileBytes<kBlockRows, D>());
 #pragma unroll
   for (int i = 0; i < kResident; ++i)
     LoadTile<kBlockRows, D>(*resident[i], smem.Resident(i), smem.ResidentFull(), resident_at,
@@ -174,7 +176,7 @@ __device__ __forceinline__ void Produce(
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
       MbarrierWait(smem.Empty(which, state.stage), state.phase ^ 1);
-      MbarrierArriveExpectTx(smem.Full(which, state.stage), kTileBytes<kStreamRows, D>);
+      MbarrierArriveExpectTx(smem.Full(which, state.stage), TileBytes<kStreamRows, D>());
       LoadTile<kStreamRows, D>(*streamed[which], smem.Streamed(which, state.stage),
                                smem.Full(which, state.stage), at, batch);
     }
