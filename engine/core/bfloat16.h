@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/core/dtype.h"
+
 namespace moe {
 
 struct BFloat16 {
@@ -43,6 +45,19 @@ inline float FromFloat<float>(float value) {
 template <>
 inline BFloat16 FromFloat<BFloat16>(float value) {
   return FloatToBFloat16(value);
+}
+
+// Calls fn(StorageTag<T>{}) with T = BFloat16 for DType::kBF16, else float (the caller has
+// checked `dtype` is one of the two); use with [&]<typename T>(StorageTag<T>) {...}.
+template <typename T>
+struct StorageTag {};
+template <typename Fn>
+void DispatchStorage(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBF16) {
+    fn(StorageTag<BFloat16>{});
+  } else {
+    fn(StorageTag<float>{});
+  }
 }
 
 }  // namespace moe

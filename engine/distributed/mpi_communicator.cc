@@ -160,11 +160,9 @@ void MpiCommunicator::ReduceScatterParts(const T* input, T* output, int64_t coun
 
 void MpiCommunicator::DoReduceScatterSum(const Tensor& input, const Tensor& output) {
   Run(Describe("ReduceScatterSum", input), [this, input, output] {
-    if (output.dtype() == DType::kF32) {
-      ReduceScatterParts(input.data<float>(), output.data<float>(), output.numel());
-    } else {
-      ReduceScatterParts(input.data<BFloat16>(), output.data<BFloat16>(), output.numel());
-    }
+    DispatchStorage(output.dtype(), [&]<typename T>(StorageTag<T>) {
+      ReduceScatterParts(input.data<T>(), output.data<T>(), output.numel());
+    });
   });
 }
 
@@ -188,11 +186,9 @@ void MpiCommunicator::DoAllReduceSum(const Tensor& tensor) {
   Run(Describe("AllReduceSum", tensor), [this, tensor] {
     if (size() == 1) return;
     if (rank() == 0) {
-      if (tensor.dtype() == DType::kF32) {
-        ReduceAtRoot(tensor.data<float>(), tensor.numel());
-      } else {
-        ReduceAtRoot(tensor.data<BFloat16>(), tensor.numel());
-      }
+      DispatchStorage(tensor.dtype(), [&]<typename T>(StorageTag<T>) {
+        ReduceAtRoot(tensor.data<T>(), tensor.numel());
+      });
     } else {
       Requests requests(comm_);
       requests.Send(tensor.data(), tensor.nbytes(), 0, kReduceTag);

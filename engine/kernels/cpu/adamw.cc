@@ -13,18 +13,6 @@
 namespace moe::cpu {
 namespace {
 
-// Calls fn(TypeTag<T>{}) with T = float or BFloat16 as `dtype` says.
-template <typename T>
-struct TypeTag {};
-template <typename Fn>
-void DispatchStorage(DType dtype, Fn&& fn) {
-  if (dtype == DType::kBF16) {
-    fn(TypeTag<BFloat16>{});
-  } else {
-    fn(TypeTag<float>{});
-  }
-}
-
 template <typename GT, typename MT, typename VT>
 void Update(const AdamWTensors& e, const AdamWConfig& config, float m_correction,
             float v_correction) {
@@ -51,9 +39,9 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
   const float m_correction = static_cast<float>(1.0 / (1.0 - std::pow(config.beta1, step)));
   const float v_correction = static_cast<float>(1.0 / (1.0 - std::pow(config.beta2, step)));
   for (const AdamWTensors& e : entries) {
-    DispatchStorage(e.grad.dtype(), [&]<typename GT>(TypeTag<GT>) {
-      DispatchStorage(e.m.dtype(), [&]<typename MT>(TypeTag<MT>) {
-        DispatchStorage(e.v.dtype(), [&]<typename VT>(TypeTag<VT>) {
+    DispatchStorage(e.grad.dtype(), [&]<typename GT>(StorageTag<GT>) {
+      DispatchStorage(e.m.dtype(), [&]<typename MT>(StorageTag<MT>) {
+        DispatchStorage(e.v.dtype(), [&]<typename VT>(StorageTag<VT>) {
           Update<GT, MT, VT>(e, config, m_correction, v_correction);
         });
       });

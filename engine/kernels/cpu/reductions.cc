@@ -18,18 +18,14 @@ void Sum(const Tensor& x, const Tensor& out) {
 
 void GlobalL2Norm(std::span<const Tensor> xs, const Tensor& out) {
   double sum_sq = 0;
-  const auto add_squares = [&sum_sq](const auto* p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = ToFloat(p[i]);  // engine/core/bfloat16.h
-      sum_sq += v * v;
-    }
-  };
   for (const Tensor& x : xs) {
-    if (x.dtype() == DType::kBF16) {
-      add_squares(x.data<BFloat16>(), x.numel());
-    } else {
-      add_squares(x.data<float>(), x.numel());
-    }
+    DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
+      const T* p = x.data<T>();
+      for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+        const double v = ToFloat(p[i]);
+        sum_sq += v * v;
+      }
+    });
   }
   out.data<float>()[0] = static_cast<float>(std::sqrt(sum_sq));
 }
