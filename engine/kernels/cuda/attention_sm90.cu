@@ -78,7 +78,16 @@ struct TileSmem {
   static_assert(8 * kBarriers <= kBarrierBytes);
   static constexpr size_t kBytes = 1023 + kDataBytes + kBarrierBytes + kExtraBytes;
 
-  uint32_t base;
+  uint8_t* raw;   // the kernel's dynamic shared memory (kBytes)
+  uint32_t base;  // the shared address of its first 1024-byte-aligned byte: the layout's start
+
+  __device__ explicit TileSmem(uint8_t* dynamic_smem)
+      : raw(dynamic_smem), base((SmemAddress(dynamic_smem) + 1023) & ~1023u) {}
+  // A generic pointer to shared `address` (one of the addresses below).
+  template <typename T>
+  __device__ T* Generic(uint32_t address) const {
+    return reinterpret_cast<T*>(raw + (address - SmemAddress(raw)));
+  }
 
   __device__ uint32_t Resident(int i) const { return base + i * kResidentBytes; }
   // Streamed tile `which` (0 or 1) of a stage, its full and empty barriers.
@@ -120,12 +129,17 @@ struct QueryTile {
         kvh(h / (s.heads / s.kv_heads)) {}
 };
 
-// The key tiles of kKvRows rows a query tile needs: those with a key at or before its last row,
-// walked from the last one down (the first one processed holds the diagonal).
+// The key tiles of kKvRows rows a query tile needs (those with a key at or before its last row),
+// walked from the last one down: the first one processed holds the diagonal.
 template <int kKvRows>
-__device__ __forceinline__ int KeyTiles(const QueryTile& tile, const Dims& s) {
-  return (min(tile.q0 + kBlockRows, s.seq) + kKvRows - 1) / kKvRows;
-}
+struct KeyTileWalk {
+  int tiles;
+
+  __device__ KeyTileWalk(const QueryTile& tile, const Dims& s)
+      : tiles((min(tile.q0 + kBlockRows, s.seq) + kKvRows - 1) / kKvRows) {}
+  // The first key of the tile processed `it`-th.
+  __device__ int Key0(int it) const { return (tiles - 1 - it) * kKvRows; }
+};
 
 // A tile's place in a (batch, seq, heads, D) tensor: rows [row0, row0 + its rows) of `head`.
 struct TileAt {
@@ -182,6 +196,20 @@ __device__ __forceinline__ void Produce(
     }
     state.Advance();
   }
+}
+
+// The producer of the forward and dq: the query-side `resident` tiles of `tile`, then its key
+// tiles' K and V in `keys`' order.
+template <int kKvRows, typename Smem, int kResident>
+__device__ __forceinline__ void ProduceKeyTiles(const Smem& smem,
+                                                const CUtensorMap* const (&resident)[kResident],
+                                                const CUtensorMap& k_map, const CUtensorMap& v_map,
+                                                const QueryTile& tile,
+                                                const KeyTileWalk<kKvRows>& keys) {
+  const CUtensorMap* const streamed[2] = {&k_map, &v_map};
+  Produce(smem, resident, {tile.h, tile.q0}, streamed, tile.b, keys.tiles, [&](int it) {
+    return TileAt{tile.kvh, keys.Key0(it)};
+  });
 }
 
 // Descriptors of 16-column slice kk of a K-major tile (rows at `rows`, boxes of kRows rows), and
@@ -269,12 +297,12 @@ struct ConsumerThread {
 // consumer's own rows of the resident tile at `rows` (free: only this warpgroup's wgmmas, all
 // complete, read them), laid out as the 64-row TMA box of `map`, then stored by TMA (rows past
 // seq are clipped).
-template <int D>
+template <int D, typename Smem>
 __device__ __forceinline__ void StoreRows(const float (&acc)[D / 2], const float (&scale)[2],
-                                          uint8_t* smem_raw, uint32_t rows, const CUtensorMap& map,
+                                          const Smem& smem, uint32_t rows, const CUtensorMap& map,
                                           const ConsumerThread& me, const QueryTile& tile,
                                           int seq) {
-  uint8_t* rows_generic = smem_raw + (rows - SmemAddress(smem_raw));
+  uint8_t* rows_generic = smem.template Generic<uint8_t>(rows);
 #pragma unroll
   for (int r = 0; r < D / 2; r += 2) {
     const int i = r / 4, half = r / 2 % 2;  // 8-column block, row half
@@ -299,6 +327,8 @@ __device__ __forceinline__ void StoreRows(const float (&acc)[D / 2], const float
 
 constexpr int kForwardKvRows = 128;  // keys per tile of the forward
 static_assert(kForwardKvRows == kBlockRows, "the forward's diagonal is its first tile's alone");
+template <int D>
+using ForwardSmem = TileSmem<D, 1, kForwardKvRows>;
 
 // Forward. grid (query tiles, batch * heads).
 template <int D>
@@ -309,17 +339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap out_map, float* lse, Dims s) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
-  const TileSmem<D, 1, kForwardKvRows> smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
+  const ForwardSmem<D> smem(smem_raw);
   const QueryTile tile(s);
-  const int num_tiles = KeyTiles<kForwardKvRows>(tile, s);
+  const KeyTileWalk<kForwardKvRows> keys(tile, s);
   if (!IsConsumer(smem)) {
-    if (threadIdx.x == 0) {
-      const CUtensorMap* const resident[1] = {&q_map};
-      const CUtensorMap* const streamed[2] = {&k_map, &v_map};
-      Produce(smem, resident, {tile.h, tile.q0}, streamed, tile.b, num_tiles, [&](int it) {
-        return TileAt{tile.kvh, (num_tiles - 1 - it) * kForwardKvRows};
-      });
-    }
+    const CUtensorMap* const resident[1] = {&q_map};
+    if (threadIdx.x == 0) ProduceKeyTiles(smem, resident, k_map, v_map, tile, keys);
     return;
   }
 
@@ -331,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l[2] = {0.0f, 0.0f};  // this thread's partial sums; the quad's sum is taken at the end
   MbarrierWait(smem.ResidentFull(), 0);
   PipelineState<kStages> state;
-  for (int it = 0; it < num_tiles; ++it) {
-    const int k0 = (num_tiles - 1 - it) * kForwardKvRows;
+  for (int it = 0; it < keys.tiles; ++it) {
+    const int k0 = keys.Key0(it);
     float sc[kForwardKvRows / 2];
     MbarrierWait(smem.Full(0, state.stage), state.phase);
     IssueScores<D, kForwardKvRows>(sc, q_rows, smem.Streamed(0, state.stage));
@@ -385,13 +410,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           (m[half] + log2f(l[half])) * kLn2;
     }
   }
-  StoreRows<D>(o, inv, smem_raw, q_rows, out_map, me, tile, s.seq);
+  StoreRows<D>(o, inv, smem, q_rows, out_map, me, tile, s.seq);
 #else
   __trap();
 #endif
 }
 
 constexpr int kBackwardStreamRows = 64;  // rows per streamed tile of dq and dk/dv (registers)
+template <int D>
+using BackwardQSmem = TileSmem<D, 2, kBackwardStreamRows>;
 
 // dq = scale * sum over key tiles of dS K, dS = P (dout V^T - delta), P = exp2(Q K^T c - lse
 // log2 e), zero where key > row. Q and dout resident, K and V streamed. grid as the forward's.
@@ -406,17 +433,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if MOE_SM90A_KERNELS
   constexpr int kN = kBackwardStreamRows;
   extern __shared__ uint8_t smem_raw[];
-  const TileSmem<D, 2, kN> smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
+  const BackwardQSmem<D> smem(smem_raw);
   const QueryTile tile(s);
-  const int num_tiles = KeyTiles<kN>(tile, s);
+  const KeyTileWalk<kN> keys(tile, s);
   if (!IsConsumer(smem)) {
-    if (threadIdx.x == 0) {
-      const CUtensorMap* const resident[2] = {&q_map, &dout_map};
-      const CUtensorMap* const streamed[2] = {&k_map, &v_map};
-      Produce(smem, resident, {tile.h, tile.q0}, streamed, tile.b, num_tiles, [&](int it) {
-        return TileAt{tile.kvh, (num_tiles - 1 - it) * kN};
-      });
-    }
+    const CUtensorMap* const resident[2] = {&q_map, &dout_map};
+    if (threadIdx.x == 0) ProduceKeyTiles(smem, resident, k_map, v_map, tile, keys);
     return;
   }
 
@@ -434,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   Zero(dq);
   MbarrierWait(smem.ResidentFull(), 0);
   PipelineState<kStages> state;
-  for (int it = 0; it < num_tiles; ++it) {
-    const int k0 = (num_tiles - 1 - it) * kN;
+  for (int it = 0; it < keys.tiles; ++it) {
+    const int k0 = keys.Key0(it);
     float p[kN / 2], ds[kN / 2];
     MbarrierWait(smem.Full(0, state.stage), state.phase);
     IssueScores<D, kN>(p, q_rows, smem.Streamed(0, state.stage));
@@ -463,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     state.Advance();
   }
   const float scale[2] = {s.scale, s.scale};
-  StoreRows<D>(dq, scale, smem_raw, q_rows, dq_map, me, tile, s.seq);
+  StoreRows<D>(dq, scale, smem, q_rows, dq_map, me, tile, s.seq);
 #else
   __trap();
 #endif
@@ -504,8 +526,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Smem = BackwardKvSmem<D>;
   static_assert(2 * kBlockRows * D * 4 <= Smem::kDataBytes, "the partial sums reuse the tiles");
   extern __shared__ uint8_t smem_raw[];
-  const Smem smem{(SmemAddress(smem_raw) + 1023) & ~1023u};
-  float* partial = reinterpret_cast<float*>(smem_raw + (smem.base - SmemAddress(smem_raw)));
+  const Smem smem(smem_raw);
+  float* partial = smem.template Generic<float>(smem.base);
   const int k0 = blockIdx.x * kBlockRows;
   const int rank = blockIdx.y % split;  // in the cluster
   const int b = blockIdx.y / split / s.kv_heads, kvh = blockIdx.y / split % s.kv_heads;
@@ -538,8 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Thread `stat` of the warpgroup fetches one statistic of each query tile, an iteration ahead:
   // lse * log2 e of column stat (stat < kM), else delta of column stat - kM; 0 past seq.
   const int stat = threadIdx.x % 128;
-  float* stats = reinterpret_cast<float*>(smem_raw + (smem.Extra() - SmemAddress(smem_raw))) +
-                 me.consumer * 2 * kStatFloats;
+  float* stats = smem.template Generic<float>(smem.Extra()) + me.consumer * 2 * kStatFloats;
   const auto fetch_stat = [&](int it) {
     const TileAt at = query_tile(it);
     const int query = at.row0 + stat % kM;
@@ -673,9 +694,8 @@ bool Forward(const ForwardParams<bf16>& p, cudaStream_t stream) {
       !HeadMap(&out_map, p.out, s, s.heads, D, 64)) {
     return false;
   }
-  LaunchInClusters(Sm90ForwardKernel<D>, QueryTileGrid(s), kThreads,
-                   TileSmem<D, 1, kForwardKvRows>::kBytes, 1, stream, q_map, k_map, v_map, out_map,
-                   p.lse, s);
+  LaunchInClusters(Sm90ForwardKernel<D>, QueryTileGrid(s), kThreads, ForwardSmem<D>::kBytes, 1,
+                   stream, q_map, k_map, v_map, out_map, p.lse, s);
   return true;
 }
 
@@ -702,8 +722,8 @@ bool Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   LaunchInClusters(Sm90BackwardKvKernel<D>, kv_grid, kThreads, BackwardKvSmem<D>::kBytes, split,
                    stream, k_resident, v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk,
                    p.dv, s, split);
-  LaunchInClusters(Sm90BackwardQKernel<D>, QueryTileGrid(s), kThreads, TileSmem<D, 2, kN>::kBytes,
-                   1, stream, q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse,
+  LaunchInClusters(Sm90BackwardQKernel<D>, QueryTileGrid(s), kThreads, BackwardQSmem<D>::kBytes, 1,
+                   stream, q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse,
                    p.delta, s);
   return true;
 }
