@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <utility>
@@ -176,15 +175,10 @@ TEST(TrainerTest, Bf16MomentsTrainLikeF32AndCheckpointsCrossDtypes) {
 // The floats of a dumped tensor (f32 or bf16).
 std::vector<float> DumpedFloats(const HostTensor& t) {
   std::vector<float> out(t.bytes.size() / DTypeSize(t.dtype));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t.dtype == DType::kBF16) {
-      BFloat16 b;
-      std::memcpy(&b.bits, t.bytes.data() + 2 * i, 2);
-      out[i] = BFloat16ToFloat(b);
-    } else {
-      std::memcpy(&out[i], t.bytes.data() + 4 * i, 4);
-    }
-  }
+  DispatchStorage(t.dtype, [&]<typename T>(StorageTag<T>) {
+    const T* values = reinterpret_cast<const T*>(t.bytes.data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(values[i]);
+  });
   return out;
 }
 
