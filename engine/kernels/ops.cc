@@ -527,6 +527,11 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
   CHECK_GE(config.step, 1) << "adamw step is 1-based";
   const AdamWTensors& first = entries.front();
   const Device device = CommonDevice({&first.master});
+  // grad, m, v and the model copy: each a float dtype, the same over all entries.
+  const auto check_float_as_first = [](const Tensor& t, const Tensor& in_first, const char* what) {
+    CheckFloat(t, what);
+    CheckDType(t, in_first.dtype(), what);
+  };
   for (const AdamWTensors& e : entries) {
     CHECK(CommonDevice({&e.master, &e.grad, &e.m, &e.v, &e.model}) == device)
         << "adamw over devices: " << e.master.DebugString();
@@ -534,16 +539,12 @@ void AdamWUpdate(std::span<const AdamWTensors> entries, const AdamWConfig& confi
       CHECK_EQ(t->numel(), e.master.numel()) << "adamw sizes differ";
     }
     CheckDType(e.master, DType::kF32, "adamw master");
-    CheckFloat(e.grad, "adamw grad");
-    CheckDType(e.grad, first.grad.dtype(), "adamw grad");
-    CheckFloat(e.m, "adamw m");
-    CheckDType(e.m, first.m.dtype(), "adamw m");
-    CheckDType(e.v, first.v.dtype(), "adamw v");
-    CheckFloat(e.v, "adamw v");
+    check_float_as_first(e.grad, first.grad, "adamw grad");
+    check_float_as_first(e.m, first.m, "adamw m");
+    check_float_as_first(e.v, first.v, "adamw v");
     CHECK_EQ(e.model.defined(), first.model.defined()) << "adamw: some model copies missing";
     if (e.model.defined()) {
-      CheckDType(e.model, first.model.dtype(), "adamw model copy");
-      CheckFloat(e.model, "adamw model copy");
+      check_float_as_first(e.model, first.model, "adamw model copy");
       CHECK_EQ(e.model.numel(), e.master.numel()) << "adamw model copy size";
     }
   }
