@@ -67,8 +67,8 @@ constexpr int TileBytes() {
 
 // Shared memory from a 1024-byte-aligned base: kResident tiles of kBlockRows rows (Q; Q and
 // dout for dq; K and V for dk/dv), then the ring of stages, each a pair of streamed tiles of
-// kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers, then kExtraBytes.
-template <int D, int kResident, int kStreamRows, int kExtraBytes = 0>
+// kStreamRows rows (K and V; Q and dout for dk/dv), then the mbarriers.
+template <int D, int kResident, int kStreamRows>
 struct TileSmem {
   static constexpr int kResidentBytes = TileBytes<kBlockRows, D>();
   static constexpr int kStreamBytes = TileBytes<kStreamRows, D>();
@@ -76,7 +76,7 @@ struct TileSmem {
   static constexpr int kBarriers = 1 + 4 * kStages;
   static constexpr int kBarrierBytes = 128;
   static_assert(8 * kBarriers <= kBarrierBytes);
-  static constexpr size_t kBytes = 1023 + kDataBytes + kBarrierBytes + kExtraBytes;
+  static constexpr size_t kBytes = 1023 + kDataBytes + kBarrierBytes;
 
   uint8_t* raw;   // the kernel's dynamic shared memory (kBytes)
   uint32_t base;  // the shared address of its first 1024-byte-aligned byte: the layout's start
@@ -95,8 +95,6 @@ struct TileSmem {
     return base + kResident * kResidentBytes + (which * kStages + stage) * kStreamBytes;
   }
   __device__ uint32_t Barrier(int i) const { return base + kDataBytes + 8 * i; }
-  // kExtraBytes for the kernel's own use, 128-byte aligned.
-  __device__ uint32_t Extra() const { return base + kDataBytes + kBarrierBytes; }
   __device__ uint32_t ResidentFull() const { return Barrier(0); }
   __device__ uint32_t Full(int which, int stage) const {
     return Barrier(1 + which * kStages + stage);
@@ -174,11 +172,11 @@ __device__ __forceinline__ bool IsConsumer(const Smem& smem) {
 // the pair of tiles at streamed_at(it) through the ring (`streamed` maps: the first and second
 // tile of a stage). Each stage's two tiles have their own barriers, so consumers can start on the
 // first before the second lands.
-template <int D, int kResident, int kStreamRows, int kExtraBytes, typename StreamedAt>
-__device__ __forceinline__ void Produce(
-    const TileSmem<D, kResident, kStreamRows, kExtraBytes>& smem,
-    const CUtensorMap* const (&resident)[kResident], TileAt resident_at,
-    const CUtensorMap* const (&streamed)[2], int batch, int tiles, StreamedAt streamed_at) {
+template <int D, int kResident, int kStreamRows, typename StreamedAt>
+__device__ __forceinline__ void Produce(const TileSmem<D, kResident, kStreamRows>& smem,
+                                        const CUtensorMap* const (&resident)[kResident],
+                                        TileAt resident_at, const CUtensorMap* const (&streamed)[2],
+                                        int batch, int tiles, StreamedAt streamed_at) {
   MbarrierArriveExpectTx(smem.ResidentFull(), kResident * TileBytes<kBlockRows, D>());
 #pragma unroll
   for (int i = 0; i < kResident; ++i)
@@ -500,11 +498,8 @@ __device__ __forceinline__ int PartialOffset(int which, int row, int column) {
   return ((which * kBlockRows + row) * D + (chunk ^ (row % 8)) * 4 + column % 4);
 }
 
-// The dk/dv kernel's shared memory; its extra: per consumer, two buffers (by iteration parity)
-// of a query tile's lse * log2 e and delta, kBackwardStreamRows each.
-constexpr int kStatFloats = 2 * kBackwardStreamRows;
 template <int D>
-using BackwardKvSmem = TileSmem<D, 2, kBackwardStreamRows, 2 * 2 * kStatFloats * sizeof(float)>;
+using BackwardKvSmem = TileSmem<D, 2, kBackwardStreamRows>;
 
 // dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
 // the longest (first key tiles) first. Each CTA of a cluster takes `group / split` of the GQA
@@ -557,19 +552,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const ConsumerThread me;
   const uint32_t k_rows = me.Rows(smem.Resident(0)), v_rows = me.Rows(smem.Resident(1));
-  // Thread `stat` of the warpgroup fetches one statistic of each query tile, an iteration ahead:
-  // lse * log2 e of column stat (stat < kM), else delta of column stat - kM; 0 past seq.
-  const int stat = threadIdx.x % 128;
-  float* stats = smem.template Generic<float>(smem.Extra()) + me.consumer * 2 * kStatFloats;
-  const auto fetch_stat = [&](int it) {
-    const TileAt at = query_tile(it);
-    const int query = at.row0 + stat % kM;
-    if (query >= s.seq) return 0.0f;
-    const int64_t index = (static_cast<int64_t>(b) * s.heads + at.head) * s.seq + query;
-    return stat < kM ? lse[index] * kLog2e : delta[index];
-  };
-  float fetched = fetch_stat(0);
-
   float dk[D / 2], dv[D / 2];
   Zero(dk);
   Zero(dv);
@@ -580,11 +562,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   PipelineState<kStages> state, previous;
   for (int it = 0; it < num_tiles; ++it) {
     const TileAt at = query_tile(it);
-    float* tile_stats = stats + it % 2 * kStatFloats;
-    tile_stats[stat] = fetched;
-    NamedBarrierSync(1 + me.consumer,
-                     128);  // also: every read of this buffer two tiles ago is over
-    if (it + 1 < num_tiles) fetched = fetch_stat(it + 1);
+    // Lane l holds lse * log2 e and delta of the tile's queries l and l + 32 (0 past seq), loaded
+    // before the score products so that the loads overlap them; each thread takes its columns'
+    // values from their lanes by shuffle.
+    const int64_t stats = (static_cast<int64_t>(b) * s.heads + at.head) * s.seq;
+    const int query_lo = at.row0 + me.lane, query_hi = query_lo + 32;
+    const float lse_lo = query_lo < s.seq ? lse[stats + query_lo] * kLog2e : 0.0f;
+    const float lse_hi = query_hi < s.seq ? lse[stats + query_hi] * kLog2e : 0.0f;
+    const float delta_lo = query_lo < s.seq ? delta[stats + query_lo] : 0.0f;
+    const float delta_hi = query_hi < s.seq ? delta[stats + query_hi] : 0.0f;
 
     // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's
     // values into the products' operands and waits for the wgmmas in flight to do so (C7517).
@@ -609,7 +595,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int column = ConsumerThread::Column(r / 4, r % 2);
       const int query = at.row0 + column;
       const bool zero = masked && (query < me.Row(k0, r / 2 % 2) || query >= s.seq);
-      pt[r] = zero ? 0.0f : exp2f(pt[r] * s.scale_log2 - tile_stats[column]);
+      const float query_lse = __shfl_sync(0xffffffffu, column < 32 ? lse_lo : lse_hi, column % 32);
+      pt[r] = zero ? 0.0f : exp2f(pt[r] * s.scale_log2 - query_lse);
     }
     IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), p_packed);
     WgmmaWaitGroup<1>();  // dP^T has landed; the dV product may still run
@@ -617,7 +604,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < kM / 2; ++r) {
       const int column = ConsumerThread::Column(r / 4, r % 2);
-      dpt[r] = pt[r] * (dpt[r] - tile_stats[kM + column]);
+      const float query_delta =
+          __shfl_sync(0xffffffffu, column < 32 ? delta_lo : delta_hi, column % 32);
+      dpt[r] = pt[r] * (dpt[r] - query_delta);
     }
     IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), ds_packed);
     WgmmaWaitGroup<1>();  // the dV product is done: this tile's dout stage is free
