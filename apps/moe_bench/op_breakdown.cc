@@ -71,8 +71,6 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   return {
       gemm("fc1", 2 * f, h, [&] { ops::GroupedMatmul(x, w1, device_offsets, rows, h1, true); }),
       elementwise("swiglu", [&] { ops::SwigluForward(h1, scale, a); }),
-      gemm("fc1 + swiglu", 2 * f, h,
-           [&] { ops::GroupedMatmulSwiglu(x, w1, device_offsets, rows, scale, h1, a); }),
       gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, device_offsets, rows, y, true); }),
       gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, device_offsets, rows, da, false); }),
       gemm("fc2 wgrad =", h, f,

@@ -330,22 +330,6 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
   MOE_DISPATCH(device, SwigluBackward, dy, x, scale, dx, dscale);
 }
 
-void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                         std::span<const int32_t> host_offsets, const Tensor& scale,
-                         const Tensor& h, const Tensor& a) {
-  const Device device = CommonDevice({&x, &w, &offsets, &scale, &h, &a});
-  CHECK(x.ndim() == 2 && w.ndim() == 3 && h.ndim() == 2 && w.dim(2) == x.dim(1))
-      << "grouped matmul with SwiGLU takes x (rows, k), w (groups, 2f, k), h (rows, 2f): "
-      << x.DebugString() << ", " << w.DebugString() << ", " << h.DebugString();
-  CheckShape(h, {x.dim(0), w.dim(1)}, "grouped matmul with SwiGLU h");
-  CheckFloat(x, "grouped matmul with SwiGLU input");
-  CheckSameDType(x, w, "grouped matmul with SwiGLU");
-  CheckSameDType(x, h, "grouped matmul with SwiGLU");
-  CheckSwiglu(h, scale, a, "grouped matmul with SwiGLU");
-  CheckGroupOffsets(offsets, host_offsets, w.dim(0), x.dim(0), "grouped matmul offsets");
-  MOE_DISPATCH(device, GroupedMatmulSwiglu, x, w, offsets, host_offsets, scale, h, a);
-}
-
 // ---------------------------------------------------------------- rotary position embedding
 namespace {
 void CheckRope(const Tensor& x, int64_t seq_len, const Tensor& y) {

@@ -12,8 +12,6 @@
 // small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
 // TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
 //   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
-//   fc1 + SwiGLU  the same, and a (rows, f) = silu(gate) * up * scale: bit for bit fc1 forward
-//                 followed by the activation
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
@@ -536,61 +534,6 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
       flops);
 }
 
-// a (rows, f) = SwigluValue(gate, up, scale[row]) of h = [gate | up] (rows, 2f).
-__global__ void SwigluOf(const bf16* h, const float* scale, size_t rows, size_t f, bf16* a) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < rows * f;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const size_t row = i / f, column = i % f;
-    const float gate = __bfloat162float(h[row * 2 * f + column]);
-    const float up = __bfloat162float(h[row * 2 * f + f + column]);
-    a[i] = __float2bfloat16_rn(moe::cuda::SwigluValue(gate, up, scale[row]));
-  }
-}
-
-// fc1 with its SwiGLU (GroupedMatmulSwigluSm90) against fc1 alone (GroupedMatmulSm90) followed by
-// the activation of its output: h and a must agree bit for bit. Timed beside that pair.
-void ProbeSwiglu(Tally& tally, const Operands& ops, int64_t f, int64_t k, uint64_t seed) {
-  const Case& c = ops.c;
-  const int64_t rows = c.rows();
-  const int groups = c.groups();
-  std::printf("  fc1 + SwiGLU: h (%lld, %lld), a (%lld, %lld)\n", static_cast<long long>(rows),
-              static_cast<long long>(2 * f), static_cast<long long>(rows),
-              static_cast<long long>(f));
-  DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * 2 * f * k);
-  DeviceArray<bf16> h(rows * 2 * f), a(rows * f), y(rows * 2 * f), want(rows * f);
-  DeviceArray<float> scale(rows);
-  FillUniform<<<kGrid, kBlock>>>(x.data, x.count, seed);
-  FillUniform<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
-  FillUniform<<<kGrid, kBlock>>>(scale.data, scale.count, seed + 2);
-  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(h.data), h.count, kSentinelBits);
-  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(a.data), a.count, kSentinelBits);
-  MOE_CHECK_CUDA(cudaGetLastError());
-  const auto fused = [&] {
-    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSwigluSm90(
-        x.data, w.data, ops.offsets.data, groups, rows, f, k, scale.data, h.data, a.data, nullptr));
-  };
-  const auto separate = [&] {
-    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups,
-                                                      rows, 2 * f, k, true, y.data, nullptr));
-    SwigluOf<<<kGrid, kBlock>>>(y.data, scale.data, rows, f, want.data);
-  };
-  fused();
-  separate();
-  SyncOrTimeout("fc1 + SwiGLU");
-  for (const auto& [what, ours, reference, count] :
-       {std::tuple{"h", h.data, y.data, h.count}, std::tuple{"a", a.data, want.data, a.count}}) {
-    DeviceArray<unsigned long long> different(1);
-    MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
-    CountDifferentBits<<<kGrid, kBlock>>>(ours, reference, count, different.data);
-    const unsigned long long n = ReadCounter(different);
-    tally.Record(n == 0, std::string("fc1 + SwiGLU ") + what + " bit for bit",
-                 std::to_string(n) + " of " + std::to_string(count) + " elements differ");
-  }
-  const double flops = 2.0 * rows * 2 * f * k;
-  PrintTime("sm90 fc1 with SwiGLU (ours)", MedianMs(fused, "fc1 + SwiGLU"), flops);
-  PrintTime("sm90 fc1, then the activation", MedianMs(separate, "fc1 + SwiGLU"), flops);
-}
-
 // dw (groups, n, k) (+)= dy_g^T (n, rows_g) · x_g (rows_g, k), with an f32 and with a bf16 dw.
 void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
                      int64_t k, uint64_t seed) {
@@ -740,7 +683,6 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
   const Operands ops(c);
   const int64_t h = m.hidden, f = m.ffn;
   ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
-  ProbeSwiglu(tally, ops, f, h, 15);
   ProbeForward(tally, cublas, ops, "fc2 forward", h, f, true, 21);
   ProbeForward(tally, cublas, ops, "fc1 dgrad", h, 2 * f, false, 31);
   ProbeForward(tally, cublas, ops, "fc2 dgrad", f, h, false, 41);
@@ -755,11 +697,9 @@ void PrintKernelAttributes() {
     const void* kernel;
   } kernels[] = {
       {"GroupedMatmulKernel<transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<true, false>)},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
       {"GroupedMatmulKernel<!transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<false, false>)},
-      {"GroupedMatmulKernel<transpose_w, SwiGLU>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<true, true>)},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
       {"GroupedWeightGradKernel<float>",
        reinterpret_cast<const void*>(GroupedWeightGradKernel<float>)},
       {"GroupedWeightGradKernel<bf16>",

@@ -220,33 +220,6 @@ std::vector<OpCase> Cases() {
       r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
-  // fc1 with its SwiGLU (one Hopper kernel where it takes the call): f = 136 (a second, partial
-  // 128-column tile), f = 40 with no routing scale, f = 20 (not a multiple of 8: the two ops).
-  struct SwigluCase {
-    std::string name;
-    std::vector<int32_t> offsets;
-    int64_t k, f;
-    bool scaled;
-  };
-  for (const SwigluCase& c : std::vector<SwigluCase>{
-           {"grouped_matmul_swiglu", {0, 0, 1, 261, 261, 290, 300}, 72, 136, true},
-           {"grouped_matmul_swiglu_unscaled", {0, 130, 130, 257, 600}, 200, 40, false},
-           {"grouped_matmul_swiglu_two_ops", {0, 3, 3, 50, 77}, 64, 20, true}}) {
-    add(c.name, [c](OpRun& r) {
-      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
-      Tensor x = r.In({rows, c.k}), w = r.In({groups, 2 * c.f, c.k});
-      const Tensor scale = c.scaled ? r.InF32({rows}) : Tensor();
-      Tensor h = r.Out({rows, 2 * c.f}), a = r.Out({rows, c.f});
-      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
-      ops::GroupedMatmulSwiglu(
-          x, w, offsets,
-          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>(), scale, h,
-          a);
-      r.Read("h", h);
-      r.Read("a", a);
-    });
-  }
   add("rmsnorm", [](OpRun& r) {
     const int64_t rows = 67, h = 384;
     Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
@@ -542,36 +515,6 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kF32, {128, 1536, 2048}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {8, 36, 64}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
-}
-
-// fc1 with its SwiGLU in one kernel gives what fc1 then the activation kernel give, bit for bit
-// (a recomputed activation, --recompute_modules=moe_act, replaces the saved one in backward).
-TEST(GroupedMatmulSwigluTest, EqualsGroupedMatmulThenSwigluBitForBit) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  const std::vector<int32_t> offsets_values = {0, 0, 1, 261, 261, 290, 700};
-  const int64_t groups = 6, rows = 700, k = 136;
-  for (const int64_t f : {768, 136}) {
-    OpRun r(Device::CUDA(0), DType::kBF16, 4321);
-    const Tensor x = r.In({rows, k}), w = r.In({groups, 2 * f, k}, 0.3f);
-    const Tensor scale = r.InF32({rows});
-    const Tensor offsets = r.Ints(offsets_values, {groups + 1});
-    const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
-    const std::span<const int32_t> host =
-        needs_host ? std::span<const int32_t>(offsets_values) : std::span<const int32_t>();
-    const Tensor h = r.Out({rows, 2 * f}), a = r.Out({rows, f});
-    ops::GroupedMatmulSwiglu(x, w, offsets, host, scale, h, a);
-    const Tensor h2 = r.Out({rows, 2 * f}), a2 = r.Out({rows, f});
-    ops::GroupedMatmul(x, w, offsets, host, h2, /*transpose_w=*/true);
-    ops::SwigluForward(h2, scale, a2);
-    for (const auto& [name, got, want] : {std::tuple{"h", h, h2}, std::tuple{"a", a, a2}}) {
-      const std::vector<float> got_values = testing::ToFloats(got);
-      const std::vector<float> want_values = testing::ToFloats(want);
-      ASSERT_EQ(got_values.size(), want_values.size());
-      EXPECT_EQ(
-          std::memcmp(got_values.data(), want_values.data(), got_values.size() * sizeof(float)), 0)
-          << name << " differs at f = " << f;
-    }
-  }
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed

@@ -1,8 +1,8 @@
-// CPU GroupedMatmul, GroupedMatmulSwiglu and GroupedMatmulWeightGrad (contracts:
-// engine/kernels/op_declarations.inc): the CPU Matmul (Eigen) on each non-empty group's row range,
-// so the results are bit-identical to one Matmul per group. f32, except dw, which may be bf16
-// (Matmul rounds each group's result once). The offsets tensor is host memory here, read directly:
-// host offsets are never needed (ops.cc has checked that any given equal it).
+// CPU GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc):
+// the CPU Matmul (Eigen) on each non-empty group's row range, so the results are bit-identical to
+// one Matmul per group. f32, except dw, which may be bf16 (Matmul rounds each group's result
+// once). The offsets tensor is host memory here, read directly: host
+// offsets are never needed (ops.cc has checked that any given equal it).
 #include "engine/kernels/cpu/cpu_ops.h"
 
 namespace moe::cpu {
@@ -24,13 +24,6 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
     Matmul(x.Rows(begin, end), GroupMatrix(w, g), y.Rows(begin, end), /*transpose_a=*/false,
            transpose_w);
   }
-}
-
-void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                         std::span<const int32_t> host_offsets, const Tensor& scale,
-                         const Tensor& h, const Tensor& a) {
-  GroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
-  SwigluForward(h, scale, a);
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,

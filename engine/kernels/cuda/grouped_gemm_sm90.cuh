@@ -10,9 +10,6 @@
 //   GroupedMatmulSm90:           y[rows of g] = x[rows of g] · op(w_g)            (=, bf16 y)
 //     x (rows, k); w (groups, n, k) with transpose_w (y = x w_g^T), else (groups, k, n)
 //     (y = x w_g); y (rows, n). Every row of y is written (k == 0 writes zeros).
-//   GroupedMatmulSwigluSm90:     fc1 and its SwiGLU in one kernel: h = x · w_g^T as above, with
-//     w (groups, 2f, k) = [gate | up] rows, and a (rows, f) = silu(gate) * up * scale[row] of h's
-//     bf16 values in the epilogue (swiglu.cuh: bit for bit the activation kernel's result).
 //   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]  (+= or =, f32/bf16 dw)
 //     dy (rows, n), x (rows, k), dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
 //     gets the f32 accumulators rounded to nearest even (cvt.rn.bf16x2.f32). accumulate: TMA
@@ -91,7 +88,6 @@
 #include <type_traits>
 
 #include "engine/kernels/cuda/sm90_ptx.cuh"
-#include "engine/kernels/cuda/swiglu.cuh"
 
 namespace moe::cuda::sm90 {
 
@@ -278,7 +274,6 @@ struct RowTileSchedule {
   const int* tile_prefix;
   int groups;
   int n_tiles;
-  int tile_columns;  // C columns per tile: kBlockN, or kBlockN / 2 of a and of each half of h
 
   __device__ int Total() const { return tile_prefix[groups] * n_tiles; }
 
@@ -298,8 +293,7 @@ struct RowTileSchedule {
     }
     const int count = tile_prefix[lo + 1] - tile_prefix[lo];
     const int local = t - tile_prefix[lo] * n_tiles;
-    return {lo, offsets[lo] + local % count * kBlockM, offsets[lo + 1],
-            local / count * tile_columns};
+    return {lo, offsets[lo] + local % count * kBlockM, offsets[lo + 1], local / count * kBlockN};
   }
 };
 
@@ -355,38 +349,6 @@ __device__ __forceinline__ void StoreRows(const Accumulators& acc, bf16* y, int 
         *reinterpret_cast<__nv_bfloat162*>(second + c) =
             __floats2bfloat162_rn(acc[4 * i + 2], acc[4 * i + 3]);
       }
-    }
-  }
-}
-
-// The fc1 epilogue with SwiGLU (see GroupedMatmulKernel): the tile's accumulator columns c and
-// kBlockN / 2 + c are gate and up of column `column` + c of a (both in this thread's registers
-// 4 i .. and 4 (i + kBlockN / 16) ..). Rows [row, row_end) and [row + 8, row_end) of h (rows, 2f)
-// get gate and up rounded to bf16, and of a (rows, f) SwigluValue of those rounded values.
-__device__ __forceinline__ void StoreSwigluRows(const Accumulators& acc, const float* scale,
-                                                bf16* h, bf16* a, int f, int row, int row_end,
-                                                int column) {
-  constexpr int kUp = kBlockN / 16;  // register blocks of 8 columns: the up half starts here
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row + 8 * half;
-    if (r >= row_end) continue;
-    const float s = scale != nullptr ? scale[r] : 1.0f;
-    bf16* const h_row = h + static_cast<int64_t>(r) * 2 * f;
-    bf16* const a_row = a + static_cast<int64_t>(r) * f;
-#pragma unroll
-    for (int i = 0; i < kUp; ++i) {
-      const int c = column + 8 * i;
-      if (c >= f) continue;  // f is a multiple of 8, so c + 1 < f too
-      const __nv_bfloat162 gate =
-          __floats2bfloat162_rn(acc[4 * i + 2 * half], acc[4 * i + 2 * half + 1]);
-      const __nv_bfloat162 up =
-          __floats2bfloat162_rn(acc[4 * (i + kUp) + 2 * half], acc[4 * (i + kUp) + 2 * half + 1]);
-      *reinterpret_cast<__nv_bfloat162*>(h_row + c) = gate;
-      *reinterpret_cast<__nv_bfloat162*>(h_row + f + c) = up;
-      const float2 g = __bfloat1622float2(gate), u = __bfloat1622float2(up);
-      *reinterpret_cast<__nv_bfloat162*>(a_row + c) =
-          __floats2bfloat162_rn(SwigluValue(g.x, u.x, s), SwigluValue(g.y, u.y, s));
     }
   }
 }
@@ -492,24 +454,14 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 
 // ---------------------------------------------------------------- kernels
 
-// The forward's SwiGLU output (GroupedMatmulSwigluSm90): a (rows, f) and the per-row scale.
-struct SwigluOutput {
-  const float* scale;  // nullptr: 1
-  bf16* a;
-};
-
 // y = x · op(w) per group (see the file comment). x_map: x as (k, rows), box (64, 128);
 // w_map: w as (k, n, groups), box (64, 256, 1) when kTransposeW, else (n, k, groups), box
-// (64, 64, 1) loaded 4 times per stage along n. kSwiglu (with kTransposeW): y is h (rows, n = 2f)
-// of w's [gate | up] rows, and each tile covers 128 columns j of f: its B stage holds gate rows
-// [j0, j0 + 128) then up rows [f + j0, f + j0 + 128) (w_map box (64, 128, 1), loaded twice), so
-// that each thread holds gate and up of the same columns and also writes `swiglu.a`.
-template <bool kTransposeW, bool kSwiglu>
+// (64, 64, 1) loaded 4 times per stage along n.
+template <bool kTransposeW>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap w_map, const int32_t* device_offsets,
-                        int groups, int rows, int n, int k, bf16* y, SwigluOutput swiglu) {
-  static_assert(kTransposeW || !kSwiglu, "SwiGLU follows the layer's forward product only");
+                        int groups, int rows, int n, int k, bf16* y) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
   const StageRing<kForwardStages> ring(smem_raw);
@@ -518,11 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* const tile_prefix = offsets + kMaxGroups + 1;
   if (threadIdx.x == 0) barriers.Init();
   BuildRowTileSchedule(device_offsets, groups, rows, offsets, tile_prefix);
-  const int f = n / 2;
-  constexpr int kTileColumns = kSwiglu ? kBlockN / 2 : kBlockN;
-  const int tiled_columns = kSwiglu ? f : n;
-  const RowTileSchedule schedule{offsets, tile_prefix, groups,
-                                 (tiled_columns + kTileColumns - 1) / kTileColumns, kTileColumns};
+  const RowTileSchedule schedule{offsets, tile_prefix, groups, (n + kBlockN - 1) / kBlockN};
   const int total = WarpUniform(schedule.Total());
   const int k_blocks = (k + kBlockK - 1) / kBlockK;
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
@@ -540,11 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t full = barriers.Full(state.stage);
         MbarrierArriveExpectTx(full, kStageBytes);
         TmaLoad2d(x_map, ring.A(state.stage), full, kb * kBlockK, tile.row_begin);
-        if constexpr (kSwiglu) {
-          TmaLoad3d(w_map, ring.B(state.stage), full, kb * kBlockK, tile.n0, tile.group);
-          TmaLoad3d(w_map, ring.B(state.stage) + kTileColumns * kSwizzleRowBytes, full,
-                    kb * kBlockK, f + tile.n0, tile.group);
-        } else if constexpr (kTransposeW) {
+        if constexpr (kTransposeW) {
           TmaLoad3d(w_map, ring.B(state.stage), full, kb * kBlockK, tile.n0, tile.group);
         } else {
 #pragma unroll
@@ -579,13 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
                                            b_descriptor);
-    if (!active) continue;
-    if constexpr (kSwiglu) {
-      StoreSwigluRows(acc, swiglu.scale, y, swiglu.a, f, first_row + at.Row(), tile.row_end,
-                      tile.n0 + at.Column());
-    } else {
-      StoreRows(acc, y, n, first_row + at.Row(), tile.row_end, tile.n0 + at.Column());
-    }
+    if (active) StoreRows(acc, y, n, first_row + at.Row(), tile.row_end, tile.n0 + at.Column());
   }
 #else
   __trap();
@@ -713,53 +651,6 @@ inline cudaError_t PersistentGrid(int64_t tiles, int* grid) {
   return status;
 }
 
-// GroupedMatmulSm90, and with swiglu.a GroupedMatmulSwigluSm90 (y = h, n = 2f).
-inline cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* offsets,
-                                       int groups, int64_t rows, int64_t n, int64_t k,
-                                       bool transpose_w, bf16* y, SwigluOutput swiglu,
-                                       cudaStream_t stream) {
-  const bool with_swiglu = swiglu.a != nullptr;
-  if (groups < 1 || groups > kMaxGroups || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) ||
-      n % 8 != 0 || k % 8 != 0 || !Aligned16(x) || !Aligned16(w) || !Aligned16(y) ||
-      (with_swiglu && (!transpose_w || n % 16 != 0 || k == 0 || !Aligned16(swiglu.a)))) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || n == 0) return cudaSuccess;
-  if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
-  const int tile_columns = with_swiglu ? kBlockN / 2 : kBlockN;
-  CUtensorMap x_map, w_map;
-  const uint64_t g = static_cast<uint64_t>(groups);
-  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
-  cudaError_t status =
-      EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
-                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, kBlockM});
-  if (status != cudaSuccess) return status;
-  status = transpose_w ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
-                                            {uk, un, g}, {uk * 2, un * uk * 2},
-                                            {kBlockK, static_cast<uint32_t>(tile_columns), 1})
-                       : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w,
-                                            {un, uk, g}, {un * 2, un * uk * 2}, {64, kBlockK, 1});
-  if (status != cudaSuccess) return status;
-  const auto kernel = with_swiglu   ? GroupedMatmulKernel<true, true>
-                      : transpose_w ? GroupedMatmulKernel<true, false>
-                                    : GroupedMatmulKernel<false, false>;
-  status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes);
-  if (status != cudaSuccess) return status;
-  // Row tiles: sum_g ceil(rows_g / kBlockM) <= (rows + groups (kBlockM - 1)) / kBlockM.
-  const int64_t tiled_columns = with_swiglu ? n / 2 : n;
-  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
-                        ((tiled_columns + tile_columns - 1) / tile_columns);
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  int grid = 0;
-  status = PersistentGrid(tiles, &grid);
-  if (status != cudaSuccess) return status;
-  kernel<<<grid, kThreads, kForwardSmemBytes, stream>>>(x_map, w_map, offsets, groups,
-                                                        static_cast<int>(rows), static_cast<int>(n),
-                                                        static_cast<int>(k), y, swiglu);
-  return cudaGetLastError();
-}
-
 }  // namespace detail
 
 // See the file comment. Asynchronous on `stream`; returns the first error of argument checks,
@@ -767,21 +658,41 @@ inline cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32
 inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t* offsets,
                                      int groups, int64_t rows, int64_t n, int64_t k,
                                      bool transpose_w, bf16* y, cudaStream_t stream) {
-  return detail::LaunchGroupedMatmul(x, w, offsets, groups, rows, n, k, transpose_w, y, {}, stream);
-}
-
-// An expert layer's fc1 with its SwiGLU: h (rows, 2f) = x · w_g^T per group, w (groups, 2f, k)
-// holding [gate | up] rows, as GroupedMatmulSm90 with transpose_w computes it; and
-// a (rows, f) = SwigluValue(gate, up, scale[row]) (scale nullptr: 1) from h's bf16 values, so
-// equal bit for bit to the activation kernel run on h. Also needs f a multiple of 8, k > 0 and a
-// 16-byte aligned (else cudaErrorInvalidValue). Asynchronous on `stream`.
-inline cudaError_t GroupedMatmulSwigluSm90(const bf16* x, const bf16* w, const int32_t* offsets,
-                                           int groups, int64_t rows, int64_t f, int64_t k,
-                                           const float* scale, bf16* h, bf16* a,
-                                           cudaStream_t stream) {
-  if (a == nullptr) return cudaErrorInvalidValue;
-  return detail::LaunchGroupedMatmul(x, w, offsets, groups, rows, 2 * f, k, /*transpose_w=*/true, h,
-                                     {scale, a}, stream);
+  using namespace detail;
+  if (groups < 1 || groups > kMaxGroups || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) ||
+      n % 8 != 0 || k % 8 != 0 || !Aligned16(x) || !Aligned16(w) || !Aligned16(y)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || n == 0) return cudaSuccess;
+  if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
+  CUtensorMap x_map, w_map;
+  const uint64_t g = static_cast<uint64_t>(groups);
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  cudaError_t status =
+      EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
+                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, kBlockM});
+  if (status != cudaSuccess) return status;
+  status = transpose_w
+               ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
+                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN, 1})
+               : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
+                                    {un * 2, un * uk * 2}, {64, kBlockK, 1});
+  if (status != cudaSuccess) return status;
+  const auto kernel = transpose_w ? GroupedMatmulKernel<true> : GroupedMatmulKernel<false>;
+  status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes);
+  if (status != cudaSuccess) return status;
+  // Row tiles: sum_g ceil(rows_g / kBlockM) <= (rows + groups (kBlockM - 1)) / kBlockM.
+  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
+                        ((n + kBlockN - 1) / kBlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  int grid = 0;
+  status = PersistentGrid(tiles, &grid);
+  if (status != cudaSuccess) return status;
+  kernel<<<grid, kThreads, kForwardSmemBytes, stream>>>(x_map, w_map, offsets, groups,
+                                                        static_cast<int>(rows), static_cast<int>(n),
+                                                        static_cast<int>(k), y);
+  return cudaGetLastError();
 }
 
 // See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.

@@ -1,5 +1,4 @@
-// CUDA GroupedMatmul, GroupedMatmulSwiglu and GroupedMatmulWeightGrad (contracts:
-// engine/kernels/op_declarations.inc).
+// CUDA GroupedMatmul and GroupedMatmulWeightGrad (contracts: engine/kernels/op_declarations.inc).
 // The Hopper kernels (grouped_matmul_sm90.h) take the calls they can: they read the offsets on
 // the device. The rest (other GPUs, f32 operands, shapes they decline) run on cuBLAS's grouped
 // GEMM (cublasGemmGroupedBatchedEx, cuBLAS >= 12.5), planned from the host offsets: one launch
@@ -156,14 +155,6 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
              {transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, w.dim(2), k, n, x.dtype(),
               y.dtype(), CublasComputeType(x.dtype()), 0.0f},
              problems);
-}
-
-void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                         std::span<const int32_t> host_offsets, const Tensor& scale,
-                         const Tensor& h, const Tensor& a) {
-  if (TryGroupedMatmulSwigluSm90(x, w, offsets, scale, h, a)) return;
-  GroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
-  SwigluForward(h, scale, a);
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,

@@ -1,7 +1,7 @@
-// The Hopper grouped GEMMs (grouped_gemm_sm90.cuh) behind the CUDA GroupedMatmul,
-// GroupedMatmulSwiglu and GroupedMatmulWeightGrad (grouped_matmul.cu, which falls back to cuBLAS
-// where they decline). Operands and contracts as in engine/kernels/op_declarations.inc; `offsets`
-// is read on the device only, so nothing here waits for it. Runs on the device's compute stream.
+// The Hopper grouped GEMMs (grouped_gemm_sm90.cuh) behind the CUDA GroupedMatmul and
+// GroupedMatmulWeightGrad (grouped_matmul.cu, which falls back to cuBLAS where they decline).
+// Operands and contracts as in engine/kernels/op_declarations.inc; `offsets` is read on the
+// device only, so nothing here waits for it. Runs on the device's compute stream.
 #pragma once
 
 #include "engine/core/tensor.h"
@@ -18,9 +18,6 @@ bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape)
 // The weight gradient's dw is f32 or bf16 (any other dtype: false).
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
                           bool transpose_w);
-// h = x · w_g^T and a = SwiGLU(h) * scale in one kernel (GroupedMatmulSwiglu's contract).
-bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                                const Tensor& scale, const Tensor& h, const Tensor& a);
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, bool accumulate);
 
