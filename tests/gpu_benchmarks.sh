@@ -9,6 +9,8 @@
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
 # (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and
+# (profile) every kernel of the fused Qwen3-30B-A3B block at 4096 tokens under ncu, summed by name
+# (tests/ncu_kernel_times.py), and
 # (attention) attention_bench (the Hopper kernels, then the mma.sync ones) beside PyTorch's SDPA
 # (../shared/peers/torch_attention_peer.py) at the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
@@ -18,7 +20,7 @@
 # tokens with f32 and with bf16 weight gradients.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step attention moments grads wgrad;
+#   sweep step profile attention moments grads wgrad;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -166,6 +168,15 @@ for gb in 1 8; do
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
+fi
+
+if [[ $sections == *profile* ]]; then
+echo "== the fused Qwen3 block's kernels (bf16 weight gradients; one check pass, one forward, two forward + backward)"
+timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin/moe_bench" \
+  --shapes=qwen3 --tokens=4096 --paths=fused --grads=bf16 --warmup=0 --iters=1 \
+  > "$out/moe_block_ncu.csv" 2> "$out/moe_block_ncu.err"
+echo "ncu (rc $?)"
+python3 tests/ncu_kernel_times.py "$out/moe_block_ncu.csv" | head -30
 fi
 
 if [[ $sections == *attention* ]]; then
