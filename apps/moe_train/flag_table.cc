@@ -17,10 +17,14 @@ constexpr double k2e40 = 1099511627776.0;
 FlagRow Text(const char* name, const char* group) { return {name, group}; }
 FlagRow Range(const char* name, const char* group, double min, double max,
               const char* relation = "") {
-  return {name, group, true, min, max, false, relation};
+  return {name, group, true, min, max, false, false, relation};
 }
 FlagRow Positive(const char* name, const char* group, double max, const char* relation = "") {
-  return {name, group, true, 0, max, true, relation};
+  return {name, group, true, 0, max, true, false, relation};
+}
+// [0, 1): an exponential decay rate.
+FlagRow DecayRate(const char* name, const char* group) {
+  return {name, group, true, 0, 1, false, true, ""};
 }
 
 std::string IntegerText(double value) {
@@ -38,7 +42,7 @@ std::string RangeText(const FlagRow& row, const std::string& type) {
   out += bound(row.min);
   out += ", ";
   out += bound(row.max);
-  out += "]";
+  out += row.max_open ? ")" : "]";
   if (*row.relation) {
     out += ", ";
     out += row.relation;
@@ -80,6 +84,9 @@ const std::vector<FlagRow>& FlagTable() {
       Range("warmup_steps", "training", 0, k2e40, "longer than --train_steps: clamped to it"),
       Range("weight_decay", "training", 0, 10),
       Range("clip_grad", "training", 0, 1e6, "0: off"),
+      DecayRate("adam_beta1", "training"),
+      DecayRate("adam_beta2", "training"),
+      Positive("adam_eps", "training", 1),
       Range("seed", "training", 0, kMaxInt64),
       Text("exp_avg_dtype", "training"),
       Text("exp_avg_sq_dtype", "training"),
@@ -144,9 +151,10 @@ Status CheckFlagRanges() {
     if (!gflags::GetCommandLineFlagInfo(row.name, &info)) continue;  // not linked in
     const double value = std::strtod(info.current_value.c_str(), nullptr);
     const bool above_min = row.min_open ? value > row.min : value >= row.min;
-    if (!(above_min && value <= row.max)) {  // NaN fails both
+    const bool below_max = row.max_open ? value < row.max : value <= row.max;
+    if (!(above_min && below_max)) {  // NaN fails both
       std::string range = RangeText(row, info.type);
-      if (*row.relation) range = range.substr(0, range.find(']') + 1);
+      if (*row.relation) range = range.substr(0, range.find_first_of("])") + 1);
       return InvalidArgument("--" + std::string(row.name) + "=" + FlagValueText(row.name) +
                              " must be in " + range);
     }

@@ -18,11 +18,13 @@ namespace moe {
 struct FlagRow {
   const char* name;
   const char* group;  // one of FlagGroups()
-  // Numeric flags only (is_numeric): the range [min, max]; (min, max] when min_open.
+  // Numeric flags only (is_numeric): the range [min, max]; open at min when min_open, at max when
+  // max_open.
   bool is_numeric = false;
   double min = 0;
   double max = 0;
   bool min_open = false;
+  bool max_open = false;
   const char* relation = "";  // a further bound, checked elsewhere, e.g. "<= --num_experts"
 };
 

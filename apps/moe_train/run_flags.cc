@@ -36,6 +36,9 @@ DEFINE_double(min_lr, 3e-4, "final learning rate of the cosine decay");
 DEFINE_int64(warmup_steps, 20, "linear warmup steps");
 DEFINE_double(weight_decay, 0.1, "AdamW decoupled weight decay (not on norms)");
 DEFINE_double(clip_grad, 1.0, "global gradient-norm clip (0: off)");
+DEFINE_double(adam_beta1, 0.9, "AdamW decay rate of the first moment");
+DEFINE_double(adam_beta2, 0.95, "AdamW decay rate of the second moment");
+DEFINE_double(adam_eps, 1e-8, "AdamW epsilon, added to the second moment's square root");
 DEFINE_int64(seed, 1234, "seed of the initial weights and the data order");
 DEFINE_string(exp_avg_dtype, "fp32",
               "storage of AdamW's first moment: fp32 | bf16 (Megatron-LM's option; the update's "
@@ -219,6 +222,9 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   t.warmup_steps = FLAGS_warmup_steps;
   t.adamw.weight_decay = static_cast<float>(FLAGS_weight_decay);
   t.adamw.clip_grad = static_cast<float>(FLAGS_clip_grad);
+  t.adamw.beta1 = static_cast<float>(FLAGS_adam_beta1);
+  t.adamw.beta2 = static_cast<float>(FLAGS_adam_beta2);
+  t.adamw.eps = static_cast<float>(FLAGS_adam_eps);
   t.eval_steps = FLAGS_eval_steps;
   t.seed = static_cast<uint64_t>(FLAGS_seed);
   MOE_ASSIGN_OR_RETURN(t.optimizer_dtypes.grad,

@@ -204,9 +204,9 @@ std::vector<Refusal> RuleCases() {
                    "layer is MoE (its width is --moe_ffn_hidden_size)"});
   for (const std::string flag :
        {"train_steps=5", "global_batch_size=32", "lr=0.001", "min_lr=0.0001", "warmup_steps=2",
-        "weight_decay=0", "clip_grad=0", "exp_avg_dtype=bf16", "eval_interval=5", "eval_steps=2",
-        "save=$D/ckpt", "metrics_file=$D/m.jsonl", "log_interval=5", "trace_file=$D/t.json",
-        "offload_modules=core_attn"}) {
+        "weight_decay=0", "clip_grad=0", "adam_beta2=0.99", "exp_avg_dtype=bf16", "eval_interval=5",
+        "eval_steps=2", "save=$D/ckpt", "metrics_file=$D/m.jsonl", "log_interval=5",
+        "trace_file=$D/t.json", "offload_modules=core_attn"}) {
     cases.push_back({"--dump_reference_case=$D/ref --" + flag,
                      "--" + flag +
                          " needs a training run (not --dump_reference_case): it is "
@@ -242,6 +242,9 @@ std::vector<Refusal> RangeCases() {
       {"warmup_steps=-1", "[0, 1099511627776]"},
       {"weight_decay=-1", "[0, 10]"},
       {"clip_grad=inf", "[0, 1000000]"},
+      {"adam_beta1=1", "[0, 1)"},
+      {"adam_beta2=-0.1", "[0, 1)"},
+      {"adam_eps=0", "(0, 1]"},
       {"seed=-1", "[0, 9223372036854775807]"},
       {"pipeline_parallel=0", "[1, 4096]"},
       {"virtual_pipeline=0", "[1, 1024]"},
@@ -480,6 +483,47 @@ TEST(MoeTrainTest, WhatTheLogPrintsCanBePassedBack) {
   }
   EXPECT_EQ(a.size(), 2u);
   EXPECT_EQ(a, b);
+}
+
+// The AdamW flags reach the optimizer: the log names them as they can be passed back, the
+// defaults given explicitly change nothing, and each flag changes the run: eps from the first
+// update on (step 2's loss), the betas from the second (step 3's; a first Adam update does not
+// depend on them).
+TEST(MoeTrainTest, AdamWFlagsReachTheOptimizer) {
+  const ScopedTempDir dir;
+  const std::string common =
+      "--device=cpu --train_steps=3 --warmup_steps=0 --log_interval=1 --eval_steps=1 ";
+  const auto steps = [&](const std::string& flags, std::string* log = nullptr) {
+    const SplitCommandResult r = RunIn(dir, common + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (log != nullptr) *log = r.out;
+    std::vector<std::string> found;
+    const std::regex step(R"(loss [0-9.]+ \| aux [0-9.]+ \| lr \S+ \| grad norm [0-9.]+)");
+    for (std::sregex_iterator it(r.out.begin(), r.out.end(), step), end; it != end; ++it) {
+      found.push_back(it->str());
+    }
+    return found;
+  };
+  std::string log;
+  const std::vector<std::string> defaults = steps("", &log);
+  EXPECT_NE(log.find("optimizer: AdamW, betas 0.9, 0.95, eps 1e-08, weight decay 0.1, gradient "
+                     "clip 1\n"),
+            std::string::npos)
+      << log;
+  ASSERT_EQ(defaults.size(), 3u);
+  EXPECT_EQ(steps("--adam_beta1=0.9 --adam_beta2=0.95 --adam_eps=1e-08"), defaults);
+  for (const auto& [flag, first_changed] : std::vector<std::pair<std::string, size_t>>{
+           {"--adam_eps=1", 1}, {"--adam_beta1=0", 2}, {"--adam_beta2=0.5", 2}}) {
+    const std::vector<std::string> other = steps(flag);
+    ASSERT_EQ(other.size(), 3u) << flag;
+    for (size_t i = 0; i < 3; ++i) {
+      if (i < first_changed) {
+        EXPECT_EQ(other[i], defaults[i]) << flag << ", step " << i + 1;
+      } else {
+        EXPECT_NE(other[i], defaults[i]) << flag << ", step " << i + 1;
+      }
+    }
+  }
 }
 
 // Issue 14, class 7: --help and -h show the project's flags first, grouped as in README.md,
