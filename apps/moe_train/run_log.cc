@@ -76,13 +76,13 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
          t.virtual_pipeline,
          ScheduleKindName(DefaultScheduleKind(run_.pipeline_parallel, t.virtual_pipeline)));
   // Flag values as they can be passed back (flag_table.h).
-  printf("schedule: steps %lld from %lld, lr %s -> %s (warmup %lld, cosine)\n",
-         (long long)t.train_steps, (long long)start_step, FlagValueText("lr").c_str(),
-         FlagValueText("min_lr").c_str(), (long long)t.warmup_steps);
   printf("optimizer: AdamW, betas %s, %s, eps %s, weight decay %s, gradient clip %s\n",
          FlagValueText("adam_beta1").c_str(), FlagValueText("adam_beta2").c_str(),
          FlagValueText("adam_eps").c_str(), FlagValueText("weight_decay").c_str(),
          FlagValueText("clip_grad").c_str());
+  printf("schedule: steps %lld from %lld, lr %s -> %s (warmup %lld, cosine)\n",
+         (long long)t.train_steps, (long long)start_step, FlagValueText("lr").c_str(),
+         FlagValueText("min_lr").c_str(), (long long)t.warmup_steps);
   if (t.offload) {
     std::string groups;
     for (const std::string& name : t.offload->groups) groups += (groups.empty() ? "" : ", ") + name;
