@@ -19,8 +19,9 @@
 //   - dq, per (128 queries, batch, head): Q and dout resident, (K, V) tiles of 64 keys streamed;
 //     S and dP from shared memory, dQ += dS K from registers; stored like the forward's output.
 //   - dk/dv, per (128 keys, batch, kv head, share of the GQA group's heads): K and V resident,
-//     (Q, dout) tiles of 64 queries streamed, keys the wgmma rows throughout; the partial sums of
-//     a thread-block cluster are added in rank order through distributed shared memory.
+//     (Q, dout) tiles of 64 queries streamed, keys the wgmma rows throughout; each query tile's
+//     lse and delta are loaded two per lane and reach the threads by warp shuffle; the partial
+//     sums of a thread-block cluster are added in rank order through distributed shared memory.
 // Rows and keys past seq are TMA's zero fill and are masked or never stored. No atomics: each
 // output element is computed in one fixed order, so results are identical run to run.
 //
