@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/core/status.h"
+
 namespace moe {
 
 enum class GroupedMlpKind { kFused, kUnfused };
@@ -71,5 +73,11 @@ struct GptConfig {
   // Training FLOPs per token: 6 x active matmul parameters + causal attention (fwd + bwd).
   double train_flops_per_token() const;
 };
+
+// The relations between the fields (each field's own range is its flag's, in moe_train's flag
+// table): hidden_size a multiple of num_attention_heads, that of num_query_groups, an even head
+// dim, moe_router_topk <= num_experts, first_dense_layers <= num_layers. The error names the
+// fields as flags (--hidden_size=66 is not a multiple of --num_attention_heads=4).
+Status CheckModel(const GptConfig& m);
 
 }  // namespace moe

@@ -9,7 +9,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_device.h"
+#include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/random_tensor.h"
 #include "engine/kernels/ops.h"
@@ -31,15 +31,24 @@ namespace moe {
 namespace {
 
 int Run() {
-  if (FLAGS_batch < 1 || FLAGS_seq < 1 || FLAGS_heads < 1 || FLAGS_kv_heads < 1 ||
-      FLAGS_heads % FLAGS_kv_heads != 0 || (FLAGS_head_dim != 64 && FLAGS_head_dim != 128) ||
-      FLAGS_iters < 1) {
-    fprintf(stderr,
-            "attention_bench: --batch, --seq, --heads, --kv_heads, --iters must be positive, "
-            "--kv_heads must divide --heads and --head_dim must be 64 or 128\n");
+  constexpr const char* kProgram = "attention_bench";
+  if (!BenchInRange(kProgram, "batch", FLAGS_batch, 1, 1 << 20) ||
+      !BenchInRange(kProgram, "seq", FLAGS_seq, 1, 1 << 24) ||
+      !BenchInRange(kProgram, "heads", FLAGS_heads, 1, 1 << 16) ||
+      !BenchInRange(kProgram, "kv_heads", FLAGS_kv_heads, 1, FLAGS_heads) ||
+      !BenchInRange(kProgram, "iters", FLAGS_iters, 1, 1 << 20)) {
     return 2;
   }
-  const std::optional<Device> chosen = BenchDevice("attention_bench", FLAGS_device);
+  if (FLAGS_heads % FLAGS_kv_heads != 0) {
+    fprintf(stderr, "%s: --kv_heads=%lld does not divide --heads=%lld\n", kProgram,
+            (long long)FLAGS_kv_heads, (long long)FLAGS_heads);
+    return 2;
+  }
+  if (FLAGS_head_dim != 64 && FLAGS_head_dim != 128) {
+    fprintf(stderr, "%s: --head_dim=%lld must be 64 or 128\n", kProgram, (long long)FLAGS_head_dim);
+    return 2;
+  }
+  const std::optional<Device> chosen = BenchDevice(kProgram, FLAGS_device);
   if (!chosen) return 2;
   const Device device = *chosen;
 #if MOE_WITH_CUDA

@@ -10,13 +10,12 @@
 // --grads=bf16 keeps the weight gradients in bf16 (moe_train's --main_grads_dtype).
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
-#include "apps/moe_bench/bench_device.h"
+#include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/op_breakdown.h"
 #include "apps/moe_bench/random_tensor.h"
@@ -48,13 +47,6 @@ const std::vector<Shape> kShapes = {{"qwen3", 2048, 128, 8, 768},
                                     {"mixtral", 4096, 8, 2, 14336},
                                     {"deepseek", 7168, 256, 8, 2048},
                                     {"tiny", 64, 8, 2, 32}};
-
-std::vector<std::string> Split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream stream(text);
-  for (std::string item; std::getline(stream, item, ',');) out.push_back(item);
-  return out;
-}
 
 GptConfig LayerConfig(const Shape& shape, GroupedMlpKind kind) {
   GptConfig c;
@@ -147,37 +139,44 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
 }
 
 int Run() {
+  std::vector<std::string> shape_names;
+  for (const Shape& shape : kShapes) shape_names.push_back(shape.name);
+  const auto shapes = BenchChoices("moe_bench", "shapes", FLAGS_shapes, shape_names);
+  if (!shapes) return 2;
+  const auto token_counts = BenchCounts("moe_bench", "tokens", FLAGS_tokens, 1, int64_t{1} << 20);
+  if (!token_counts) return 2;
+  const auto paths = BenchChoices("moe_bench", "paths", FLAGS_paths, {"fused", "unfused"});
+  if (!paths || !BenchInRange("moe_bench", "warmup", FLAGS_warmup, 0, 1 << 20) ||
+      !BenchInRange("moe_bench", "iters", FLAGS_iters, 1, 1 << 20) ||
+      !BenchOutputPath("moe_bench", "json_out", FLAGS_json_out)) {
+    return 2;
+  }
+  const std::optional<DType> grad_dtype = BenchStateDType("moe_bench", "grads", FLAGS_grads);
+  if (!grad_dtype) return 2;
   const std::optional<Device> chosen = BenchDevice("moe_bench", FLAGS_device);
   if (!chosen) return 2;
   const Device device = *chosen;
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
-  const std::optional<DType> grad_dtype = BenchStateDType("moe_bench", "grads", FLAGS_grads);
-  if (!grad_dtype) return 2;
   const double tolerance = device.is_cuda() || *grad_dtype == DType::kBF16 ? 2e-2 : 1e-5;
   nlohmann::json results = nlohmann::json::array();
   bool all_ok = true;
   printf("%-9s %6s %-8s %9s %8s %10s %8s %12s %10s %s\n", "shape", "tokens", "path", "fwd ms",
          "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "+= grads ms", "peak MiB", "check vs other path");
-  for (const std::string& name : Split(FLAGS_shapes)) {
-    auto shape = std::find_if(kShapes.begin(), kShapes.end(),
-                              [&](const Shape& s) { return s.name == name; });
-    if (shape == kShapes.end()) {
-      fprintf(stderr, "moe_bench: --shapes: unknown shape '%s'\n", name.c_str());
-      return 2;
-    }
-    for (const std::string& token_text : Split(FLAGS_tokens)) {
-      const int64_t tokens = std::stoll(token_text);
-      std::vector<PathResult> paths;
-      for (const std::string& path : Split(FLAGS_paths)) {
-        paths.push_back(RunPath(
+  for (const std::string& name : *shapes) {
+    const auto shape = std::find_if(kShapes.begin(), kShapes.end(),
+                                    [&](const Shape& s) { return s.name == name; });
+    for (const int64_t tokens : *token_counts) {
+      std::vector<PathResult> path_results;
+      for (const std::string& path : *paths) {
+        path_results.push_back(RunPath(
             *shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused : GroupedMlpKind::kFused,
             device, dtype, *grad_dtype));
       }
       const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
-      for (const PathResult& r : paths) {
+      for (const PathResult& r : path_results) {
         double worst = 0;
         std::string worst_name;
-        for (const PathResult& other : paths) {
+        for (const PathResult& other : path_results) {
           if (&other == &r) continue;
           for (const auto& [key, want] : other.outputs.values) {
             const double error = RelativeError(r.outputs.values.at(key), want);
@@ -238,7 +237,14 @@ int Run() {
       fflush(stdout);
     }
   }
-  if (!FLAGS_json_out.empty()) std::ofstream(FLAGS_json_out) << results.dump(2) << "\n";
+  if (!FLAGS_json_out.empty()) {
+    std::ofstream out(FLAGS_json_out);
+    out << results.dump(2) << "\n";
+    if (!out) {
+      fprintf(stderr, "moe_bench: --json_out=%s: could not be written\n", FLAGS_json_out.c_str());
+      return 1;
+    }
+  }
   if (!all_ok) fprintf(stderr, "moe_bench: the paths disagree (see the check column)\n");
   return all_ok ? 0 : 1;
 }

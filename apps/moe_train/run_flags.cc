@@ -102,33 +102,6 @@ StatusOr<Device> ParseDevice(const std::string& text) {
   return InvalidArgument("--device=" + text + " must be cpu, cuda, cuda:N or auto");
 }
 
-// The relations between model flags (each flag's own range: flag_table.cc).
-Status CheckModel(const GptConfig& m) {
-  if (m.hidden_size % m.num_attention_heads != 0) {
-    return InvalidArgument(
-        "--hidden_size=" + std::to_string(m.hidden_size) +
-        " is not a multiple of --num_attention_heads=" + std::to_string(m.num_attention_heads));
-  }
-  if (m.num_attention_heads % m.num_query_groups != 0) {
-    return InvalidArgument(
-        "--num_attention_heads=" + std::to_string(m.num_attention_heads) +
-        " is not a multiple of --num_query_groups=" + std::to_string(m.num_query_groups));
-  }
-  if (m.head_dim() % 2 != 0) {
-    return InvalidArgument("--hidden_size / --num_attention_heads = " +
-                           std::to_string(m.head_dim()) + " must be even for rotary embeddings");
-  }
-  if (m.moe_router_topk > m.num_experts) {
-    return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
-                           " exceeds --num_experts=" + std::to_string(m.num_experts));
-  }
-  if (m.first_dense_layers > m.num_layers) {
-    return InvalidArgument("--first_dense_layers=" + std::to_string(m.first_dense_layers) +
-                           " must be in [0, --num_layers=" + std::to_string(m.num_layers) + "]");
-  }
-  return Status::Ok();
-}
-
 // The relations between training flags.
 Status CheckTraining(const TrainerOptions& t) {
   if (t.global_batch_size % t.micro_batch_size != 0) {

@@ -13,7 +13,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_device.h"
+#include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
@@ -44,9 +44,24 @@ void PrintRow(const char* what, double ms, double bytes, double copy_gbs) {
 }
 
 int Run() {
-  const std::optional<Device> chosen = BenchDevice("optimizer_bench", FLAGS_device);
-  if (!chosen) return 2;
-  const Device device = *chosen;
+  constexpr const char* kProgram = "optimizer_bench";
+  if (!BenchInRange(kProgram, "num_layers", FLAGS_num_layers, 1, 1 << 20) ||
+      !BenchInRange(kProgram, "first_dense_layers", FLAGS_first_dense_layers, 0,
+                    FLAGS_num_layers) ||
+      !BenchInRange(kProgram, "hidden_size", FLAGS_hidden_size, 1, 1 << 20) ||
+      !BenchInRange(kProgram, "num_attention_heads", FLAGS_num_attention_heads, 1, 1 << 16) ||
+      !BenchInRange(kProgram, "num_query_groups", FLAGS_num_query_groups, 1,
+                    FLAGS_num_attention_heads) ||
+      !BenchInRange(kProgram, "num_experts", FLAGS_num_experts, 1, 1 << 16) ||
+      !BenchInRange(kProgram, "moe_ffn_hidden_size", FLAGS_moe_ffn_hidden_size, 1, 1 << 24) ||
+      !BenchInRange(kProgram, "vocab_size", FLAGS_vocab_size, 2, 2147483647) ||
+      !BenchInRange(kProgram, "iters", FLAGS_iters, 1, 1 << 20)) {
+    return 2;
+  }
+  if (!(FLAGS_copy_gib > 0 && FLAGS_copy_gib <= 1024)) {  // NaN too
+    fprintf(stderr, "%s: --copy_gib=%g must be in (0, 1024]\n", kProgram, FLAGS_copy_gib);
+    return 2;
+  }
   GptConfig config;
   config.num_layers = FLAGS_num_layers;
   config.first_dense_layers = FLAGS_first_dense_layers;
@@ -56,10 +71,16 @@ int Run() {
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
-  const std::optional<DType> moment_dtype =
-      BenchStateDType("optimizer_bench", "moments", FLAGS_moments);
-  const std::optional<DType> grad_dtype = BenchStateDType("optimizer_bench", "grads", FLAGS_grads);
+  if (const Status model = CheckModel(config); !model.ok()) {
+    fprintf(stderr, "%s: %s\n", kProgram, model.message().c_str());
+    return 2;
+  }
+  const std::optional<DType> moment_dtype = BenchStateDType(kProgram, "moments", FLAGS_moments);
+  const std::optional<DType> grad_dtype = BenchStateDType(kProgram, "grads", FLAGS_grads);
   if (!moment_dtype || !grad_dtype) return 2;
+  const std::optional<Device> chosen = BenchDevice(kProgram, FLAGS_device);
+  if (!chosen) return 2;
+  const Device device = *chosen;
   const OptimizerDTypes dtypes{*grad_dtype, *moment_dtype, *moment_dtype};
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
                           /*optimizer_state=*/true, dtypes);

@@ -1,0 +1,127 @@
+// The benchmarks' checked flags, all checked before any work (a mistyped flag never costs a
+// run, and an output path is checked before the results exist). Each returns the value (or true),
+// or prints one line on stderr naming the flag, prefixed by the program's name, and returns
+// nullopt (or false); the caller exits 2.
+//   BenchDevice: --device names "cpu", or "cuda" (GPU 0) when this machine has it.
+//   BenchStateDType: a storage-dtype flag (--grads, --moments) names fp32 or bf16, as moe_train's
+//   --main_grads_dtype and --exp_avg_dtype do (OptimizerDTypeFromName).
+//   BenchInRange: an integer flag within [min, max].
+//   BenchChoices / BenchCounts: a comma-separated list of at least one item, each one of the
+//   choices / an integer within [min, max].
+//   BenchOutputPath: a file to write at the end (empty: none): its directory exists and is
+//   writable, and the path is not a directory.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/autograd/parameters.h"
+#include "engine/runtime/device_context.h"
+
+namespace moe {
+
+inline std::optional<Device> BenchDevice(const char* program, const std::string& flag) {
+  if (flag != "cpu" && flag != "cuda") {
+    fprintf(stderr, "%s: --device=%s must be cpu or cuda\n", program, flag.c_str());
+    return std::nullopt;
+  }
+  const Device device = flag == "cpu" ? Device::CPU() : Device::CUDA(0);
+  const Status available = CheckDeviceAvailable(device);
+  if (!available.ok()) {
+    fprintf(stderr, "%s: --device=%s: %s\n", program, flag.c_str(), available.message().c_str());
+    return std::nullopt;
+  }
+  return device;
+}
+
+inline std::optional<DType> BenchStateDType(const char* program, const char* flag,
+                                            const std::string& value) {
+  const std::optional<DType> dtype = OptimizerDTypeFromName(value);
+  if (!dtype) {
+    fprintf(stderr, "%s: --%s=%s must be %s\n", program, flag, value.c_str(), kOptimizerDTypeNames);
+  }
+  return dtype;
+}
+
+inline bool BenchInRange(const char* program, const char* flag, int64_t value, int64_t min,
+                         int64_t max) {
+  if (value >= min && value <= max) return true;
+  fprintf(stderr, "%s: --%s=%lld must be in [%lld, %lld]\n", program, flag, (long long)value,
+          (long long)min, (long long)max);
+  return false;
+}
+
+namespace bench_flags_detail {
+
+inline std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) items.push_back(item);
+  if (!text.empty() && text.back() == ',') items.emplace_back();  // getline drops it
+  return items;
+}
+
+}  // namespace bench_flags_detail
+
+inline std::optional<std::vector<std::string>> BenchChoices(
+    const char* program, const char* flag, const std::string& value,
+    const std::vector<std::string>& choices) {
+  const std::vector<std::string> items = bench_flags_detail::SplitList(value);
+  const auto unknown = std::find_if(items.begin(), items.end(), [&](const std::string& item) {
+    return std::find(choices.begin(), choices.end(), item) == choices.end();
+  });
+  if (!items.empty() && unknown == items.end()) return items;
+  std::string names;
+  for (const std::string& choice : choices) names += (names.empty() ? "" : ", ") + choice;
+  fprintf(stderr, "%s: --%s=%s must list one or more of %s, comma-separated\n", program, flag,
+          value.c_str(), names.c_str());
+  return std::nullopt;
+}
+
+inline std::optional<std::vector<int64_t>> BenchCounts(const char* program, const char* flag,
+                                                       const std::string& value, int64_t min,
+                                                       int64_t max) {
+  std::vector<int64_t> counts;
+  for (const std::string& item : bench_flags_detail::SplitList(value)) {
+    int64_t count = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), count);
+    if (error != std::errc() || end != item.data() + item.size() || count < min || count > max) {
+      counts.clear();
+      break;
+    }
+    counts.push_back(count);
+  }
+  if (!counts.empty()) return counts;
+  fprintf(stderr, "%s: --%s=%s must list one or more integers in [%lld, %lld], comma-separated\n",
+          program, flag, value.c_str(), (long long)min, (long long)max);
+  return std::nullopt;
+}
+
+inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path) {
+  if (path.empty()) return true;
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path parent =
+      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
+  const char* problem = nullptr;
+  if (!fs::is_directory(parent, error)) {
+    problem = "its directory does not exist";
+  } else if (access(parent.c_str(), W_OK) != 0) {
+    problem = "its directory is not writable";
+  } else if (fs::is_directory(path, error)) {
+    problem = "it is a directory";
+  }
+  if (problem == nullptr) return true;
+  fprintf(stderr, "%s: --%s=%s: %s\n", program, flag, path.c_str(), problem);
+  return false;
+}
+
+}  // namespace moe

@@ -1,0 +1,120 @@
+// The benchmark apps as a user meets them: every flag is checked before any work, and a bad value
+// is refused with exit code 2, nothing on stdout and one line on stderr naming the flag, with
+// nothing created (apps/moe_bench/bench_flags.h). A good moe_bench run writes its JSON.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/command.h"
+
+namespace moe {
+namespace {
+
+using testing::ScopedTempDir;
+using testing::SplitCommandResult;
+
+struct BenchRefusal {
+  std::string command;  // binary and arguments; $D is the test's directory
+  std::string line;     // the one line on stderr, without its newline
+};
+
+void PrintTo(const BenchRefusal& refusal, std::ostream* os) { *os << refusal.command; }
+
+std::string WithDir(std::string text, const std::string& dir) {
+  for (size_t at = text.find("$D"); at != std::string::npos; at = text.find("$D", at + 1)) {
+    text.replace(at, 2, dir);
+  }
+  return text;
+}
+
+class BenchRefusalTest : public ::testing::TestWithParam<BenchRefusal> {};
+
+TEST_P(BenchRefusalTest, ExitsTwoWithOneLineNamingTheFlag) {
+  const ScopedTempDir dir;
+  const std::string command = WithDir(GetParam().command, dir.path());
+  const SplitCommandResult r = testing::RunCommandSplit("cd " + dir.path() + " && " + command);
+  EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.out << r.err;
+  EXPECT_EQ(r.out, "") << command;
+  EXPECT_EQ(r.err, WithDir(GetParam().line, dir.path()) + "\n") << command;
+  EXPECT_EQ(dir.List(), std::vector<std::string>{}) << command;
+}
+
+const std::string kMoeBench = std::string(MOE_BENCH_BINARY) + " --device=cpu ";
+const std::string kAttention = std::string(ATTENTION_BENCH_BINARY) + " --device=cpu ";
+const std::string kOptimizer = std::string(OPTIMIZER_BENCH_BINARY) + " --device=cpu ";
+const std::string kTokens = "must list one or more integers in [1, 1048576], comma-separated";
+const std::string kShapes =
+    "must list one or more of qwen3, mixtral, deepseek, tiny, comma-separated";
+
+INSTANTIATE_TEST_SUITE_P(
+    MoeBench, BenchRefusalTest,
+    ::testing::Values(
+        BenchRefusal{kMoeBench + "--tokens=abc", "moe_bench: --tokens=abc " + kTokens},
+        BenchRefusal{kMoeBench + "--tokens=0", "moe_bench: --tokens=0 " + kTokens},
+        BenchRefusal{kMoeBench + "--tokens=64,-5", "moe_bench: --tokens=64,-5 " + kTokens},
+        BenchRefusal{kMoeBench + "--tokens=64,", "moe_bench: --tokens=64, " + kTokens},
+        BenchRefusal{kMoeBench + "--tokens=64x", "moe_bench: --tokens=64x " + kTokens},
+        BenchRefusal{kMoeBench + "--shapes=", "moe_bench: --shapes= " + kShapes},
+        BenchRefusal{kMoeBench + "--shapes=tiny,gpt5", "moe_bench: --shapes=tiny,gpt5 " + kShapes},
+        BenchRefusal{kMoeBench + "--paths=fused,cutlass",
+                     "moe_bench: --paths=fused,cutlass must list one or more of fused, unfused, "
+                     "comma-separated"},
+        BenchRefusal{kMoeBench + "--iters=0", "moe_bench: --iters=0 must be in [1, 1048576]"},
+        BenchRefusal{kMoeBench + "--warmup=-1", "moe_bench: --warmup=-1 must be in [0, 1048576]"},
+        BenchRefusal{kMoeBench + "--grads=fp8", "moe_bench: --grads=fp8 must be fp32 or bf16"},
+        BenchRefusal{kMoeBench + "--json_out=$D/missing/out.json",
+                     "moe_bench: --json_out=$D/missing/out.json: its directory does not exist"},
+        BenchRefusal{kMoeBench + "--json_out=$D", "moe_bench: --json_out=$D: it is a directory"},
+        BenchRefusal{kMoeBench + "--device=tpu", "moe_bench: --device=tpu must be cpu or cuda"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    AttentionBench, BenchRefusalTest,
+    ::testing::Values(BenchRefusal{kAttention + "--seq=0",
+                                   "attention_bench: --seq=0 must be in [1, 16777216]"},
+                      BenchRefusal{kAttention + "--batch=-1",
+                                   "attention_bench: --batch=-1 must be in [1, 1048576]"},
+                      BenchRefusal{kAttention + "--heads=16 --kv_heads=32",
+                                   "attention_bench: --kv_heads=32 must be in [1, 16]"},
+                      BenchRefusal{kAttention + "--heads=6 --kv_heads=4",
+                                   "attention_bench: --kv_heads=4 does not divide --heads=6"},
+                      BenchRefusal{kAttention + "--head_dim=96",
+                                   "attention_bench: --head_dim=96 must be 64 or 128"},
+                      BenchRefusal{kAttention + "--iters=0",
+                                   "attention_bench: --iters=0 must be in [1, 1048576]"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    OptimizerBench, BenchRefusalTest,
+    ::testing::Values(BenchRefusal{kOptimizer + "--num_layers=0",
+                                   "optimizer_bench: --num_layers=0 must be in [1, 1048576]"},
+                      BenchRefusal{kOptimizer + "--num_layers=2 --first_dense_layers=3",
+                                   "optimizer_bench: --first_dense_layers=3 must be in [0, 2]"},
+                      BenchRefusal{kOptimizer + "--hidden_size=100 --num_attention_heads=16",
+                                   "optimizer_bench: --hidden_size=100 is not a multiple of "
+                                   "--num_attention_heads=16"},
+                      BenchRefusal{kOptimizer + "--copy_gib=nan",
+                                   "optimizer_bench: --copy_gib=nan must be in (0, 1024]"},
+                      BenchRefusal{kOptimizer + "--moments=fp16",
+                                   "optimizer_bench: --moments=fp16 must be fp32 or bf16"}));
+
+// A good run writes the JSON it was asked for: one entry per shape, token count and path.
+TEST(MoeBenchTest, WritesItsJsonAtTheEnd) {
+  const ScopedTempDir dir;
+  const SplitCommandResult r = testing::RunCommandSplit(
+      kMoeBench +
+      "--shapes=tiny --tokens=32 --iters=1 --warmup=0 --json_out=" + dir.Path("bench.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::ifstream in(dir.Path("bench.json"));
+  const nlohmann::json results = nlohmann::json::parse(in);
+  ASSERT_EQ(results.size(), 2u) << results.dump();
+  EXPECT_EQ(results[0]["shape"], "tiny");
+  EXPECT_EQ(results[0]["tokens"], 32);
+  EXPECT_EQ(results[0]["path"], "fused");
+  EXPECT_EQ(results[1]["path"], "unfused");
+}
+
+}  // namespace
+}  // namespace moe
