@@ -416,8 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 constexpr int kBackwardStreamRows = 64;  // rows per streamed tile of dq and dk/dv (registers)
+// Both backward kernels: two resident tiles (Q and dout; K and V), pairs of 64-row tiles streamed.
 template <int D>
-using BackwardQSmem = TileSmem<D, 2, kBackwardStreamRows>;
+using BackwardSmem = TileSmem<D, 2, kBackwardStreamRows>;
 
 // dq = scale * sum over key tiles of dS K, dS = P (dout V^T - delta), P = exp2(Q K^T c - lse
 // log2 e), zero where key > row. Q and dout resident, K and V streamed. grid as the forward's.
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if MOE_SM90A_KERNELS
   constexpr int kN = kBackwardStreamRows;
   extern __shared__ uint8_t smem_raw[];
-  const BackwardQSmem<D> smem(smem_raw);
+  const BackwardSmem<D> smem(smem_raw);
   const QueryTile tile(s);
   const KeyTileWalk<kN> keys(tile, s);
   if (!IsConsumer(smem)) {
@@ -499,9 +500,6 @@ __device__ __forceinline__ int PartialOffset(int which, int row, int column) {
   return ((which * kBlockRows + row) * D + (chunk ^ (row % 8)) * 4 + column % 4);
 }
 
-template <int D>
-using BackwardKvSmem = TileSmem<D, 2, kBackwardStreamRows>;
-
 // dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
 // the longest (first key tiles) first. Each CTA of a cluster takes `group / split` of the GQA
 // group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T, P^T =
@@ -519,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const float* delta, bf16* dk_out, bf16* dv_out, Dims s, int split) {
 #if MOE_SM90A_KERNELS
   constexpr int kM = kBackwardStreamRows;
-  using Smem = BackwardKvSmem<D>;
+  using Smem = BackwardSmem<D>;
   static_assert(2 * kBlockRows * D * 4 <= Smem::kDataBytes, "the partial sums reuse the tiles");
   extern __shared__ uint8_t smem_raw[];
   const Smem smem(smem_raw);
@@ -709,10 +707,10 @@ bool Backward(const BackwardParams<bf16>& p, cudaStream_t stream) {
   }
   const int split = ClusterSplit(s.heads / s.kv_heads);
   const dim3 kv_grid((s.seq + kBlockRows - 1) / kBlockRows, s.batch * s.kv_heads * split);
-  LaunchInClusters(Sm90BackwardKvKernel<D>, kv_grid, kThreads, BackwardKvSmem<D>::kBytes, split,
+  LaunchInClusters(Sm90BackwardKvKernel<D>, kv_grid, kThreads, BackwardSmem<D>::kBytes, split,
                    stream, k_resident, v_resident, q_streamed, dout_streamed, p.lse, p.delta, p.dk,
                    p.dv, s, split);
-  LaunchInClusters(Sm90BackwardQKernel<D>, QueryTileGrid(s), kThreads, BackwardQSmem<D>::kBytes, 1,
+  LaunchInClusters(Sm90BackwardQKernel<D>, QueryTileGrid(s), kThreads, BackwardSmem<D>::kBytes, 1,
                    stream, q_resident, dout_resident, k_streamed, v_streamed, dq_map, p.lse,
                    p.delta, s);
   return true;
