@@ -8,21 +8,19 @@
 //   BenchInRange: an integer flag within [min, max].
 //   BenchChoices / BenchCounts: a comma-separated list of at least one item, each one of the
 //   choices / an integer within [min, max].
-//   BenchOutputPath: a file to write at the end (empty: none): its directory exists and is
-//   writable, and the path is not a directory.
+//   BenchOutputPath: a file to write at the end (empty: none), as moe_train checks its output
+//   files (CheckOutputFile, apps/moe_train/output_checks.h).
 #pragma once
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "apps/moe_train/output_checks.h"
 #include "engine/autograd/parameters.h"
 #include "engine/runtime/device_context.h"
 
@@ -106,22 +104,9 @@ inline std::optional<std::vector<int64_t>> BenchCounts(const char* program, cons
 }
 
 inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path) {
-  if (path.empty()) return true;
-  namespace fs = std::filesystem;
-  std::error_code error;
-  const fs::path parent =
-      fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
-  const char* problem = nullptr;
-  if (!fs::is_directory(parent, error)) {
-    problem = "its directory does not exist";
-  } else if (access(parent.c_str(), W_OK) != 0) {
-    problem = "its directory is not writable";
-  } else if (fs::is_directory(path, error)) {
-    problem = "it is a directory";
-  }
-  if (problem == nullptr) return true;
-  fprintf(stderr, "%s: --%s=%s: %s\n", program, flag, path.c_str(), problem);
-  return false;
+  const Status status = CheckOutputFile(flag, path);
+  if (!status.ok()) fprintf(stderr, "%s: %s\n", program, status.message().c_str());
+  return status.ok();
 }
 
 }  // namespace moe

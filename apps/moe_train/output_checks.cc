@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "apps/moe_train/run_flags.h"
 #include "engine/io/checkpoint.h"
 
 namespace moe {
@@ -119,30 +118,6 @@ Status CheckSaveRoot(const std::string& root, const std::string& load) {
                          ") of another run than --load=" + load + "; save to a new directory");
 }
 
-Status CheckOutputFlags() {
-  MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
-  MOE_RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
-  MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
-  MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
-  MOE_RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
-  const std::vector<std::pair<const char*, std::string>> outputs = {
-      {"metrics_file", FLAGS_metrics_file},
-      {"trace_file", FLAGS_trace_file},
-      {"save", FLAGS_save},
-      {"dump_reference_case", FLAGS_dump_reference_case},
-      {"load", FLAGS_load}};
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (size_t j = i + 1; j < outputs.size(); ++j) {
-      if (outputs[i].second.empty() || outputs[j].second.empty()) continue;
-      const bool load_pair = std::string(outputs[j].first) == "load";
-      if (load_pair && std::string(outputs[i].first) == "save") continue;  // resuming in place
-      if (Canonical(outputs[i].second) == Canonical(outputs[j].second)) {
-        return InvalidArgument("--" + std::string(outputs[i].first) + " and --" + outputs[j].first +
-                               " name the same path " + outputs[i].second);
-      }
-    }
-  }
-  return Status::Ok();
-}
+bool SamePath(const std::string& a, const std::string& b) { return Canonical(a) == Canonical(b); }
 
 }  // namespace moe

@@ -1,5 +1,5 @@
-// moe_train's outputs, checked before any work and without leaving anything behind: a run must
-// never fail after its training steps because of where it writes.
+// Output paths (moe_train's, the benchmarks'), checked before any work and without leaving
+// anything behind: a run must never fail after its work because of where it writes.
 //
 // - --metrics_file, --trace_file: empty (no output), an existing regular file that opens for
 //   appending, or a new name in an existing directory where a file can be created.
@@ -8,7 +8,7 @@
 //   checkpoints (step_XXXXXXXX/ or latest) is refused unless --load resumes from it (the root
 //   or one of its step directories): a new run would replace the earlier run's checkpoints.
 // - --dump_reference_case: like --save, without the checkpoint rule.
-// - No two of them name the same path.
+// - moe_train also refuses two of them naming the same path (SamePath; run_flags.cc).
 // "Can be created" is tried, not inferred from permission bits (root passes every access()
 // check, a read-only filesystem fails none of them): a probe directory is made and removed.
 #pragma once
@@ -25,8 +25,7 @@ Status CheckOutputFile(const char* flag, const std::string& path);
 Status CheckOutputDirectory(const char* flag, const std::string& path);
 // --save's checkpoint rule: refuses a root holding checkpoints unless `load` resumes from it.
 Status CheckSaveRoot(const std::string& root, const std::string& load);
-
-// All of the above for the current flags.
-Status CheckOutputFlags();
+// Whether two paths, existing or not, name the same file or directory.
+bool SamePath(const std::string& a, const std::string& b);
 
 }  // namespace moe

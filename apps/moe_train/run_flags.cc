@@ -161,6 +161,33 @@ std::string TraceFilePath(int rank, int world_size) {
   return out.string() + ".rank" + std::to_string(rank) + path.extension().string();
 }
 
+// moe_train's outputs (output_checks.h), and no two of them naming the same path.
+Status CheckOutputFlags() {
+  MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
+  MOE_RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
+  MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
+  MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
+  MOE_RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
+  const std::vector<std::pair<const char*, std::string>> outputs = {
+      {"metrics_file", FLAGS_metrics_file},
+      {"trace_file", FLAGS_trace_file},
+      {"save", FLAGS_save},
+      {"dump_reference_case", FLAGS_dump_reference_case},
+      {"load", FLAGS_load}};
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (outputs[i].second.empty() || outputs[j].second.empty()) continue;
+      const bool load_pair = std::string(outputs[j].first) == "load";
+      if (load_pair && std::string(outputs[i].first) == "save") continue;  // resuming in place
+      if (SamePath(outputs[i].second, outputs[j].second)) {
+        return InvalidArgument("--" + std::string(outputs[i].first) + " and --" + outputs[j].first +
+                               " name the same path " + outputs[i].second);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<RunConfig> ValidateFlags(int world_size) {
   MOE_RETURN_IF_ERROR(CheckFlagRanges());
   FlagRuleContext context;

@@ -67,8 +67,9 @@ INSTANTIATE_TEST_SUITE_P(
         BenchRefusal{kMoeBench + "--warmup=-1", "moe_bench: --warmup=-1 must be in [0, 1048576]"},
         BenchRefusal{kMoeBench + "--grads=fp8", "moe_bench: --grads=fp8 must be fp32 or bf16"},
         BenchRefusal{kMoeBench + "--json_out=$D/missing/out.json",
-                     "moe_bench: --json_out=$D/missing/out.json: its directory does not exist"},
-        BenchRefusal{kMoeBench + "--json_out=$D", "moe_bench: --json_out=$D: it is a directory"},
+                     "moe_bench: --json_out $D/missing/out.json: directory $D/missing does not "
+                     "exist"},
+        BenchRefusal{kMoeBench + "--json_out=$D", "moe_bench: --json_out $D: not a regular file"},
         BenchRefusal{kMoeBench + "--device=tpu", "moe_bench: --device=tpu must be cpu or cuda"}));
 
 INSTANTIATE_TEST_SUITE_P(
