@@ -140,7 +140,11 @@ TEST(TrainerTraceTest, TracingChangesNoResultWithOffloading) {
 TEST(TrainerTraceTest, PhasesAreNonNegativeAndAddUpToTheStepTime) {
   auto source = Synthetic(64);
   auto trainer = NewTrainer(source.get(), SmallOptions());
-  for (int step = 0; step < 4; ++step) {
+  // The phases lie inside the step, so they never sum past it; what lies outside them (the
+  // statistics' reductions, building a trace) is small. A step is ~1 ms here, so one preemption
+  // of the process outside the phases can exceed 5% of it: the closest of six steps is held to 5%.
+  double closest_gap_fraction = 1.0;
+  for (int step = 0; step < 6; ++step) {
     const StepStats stats = trainer->TrainStep(/*trace=*/step == 2);
     const StepBreakdown& b = stats.breakdown;
     for (int i = 0; i < kNumStepPhases; ++i) {
@@ -154,11 +158,11 @@ TEST(TrainerTraceTest, PhasesAreNonNegativeAndAddUpToTheStepTime) {
     EXPECT_EQ(b[StepPhase::kDataParallelWait], 0.0);
     EXPECT_EQ(b[StepPhase::kOffloadWait], 0.0);
     const double step_ms = 1e3 * stats.seconds;
-    const double gap = std::abs(step_ms - PhaseSum(stats));
-    EXPECT_LE(gap, 0.05 * step_ms)
+    EXPECT_LE(PhaseSum(stats), step_ms * (1 + 1e-6))
         << "phases " << PhaseSum(stats) << " ms, step " << step_ms << " ms, step " << step;
-    EXPECT_LE(gap, 2.0) << "phases " << PhaseSum(stats) << " ms, step " << step_ms << " ms";
+    closest_gap_fraction = std::min(closest_gap_fraction, (step_ms - PhaseSum(stats)) / step_ms);
   }
+  EXPECT_LE(closest_gap_fraction, 0.05);
 }
 
 TEST(TrainerTraceTest, OneTracedStepIsAProperStackInsideItsStepSpan) {
