@@ -301,7 +301,6 @@ TEST(TrainerTraceTest, OffloadWaitIsNonNegativeWithPrefetch) {
     // The steps take about 2 ms: 5% of that is within a loaded host's scheduling noise (0.14 ms
     // seen under ctest -j2 on 2 cores), so the bound has a 0.5 ms floor, as the test above has 2.
     EXPECT_LE(gap, std::max(0.5, 0.05 * step_ms));
-    EXPECT_LE(gap, 2.0);
   }
 }
 
