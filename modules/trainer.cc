@@ -419,11 +419,11 @@ Status Trainer::Load(const std::string& path) {
   MOE_ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
   const std::string& dir = peek.dir;
   if (!peek.state.is_object() || !peek.state.contains("model")) {
-    return DataLoss("--load " + dir + ": state.json has no model shape");
+    return DataLoss("checkpoint " + dir + ": state.json has no model shape");
   }
   const std::string differences = ModelShapeDifferences(peek.state["model"], config_);
   if (!differences.empty()) {
-    return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
+    return InvalidArgument("checkpoint " + dir + ": its model differs in " + differences);
   }
   // The checkpoint holds the whole model; this rank loads its stages' parameters by name (and
   // under the distributed optimizer keeps its shard of their state).
@@ -440,7 +440,7 @@ Status Trainer::Load(const std::string& path) {
   }
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
-      return DataLoss("--load " + dir + ": state.json has no integer \"" + key + "\"");
+      return DataLoss("checkpoint " + dir + ": state.json has no integer \"" + key + "\"");
     }
   }
   step_ = state.at("step").get<int64_t>();

@@ -8,8 +8,9 @@
 //   BenchInRange: an integer flag within [min, max].
 //   BenchChoices / BenchCounts: a comma-separated list of at least one item, each one of the
 //   choices / an integer within [min, max].
-//   BenchOutputPath: a file to write at the end (empty: none), as moe_train checks its output
-//   files (CheckOutputFile, apps/moe_train/output_checks.h).
+//   BenchOutputPath: a file to write at the end (empty: none), replacing an earlier one (whose
+//   first bytes are `own_start`), as moe_train checks its trace file (CheckReplacedFile,
+//   apps/moe_train/output_checks.h).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "apps/moe_train/output_checks.h"
@@ -103,8 +105,9 @@ inline std::optional<std::vector<int64_t>> BenchCounts(const char* program, cons
   return std::nullopt;
 }
 
-inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path) {
-  const Status status = CheckOutputFile(flag, path);
+inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path,
+                            std::string_view own_start) {
+  const Status status = CheckReplacedFile(flag, path, own_start);
   if (!status.ok()) fprintf(stderr, "%s: %s\n", program, status.message().c_str());
   return status.ok();
 }

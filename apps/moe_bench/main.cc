@@ -38,6 +38,10 @@ DEFINE_bool(breakdown, false,
 namespace moe {
 namespace {
 
+// --json_out holds one JSON array of result rows; an existing file that begins otherwise is not
+// ours to replace.
+constexpr std::string_view kResultsStart = "[";
+
 struct Shape {
   std::string name;
   int64_t hidden, experts, topk, ffn;
@@ -148,7 +152,7 @@ int Run() {
   const auto paths = BenchChoices("moe_bench", "paths", FLAGS_paths, {"fused", "unfused"});
   if (!paths || !BenchInRange("moe_bench", "warmup", FLAGS_warmup, 0, 1 << 20) ||
       !BenchInRange("moe_bench", "iters", FLAGS_iters, 1, 1 << 20) ||
-      !BenchOutputPath("moe_bench", "json_out", FLAGS_json_out)) {
+      !BenchOutputPath("moe_bench", "json_out", FLAGS_json_out, kResultsStart)) {
     return 2;
   }
   const std::optional<DType> grad_dtype = BenchStateDType("moe_bench", "grads", FLAGS_grads);

@@ -156,7 +156,10 @@ int Run(const Status& parsed) {
   Trainer& trainer = **created;
   if (plan) trainer.SetMemoryPlan(*plan);  // reserves the offloads' pinned buffers
   if (!FLAGS_load.empty()) {
-    agreed = world.AllAgree(trainer.Load(FLAGS_load));
+    const Status loaded = trainer.Load(FLAGS_load);
+    agreed = world.AllAgree(
+        loaded.ok() ? loaded
+                    : Status(loaded.code(), "--load " + FLAGS_load + ": " + loaded.message()));
     if (!agreed.ok()) return Fail(agreed, 1);
   }
 

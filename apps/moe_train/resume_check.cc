@@ -1,12 +1,62 @@
 #include "apps/moe_train/resume_check.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
+
+#include <gflags/gflags.h>
 
 #include "engine/io/checkpoint.h"
 #include "modules/model_shape.h"
 
 namespace moe {
-Status CheckResume(const RunConfig& run) {
+namespace {
+
+// The checkpoint's value of flag `name` as its run recorded it ("" if it did not).
+std::string RecordedFlag(const nlohmann::json& state, const char* name) {
+  const nlohmann::json* flags = nullptr;
+  if (state.contains("run") && state["run"].is_object() && state["run"].contains("flags")) {
+    flags = &state["run"]["flags"];
+  }
+  if (flags == nullptr || !flags->is_object() || !flags->contains(name)) return "";
+  const nlohmann::json& value = (*flags)[name];
+  return value.is_string() ? value.get<std::string>() : "";
+}
+
+// The resume notes on the data stream (resume_check.h); takes the checkpoint's seed when --seed
+// is not given (FLAGS_seed too, so that the run's description and its checkpoints record it).
+void ContinueDataStream(const nlohmann::json& state, int64_t step, RunConfig* run) {
+  const std::string at = " from step " + std::to_string(step);
+  if (state.contains("seed") && state["seed"].is_number_integer() &&
+      state["seed"].get<uint64_t>() <= std::numeric_limits<int64_t>::max()) {
+    const uint64_t seed = state["seed"].get<uint64_t>();
+    if (seed != run->trainer.seed && gflags::GetCommandLineFlagInfoOrDie("seed").is_default) {
+      FLAGS_seed = static_cast<int64_t>(seed);
+      run->trainer.seed = seed;
+      run->data.synthetic.seed = seed;
+      run->notes.push_back("resume: --seed=" + std::to_string(seed) +
+                           ", the checkpoint's (--seed not given): its data order continues");
+    } else if (seed != run->trainer.seed) {
+      run->notes.push_back("resume: --seed=" + std::to_string(FLAGS_seed) +
+                           " differs from the checkpoint's " + std::to_string(seed) +
+                           ": a new data order" + at +
+                           (run->data.format == "synthetic" ? " (and a new synthetic chain)" : ""));
+    }
+  }
+  const std::string format = RecordedFlag(state, "data_format");
+  const std::string path = RecordedFlag(state, "data_path");
+  if (!format.empty() && (format != run->data.format || path != run->data.path)) {
+    const auto source = [](const std::string& f, const std::string& p) {
+      return "--data_format=" + f + (p.empty() ? "" : " --data_path=" + p);
+    };
+    run->notes.push_back("resume: the checkpoint trained on " + source(format, path) +
+                         "; this run reads " + source(run->data.format, run->data.path) + at);
+  }
+}
+
+}  // namespace
+
+Status CheckResume(RunConfig* run) {
   if (FLAGS_load.empty()) return Status::Ok();
   StatusOr<CheckpointState> read = ReadCheckpointState(FLAGS_load);
   if (!read.ok()) return InvalidArgument("--load " + FLAGS_load + ": " + read.status().message());
@@ -16,21 +66,22 @@ Status CheckResume(const RunConfig& run) {
       !state.contains("step") || !state["step"].is_number_integer()) {
     return InvalidArgument("--load " + dir + ": state.json has no model shape or step");
   }
-  const std::string differences = ModelShapeDifferences(state["model"], run.model);
+  const std::string differences = ModelShapeDifferences(state["model"], run->model);
   if (!differences.empty()) {
     return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
   }
   const int64_t step = state["step"].get<int64_t>();
-  if (run.trainer.train_steps <= step) {
-    return InvalidArgument("--train_steps=" + std::to_string(run.trainer.train_steps) +
+  if (run->trainer.train_steps <= step) {
+    return InvalidArgument("--train_steps=" + std::to_string(run->trainer.train_steps) +
                            " is not beyond step " + std::to_string(step) + " of --load " + dir +
                            ": nothing to train (--train_steps counts from step 0)");
   }
-  const auto [trace_first, trace_last] = run.trace_steps;
+  const auto [trace_first, trace_last] = run->trace_steps;
   if (trace_last >= trace_first && trace_first <= step) {
     return InvalidArgument("--trace_steps=" + FLAGS_trace_steps + " starts at or before step " +
                            std::to_string(step) + " of --load " + dir + ", where the run resumes");
   }
+  ContinueDataStream(state, step, run);
   return Status::Ok();
 }
 

@@ -1,9 +1,16 @@
 // --load, checked before any work (Trainer::Load then only restores): the path resolves to a
-// checkpoint (engine/io/checkpoint.h) whose state.json parses; its model shape equals this run's,
-// else one line naming each field that differs as its flag, with both values ("--load ckpt: the
-// checkpoint's model differs in --hidden_size (checkpoint 64, this run 128)"); --train_steps is
-// beyond the checkpoint's step, else the run would end having trained nothing; and --trace_steps
-// lie after that step.
+// checkpoint (engine/io/checkpoint.h) whose state.json parses and whose tensor files' headers are
+// whole (a truncated or corrupt file is refused here, not after the model is built); its model
+// shape equals this run's, else one line naming each field that differs as its flag, with both
+// values ("--load ckpt: the checkpoint's model differs in --hidden_size (checkpoint 64, this run
+// 128)"); --train_steps is beyond the checkpoint's step, else the run would end having trained
+// nothing; and --trace_steps lie after that step.
+//
+// The resumed run continues the checkpoint's data stream: its seed keys the data order (and, for
+// --data_format=synthetic, the Markov chain itself), so a run that does not give --seed takes the
+// checkpoint's, with a note. A --seed or data source (--data_format, --data_path) given that
+// differs from the checkpoint's is the user's choice, also noted: the consumed-sample count
+// carries over into the new order.
 #pragma once
 
 #include "apps/moe_train/run_flags.h"
@@ -11,6 +18,6 @@
 
 namespace moe {
 
-Status CheckResume(const RunConfig& run);
+Status CheckResume(RunConfig* run);
 
 }  // namespace moe

@@ -8,6 +8,7 @@
 #include "apps/moe_train/offload_flags.h"
 #include "apps/moe_train/output_checks.h"
 #include "apps/moe_train/resume_check.h"
+#include "engine/io/chrome_trace.h"
 #include "engine/runtime/device_context.h"
 
 // Model shape.
@@ -162,9 +163,12 @@ std::string TraceFilePath(int rank, int world_size) {
 }
 
 // moe_train's outputs (output_checks.h), and no two of them naming the same path.
-Status CheckOutputFlags() {
+Status CheckOutputFlags(int world_size) {
   MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
-  MOE_RETURN_IF_ERROR(CheckOutputFile("trace_file", FLAGS_trace_file));
+  for (int rank = 0; rank < world_size && !FLAGS_trace_file.empty(); ++rank) {
+    MOE_RETURN_IF_ERROR(
+        CheckReplacedFile("trace_file", TraceFilePath(rank, world_size), kChromeTraceStart));
+  }
   MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
   MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
   MOE_RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
@@ -240,7 +244,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
                         "): warmup clamped to " + std::to_string(t.train_steps) + " steps");
     t.warmup_steps = t.train_steps;
   }
-  MOE_RETURN_IF_ERROR(CheckOutputFlags());
+  MOE_RETURN_IF_ERROR(CheckOutputFlags(world_size));
   MOE_ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
   MOE_RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
@@ -283,7 +287,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
     MOE_ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
     MOE_ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
   }
-  MOE_RETURN_IF_ERROR(CheckResume(run));
+  MOE_RETURN_IF_ERROR(CheckResume(&run));
   return run;
 }
 

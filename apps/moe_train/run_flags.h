@@ -27,6 +27,7 @@ DECLARE_int64(num_layers);
 DECLARE_int64(first_dense_layers);
 DECLARE_int64(pipeline_parallel);
 DECLARE_string(data_format);
+DECLARE_int64(seed);
 DECLARE_string(device);
 DECLARE_int64(log_interval);
 DECLARE_int64(eval_interval);

@@ -184,6 +184,9 @@ StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
   }
+  for (const char* file : {kModelFile, kOptimizerFile}) {
+    MOE_RETURN_IF_ERROR(CheckSafetensorsLayout((dir / file).string()));
+  }
   return out;
 }
 
@@ -212,8 +215,8 @@ StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
   const fs::path dir(read.dir);
   nlohmann::json state = std::move(read.state);
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
-  MOE_RETURN_IF_ERROR(load((dir / kModelFile).string(), model));
-  MOE_RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer));
+  MOE_RETURN_IF_ERROR(load((dir / kModelFile).string(), model, NonFiniteValues::kRefuse));
+  MOE_RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer, NonFiniteValues::kRefuse));
   return state;
 }
 

@@ -18,9 +18,9 @@
 //
 // Load accepts a root (follows `latest`) or a step directory. Every expected tensor must be in the
 // file with the expected shape, and the file must hold no others (LoadSafetensors' rules,
-// including f32 <-> bf16 conversion), unless `subset` (LoadSafetensorsSubset: a part of the
-// model, such as one pipeline rank's stages, loads from a full checkpoint). On error, destinations
-// loaded before the failing file may already be written.
+// including f32 <-> bf16 conversion and finite values only), unless `subset`
+// (LoadSafetensorsSubset: a part of the model, such as one pipeline rank's stages, loads from a
+// full checkpoint). On error, destinations loaded before the failure may already be written.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +44,10 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
 // state.json.
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
 
-// The step directory `path` denotes (ResolveCheckpointDir) and its state.json, parsed: for
-// checks made before any tensor is allocated (model shape, step).
+// The step directory `path` denotes (ResolveCheckpointDir) and its state.json, parsed, once its
+// two tensor files' headers and layouts have passed the reader's checks (CheckSafetensorsLayout:
+// a truncated or corrupt file is found here): for checks made before any tensor is allocated
+// (model shape, step).
 struct CheckpointState {
   std::string dir;
   nlohmann::json state;

@@ -21,7 +21,7 @@ StatusOr<std::unique_ptr<ChromeTraceWriter>> ChromeTraceWriter::Create(const std
 
 ChromeTraceWriter::ChromeTraceWriter(std::ofstream file, int rank)
     : file_(std::move(file)), rank_(rank) {
-  file_ << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  file_ << kChromeTraceStart << "\n";
   Write(nlohmann::json{{"name", "process_name"},
                        {"ph", "M"},
                        {"pid", rank_},

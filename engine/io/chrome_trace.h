@@ -18,12 +18,17 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/core/status.h"
 #include "engine/runtime/step_timeline.h"
 
 namespace moe {
+
+// The first bytes of every file the writer makes (a file that begins otherwise is not a trace).
+inline constexpr std::string_view kChromeTraceStart =
+    "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
 
 class ChromeTraceWriter {
  public:

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -273,10 +274,35 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
   return file;
 }
 
+// The index of the first f32 or bf16 value of `e` that is NaN or infinite, or -1 (also for the
+// integer dtypes).
+int64_t FirstNonFinite(const Entry& e, const std::vector<uint8_t>& bytes) {
+  if (!IsFloating(e.dtype)) return -1;
+  const size_t n = bytes.size() / DTypeSize(e.dtype);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    if (e.dtype == DType::kF32) {
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+    } else {
+      BFloat16 b;
+      std::memcpy(&b.bits, bytes.data() + 2 * i, 2);
+      v = BFloat16ToFloat(b);
+    }
+    if (!std::isfinite(v)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 // The destination's bytes for `e`: read directly, or converted f32 <-> bf16 on the host.
-Status LoadEntry(const ParsedFile& file, const Entry& e, const Tensor& dst) {
+Status LoadEntry(const ParsedFile& file, const Entry& e, const Tensor& dst,
+                 NonFiniteValues non_finite) {
   std::vector<uint8_t> bytes(e.end - e.begin);
   MOE_RETURN_IF_ERROR(file.Read(e, bytes.data()));
+  if (const int64_t at = non_finite == NonFiniteValues::kRefuse ? FirstNonFinite(e, bytes) : -1;
+      at >= 0) {
+    return DataLoss("tensor '" + e.name + "' in " + Quoted(file.path) +
+                    " holds a non-finite value (NaN or infinity) at element " + std::to_string(at));
+  }
   if (e.dtype == dst.dtype()) {
     ops::CopyFromHost(bytes.data(), dst);
     return Status::Ok();
@@ -356,8 +382,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>&
 namespace {
 
 // LoadSafetensors (exact: the file holds no other names) and LoadSafetensorsSubset.
-Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destinations,
-                 bool exact) {
+Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destinations, bool exact,
+                 NonFiniteValues non_finite) {
   MOE_ASSIGN_OR_RETURN(const ParsedFile file, OpenSafetensors(path));
   std::unordered_map<std::string, const Entry*> by_name;
   for (const Entry& e : file.entries) by_name[e.name] = &e;
@@ -394,20 +420,23 @@ Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destin
     }
   }
   for (size_t i = 0; i < destinations.size(); ++i) {
-    MOE_RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor));
+    MOE_RETURN_IF_ERROR(LoadEntry(file, *sources[i], destinations[i].tensor, non_finite));
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations) {
-  return LoadNamed(path, destinations, /*exact=*/true);
+Status CheckSafetensorsLayout(const std::string& path) { return OpenSafetensors(path).status(); }
+
+Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations,
+                       NonFiniteValues non_finite) {
+  return LoadNamed(path, destinations, /*exact=*/true, non_finite);
 }
 
-Status LoadSafetensorsSubset(const std::string& path,
-                             const std::vector<NamedTensor>& destinations) {
-  return LoadNamed(path, destinations, /*exact=*/false);
+Status LoadSafetensorsSubset(const std::string& path, const std::vector<NamedTensor>& destinations,
+                             NonFiniteValues non_finite) {
+  return LoadNamed(path, destinations, /*exact=*/false, non_finite);
 }
 
 StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {

@@ -35,16 +35,27 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                         const SafetensorsMetadata& metadata);
 
+// The reader's checks of the header and the layout, without reading any tensor's data: for checks
+// made before any tensor is allocated (a truncated or corrupt file found at start).
+Status CheckSafetensorsLayout(const std::string& path);
+
+// What a load does with a NaN or infinity among the file's f32 and bf16 values: keeps it (a
+// file is bytes), or refuses it (weights and optimizer state never hold one: the load fails at the
+// first such value, naming its tensor and element, with the tensors before it already written).
+enum class NonFiniteValues { kKeep, kRefuse };
+
 // Loads the file into existing tensors (any device), by name. The file must hold exactly these
 // names, each with the destination's shape and either its dtype or, for f32 <-> bf16, the other
-// float type (converted on the host, bf16 rounded to nearest even). Everything is checked before
-// any destination is written, so a mismatch leaves the destinations untouched.
-Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations);
+// float type (converted on the host, bf16 rounded to nearest even). Names, shapes and dtypes are
+// checked before any destination is written, so a mismatch leaves the destinations untouched.
+Status LoadSafetensors(const std::string& path, const std::vector<NamedTensor>& destinations,
+                       NonFiniteValues non_finite = NonFiniteValues::kKeep);
 
 // LoadSafetensors' rules, except that the file may hold further tensors, which are not read (e.g.
 // one pipeline stage's parameters out of a full-model checkpoint). Every destination must still
 // be in the file.
-Status LoadSafetensorsSubset(const std::string& path, const std::vector<NamedTensor>& destinations);
+Status LoadSafetensorsSubset(const std::string& path, const std::vector<NamedTensor>& destinations,
+                             NonFiniteValues non_finite = NonFiniteValues::kKeep);
 
 // A tensor read into host memory: raw little-endian bytes.
 struct HostTensor {

@@ -115,6 +115,25 @@ TEST(MoeBenchTest, WritesItsJsonAtTheEnd) {
   EXPECT_EQ(results[0]["tokens"], 32);
   EXPECT_EQ(results[0]["path"], "fused");
   EXPECT_EQ(results[1]["path"], "unfused");
+
+  // Its own earlier output is replaced; another file is refused and left as it was.
+  const SplitCommandResult again = testing::RunCommandSplit(
+      kMoeBench + "--shapes=tiny --tokens=32 --iters=1 --warmup=0 --paths=fused --json_out=" +
+      dir.Path("bench.json"));
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  std::ifstream replaced(dir.Path("bench.json"));
+  EXPECT_EQ(nlohmann::json::parse(replaced).size(), 1u);
+  std::ofstream(dir.Path("notes.md")) << "# not a benchmark result\n";
+  const SplitCommandResult refused = testing::RunCommandSplit(
+      kMoeBench + "--shapes=tiny --tokens=32 --json_out=" + dir.Path("notes.md"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_EQ(refused.err, "moe_bench: --json_out " + dir.Path("notes.md") +
+                             " exists and is not an output of this flag: refusing to replace it "
+                             "(remove it, or name a new file)\n");
+  std::ifstream kept(dir.Path("notes.md"));
+  std::string first_line;
+  std::getline(kept, first_line);
+  EXPECT_EQ(first_line, "# not a benchmark result");
 }
 
 }  // namespace

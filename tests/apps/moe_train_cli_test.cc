@@ -7,11 +7,13 @@
 // metrics and checkpoints, and resumes. Every test works in a temporary directory of its own.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
+#include "tests/testing/safetensors_edit.h"
 
 namespace moe {
 namespace {
@@ -288,6 +291,10 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--trace_file=$D", "--trace_file $D: not a regular file"},
         Refusal{"--trace_file=$D/none/t.json",
                 "--trace_file $D/none/t.json: directory $D/none does not exist"},
+        Refusal{"--trace_file=$D/notes.txt",
+                "--trace_file $D/notes.txt exists and is not an output of this flag: refusing to "
+                "replace it (remove it, or name a new file)",
+                [](const std::string& d) { WriteFile(d + "/notes.txt", "not a trace\n"); }},
         Refusal{"--metrics_file=$D/out.json --trace_file=$D/out.json",
                 "--metrics_file and --trace_file name the same path $D/out.json"},
         Refusal{"--save=$D/ckpt",
@@ -341,32 +348,15 @@ void TrainInto(const ScopedTempDir& dir, int steps, const std::string& extra = "
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
-// Writes NaN over every float of the tensors of `file` (a safetensors file) named like `part`.
-void PoisonTensors(const std::string& file, const std::string& part) {
-  std::string bytes = ReadFile(file);
-  uint64_t header_size = 0;
-  std::memcpy(&header_size, bytes.data(), 8);
-  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
-  int poisoned = 0;
-  for (const auto& [name, entry] : header.items()) {
-    if (name.find(part) == std::string::npos || !entry.contains("data_offsets")) continue;
-    ASSERT_EQ(entry["dtype"], "F32");
-    const float nan = std::nanf("");
-    for (uint64_t at = entry["data_offsets"][0]; at < entry["data_offsets"][1]; at += 4) {
-      std::memcpy(bytes.data() + 8 + header_size + at, &nan, 4);
-    }
-    ++poisoned;
-  }
-  ASSERT_GT(poisoned, 0) << part;
-  WriteFile(file, bytes);
-}
-
 // Issue 14, class 1: a non-finite loss or gradient norm stops the run, exit 1, one line naming
 // the step and the quantity; no checkpoint is written for it (nor after it).
 TEST(MoeTrainTest, ANonFiniteLossStopsTheRunBeforeItIsSaved) {
   const ScopedTempDir dir;
   TrainInto(dir, 1);
-  PoisonTensors(dir.Path("ckpt/step_00000001/model.safetensors"), "final_norm");
+  // Finite but huge (a checkpoint's NaN is refused at load): the logits overflow.
+  ASSERT_GT(testing::OverwriteF32Tensors(dir.Path("ckpt/step_00000001/model.safetensors"),
+                                         "final_norm", 3.4e38f),
+            0);
   const std::vector<std::string> before = dir.List();
   const std::string latest = ReadFile(dir.Path("ckpt/latest"));
   const SplitCommandResult r =
@@ -426,6 +416,72 @@ TEST(MoeTrainTest, ResumeProblemsNameWhatIsWrong) {
                      " --train_steps=4 --trace_file=" + dir.Path("t.json") + " --trace_steps=1:2",
                  "--trace_steps=1:2 starts at or before step 1 of --load " + step_dir +
                      ", where the run resumes"});
+}
+
+// A damaged checkpoint: a truncated tensor file is refused before any work (exit 2, naming
+// --load), a NaN in its weights when it is loaded (exit 1, naming the tensor); neither trains.
+TEST(MoeTrainTest, ADamagedCheckpointIsRefusedNamingTheFile) {
+  const ScopedTempDir dir;
+  TrainInto(dir, 1);
+  const std::string model = dir.Path("ckpt/step_00000001/model.safetensors");
+  const std::string whole = ReadFile(model);
+  WriteFile(model, whole.substr(0, whole.size() - 100));
+  ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=3",
+                 "--load " + dir.Path("ckpt") + ": '" + model + "': tensor ..."});
+
+  WriteFile(model, whole);
+  ASSERT_GT(testing::OverwriteF32Tensors(model, "final_norm", std::nanf("")), 0);
+  const SplitCommandResult r =
+      RunIn(dir, "--device=cpu --eval_steps=1 --train_steps=3 --load=" + dir.Path("ckpt"));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.err, "moe_train: --load " + dir.Path("ckpt") + ": tensor 'final_norm.weight' in '" +
+                       model + "' holds a non-finite value (NaN or infinity) at element 0\n");
+  EXPECT_EQ(r.out.find("step      2"), std::string::npos) << r.out;
+}
+
+// The losses of a run's metrics file, by step.
+std::map<int64_t, double> LossesByStep(const std::string& metrics) {
+  std::map<int64_t, double> losses;
+  std::ifstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) losses[record["step"]] = record["loss"];
+  }
+  return losses;
+}
+
+// A resumed run continues the checkpoint's data stream: without --seed it takes the checkpoint's
+// (noted) and reproduces the uninterrupted run's losses; another --seed given is noted.
+TEST(MoeTrainTest, AResumeWithoutSeedContinuesTheCheckpointsDataOrder) {
+  const ScopedTempDir dir;
+  const std::string common =
+      "--device=cpu --warmup_steps=0 --eval_interval=0 --eval_steps=1 --log_interval=1 "
+      "--train_steps=4 ";
+  const SplitCommandResult whole =
+      RunIn(dir, common + "--seed=7 --save_interval=2 --save=" + dir.Path("ckpt") +
+                     " --metrics_file=" + dir.Path("whole.jsonl"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+  const SplitCommandResult resumed =
+      RunIn(dir, common + "--load=" + dir.Path("ckpt/step_00000002") +
+                     " --metrics_file=" + dir.Path("resumed.jsonl"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("resume: --seed=7, the checkpoint's (--seed not given): its data "
+                             "order continues\n"),
+            std::string::npos)
+      << resumed.out;
+  const std::map<int64_t, double> want = LossesByStep(dir.Path("whole.jsonl"));
+  const std::map<int64_t, double> got = LossesByStep(dir.Path("resumed.jsonl"));
+  ASSERT_EQ(got.size(), 2u);
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
+
+  const SplitCommandResult reseeded =
+      RunIn(dir, common + "--seed=8 --load=" + dir.Path("ckpt/step_00000002"));
+  ASSERT_EQ(reseeded.exit_code, 0) << reseeded.out << reseeded.err;
+  EXPECT_NE(reseeded.out.find("resume: --seed=8 differs from the checkpoint's 7: a new data order "
+                              "from step 2 (and a new synthetic chain)\n"),
+            std::string::npos)
+      << reseeded.out;
 }
 
 // Issue 14, class 6: token files are checked where the format allows it.

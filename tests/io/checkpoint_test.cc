@@ -8,9 +8,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "engine/kernels/ops.h"
 #include "tests/testing/tensor_testing.h"
@@ -261,6 +263,33 @@ TEST_F(CheckpointTest, BadRootsAndPathsAreClearErrors) {
   EXPECT_EQ(
       LoadCheckpoint(root_, {}, {}).status().message(),
       "checkpoint root '" + root_ + "': 'latest' names 'step_00000004', which is not a directory");
+}
+
+// ReadCheckpointState, the check made before any tensor is allocated, also finds a tensor file
+// that is truncated; LoadCheckpoint refuses a NaN among the values.
+TEST_F(CheckpointTest, DamagedTensorFilesAreFoundBeforeLoading) {
+  const Snapshot saved = RandomSnapshot(rng_);
+  ASSERT_TRUE(SaveCheckpoint(root_, 2, saved.model, saved.optimizer, {{"k", 1}}).ok());
+  const fs::path optimizer_file = fs::path(root_) / "step_00000002" / "optimizer.safetensors";
+  ASSERT_TRUE(ReadCheckpointState(root_).ok());
+  const uintmax_t size = fs::file_size(optimizer_file);
+  fs::resize_file(optimizer_file, size - 4);
+  const Status truncated = ReadCheckpointState(root_).status();
+  EXPECT_EQ(truncated.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(truncated.message().rfind(Quoted(optimizer_file) + ": tensor '", 0), 0u)
+      << truncated.message();
+  EXPECT_NE(truncated.message().find("; file truncated?)"), std::string::npos)
+      << truncated.message();
+
+  Snapshot poisoned = RandomSnapshot(rng_);
+  const std::vector<float> nans(32, std::numeric_limits<float>::quiet_NaN());
+  ops::CopyFromHost(nans.data(), poisoned.model[2].tensor);  // the router's f32 [4, 8]
+  ASSERT_TRUE(SaveCheckpoint(root_, 3, poisoned.model, poisoned.optimizer, {{"k", 1}}).ok());
+  const Status loaded = LoadCheckpoint(root_, Like(saved.model), Like(saved.optimizer)).status();
+  EXPECT_EQ(loaded.code(), StatusCode::kDataLoss);
+  EXPECT_NE(loaded.message().find("holds a non-finite value (NaN or infinity) at element 0"),
+            std::string::npos)
+      << loaded.message();
 }
 
 }  // namespace

@@ -153,6 +153,32 @@ TEST_F(SafetensorsTest, LoadIntoTensorsKeepsEveryBit) {
   EXPECT_EQ(HostBytes(big.Rows(0, 2)), std::vector<uint8_t>(48, 0xFF)) << "rows outside the view";
 }
 
+// Checkpoints ask for NaN and infinity to be refused: the first one names its tensor and
+// element, for f32 (Sample's NaN at element 0) and for bf16 (an infinity at element 2).
+TEST_F(SafetensorsTest, NonFiniteValuesAreRefusedWhenAsked) {
+  const std::vector<NamedTensor> tensors = Sample();
+  const std::string path = Path("a.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {}).ok());
+  std::vector<NamedTensor> loaded;
+  for (const NamedTensor& t : tensors) {
+    loaded.push_back({t.name, PoisonedTensor(t.tensor.shape(), t.tensor.dtype(), Device::CPU())});
+  }
+  ExpectError(LoadSafetensors(path, loaded, NonFiniteValues::kRefuse), StatusCode::kDataLoss, path,
+              "tensor 'layers.0.attn.q_proj.weight' in '" + path +
+                  "' holds a non-finite value (NaN or infinity) at element 0");
+
+  const std::string bf16_path = Path("bf16.safetensors");
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor bf16 = FromFloats({1.0f, -2.0f, inf, 4.0f}, {4}, DType::kBF16, Device::CPU());
+  ASSERT_TRUE(WriteSafetensors(bf16_path, {{"w", bf16}}, {}).ok());
+  const Tensor dst = Tensor::Empty({4}, DType::kF32, Device::CPU());
+  ExpectError(
+      LoadSafetensorsSubset(bf16_path, {{"w", dst}}, NonFiniteValues::kRefuse),
+      StatusCode::kDataLoss, bf16_path,
+      "tensor 'w' in '" + bf16_path + "' holds a non-finite value (NaN or infinity) at element 2");
+  EXPECT_TRUE(LoadSafetensors(bf16_path, {{"w", dst}}).ok()) << "kept by default";
+}
+
 TEST_F(SafetensorsTest, HeaderIsAlignedJsonWithExactOffsets) {
   const std::vector<NamedTensor> tensors = Sample();
   const std::string path = Path("a.safetensors");
@@ -372,8 +398,11 @@ TEST_F(SafetensorsTest, EachCorruptionHasItsOwnMessage) {
 TEST_F(SafetensorsTest, TruncatedFileIsReported) {
   const std::string path = Path("t.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, Sample(), {}).ok());
+  EXPECT_TRUE(CheckSafetensorsLayout(path).ok());
   fs::resize_file(path, fs::file_size(path) - 2);
   ExpectError(ReadSafetensors(path).status(), StatusCode::kDataLoss, path,
+              "run past the end of the data buffer");
+  ExpectError(CheckSafetensorsLayout(path), StatusCode::kDataLoss, path,
               "run past the end of the data buffer");
 }
 
