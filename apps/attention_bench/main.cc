@@ -94,7 +94,12 @@ int Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  gflags::SetUsageMessage(
+      "times causal grouped-query attention, forward and backward, at one shape (see README.md)");
+  if (const std::optional<int> exit_code =
+          moe::BenchCommandLine("attention_bench", "apps/attention_bench/main.cc", argc, argv)) {
+    return *exit_code;
+  }
   google::InitGoogleLogging(argv[0]);
   return moe::Run();
 }

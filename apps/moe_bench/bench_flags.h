@@ -2,6 +2,10 @@
 // run, and an output path is checked before the results exist). Each returns the value (or true),
 // or prints one line on stderr naming the flag, prefixed by the program's name, and returns
 // nullopt (or false); the caller exits 2.
+//   BenchCommandLine: reads argv as moe_train does (apps/moe_train/command_line.h: unknown flags,
+//   malformed values and stray arguments refused); --help, -h and --helpshort print the flags
+//   defined in `source` (the bench's main.cc), --helpfull every flag. Returns the code to exit
+//   with (2: refused, 0: help printed), or nullopt to run.
 //   BenchDevice: --device names "cpu", or "cuda" (GPU 0) when this machine has it.
 //   BenchStateDType: a storage-dtype flag (--grads, --moments) names fp32 or bf16, as moe_train's
 //   --main_grads_dtype and --exp_avg_dtype do (OptimizerDTypeFromName).
@@ -22,6 +26,9 @@
 #include <string_view>
 #include <vector>
 
+#include <gflags/gflags.h>
+
+#include "apps/moe_train/command_line.h"
 #include "apps/moe_train/output_checks.h"
 #include "engine/autograd/parameters.h"
 #include "engine/runtime/device_context.h"
@@ -103,6 +110,30 @@ inline std::optional<std::vector<int64_t>> BenchCounts(const char* program, cons
   fprintf(stderr, "%s: --%s=%s must list one or more integers in [%lld, %lld], comma-separated\n",
           program, flag, value.c_str(), (long long)min, (long long)max);
   return std::nullopt;
+}
+
+inline std::optional<int> BenchCommandLine(const char* program, const char* source, int argc,
+                                           char** argv) {
+  StatusOr<HelpRequest> parsed = ParseCommandLine(argc, argv);
+  if (!parsed.ok()) {
+    fprintf(stderr, "%s: %s\n", program, parsed.status().message().c_str());
+    return 2;
+  }
+  switch (*parsed) {
+    case HelpRequest::kNone:
+      return std::nullopt;
+    case HelpRequest::kHelp:
+    case HelpRequest::kHelpShort:
+      gflags::ShowUsageWithFlagsRestrict(argv[0], source);
+      return 0;
+    case HelpRequest::kHelpFull:
+      gflags::ShowUsageWithFlags(argv[0]);
+      return 0;
+    case HelpRequest::kGflags:
+      gflags::HandleCommandLineHelpFlags();  // --version, --helpxml, ...: exits
+      return 0;
+  }
+  return 2;
 }
 
 inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path,

@@ -258,7 +258,10 @@ int Run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("times one MoE block, fused vs unfused grouped MLP (see README.md)");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (const std::optional<int> exit_code =
+          moe::BenchCommandLine("moe_bench", "apps/moe_bench/main.cc", argc, argv)) {
+    return *exit_code;
+  }
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   return moe::Run();

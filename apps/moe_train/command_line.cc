@@ -7,6 +7,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace moe {
@@ -55,6 +56,7 @@ std::string Suggestion(const std::string& name) {
 
 class Parser {
  public:
+  explicit Parser(std::string program) : program_(std::move(program)) {}
   // `where`: "" for the command line, "FILE:LINE: " for a flagfile line.
   Status Flag(const std::string& where, const std::string& argument, const std::string* next,
               bool* used_next, int depth);
@@ -64,6 +66,7 @@ class Parser {
   Status Flagfiles(const std::string& where, const std::string& list, int depth);
   Status Flagfile(const std::string& where, const std::string& path, int depth);
 
+  std::string program_;
   HelpRequest help_ = HelpRequest::kNone;
 };
 
@@ -88,7 +91,7 @@ Status Parser::Flag(const std::string& where, const std::string& argument, const
     return Flagfiles(where, value, depth);
   }
   if (name == "fromenv" || name == "tryfromenv" || name == "undefok") {
-    return InvalidArgument(where + shown + " is not supported by moe_train");
+    return InvalidArgument(where + shown + " is not supported by " + program_);
   }
 
   gflags::CommandLineFlagInfo info;
@@ -115,7 +118,7 @@ Status Parser::Flag(const std::string& where, const std::string& argument, const
     if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
       return InvalidArgument(where + shown + "=" + value + " is not a valid bool");
     }
-    // Leave the flag itself unset for gflags: moe_train answers these.
+    // Leave the flag itself unset for gflags: the program answers these.
     gflags::SetCommandLineOption(name.c_str(), "false");
     if (value == "false" || value == "0" || value == "no" || value == "f" || value == "n") {
       return Status::Ok();
@@ -196,13 +199,14 @@ StatusOr<HelpRequest> ParseCommandLine(int argc, char** argv) {
     if (arg == "-helpshort" || arg == "--helpshort") return HelpRequest::kHelpShort;
     if (arg == "-helpfull" || arg == "--helpfull") return HelpRequest::kHelpFull;
   }
-  Parser parser;
+  const std::string program = std::filesystem::path(argv[0]).filename().string();
+  Parser parser(program);
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--") {
       if (i + 1 < args.size()) {
-        return InvalidArgument("unexpected argument '" + args[i + 1] +
-                               "' after -- (moe_train takes no positional arguments)");
+        return InvalidArgument("unexpected argument '" + args[i + 1] + "' after -- (" + program +
+                               " takes no positional arguments)");
       }
       break;
     }

@@ -1,7 +1,9 @@
-// moe_train's command line, read strictly: every argument and every flagfile line is used or
-// refused, in one line naming it. This replaces gflags::ParseCommandLineFlags, which ignores
-// positional arguments, unknown flags inside a flagfile, and a --flagfile naming a directory or a
-// binary file, and which exits 1 (not moe_train's 2 for flags) on the errors it does find.
+// The apps' command line (moe_train's and the benchmarks'), read strictly: every argument and
+// every flagfile line is used or refused, in one line naming it. This replaces
+// gflags::ParseCommandLineFlags, which ignores positional arguments, unknown flags inside a
+// flagfile, and a --flagfile naming a directory or a binary file, and which exits 1 (not the
+// apps' 2 for flags) on the errors it does find. Messages name the program as argv[0]'s file
+// name.
 //
 // Accepted, as gflags spells them: --name=value or -name=value; --name value (not for bools);
 // --bool, --nobool; --flagfile=FILE[,FILE...] (nested flagfiles too), whose lines are blank,

@@ -131,7 +131,11 @@ int Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  gflags::SetUsageMessage("times the optimizer step against the copy bandwidth (see README.md)");
+  if (const std::optional<int> exit_code =
+          moe::BenchCommandLine("optimizer_bench", "apps/optimizer_bench/main.cc", argc, argv)) {
+    return *exit_code;
+  }
   google::InitGoogleLogging(argv[0]);
   return moe::Run();
 }

@@ -70,22 +70,32 @@ INSTANTIATE_TEST_SUITE_P(
                      "moe_bench: --json_out $D/missing/out.json: directory $D/missing does not "
                      "exist"},
         BenchRefusal{kMoeBench + "--json_out=$D", "moe_bench: --json_out $D: not a regular file"},
-        BenchRefusal{kMoeBench + "--device=tpu", "moe_bench: --device=tpu must be cpu or cuda"}));
+        BenchRefusal{kMoeBench + "--device=tpu", "moe_bench: --device=tpu must be cpu or cuda"},
+        // The command line, read as moe_train reads it (command_line.h).
+        BenchRefusal{kMoeBench + "--iters=abc", "moe_bench: --iters=abc is not a valid int32"},
+        BenchRefusal{kMoeBench + "--warmpu=3",
+                     "moe_bench: unknown flag --warmpu (did you mean --warmup?)"},
+        BenchRefusal{kMoeBench + "qwen3",
+                     "moe_bench: unexpected argument 'qwen3' (flags are --name=value; a flagfile "
+                     "is --flagfile=FILE)"},
+        BenchRefusal{kMoeBench + "--flagfile=$D/none.flags",
+                     "moe_bench: --flagfile=$D/none.flags: no such file"}));
 
 INSTANTIATE_TEST_SUITE_P(
     AttentionBench, BenchRefusalTest,
-    ::testing::Values(BenchRefusal{kAttention + "--seq=0",
-                                   "attention_bench: --seq=0 must be in [1, 16777216]"},
-                      BenchRefusal{kAttention + "--batch=-1",
-                                   "attention_bench: --batch=-1 must be in [1, 1048576]"},
-                      BenchRefusal{kAttention + "--heads=16 --kv_heads=32",
-                                   "attention_bench: --kv_heads=32 must be in [1, 16]"},
-                      BenchRefusal{kAttention + "--heads=6 --kv_heads=4",
-                                   "attention_bench: --kv_heads=4 does not divide --heads=6"},
-                      BenchRefusal{kAttention + "--head_dim=96",
-                                   "attention_bench: --head_dim=96 must be 64 or 128"},
-                      BenchRefusal{kAttention + "--iters=0",
-                                   "attention_bench: --iters=0 must be in [1, 1048576]"}));
+    ::testing::Values(
+        BenchRefusal{kAttention + "--seq=0", "attention_bench: --seq=0 must be in [1, 16777216]"},
+        BenchRefusal{kAttention + "--batch=-1",
+                     "attention_bench: --batch=-1 must be in [1, 1048576]"},
+        BenchRefusal{kAttention + "--heads=16 --kv_heads=32",
+                     "attention_bench: --kv_heads=32 must be in [1, 16]"},
+        BenchRefusal{kAttention + "--heads=6 --kv_heads=4",
+                     "attention_bench: --kv_heads=4 does not divide --heads=6"},
+        BenchRefusal{kAttention + "--head_dim=96",
+                     "attention_bench: --head_dim=96 must be 64 or 128"},
+        BenchRefusal{kAttention + "--iters=0",
+                     "attention_bench: --iters=0 must be in [1, 1048576]"},
+        BenchRefusal{kAttention + "--seq=4k", "attention_bench: --seq=4k is not a valid int64"}));
 
 INSTANTIATE_TEST_SUITE_P(
     OptimizerBench, BenchRefusalTest,
@@ -99,7 +109,18 @@ INSTANTIATE_TEST_SUITE_P(
                       BenchRefusal{kOptimizer + "--copy_gib=nan",
                                    "optimizer_bench: --copy_gib=nan must be in (0, 1024]"},
                       BenchRefusal{kOptimizer + "--moments=fp16",
-                                   "optimizer_bench: --moments=fp16 must be fp32 or bf16"}));
+                                   "optimizer_bench: --moments=fp16 must be fp32 or bf16"},
+                      BenchRefusal{kOptimizer + "--seq=3", "optimizer_bench: unknown flag --seq"}));
+
+// --help prints the bench's own flags (not every library's) and exits 0.
+TEST(BenchHelpTest, HelpListsTheBenchsOwnFlags) {
+  for (const std::string& bench : {kMoeBench, kAttention, kOptimizer}) {
+    const SplitCommandResult r = testing::RunCommandSplit(bench + "--help");
+    EXPECT_EQ(r.exit_code, 0) << bench << r.err;
+    EXPECT_NE(r.out.find("    -device ("), std::string::npos) << bench << r.out;
+    EXPECT_EQ(r.out.find("-logtostderr"), std::string::npos) << "glog's flags: " << bench;
+  }
+}
 
 // A good run writes the JSON it was asked for: one entry per shape, token count and path.
 TEST(MoeBenchTest, WritesItsJsonAtTheEnd) {
