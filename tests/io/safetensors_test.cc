@@ -105,6 +105,15 @@ class SafetensorsTest : public ::testing::Test {
     };
   }
 
+  // Destinations of the same names, shapes and dtypes, every byte 0xFF.
+  static std::vector<NamedTensor> PoisonedLike(const std::vector<NamedTensor>& tensors) {
+    std::vector<NamedTensor> out;
+    for (const NamedTensor& t : tensors) {
+      out.push_back({t.name, PoisonedTensor(t.tensor.shape(), t.tensor.dtype(), Device::CPU())});
+    }
+    return out;
+  }
+
   std::string dir_;
 };
 
@@ -131,10 +140,7 @@ TEST_F(SafetensorsTest, LoadIntoTensorsKeepsEveryBit) {
   const std::string path = Path("a.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {}).ok());
 
-  std::vector<NamedTensor> loaded;
-  for (const NamedTensor& t : tensors) {
-    loaded.push_back({t.name, PoisonedTensor(t.tensor.shape(), t.tensor.dtype(), Device::CPU())});
-  }
+  std::vector<NamedTensor> loaded = PoisonedLike(tensors);
   // Destinations in another order than the file's, one of them a row view.
   std::swap(loaded[0], loaded[3]);
   Tensor big = PoisonedTensor({5, 6}, DType::kF32, Device::CPU());
@@ -159,10 +165,7 @@ TEST_F(SafetensorsTest, NonFiniteValuesAreRefusedWhenAsked) {
   const std::vector<NamedTensor> tensors = Sample();
   const std::string path = Path("a.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, tensors, {}).ok());
-  std::vector<NamedTensor> loaded;
-  for (const NamedTensor& t : tensors) {
-    loaded.push_back({t.name, PoisonedTensor(t.tensor.shape(), t.tensor.dtype(), Device::CPU())});
-  }
+  const std::vector<NamedTensor> loaded = PoisonedLike(tensors);
   ExpectError(LoadSafetensors(path, loaded, NonFiniteValues::kRefuse), StatusCode::kDataLoss, path,
               "tensor 'layers.0.attn.q_proj.weight' in '" + path +
                   "' holds a non-finite value (NaN or infinity) at element 0");
