@@ -18,13 +18,24 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A stand-in for the name `part` when probing whether it can be created: unique to this process
+// (ranks probe the same paths at once) and as long as `part` (a name too long stays too long).
+std::string ProbeName(const std::string& part) {
+  std::string name = ".moe_probe-" + std::to_string(::getpid()) + "-";
+  if (part.size() > name.size()) name.append(part.size() - name.size(), 'x');
+  return name;
+}
+
 // "" if an entry can be created in the existing directory `dir`, else why not.
 std::string ProbeDirectory(const fs::path& dir) {
-  const fs::path probe = dir / (".moe_train_probe-" + std::to_string(::getpid()));
+  const fs::path probe = dir / ProbeName("");
   if (::mkdir(probe.c_str(), 0700) != 0) return std::strerror(errno);
   ::rmdir(probe.c_str());
   return "";
 }
+
+// Whether a failed creation's errno says the directory refuses new entries.
+bool Unwritable(int error) { return error == EACCES || error == EPERM || error == EROFS; }
 
 // The nearest existing ancestor of `path` (itself if it exists).
 fs::path ExistingAncestor(const fs::path& path) {
@@ -34,20 +45,36 @@ fs::path ExistingAncestor(const fs::path& path) {
   return at;
 }
 
-// Refuses a directory-to-be whose nearest existing ancestor is not a directory we can write.
+// Refuses a directory-to-be whose nearest existing ancestor is not a directory, or whose missing
+// components cannot be made there (permissions, a read-only filesystem, a name too long): their
+// stand-ins (ProbeName) are made, one inside the other, and removed again.
 Status CheckCreatable(const std::string& bad, const fs::path& path) {
-  const fs::path ancestor = ExistingAncestor(path);
   std::error_code error;
+  const fs::path target = fs::absolute(path, error).lexically_normal();
+  const fs::path ancestor = ExistingAncestor(target);
   if (!fs::is_directory(ancestor, error)) {
     return InvalidArgument(bad + ": cannot create it: " + ancestor.string() +
                            " is not a directory");
   }
-  const std::string why = ProbeDirectory(ancestor);
-  if (!why.empty()) {
-    return InvalidArgument(bad + ": cannot create it: directory " + ancestor.string() +
-                           " is not writable (" + why + ")");
+  std::vector<fs::path> made;
+  int failed = 0;  // errno of the mkdir that failed
+  fs::path at = ancestor;
+  for (const fs::path& part : target.lexically_relative(ancestor)) {
+    if (part.empty() || part == ".") continue;
+    at /= ProbeName(part.string());
+    if (::mkdir(at.c_str(), 0700) != 0) {
+      failed = errno;
+      break;
+    }
+    made.push_back(at);
   }
-  return Status::Ok();
+  for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());
+  if (failed == 0) return Status::Ok();
+  if (made.empty() && Unwritable(failed)) {
+    return InvalidArgument(bad + ": cannot create it: directory " + ancestor.string() +
+                           " is not writable (" + std::strerror(failed) + ")");
+  }
+  return InvalidArgument(bad + ": cannot create it (" + std::string(std::strerror(failed)) + ")");
 }
 
 // The canonical form of a path for comparisons (whether or not it exists).
@@ -77,11 +104,17 @@ Status CheckOutputFile(const char* flag, const std::string& path) {
   if (!fs::is_directory(parent, error)) {
     return InvalidArgument(bad + ": directory " + parent.string() + " does not exist");
   }
-  const std::string why = ProbeDirectory(parent);
-  if (!why.empty()) {
-    return InvalidArgument(bad + ": directory " + parent.string() + " is not writable (" + why +
-                           ")");
+  // A stand-in of the file's name is made and removed: its directory's permissions, a read-only
+  // filesystem and a name too long all show.
+  const fs::path probe = parent / ProbeName(fs::path(path).filename().string());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && Unwritable(errno)) {
+    return InvalidArgument(bad + ": directory " + parent.string() + " is not writable (" +
+                           std::strerror(errno) + ")");
   }
+  if (fd < 0) return InvalidArgument(bad + ": cannot create it (" + std::strerror(errno) + ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
   return Status::Ok();
 }
 

@@ -29,6 +29,18 @@ RunLog::RunLog(const RunConfig& run) : run_(run) {
   if (!FLAGS_metrics_file.empty()) metrics_.open(FLAGS_metrics_file, std::ios::app);
 }
 
+// The file was checked before any work; losing it later (removed, a full disk) costs the metrics,
+// said once on stderr, not the run.
+void RunLog::Metrics(const nlohmann::json& record) {
+  if (FLAGS_metrics_file.empty() || metrics_lost_) return;
+  if (metrics_.is_open()) metrics_ << record.dump() << "\n" << std::flush;
+  if (!metrics_.is_open() || !metrics_) {
+    fprintf(stderr, "moe_train: --metrics_file %s could not be written; no more metrics go there\n",
+            FLAGS_metrics_file.c_str());
+    metrics_lost_ = true;
+  }
+}
+
 void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   const GptConfig& m = run_.model;
   const TrainerOptions& t = run_.trainer;
@@ -218,10 +230,6 @@ void RunLog::OffloadPolicy(const OffloadManager& manager,
                            const std::vector<std::vector<OffloadGroupSummary>>& by_pipeline_rank) {
   printf("%s", manager.SummaryTable(by_pipeline_rank).c_str());
   fflush(stdout);
-}
-
-void RunLog::Metrics(const nlohmann::json& record) {
-  if (metrics_.is_open()) metrics_ << record.dump() << "\n" << std::flush;
 }
 
 }  // namespace moe

@@ -40,6 +40,7 @@ class RunLog {
 
   const RunConfig& run_;
   std::ofstream metrics_;
+  bool metrics_lost_ = false;  // a write failed (said once)
   double seconds_ = 0;
   double bubble_ = 0;  // pipeline bubble fractions summed since the last log line
   int64_t tokens_ = 0;

@@ -291,6 +291,13 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--trace_file=$D", "--trace_file $D: not a regular file"},
         Refusal{"--trace_file=$D/none/t.json",
                 "--trace_file $D/none/t.json: directory $D/none does not exist"},
+        // A name over the filesystem's 255-byte limit, found before the run, not at its save.
+        Refusal{
+            "--save=$D/ck/" + std::string(300, 'c'),
+            "--save $D/ck/" + std::string(300, 'c') + ": cannot create it (File name too long)"},
+        Refusal{"--metrics_file=$D/" + std::string(300, 'm'),
+                "--metrics_file $D/" + std::string(300, 'm') +
+                    ": cannot create it (File name too long)"},
         Refusal{"--trace_file=$D/notes.txt",
                 "--trace_file $D/notes.txt exists and is not an output of this flag: refusing to "
                 "replace it (remove it, or name a new file)",
