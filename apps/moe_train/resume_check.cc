@@ -62,15 +62,27 @@ Status CheckResume(RunConfig* run) {
   if (!read.ok()) return InvalidArgument("--load " + FLAGS_load + ": " + read.status().message());
   const std::string& dir = read->dir;
   const nlohmann::json& state = read->state;
-  if (!state.is_object() || !state.contains("model") || !state["model"].is_object() ||
-      !state.contains("step") || !state["step"].is_number_integer()) {
-    return InvalidArgument("--load " + dir + ": state.json has no model shape or step");
+  if (!state.is_object() || !state.contains("model") || !state["model"].is_object()) {
+    return InvalidArgument("--load " + dir + ": state.json has no model shape");
   }
   const std::string differences = ModelShapeDifferences(state["model"], run->model);
   if (!differences.empty()) {
     return InvalidArgument("--load " + dir + ": the checkpoint's model differs in " + differences);
   }
+  // The counters the trainer restores: the step, AdamW's step (its bias correction) and the
+  // samples read, as a checkpoint writes them (0 <= optimizer_step <= step).
+  for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
+    if (!state.contains(key) || !state[key].is_number_integer() || state[key].get<int64_t>() < 0) {
+      return InvalidArgument("--load " + dir + ": state.json's \"" + key +
+                             "\" is not an integer >= 0");
+    }
+  }
   const int64_t step = state["step"].get<int64_t>();
+  if (state["optimizer_step"].get<int64_t>() > step) {
+    return InvalidArgument("--load " + dir + ": state.json's \"optimizer_step\" " +
+                           state["optimizer_step"].dump() + " is beyond its step " +
+                           std::to_string(step));
+  }
   if (run->trainer.train_steps <= step) {
     return InvalidArgument("--train_steps=" + std::to_string(run->trainer.train_steps) +
                            " is not beyond step " + std::to_string(step) + " of --load " + dir +

@@ -1,6 +1,7 @@
 // --load, checked before any work (Trainer::Load then only restores): the path resolves to a
-// checkpoint (engine/io/checkpoint.h) whose state.json parses and whose tensor files' headers are
-// whole (a truncated or corrupt file is refused here, not after the model is built); its model
+// checkpoint (engine/io/checkpoint.h) whose state.json parses, with counters a save writes (step,
+// optimizer_step <= step, consumed_train_samples: integers >= 0), and whose tensor files' headers
+// are whole (a truncated or corrupt file is refused here, not after the model is built); its model
 // shape equals this run's, else one line naming each field that differs as its flag, with both
 // values ("--load ckpt: the checkpoint's model differs in --hidden_size (checkpoint 64, this run
 // 128)"); --train_steps is beyond the checkpoint's step, else the run would end having trained

@@ -423,6 +423,21 @@ TEST(MoeTrainTest, ResumeProblemsNameWhatIsWrong) {
                      " --train_steps=4 --trace_file=" + dir.Path("t.json") + " --trace_steps=1:2",
                  "--trace_steps=1:2 starts at or before step 1 of --load " + step_dir +
                      ", where the run resumes"});
+  // Counters no save writes: AdamW's step below 1 at the next update aborted the run.
+  const std::string state_file = step_dir + "/state.json";
+  const std::string state_text = ReadFile(state_file);
+  nlohmann::json state = nlohmann::json::parse(state_text);
+  state["optimizer_step"] = -5;
+  WriteFile(state_file, state.dump());
+  ExpectRefused(
+      {"--load=" + dir.Path("ckpt") + " --train_steps=3",
+       "--load " + step_dir + ": state.json's \"optimizer_step\" is not an integer >= 0"});
+  state["optimizer_step"] = 7;
+  WriteFile(state_file, state.dump());
+  ExpectRefused(
+      {"--load=" + dir.Path("ckpt") + " --train_steps=3",
+       "--load " + step_dir + ": state.json's \"optimizer_step\" 7 is beyond its step 1"});
+  WriteFile(state_file, state_text);
 }
 
 // A damaged checkpoint: a truncated tensor file is refused before any work (exit 2, naming
