@@ -470,13 +470,13 @@ Status Trainer::DumpReferenceCase(const std::string& dir) {
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  MOE_RETURN_IF_ERROR(
-      WriteSafetensors(dir + "/reference.safetensors", tensors, {{"device", device_.ToString()}}));
-  std::ofstream config(dir + "/config.json");
+  MOE_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + kReferenceCaseTensors, tensors,
+                                       {{"device", device_.ToString()}}));
+  std::ofstream config(dir + "/" + kReferenceCaseConfig);
   config << ModelConfig().dump(2) << "\n";
   const bool written = static_cast<bool>(config);
   parameters_.ZeroGrads();
-  return written ? Status::Ok() : Internal("cannot write " + dir + "/config.json");
+  return written ? Status::Ok() : Internal("cannot write " + dir + "/" + kReferenceCaseConfig);
 }
 
 }  // namespace moe

@@ -143,6 +143,10 @@ struct StepStats {
   std::vector<TraceEvent> trace;  // this rank's traced events (TrainStep(trace=true) only)
 };
 
+// The two files of Trainer::DumpReferenceCase (read by tests/reference/torch_reference.py).
+inline constexpr const char* kReferenceCaseTensors = "reference.safetensors";
+inline constexpr const char* kReferenceCaseConfig = "config.json";
+
 class Trainer {
  public:
   // Errors (naming the flags) when the layers do not split over the stages, the global batch
@@ -190,10 +194,10 @@ class Trainer {
   Status Load(const std::string& path);
 
   // For reference checks against another implementation: one forward and backward of the
-  // first training micro-batch, written to dir/reference.safetensors (the f32 master weights
+  // first training micro-batch, written to dir/kReferenceCaseTensors (the f32 master weights
   // under their names, "grad.<name>" for each gradient of loss = mean cross-entropy + aux
-  // losses, "ids", "targets", "loss", "aux_loss") and dir/config.json (the model shape and
-  // hyper-parameters). Changes no trainer state.
+  // losses, "ids", "targets", "loss", "aux_loss") and dir/kReferenceCaseConfig (the model shape
+  // and hyper-parameters), replacing them. Changes no trainer state.
   Status DumpReferenceCase(const std::string& dir);
 
  private:

@@ -166,7 +166,8 @@ int Run(const Status& parsed) {
   if (!FLAGS_dump_reference_case.empty()) {
     const Status dumped = trainer.DumpReferenceCase(FLAGS_dump_reference_case);
     if (!dumped.ok()) return Fail(dumped, 1);
-    printf("wrote %s/reference.safetensors and config.json\n", FLAGS_dump_reference_case.c_str());
+    printf("wrote %s/%s and %s\n", FLAGS_dump_reference_case.c_str(), kReferenceCaseTensors,
+           kReferenceCaseConfig);
     return 0;
   }
 

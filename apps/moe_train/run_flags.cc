@@ -162,6 +162,23 @@ std::string TraceFilePath(int rank, int world_size) {
   return out.string() + ".rank" + std::to_string(rank) + path.extension().string();
 }
 
+namespace {
+
+// --dump_reference_case replaces its two files in the directory: an existing one must hold
+// nothing else (new, empty, or an earlier dump), so no other file there is replaced by mistake.
+Status CheckReferenceCaseDirectory(const std::string& dir) {
+  std::error_code error;
+  if (dir.empty() || !std::filesystem::is_directory(dir, error)) return Status::Ok();
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name != kReferenceCaseTensors && name != kReferenceCaseConfig) {
+      return InvalidArgument("--dump_reference_case " + dir + " holds other files ('" + name +
+                             "'): it takes a new or empty directory, or an earlier dump's");
+    }
+  }
+  return Status::Ok();
+}
+
 // moe_train's outputs (output_checks.h), and no two of them naming the same path.
 Status CheckOutputFlags(int world_size) {
   MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
@@ -172,6 +189,7 @@ Status CheckOutputFlags(int world_size) {
   MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
   MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));
   MOE_RETURN_IF_ERROR(CheckOutputDirectory("dump_reference_case", FLAGS_dump_reference_case));
+  MOE_RETURN_IF_ERROR(CheckReferenceCaseDirectory(FLAGS_dump_reference_case));
   const std::vector<std::pair<const char*, std::string>> outputs = {
       {"metrics_file", FLAGS_metrics_file},
       {"trace_file", FLAGS_trace_file},
@@ -191,6 +209,8 @@ Status CheckOutputFlags(int world_size) {
   }
   return Status::Ok();
 }
+
+}  // namespace
 
 StatusOr<RunConfig> ValidateFlags(int world_size) {
   MOE_RETURN_IF_ERROR(CheckFlagRanges());

@@ -298,6 +298,13 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--metrics_file=$D/" + std::string(300, 'm'),
                 "--metrics_file $D/" + std::string(300, 'm') +
                     ": cannot create it (File name too long)"},
+        Refusal{"--dump_reference_case=$D/model",
+                "--dump_reference_case $D/model holds other files ('tokenizer.json'): it takes a "
+                "new or empty directory, or an earlier dump's",
+                [](const std::string& d) {
+                  fs::create_directories(d + "/model");
+                  WriteFile(d + "/model/tokenizer.json", "{}");
+                }},
         Refusal{"--trace_file=$D/notes.txt",
                 "--trace_file $D/notes.txt exists and is not an output of this flag: refusing to "
                 "replace it (remove it, or name a new file)",
