@@ -171,7 +171,10 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
                             "step directory (no 'state.json')");
 }
 
-StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
+namespace {
+
+// The step directory `path` denotes and its state.json, parsed (no tensor file is opened).
+StatusOr<CheckpointState> ParseCheckpointState(const std::string& path) {
   MOE_ASSIGN_OR_RETURN(const std::string resolved, ResolveCheckpointDir(path));
   const fs::path dir(resolved);
   std::ifstream in(dir / kStateFile);
@@ -184,8 +187,15 @@ StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
   }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(CheckpointState out, ParseCheckpointState(path));
   for (const char* file : {kModelFile, kOptimizerFile}) {
-    MOE_RETURN_IF_ERROR(CheckSafetensorsLayout((dir / file).string()));
+    MOE_RETURN_IF_ERROR(CheckSafetensorsLayout((fs::path(out.dir) / file).string()));
   }
   return out;
 }
@@ -211,7 +221,9 @@ std::vector<std::string> ListCheckpointEntries(const std::string& root) {
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
                                         const std::vector<NamedTensor>& optimizer, bool subset) {
-  MOE_ASSIGN_OR_RETURN(CheckpointState read, ReadCheckpointState(path));
+  // The loads below run the layout checks as they open the files (per bucket under the
+  // distributed optimizer): ReadCheckpointState's would be a second pass.
+  MOE_ASSIGN_OR_RETURN(CheckpointState read, ParseCheckpointState(path));
   const fs::path dir(read.dir);
   nlohmann::json state = std::move(read.state);
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
