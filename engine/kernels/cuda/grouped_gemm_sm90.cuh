@@ -27,20 +27,32 @@
 //   and base pointers 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes);
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
 //
-// Design (one CTA per SM, persistent; static round-robin over a linear tile order):
+// Design (one CTA per SM, persistent; static round-robin, per CTA or per cluster, over a linear
+// tile order):
 //   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a 4-deep ring of
 //     shared stages, setmaxnreg 40), warpgroups 1 and 2 consume (setmaxnreg 232): each owns 64
 //     rows of the 128 x 256 C tile and issues m64n256k16 wgmmas, 128 f32 accumulators a thread.
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
 //     (all 8 consumer warps done reading) mbarriers; the producer runs ahead across tiles, so
 //     next tile's loads overlap this tile's epilogue.
-//   - Forward tiles: group-major; within a group all m tiles of an n tile are consecutive (the
-//     CTAs resident together read one weight tile from L2). Each CTA scans the offsets once into
-//     shared memory (prefix of 128-row tiles per group) and binary-searches it per tile. A row
-//     tile never crosses its group's end: rows past it are loaded (from the next group, or TMA's
-//     zero fill past `rows`) but never stored; a consumer whose 64 rows all lie past the end
-//     skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D map
-//     with the group as its outer dimension, so no read crosses into the next expert).
+//   - Forward: clusters of 2 CTAs (kForwardCluster) that load a shared operand once and multicast
+//     it (TMA .multicast::cluster) into both: a row pair (two 128-row tiles of one group over the
+//     same 256 columns) shares w's tile, each CTA loading half; a group's odd last row tile runs
+//     as column pairs (the same 128 rows, 512 columns) sharing x's rows. Each CTA's stage gets
+//     48 KiB from its own and its peer's loads; a stage is empty once the consumer warps of both
+//     CTAs released it (remote mbarrier arrivals), and no CTA exits before its peer (cluster
+//     barrier). Without the pairing, the row tiles that share a weight tile ran on CTAs that
+//     drifted apart, and each read it from DRAM: at the DeepSeek-V3-like shape (16384 tokens, 4
+//     row tiles per expert) fc1 read 84 GB for 15 GB of weights (L2 hit rate 32%, ncu, H200,
+//     2026-12-02).
+//   - Forward tiles: group-major; within a group the row pairs of a column tile are consecutive
+//     (the clusters resident together read one weight tile from L2), then the column pairs. Each
+//     CTA scans the offsets once into shared memory (prefix of cluster tiles per group) and
+//     binary-searches it per tile. A row tile never crosses its group's end: rows past it are
+//     loaded (from the next group, or TMA's zero fill past `rows`) but never stored; a consumer
+//     whose 64 rows all lie past the end, or whose columns lie past n, skips its wgmmas. K tails
+//     and N tails: TMA zero-fills outside the tensors (w is a 3-D map with the group as its outer
+//     dimension, so no read crosses into the next expert).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows, in
 //     64-row steps. A K step past the group's end would read the next group's rows, so the
 //     producer lands such a stage on a separate mbarrier, zeroes the 128-byte lines of the rows
@@ -98,6 +110,7 @@ constexpr int kBlockN = 256;  // C columns per tile: one m64n256k16 per consumer
 constexpr int kBlockK = 64;   // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
 constexpr int kForwardStages = 4;     // 4 x 48 KiB, beside the offsets (8 KiB)
+constexpr int kForwardCluster = 2;    // forward CTAs sharing (multicasting) an operand tile
 constexpr int kWeightGradStages = 4;  // 4 x 48 KiB, beside the write staging (32 KiB)
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
@@ -156,7 +169,9 @@ __device__ __forceinline__ uint64_t MNMajorDescriptor(uint32_t start, int k_slic
 
 // The mbarriers of the stage ring: full[s] (operands landed), empty[s] (consumers done), and
 // landed[s] (weight gradient only: the TMA bytes of a stage the producer still has to mask).
-template <int kStages>
+// With kCluster > 1 a stage is filled by every CTA of the cluster (multicast), so it is empty
+// once the consumers of all of them are done: each consumer warp releases it in every CTA.
+template <int kStages, int kCluster = 1>
 struct StageBarriers {
   uint32_t base;  // shared address of full[0]; empty and landed follow, kStages each
 
@@ -169,10 +184,20 @@ struct StageBarriers {
   __device__ void Init() const {
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(Full(s), 1);
-      MbarrierInit(Empty(s), kConsumerWarps);
+      MbarrierInit(Empty(s), kConsumerWarps * kCluster);
       MbarrierInit(Landed(s), 1);
     }
     FenceBarrierInit();
+  }
+
+  // One consumer warp's arrival on empty[stage] (in every CTA of the cluster).
+  __device__ void Release(int stage) const {
+    if constexpr (kCluster == 1) {
+      MbarrierArrive(Empty(stage));
+    } else {
+#pragma unroll
+      for (int rank = 0; rank < kCluster; ++rank) MbarrierArriveInCta(Empty(stage), rank);
+    }
   }
 };
 
@@ -192,7 +217,8 @@ struct StageRing {
   }
   __device__ uint32_t A(int stage) const { return SmemAddress(APointer(stage)); }
   __device__ uint32_t B(int stage) const { return SmemAddress(BPointer(stage)); }
-  __device__ StageBarriers<kStages> Barriers() const {
+  template <int kCluster = 1>
+  __device__ StageBarriers<kStages, kCluster> Barriers() const {
     return {SmemAddress(base) + kStages * kStageBytes};
   }
   // Bytes past the barriers, for the kernel's own use (1024-byte aligned).
@@ -208,9 +234,10 @@ struct StageRing {
 // an inactive warpgroup (its rows lie outside C) only releases the stages. Keeps one wgmma
 // group in flight: a stage is released once the group after it has been issued and its own
 // group has completed. Every consumer warp arrives once per stage on empty.
-template <int kTransposeA, int kTransposeB, int kStages, typename ADescriptor, typename BDescriptor>
+template <int kTransposeA, int kTransposeB, int kStages, int kCluster, typename ADescriptor,
+          typename BDescriptor>
 __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, bool active,
-                                               const StageBarriers<kStages>& barriers,
+                                               const StageBarriers<kStages, kCluster>& barriers,
                                                PipelineState<kStages>& state,
                                                ADescriptor a_descriptor, BDescriptor b_descriptor) {
   const bool warp_leader = threadIdx.x % 32 == 0;
@@ -228,10 +255,10 @@ __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, 
       WgmmaCommitGroup();
       WgmmaWaitGroup<1>();
       FenceAccumulators(acc);
-      if (unreleased >= 0 && warp_leader) MbarrierArrive(barriers.Empty(unreleased));
+      if (unreleased >= 0 && warp_leader) barriers.Release(unreleased);
       unreleased = state.stage;
     } else if (warp_leader) {
-      MbarrierArrive(barriers.Empty(state.stage));
+      barriers.Release(state.stage);
     }
     state.Advance();
   }
@@ -239,7 +266,7 @@ __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, 
   // accumulators' next use passes a wait and ptxas need not inject one.
   WgmmaWaitGroup<0>();
   FenceAccumulators(acc);
-  if (unreleased >= 0 && warp_leader) MbarrierArrive(barriers.Empty(unreleased));
+  if (unreleased >= 0 && warp_leader) barriers.Release(unreleased);
 }
 
 // This consumer thread's place in its warpgroup's 64 x 256 accumulator tile: rows Row() and
@@ -254,53 +281,75 @@ struct FragmentPosition {
   __device__ int Column() const { return 2 * (lane % 4); }
 };
 
-// ---------------------------------------------------------------- forward: row tiles
+// ---------------------------------------------------------------- forward: cluster tiles
 
-struct RowTile {
+// One cluster's share of y: two kBlockM x kBlockN tiles, one per CTA rank r. A row pair stacks
+// them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's kBlockN rows, each loads
+// half and multicasts it. A column pair puts them side by side (rows row0, columns n0 +
+// kBlockN r): they share x's kBlockM rows. A group with c = ceil(rows_g / kBlockM) row tiles has
+// c / 2 row pairs per column tile and, when c is odd, its last row tile in column pairs (a
+// column tile past n leaves its CTA's consumers idle).
+struct ClusterTile {
   int group;
-  int row_begin, row_end;  // the tile's rows [row_begin, min(row_begin + kBlockM, row_end))
-  int n0;                  // first column of C
+  int row0, row_end;  // the cluster's first row; the group's end
+  int n0;             // the cluster's first column
+  int row_pair;       // 1: row pair, 0: column pair
 
-  __device__ RowTile WarpUniform() const {
-    return {sm90::WarpUniform(group), sm90::WarpUniform(row_begin), sm90::WarpUniform(row_end),
-            sm90::WarpUniform(n0)};
+  __device__ int Row(int rank) const { return row_pair ? row0 + kBlockM * rank : row0; }
+  __device__ int Column(int rank) const { return row_pair ? n0 : n0 + kBlockN * rank; }
+  __device__ ClusterTile WarpUniform() const {
+    return {sm90::WarpUniform(group), sm90::WarpUniform(row0), sm90::WarpUniform(row_end),
+            sm90::WarpUniform(n0), sm90::WarpUniform(row_pair)};
   }
 };
 
-// Shared-memory copies of the offsets (groups + 1) and of tile_prefix (groups + 1): row tiles
-// of the groups before g, each group covered by ceil(rows_g / kBlockM) tiles.
-struct RowTileSchedule {
+// Cluster tiles of a group of `rows` rows (see ClusterTile).
+__device__ __forceinline__ int ClusterTiles(int rows, int n_tiles) {
+  const int row_tiles = (rows + kBlockM - 1) / kBlockM;
+  return row_tiles / 2 * n_tiles + row_tiles % 2 * ((n_tiles + 1) / 2);
+}
+
+// Shared-memory copies of the offsets (groups + 1) and of tile_prefix (groups + 1): cluster
+// tiles of the groups before g.
+struct ClusterTileSchedule {
   const int* offsets;
   const int* tile_prefix;
   int groups;
-  int n_tiles;
+  int n_tiles;  // kBlockN-column tiles of y
 
-  __device__ int Total() const { return tile_prefix[groups] * n_tiles; }
+  __device__ int Total() const { return tile_prefix[groups]; }
 
-  // Tile t of Total(): group-major, then n tile, then row tile. Group g's tiles are
-  // [tile_prefix[g] n_tiles, tile_prefix[g + 1] n_tiles), so g is the last group with
-  // tile_prefix[g] <= t / n_tiles (an empty group never is: the next one has the same prefix).
-  __device__ RowTile Find(int t) const {
-    const int row_tile = t / n_tiles;
+  // Tile t of Total(): group-major; within a group the row pairs, column tile by column tile
+  // (the row pairs of one column tile consecutive: the clusters resident together read one
+  // weight tile from L2), then the column pairs. g is the last group with tile_prefix[g] <= t
+  // (an empty group never is: the next one has the same prefix).
+  __device__ ClusterTile Find(int t) const {
     int lo = 0, hi = groups - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (tile_prefix[mid] <= row_tile) {
+      if (tile_prefix[mid] <= t) {
         lo = mid;
       } else {
         hi = mid - 1;
       }
     }
-    const int count = tile_prefix[lo + 1] - tile_prefix[lo];
-    const int local = t - tile_prefix[lo] * n_tiles;
-    return {lo, offsets[lo] + local % count * kBlockM, offsets[lo + 1], local / count * kBlockN};
+    const int begin = offsets[lo], end = offsets[lo + 1];
+    const int row_tiles = (end - begin + kBlockM - 1) / kBlockM;
+    const int row_pairs = row_tiles / 2;
+    const int local = t - tile_prefix[lo];
+    if (local < row_pairs * n_tiles) {
+      return {lo, begin + local % row_pairs * 2 * kBlockM, end, local / row_pairs * kBlockN, 1};
+    }
+    const int column_pair = local - row_pairs * n_tiles;
+    return {lo, begin + (row_tiles - 1) * kBlockM, end, column_pair * 2 * kBlockN, 0};
   }
 };
 
 // Fills `offsets` (groups + 1) from device memory and tile_prefix from them; the whole CTA calls
 // it. Traps unless 0 = offsets[0] <= ... <= offsets[groups] = rows.
-__device__ __forceinline__ void BuildRowTileSchedule(const int32_t* device_offsets, int groups,
-                                                     int rows, int* offsets, int* tile_prefix) {
+__device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_offsets, int groups,
+                                                         int rows, int n_tiles, int* offsets,
+                                                         int* tile_prefix) {
   for (int i = static_cast<int>(threadIdx.x); i <= groups; i += kThreads) {
     offsets[i] = device_offsets[i];
   }
@@ -313,7 +362,7 @@ __device__ __forceinline__ void BuildRowTileSchedule(const int32_t* device_offse
       int count = 0;
       if (g < groups) {
         if (offsets[g] > offsets[g + 1]) __trap();
-        count = (offsets[g + 1] - offsets[g] + kBlockM - 1) / kBlockM;
+        count = ClusterTiles(offsets[g + 1] - offsets[g], n_tiles);
       }
       int inclusive = count;
 #pragma unroll
@@ -331,6 +380,48 @@ __device__ __forceinline__ void BuildRowTileSchedule(const int32_t* device_offse
   }
   __syncthreads();
 }
+
+// The TMA loads of one forward stage into this CTA (or, with mask != 0, into every CTA of the
+// cluster in the mask, at the same shared offsets): rows of x as 64-row boxes, columns of w in
+// kBlockN / 2-column halves.
+template <bool kTransposeW>
+struct ForwardLoads {
+  const CUtensorMap& x_map;
+  const CUtensorMap& w_map;
+  uint32_t full;  // the stage's full barrier
+  int k0;         // the stage's first K index
+
+  // x rows [row, row + 64) into `a`.
+  __device__ void XBox(uint32_t a, uint16_t mask, int row) const {
+    if (mask != 0) {
+      TmaLoad2dMulticast(x_map, a, full, mask, k0, row);
+    } else {
+      TmaLoad2d(x_map, a, full, k0, row);
+    }
+  }
+
+  // w's columns [column, column + kBlockN / 2) of `group` into `b` (128 K-major rows, or 2 MN-major
+  // 64 x 64 boxes).
+  __device__ void WHalf(uint32_t b, uint16_t mask, int column, int group) const {
+    if constexpr (kTransposeW) {
+      Box3d(b, mask, k0, column, group);
+    } else {
+#pragma unroll
+      for (int box = 0; box < kBlockN / 2 / 64; ++box) {
+        Box3d(b + box * kBoxBytes, mask, column + 64 * box, k0, group);
+      }
+    }
+  }
+
+ private:
+  __device__ void Box3d(uint32_t dst, uint16_t mask, int c0, int c1, int c2) const {
+    if (mask != 0) {
+      TmaLoad3dMulticast(w_map, dst, full, mask, c0, c1, c2);
+    } else {
+      TmaLoad3d(w_map, dst, full, c0, c1, c2);
+    }
+  }
+};
 
 // y rows [row, row_end) and [row + 8, row_end) of this thread's fragment, columns below n.
 __device__ __forceinline__ void StoreRows(const Accumulators& acc, bf16* y, int n, int row,
@@ -454,77 +545,95 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 
 // ---------------------------------------------------------------- kernels
 
-// y = x · op(w) per group (see the file comment). x_map: x as (k, rows), box (64, 128);
-// w_map: w as (k, n, groups), box (64, 256, 1) when kTransposeW, else (n, k, groups), box
-// (64, 64, 1) loaded 4 times per stage along n.
+// y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
+// as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
+// else (n, k, groups), box (64, 64, 1).
 template <bool kTransposeW>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap w_map, const int32_t* device_offsets,
                         int groups, int rows, int n, int k, bf16* y) {
 #if MOE_SM90A_KERNELS
+  static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
   const StageRing<kForwardStages> ring(smem_raw);
-  const StageBarriers<kForwardStages> barriers = ring.Barriers();
+  const auto barriers = ring.Barriers<kForwardCluster>();
   int* const offsets = reinterpret_cast<int*>(ring.Extra());
   int* const tile_prefix = offsets + kMaxGroups + 1;
   if (threadIdx.x == 0) barriers.Init();
-  BuildRowTileSchedule(device_offsets, groups, rows, offsets, tile_prefix);
-  const RowTileSchedule schedule{offsets, tile_prefix, groups, (n + kBlockN - 1) / kBlockN};
+  const int n_tiles = (n + kBlockN - 1) / kBlockN;
+  BuildClusterTileSchedule(device_offsets, groups, rows, n_tiles, offsets, tile_prefix);
+  ClusterSync();  // every CTA's barriers are initialised before any multicast reaches them
+  const ClusterTileSchedule schedule{offsets, tile_prefix, groups, n_tiles};
   const int total = WarpUniform(schedule.Total());
   const int k_blocks = (k + kBlockK - 1) / kBlockK;
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
+  const int rank = static_cast<int>(ClusterRank());
+  const int first_tile = ClusterIndex(), tile_step = ClusterCount();
 
   if (warpgroup == 0) {
     DecreaseMaxRegisters<kProducerRegisters>();
-    if (threadIdx.x != 0) return;
-    PrefetchTensorMap(x_map);
-    PrefetchTensorMap(w_map);
-    PipelineState<kForwardStages> state;
-    for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-      const RowTile tile = schedule.Find(t);
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-        const uint32_t full = barriers.Full(state.stage);
-        MbarrierArriveExpectTx(full, kStageBytes);
-        TmaLoad2d(x_map, ring.A(state.stage), full, kb * kBlockK, tile.row_begin);
-        if constexpr (kTransposeW) {
-          TmaLoad3d(w_map, ring.B(state.stage), full, kb * kBlockK, tile.n0, tile.group);
-        } else {
+    if (threadIdx.x == 0) {
+      PrefetchTensorMap(x_map);
+      PrefetchTensorMap(w_map);
+      constexpr uint16_t kBoth = (1u << kForwardCluster) - 1;
+      PipelineState<kForwardStages> state;
+      for (int t = first_tile; t < total; t += tile_step) {
+        const ClusterTile tile = schedule.Find(t);
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
+          const uint32_t full = barriers.Full(state.stage);
+          // Every CTA's stage receives kStageBytes: its own loads and its peer's multicast.
+          MbarrierArriveExpectTx(full, kStageBytes);
+          const ForwardLoads<kTransposeW> load{x_map, w_map, full, kb * kBlockK};
+          const uint32_t a = ring.A(state.stage), b = ring.B(state.stage);
+          if (tile.row_pair) {  // own rows of x; half `rank` of the shared w columns to both
 #pragma unroll
-          for (int box = 0; box < kBlockN / 64; ++box) {
-            TmaLoad3d(w_map, ring.B(state.stage) + box * kBoxBytes, full, tile.n0 + 64 * box,
-                      kb * kBlockK, tile.group);
+            for (int box = 0; box < kBlockM / 64; ++box) {
+              load.XBox(a + box * kBoxBytes, 0, tile.Row(rank) + 64 * box);
+            }
+            load.WHalf(b + rank * (kStageBBytes / 2), kBoth, tile.n0 + kBlockN / 2 * rank,
+                       tile.group);
+          } else {  // 64-row half `rank` of the shared x rows to both; own w columns
+            load.XBox(a + rank * kBoxBytes, kBoth, tile.row0 + 64 * rank);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              load.WHalf(b + half * (kStageBBytes / 2), 0, tile.Column(rank) + kBlockN / 2 * half,
+                         tile.group);
+            }
           }
+          state.Advance();
         }
-        state.Advance();
       }
     }
-    return;
-  }
-
-  IncreaseMaxRegisters<kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const FragmentPosition at;
-  Accumulators acc;
+  } else {
+    IncreaseMaxRegisters<kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    const FragmentPosition at;
+    Accumulators acc;
 #pragma unroll
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-  PipelineState<kForwardStages> state;
-  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const RowTile tile = schedule.Find(t).WarpUniform();
-    const int first_row = tile.row_begin + 64 * consumer;
-    const bool active = first_row < tile.row_end;
-    const auto a_descriptor = [&](int stage, int slice) {
-      return KMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
-    };
-    const auto b_descriptor = [&](int stage, int slice) {
-      return kTransposeW ? KMajorDescriptor(ring.B(stage), slice)
-                         : MNMajorDescriptor(ring.B(stage), slice);
-    };
-    MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
-                                           b_descriptor);
-    if (active) StoreRows(acc, y, n, first_row + at.Row(), tile.row_end, tile.n0 + at.Column());
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+    PipelineState<kForwardStages> state;
+    for (int t = first_tile; t < total; t += tile_step) {
+      const ClusterTile tile = schedule.Find(t).WarpUniform();
+      const int first_row = tile.Row(rank) + 64 * consumer;
+      const int column = tile.Column(rank);
+      const bool active = first_row < tile.row_end && column < n;
+      const auto a_descriptor = [&](int stage, int slice) {
+        return KMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
+      };
+      const auto b_descriptor = [&](int stage, int slice) {
+        return kTransposeW ? KMajorDescriptor(ring.B(stage), slice)
+                           : MNMajorDescriptor(ring.B(stage), slice);
+      };
+      MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
+                                             b_descriptor);
+      if (active) StoreRows(acc, y, n, first_row + at.Row(), tile.row_end, column + at.Column());
+    }
   }
+  // No CTA leaves while its peer may still release a stage in it (remote mbarrier arrivals).
+  __syncwarp();
+  ClusterSync();
 #else
   __trap();
 #endif
@@ -651,6 +760,44 @@ inline cudaError_t PersistentGrid(int64_t tiles, int* grid) {
   return status;
 }
 
+// A persistent launch of kKernel in clusters of `cluster_size` CTAs: as many clusters as can be
+// resident at once (none idle: at most `tiles`), with `smem_bytes` of dynamic shared memory.
+// Fills *config (pointing at *attribute). The residency is asked once per kernel and device.
+template <auto kKernel>
+cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t tiles,
+                                    cudaStream_t stream, cudaLaunchConfig_t* config,
+                                    cudaLaunchAttribute* attribute) {
+  constexpr int kMaxDevices = 64;
+  static int resident_clusters[kMaxDevices] = {};  // 0: not asked yet
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device >= kMaxDevices) return cudaErrorInvalidValue;
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config->blockDim = dim3(kThreads);
+  config->dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config->stream = stream;
+  config->attrs = attribute;
+  config->numAttrs = 1;
+  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (status != cudaSuccess) return status;
+  if (resident_clusters[device] == 0) {
+    config->gridDim = dim3(static_cast<unsigned>(cluster_size));
+    int clusters = 0;
+    status = cudaOccupancyMaxActiveClusters(&clusters, kKernel, config);
+    if (status != cudaSuccess) return status;
+    if (clusters < 1) return cudaErrorInvalidValue;  // declined: no cluster fits
+    resident_clusters[device] = clusters;
+  }
+  const int64_t clusters =
+      std::max<int64_t>(1, std::min<int64_t>(resident_clusters[device], tiles));
+  config->gridDim = dim3(static_cast<unsigned>(clusters * cluster_size));
+  return cudaSuccess;
+}
+
 }  // namespace detail
 
 // See the file comment. Asynchronous on `stream`; returns the first error of argument checks,
@@ -670,29 +817,35 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   cudaError_t status =
       EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
-                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, kBlockM});
+                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, 64});
   if (status != cudaSuccess) return status;
   status = transpose_w
                ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
-                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN, 1})
+                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN / 2, 1})
                : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
                                     {un * 2, un * uk * 2}, {64, kBlockK, 1});
   if (status != cudaSuccess) return status;
-  const auto kernel = transpose_w ? GroupedMatmulKernel<true> : GroupedMatmulKernel<false>;
-  status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes);
-  if (status != cudaSuccess) return status;
-  // Row tiles: sum_g ceil(rows_g / kBlockM) <= (rows + groups (kBlockM - 1)) / kBlockM.
+  // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
+  // (kBlockM - 1)) / kBlockM.
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
                         ((n + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  int grid = 0;
-  status = PersistentGrid(tiles, &grid);
-  if (status != cudaSuccess) return status;
-  kernel<<<grid, kThreads, kForwardSmemBytes, stream>>>(x_map, w_map, offsets, groups,
-                                                        static_cast<int>(rows), static_cast<int>(n),
-                                                        static_cast<int>(k), y);
-  return cudaGetLastError();
+  const auto launch = [&](auto kernel_constant) {
+    constexpr auto kKernel = decltype(kernel_constant)::value;
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute cluster;
+    cudaError_t launched = PersistentClusterLaunch<kKernel>(kForwardSmemBytes, kForwardCluster,
+                                                            tiles, stream, &config, &cluster);
+    if (launched != cudaSuccess) return launched;
+    launched =
+        cudaLaunchKernelEx(&config, kKernel, x_map, w_map, offsets, groups, static_cast<int>(rows),
+                           static_cast<int>(n), static_cast<int>(k), y);
+    return launched != cudaSuccess ? launched : cudaGetLastError();
+  };
+  return transpose_w ? launch(std::integral_constant<decltype(&GroupedMatmulKernel<true>),
+                                                     &GroupedMatmulKernel<true>>())
+                     : launch(std::integral_constant<decltype(&GroupedMatmulKernel<false>),
+                                                     &GroupedMatmulKernel<false>>());
 }
 
 // See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.

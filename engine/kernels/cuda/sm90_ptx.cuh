@@ -1,5 +1,6 @@
 // Hopper (sm_90a) building blocks shared by the wgmma kernels (grouped_gemm_sm90.cuh,
-// attention_sm90.cu): PTX wrappers for mbarriers, TMA (cp.async.bulk.tensor), wgmma issue and
+// attention_sm90.cu): PTX wrappers for mbarriers (also a cluster peer's), TMA
+// (cp.async.bulk.tensor, also multicast to a cluster), cluster ids and barrier, wgmma issue and
 // waits, setmaxnreg and named barriers; shared-memory matrix descriptors for 128-byte-swizzled
 // operands; the stage/phase walk of an mbarrier ring; and the host's tensor-map encoding.
 // Self-contained (CUDA headers only), so the kernels' probes build with one nvcc command.
@@ -44,6 +45,39 @@ __device__ __forceinline__ void FenceBarrierInit() {
 
 __device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// One arrival on the mbarrier at shared offset `bar` of the cluster's CTA `rank` (this CTA's
+// own included).
+__device__ __forceinline__ void MbarrierArriveInCta(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, %0, %1;"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote]; }" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
+// This CTA's rank in its cluster, the cluster's index in the grid and the number of clusters
+// (1-D grids).
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ int ClusterIndex() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(v));
+  return static_cast<int>(v);
+}
+__device__ __forceinline__ int ClusterCount() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(v));
+  return static_cast<int>(v);
+}
+
+// Every thread of every CTA of the cluster (release what it wrote, acquire the others').
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // One arrival that also expects `bytes` of asynchronous (TMA) writes before the phase completes.
@@ -103,6 +137,29 @@ __device__ __forceinline__ void TmaLoad4d(const CUtensorMap& map, uint32_t dst, 
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
       "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// TMA multicast (thread-block clusters): the box lands at shared offset `dst` in every CTA of
+// the cluster whose bit is set in `cta_mask`, and its bytes complete_tx on the mbarrier at offset
+// `bar` in each of them.
+__device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint32_t dst,
+                                                   uint32_t bar, uint16_t cta_mask, int c0,
+                                                   int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaLoad3dMulticast(const CUtensorMap& map, uint32_t dst,
+                                                   uint32_t bar, uint16_t cta_mask, int c0, int c1,
+                                                   int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
 
