@@ -17,10 +17,12 @@
 # preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
 # moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
 # (the step section runs the preset with them too), and (wgrad) the fused MoE blocks at 16384
-# tokens with f32 and with bf16 weight gradients.
+# tokens with f32 and with bf16 weight gradients, and (probe) the grouped GEMM kernels' probe
+# (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
+# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad;
+#   sweep step profile attention moments grads wgrad probe;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -226,5 +228,24 @@ echo "== the MoE blocks at 16384 tokens, fused, f32 vs bf16 weight gradients"
 for g in fp32 bf16; do
   timeout 280 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=16384 --paths=fused \
     --grads=$g 2>&1 | tee "$out/moe_bench_grads_$g.log"
+done
+fi
+
+if [[ $sections == *probe* ]]; then
+echo "== the grouped GEMM probe: checks against cuBLAS, times"
+probe=/tmp/grouped_gemm_sm90_probe
+nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o $probe \
+  > "$out/probe_build.log" 2>&1 || { tail -20 "$out/probe_build.log"; exit 1; }
+timeout 200 $probe > "$out/probe.log" 2>&1
+echo "probe (rc $?): $(grep -c FAIL "$out/probe.log") failed; $(grep 'passed, ' "$out/probe.log")"
+for case in tiny tails; do
+  for tool in memcheck racecheck synccheck; do
+    PROBE_TIMEOUT_S=600 timeout 300 compute-sanitizer --tool $tool $probe $case \
+      > "$out/sanitizer_${tool}_$case.log" 2>&1
+    echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+      "$out/sanitizer_${tool}_$case.log" | tail -1)"
+    grep -oE 'Race reported between .* at [A-Za-z_0-9]+' "$out/sanitizer_${tool}_$case.log" |
+      awk '{print $NF}' | sort | uniq -c
+  done
 done
 fi
