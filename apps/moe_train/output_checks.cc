@@ -47,10 +47,12 @@ fs::path ExistingAncestor(const fs::path& path) {
 
 // Refuses a directory-to-be whose nearest existing ancestor is not a directory, or whose missing
 // components cannot be made there (permissions, a read-only filesystem, a name too long): their
-// stand-ins (ProbeName) are made, one inside the other, and removed again.
+// stand-ins (ProbeName) are made, one inside the other, and removed again. The path is taken as
+// the OS will when the run creates it, component by component: not normalised, as "link/.."
+// is the parent of the link's target, not the link's own directory.
 Status CheckCreatable(const std::string& bad, const fs::path& path) {
   std::error_code error;
-  const fs::path target = fs::absolute(path, error).lexically_normal();
+  const fs::path target = fs::absolute(path, error);
   const fs::path ancestor = ExistingAncestor(target);
   if (!fs::is_directory(ancestor, error)) {
     return InvalidArgument(bad + ": cannot create it: " + ancestor.string() +
@@ -61,6 +63,10 @@ Status CheckCreatable(const std::string& bad, const fs::path& path) {
   fs::path at = ancestor;
   for (const fs::path& part : target.lexically_relative(ancestor)) {
     if (part.empty() || part == ".") continue;
+    if (part == "..") {  // the parent of a stand-in just made: nothing to make
+      at /= part;
+      continue;
+    }
     at /= ProbeName(part.string());
     if (::mkdir(at.c_str(), 0700) != 0) {
       failed = errno;

@@ -284,6 +284,13 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--save=$D/file/ckpt",
                 "--save $D/file/ckpt: cannot create it: $D/file is not a directory",
                 [](const std::string& d) { WriteFile(d + "/file", "x"); }},
+        // Through a symlink to a file, as the OS takes the path (normalised, it would be $D/ckpt).
+        Refusal{"--save=$D/link/../ckpt",
+                "--save $D/link/../ckpt: cannot create it: $D/link is not a directory",
+                [](const std::string& d) {
+                  WriteFile(d + "/file", "x");
+                  std::filesystem::create_symlink(d + "/file", d + "/link");
+                }},
         Refusal{"--metrics_file=/sys/m.jsonl",
                 "--metrics_file /sys/m.jsonl: directory /sys is not writable (..."},
         Refusal{"--metrics_file=$D/none/m.jsonl",
