@@ -284,11 +284,11 @@ struct FragmentPosition {
 // ---------------------------------------------------------------- forward: cluster tiles
 
 // One cluster's share of y: two kBlockM x kBlockN tiles, one per CTA rank r. A row pair stacks
-// them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's kBlockN rows, each loads
-// half and multicasts it. A column pair puts them side by side (rows row0, columns n0 +
-// kBlockN r): they share x's kBlockM rows. A group with c = ceil(rows_g / kBlockM) row tiles has
-// c / 2 row pairs per column tile and, when c is odd, its last row tile in column pairs (a
-// column tile past n leaves its CTA's consumers idle).
+// them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's tile of those kBlockN
+// output columns, each loads half and multicasts it. A column pair puts them side by side (rows
+// row0, columns n0 + kBlockN r): they share x's kBlockM rows. A group with c = ceil(rows_g /
+// kBlockM) row tiles has c / 2 row pairs per column tile and, when c is odd, its last row tile in
+// column pairs (a column tile past n leaves its CTA's consumers idle).
 struct ClusterTile {
   int group;
   int row0, row_end;  // the cluster's first row; the group's end
