@@ -99,15 +99,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/kernels/cuda/grouped_gemm_tiles.h"
 #include "engine/kernels/cuda/sm90_ptx.cuh"
 
 namespace moe::cuda::sm90 {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBlockM = 128;  // C rows per tile: 64 per consumer warpgroup
-constexpr int kBlockN = 256;  // C columns per tile: one m64n256k16 per consumer and K slice
-constexpr int kBlockK = 64;   // reduction step: 64 bf16 = one 128-byte swizzle row
+constexpr int kBlockK = 64;  // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
 constexpr int kForwardStages = 4;     // 4 x 48 KiB, beside the offsets (8 KiB)
 constexpr int kForwardCluster = 2;    // forward CTAs sharing (multicasting) an operand tile
@@ -283,67 +282,11 @@ struct FragmentPosition {
 
 // ---------------------------------------------------------------- forward: cluster tiles
 
-// One cluster's share of y: two kBlockM x kBlockN tiles, one per CTA rank r. A row pair stacks
-// them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's tile of those kBlockN
-// output columns, each loads half and multicasts it. A column pair puts them side by side (rows
-// row0, columns n0 + kBlockN r): they share x's kBlockM rows. A group with c = ceil(rows_g /
-// kBlockM) row tiles has c / 2 row pairs per column tile and, when c is odd, its last row tile in
-// column pairs (a column tile past n leaves its CTA's consumers idle).
-struct ClusterTile {
-  int group;
-  int row0, row_end;  // the cluster's first row; the group's end
-  int n0;             // the cluster's first column
-  int row_pair;       // 1: row pair, 0: column pair
-
-  __device__ int Row(int rank) const { return row_pair ? row0 + kBlockM * rank : row0; }
-  __device__ int Column(int rank) const { return row_pair ? n0 : n0 + kBlockN * rank; }
-  __device__ ClusterTile WarpUniform() const {
-    return {sm90::WarpUniform(group), sm90::WarpUniform(row0), sm90::WarpUniform(row_end),
-            sm90::WarpUniform(n0), sm90::WarpUniform(row_pair)};
-  }
-};
-
-// Cluster tiles of a group of `rows` rows (see ClusterTile).
-__device__ __forceinline__ int ClusterTiles(int rows, int n_tiles) {
-  const int row_tiles = (rows + kBlockM - 1) / kBlockM;
-  return row_tiles / 2 * n_tiles + row_tiles % 2 * ((n_tiles + 1) / 2);
+// `tile` in registers the compiler knows to be warp-uniform (see WarpUniform).
+__device__ __forceinline__ ClusterTile UniformTile(const ClusterTile& tile) {
+  return {WarpUniform(tile.group), WarpUniform(tile.row0), WarpUniform(tile.row_end),
+          WarpUniform(tile.n0), WarpUniform(tile.row_pair)};
 }
-
-// Shared-memory copies of the offsets (groups + 1) and of tile_prefix (groups + 1): cluster
-// tiles of the groups before g.
-struct ClusterTileSchedule {
-  const int* offsets;
-  const int* tile_prefix;
-  int groups;
-  int n_tiles;  // kBlockN-column tiles of y
-
-  __device__ int Total() const { return tile_prefix[groups]; }
-
-  // Tile t of Total(): group-major; within a group the row pairs, column tile by column tile
-  // (the row pairs of one column tile consecutive: the clusters resident together read one
-  // weight tile from L2), then the column pairs. g is the last group with tile_prefix[g] <= t
-  // (an empty group never is: the next one has the same prefix).
-  __device__ ClusterTile Find(int t) const {
-    int lo = 0, hi = groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (tile_prefix[mid] <= t) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    const int begin = offsets[lo], end = offsets[lo + 1];
-    const int row_tiles = (end - begin + kBlockM - 1) / kBlockM;
-    const int row_pairs = row_tiles / 2;
-    const int local = t - tile_prefix[lo];
-    if (local < row_pairs * n_tiles) {
-      return {lo, begin + local % row_pairs * 2 * kBlockM, end, local / row_pairs * kBlockN, 1};
-    }
-    const int column_pair = local - row_pairs * n_tiles;
-    return {lo, begin + (row_tiles - 1) * kBlockM, end, column_pair * 2 * kBlockN, 0};
-  }
-};
 
 // Fills `offsets` (groups + 1) from device memory and tile_prefix from them; the whole CTA calls
 // it. Traps unless 0 = offsets[0] <= ... <= offsets[groups] = rows.
@@ -615,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     PipelineState<kForwardStages> state;
     for (int t = first_tile; t < total; t += tile_step) {
-      const ClusterTile tile = schedule.Find(t).WarpUniform();
+      const ClusterTile tile = UniformTile(schedule.Find(t));
       const int first_row = tile.Row(rank) + 64 * consumer;
       const int column = tile.Column(rank);
       const bool active = first_row < tile.row_end && column < n;
