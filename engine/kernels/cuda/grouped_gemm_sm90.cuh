@@ -45,14 +45,14 @@
 //     drifted apart, and each read it from DRAM: at the DeepSeek-V3-like shape (16384 tokens, 4
 //     row tiles per expert) fc1 read 84 GB for 15 GB of weights (L2 hit rate 32%, ncu, H200,
 //     2026-12-02).
-//   - Forward tiles: group-major; within a group the row pairs of a column tile are consecutive
-//     (the clusters resident together read one weight tile from L2), then the column pairs. Each
-//     CTA scans the offsets once into shared memory (prefix of cluster tiles per group) and
-//     binary-searches it per tile. A row tile never crosses its group's end: rows past it are
-//     loaded (from the next group, or TMA's zero fill past `rows`) but never stored; a consumer
-//     whose 64 rows all lie past the end, or whose columns lie past n, skips its wgmmas. K tails
-//     and N tails: TMA zero-fills outside the tensors (w is a 3-D map with the group as its outer
-//     dimension, so no read crosses into the next expert).
+//   - Forward tiles (grouped_gemm_tiles.h, tested on the host): group-major; within a group the
+//     row pairs of a column tile are consecutive (the clusters resident together read one weight
+//     tile from L2), then the column pairs. Each CTA scans the offsets once into shared memory
+//     (prefix of cluster tiles per group) and binary-searches it per tile. A row tile never crosses
+//     its group's end: rows past it are loaded (from the next group, or TMA's zero fill past
+//     `rows`) but never stored; a consumer whose 64 rows all lie past the end, or whose columns lie
+//     past n, skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D
+//     map with the group as its outer dimension, so no read crosses into the next expert).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows, in
 //     64-row steps. A K step past the group's end would read the next group's rows, so the
 //     producer lands such a stage on a separate mbarrier, zeroes the 128-byte lines of the rows
