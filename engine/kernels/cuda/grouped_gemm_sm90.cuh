@@ -96,6 +96,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -282,7 +283,8 @@ struct FragmentPosition {
 
 // ---------------------------------------------------------------- forward: cluster tiles
 
-// `tile` in registers the compiler knows to be warp-uniform (see WarpUniform).
+// `tile` in registers the compiler knows to be warp-uniform (see WarpUniform); one overload per
+// tile kind.
 __device__ __forceinline__ ClusterTile UniformTile(const ClusterTile& tile) {
   return {WarpUniform(tile.group), WarpUniform(tile.row0), WarpUniform(tile.row_end),
           WarpUniform(tile.n0), WarpUniform(tile.row_pair)};
@@ -393,12 +395,12 @@ struct WeightGradTile {
   int group;
   int m0, n0;              // dw_g rows [m0, m0 + kBlockM) (of n), columns [n0, n0 + kBlockN) (of k)
   int row_begin, row_end;  // the group's token rows: the reduction
-
-  __device__ WeightGradTile WarpUniform() const {
-    return {sm90::WarpUniform(group), sm90::WarpUniform(m0), sm90::WarpUniform(n0),
-            sm90::WarpUniform(row_begin), sm90::WarpUniform(row_end)};
-  }
 };
+
+__device__ __forceinline__ WeightGradTile UniformTile(const WeightGradTile& tile) {
+  return {WarpUniform(tile.group), WarpUniform(tile.m0), WarpUniform(tile.n0),
+          WarpUniform(tile.row_begin), WarpUniform(tile.row_end)};
+}
 
 // Tile t: group-major, then k columns, then n rows (the CTAs resident together share x_g's
 // columns). Traps on offsets outside 0 <= offsets[g] <= offsets[g + 1] <= rows.
@@ -511,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int total = WarpUniform(schedule.Total());
   const int k_blocks = (k + kBlockK - 1) / kBlockK;
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
-  const int rank = static_cast<int>(ClusterRank());
+  const int rank = ClusterRank();
   const int first_tile = ClusterIndex(), tile_step = ClusterCount();
 
   if (warpgroup == 0) {
@@ -655,8 +657,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
   PipelineState<kWeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const WeightGradTile tile =
-        FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles).WarpUniform();
+    const WeightGradTile tile = UniformTile(FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles));
     const int k_blocks = (tile.row_end - tile.row_begin + kBlockK - 1) / kBlockK;
     if (k_blocks == 0 && accumulate) continue;  // no rows: dw_g stays as it is
     const int row0 = tile.m0 + 64 * consumer;
@@ -705,13 +706,14 @@ inline cudaError_t PersistentGrid(int64_t tiles, int* grid) {
 
 // A persistent launch of kKernel in clusters of `cluster_size` CTAs: as many clusters as can be
 // resident at once (none idle: at most `tiles`), with `smem_bytes` of dynamic shared memory.
-// Fills *config (pointing at *attribute). The residency is asked once per kernel and device.
+// Fills *config (pointing at *attribute). The shared-memory attribute is set, and the residency
+// asked, once per kernel and device.
 template <auto kKernel>
 cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t tiles,
                                     cudaStream_t stream, cudaLaunchConfig_t* config,
                                     cudaLaunchAttribute* attribute) {
   constexpr int kMaxDevices = 64;
-  static int resident_clusters[kMaxDevices] = {};  // 0: not asked yet
+  static std::atomic<int> resident_clusters[kMaxDevices] = {};  // 0: not asked yet
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
@@ -725,9 +727,9 @@ cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t ti
   config->stream = stream;
   config->attrs = attribute;
   config->numAttrs = 1;
-  status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (status != cudaSuccess) return status;
   if (resident_clusters[device] == 0) {
+    status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (status != cudaSuccess) return status;
     config->gridDim = dim3(static_cast<unsigned>(cluster_size));
     int clusters = 0;
     status = cudaOccupancyMaxActiveClusters(&clusters, kKernel, config);

@@ -49,7 +49,7 @@ __device__ __forceinline__ void MbarrierArrive(uint32_t bar) {
 
 // One arrival on the mbarrier at shared offset `bar` of the cluster's CTA `rank` (this CTA's
 // own included).
-__device__ __forceinline__ void MbarrierArriveInCta(uint32_t bar, uint32_t rank) {
+__device__ __forceinline__ void MbarrierArriveInCta(uint32_t bar, int rank) {
   asm volatile(
       "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, %0, %1;"
       " mbarrier.arrive.shared::cluster.b64 _, [remote]; }" ::"r"(bar),
@@ -59,10 +59,10 @@ __device__ __forceinline__ void MbarrierArriveInCta(uint32_t bar, uint32_t rank)
 
 // This CTA's rank in its cluster, the cluster's index in the grid and the number of clusters
 // (1-D grids).
-__device__ __forceinline__ uint32_t ClusterRank() {
+__device__ __forceinline__ int ClusterRank() {
   uint32_t v;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
-  return v;
+  return static_cast<int>(v);
 }
 __device__ __forceinline__ int ClusterIndex() {
   uint32_t v;
