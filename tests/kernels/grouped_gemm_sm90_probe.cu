@@ -704,25 +704,47 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
 }
 
 void PrintKernelAttributes() {
-  using namespace moe::cuda::sm90::detail;
+  namespace sm90 = moe::cuda::sm90;
+  using namespace sm90::detail;
   const struct {
     const char* name;
     const void* kernel;
+    int smem_bytes;
+    int cluster;
   } kernels[] = {
-      {"GroupedMatmulKernel<transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<true>)},
+      {"GroupedMatmulKernel<transpose_w>", reinterpret_cast<const void*>(GroupedMatmulKernel<true>),
+       kForwardSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<!transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<false>)},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false>), kForwardSmemBytes,
+       sm90::kForwardCluster},
       {"GroupedWeightGradKernel<float>",
-       reinterpret_cast<const void*>(GroupedWeightGradKernel<float>)},
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<float>), kWeightGradSmemBytes,
+       sm90::kWeightGradCluster},
       {"GroupedWeightGradKernel<bf16>",
-       reinterpret_cast<const void*>(GroupedWeightGradKernel<moe::cuda::sm90::bf16>)},
+       reinterpret_cast<const void*>(GroupedWeightGradKernel<sm90::bf16>), kWeightGradSmemBytes,
+       sm90::kWeightGradCluster},
   };
   for (const auto& k : kernels) {
     cudaFuncAttributes attributes;
     MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
-    std::printf("  %-42s %3d registers, %zu bytes local\n", k.name, attributes.numRegs,
-                attributes.localSizeBytes);
+    // How many clusters can be resident at once: the persistent grid's size.
+    MOE_CHECK_CUDA(
+        cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(k.cluster);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(k.cluster));
+    config.blockDim = dim3(sm90::kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    MOE_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, k.kernel, &config));
+    std::printf("  %-42s %3d registers, %zu bytes local, %d resident clusters of %d\n", k.name,
+                attributes.numRegs, attributes.localSizeBytes, clusters, k.cluster);
   }
   std::printf("  dynamic shared memory: forward %d, weight gradient %d bytes\n", kForwardSmemBytes,
               kWeightGradSmemBytes);

@@ -1,12 +1,17 @@
-// The Hopper grouped GEMMs' forward tile schedule (engine/kernels/cuda/grouped_gemm_tiles.h), on
-// the host: over group sizes that hit every case (empty groups, one row, a tile's edges, odd and
-// even row-tile counts) and column counts (one column tile, odd and even counts, a tail), the
+// The Hopper grouped GEMMs' tile schedules (engine/kernels/cuda/grouped_gemm_tiles.h), on the
+// host. Forward: over group sizes that hit every case (empty groups, one row, a tile's edges, odd
+// and even row-tile counts) and column counts (one column tile, odd and even counts, a tail), the
 // cluster tiles cover every kBlockM x kBlockN tile of y that holds rows exactly once, by a tile
-// that lies inside its group's rows, and only a column pair's tile past n is left idle.
+// that lies inside its group's rows, and only a column pair's tile past n is left idle. Weight
+// gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs or
+// leave a partial band, and tails, the cluster tiles cover every tile of every group's dw exactly
+// once, and only the second tile of a group's last pair, past n when the row tiles are odd, idles;
+// bands are chosen only where a group's dy outgrows L2.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +25,8 @@ using cuda::sm90::ClusterTiles;
 using cuda::sm90::ClusterTileSchedule;
 using cuda::sm90::kBlockM;
 using cuda::sm90::kBlockN;
+using cuda::sm90::WeightGradClusterSchedule;
+using cuda::sm90::WeightGradClusterTile;
 
 // Checks the schedule of groups with these row counts over n columns.
 void ExpectEveryTileOnce(const std::vector<int>& group_rows, int n) {
@@ -93,6 +100,63 @@ TEST(GroupedGemmTilesTest, RandomGroups) {
     SCOPED_TRACE(trial);
     ExpectEveryTileOnce(group_rows, n);
   }
+}
+
+// Checks the weight-gradient schedule of `groups` dw matrices (n, k) in bands of band_pairs.
+void ExpectEveryWeightGradTileOnce(int groups, int n, int k, int band_pairs) {
+  const int m_tiles = (n + kBlockM - 1) / kBlockM, n_tiles = (k + kBlockN - 1) / kBlockN;
+  const WeightGradClusterSchedule schedule{(m_tiles + 1) / 2, n_tiles, band_pairs};
+  std::map<std::pair<int, int>, int> count;  // (group, row tile * n_tiles + column tile) -> times
+  int idle = 0;
+  for (int t = 0; t < groups * schedule.PerGroup(); ++t) {
+    const WeightGradClusterTile tile = schedule.Find(t);
+    ASSERT_EQ(tile.group, t / schedule.PerGroup()) << "tile " << t << ": group-major";
+    ASSERT_EQ(tile.n0 % kBlockN, 0) << "tile " << t;
+    ASSERT_GE(tile.n0, 0) << "tile " << t;
+    ASSERT_LT(tile.n0, k) << "tile " << t;
+    for (int rank = 0; rank < 2; ++rank) {
+      const int row = tile.Row(rank);
+      ASSERT_EQ(row % kBlockM, 0) << "tile " << t << " rank " << rank;
+      ASSERT_GE(row, 0) << "tile " << t << " rank " << rank;
+      if (row >= n) {  // only the second tile of the last pair, with odd row tiles
+        EXPECT_EQ(rank, 1) << "tile " << t;
+        EXPECT_EQ(row / kBlockM, m_tiles) << "tile " << t;
+        ++idle;
+        continue;
+      }
+      ++count[{tile.group, row / kBlockM * n_tiles + tile.n0 / kBlockN}];
+    }
+  }
+  EXPECT_EQ(static_cast<int>(count.size()), groups * m_tiles * n_tiles) << "tiles never computed";
+  for (const auto& [tile, times] : count) {
+    EXPECT_EQ(times, 1) << "group " << tile.first << " tile " << tile.second;
+  }
+  EXPECT_EQ(idle, groups * (m_tiles % 2) * n_tiles);
+}
+
+TEST(GroupedGemmTilesTest, WeightGradEveryTileOnce) {
+  // Row tiles 1, 2, 3 (odd, even), 16, 17, 23 and 224 (Mixtral's fc1); column tiles 1, 2, 3, 16,
+  // with tails; bands of one pair, of three and eight (dividing the pairs or leaving a partial
+  // band) and of all pairs.
+  for (int n : {8, 128, 136, 384, 2048, 2176, 2944, 28672}) {
+    for (int k : {8, 256, 264, 768, 4096}) {
+      const int m_pairs = ((n + kBlockM - 1) / kBlockM + 1) / 2;
+      for (int band : {1, 3, 8, m_pairs}) {
+        if (band > m_pairs) continue;
+        SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k) + ", bands of " +
+                     std::to_string(band));
+        ExpectEveryWeightGradTileOnce(3, n, k, band);
+      }
+    }
+  }
+}
+
+TEST(GroupedGemmTilesTest, WeightGradBandsOnlyWhereDyOutgrowsL2) {
+  // Mixtral-8x7B at 4096 tokens (1024 rows per expert): fc1's dy_g (1024 x 28672 bf16, 56 MiB)
+  // is banded; fc2's (1024 x 4096, 8 MiB) is one band of all row pairs.
+  EXPECT_EQ(WeightGradClusterSchedule::Of(28672, 4096, 8192, 8).band_pairs,
+            cuda::sm90::kWeightGradBandPairs);
+  EXPECT_EQ(WeightGradClusterSchedule::Of(4096, 14336, 8192, 8).band_pairs, 16);
 }
 
 }  // namespace

@@ -109,9 +109,10 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBlockK = 64;  // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
-constexpr int kForwardStages = 4;     // 4 x 48 KiB, beside the offsets (8 KiB)
-constexpr int kForwardCluster = 2;    // forward CTAs sharing (multicasting) an operand tile
-constexpr int kWeightGradStages = 4;  // 4 x 48 KiB, beside the write staging (32 KiB)
+constexpr int kForwardStages = 4;      // 4 x 48 KiB, beside the offsets (8 KiB)
+constexpr int kForwardCluster = 2;     // forward CTAs sharing (multicasting) an operand tile
+constexpr int kWeightGradStages = 4;   // 4 x 48 KiB, beside the write staging (32 KiB)
+constexpr int kWeightGradCluster = 2;  // weight-gradient CTAs sharing (multicasting) x's tile
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
@@ -391,26 +392,27 @@ __device__ __forceinline__ void StoreRows(const Accumulators& acc, bf16* y, int 
 
 // ---------------------------------------------------------------- weight gradient: tiles
 
+// A weight-gradient cluster tile (grouped_gemm_tiles.h) with its group's token rows.
 struct WeightGradTile {
-  int group;
-  int m0, n0;              // dw_g rows [m0, m0 + kBlockM) (of n), columns [n0, n0 + kBlockN) (of k)
+  WeightGradClusterTile cluster;
   int row_begin, row_end;  // the group's token rows: the reduction
 };
 
 __device__ __forceinline__ WeightGradTile UniformTile(const WeightGradTile& tile) {
-  return {WarpUniform(tile.group), WarpUniform(tile.m0), WarpUniform(tile.n0),
-          WarpUniform(tile.row_begin), WarpUniform(tile.row_end)};
+  return {
+      {WarpUniform(tile.cluster.group), WarpUniform(tile.cluster.m0), WarpUniform(tile.cluster.n0)},
+      WarpUniform(tile.row_begin),
+      WarpUniform(tile.row_end)};
 }
 
-// Tile t: group-major, then k columns, then n rows (the CTAs resident together share x_g's
-// columns). Traps on offsets outside 0 <= offsets[g] <= offsets[g + 1] <= rows.
-__device__ __forceinline__ WeightGradTile FindWeightGradTile(int t, const int32_t* offsets,
-                                                             int rows, int m_tiles, int n_tiles) {
-  const int group = t / (m_tiles * n_tiles);
-  const int local = t % (m_tiles * n_tiles);
-  const int begin = offsets[group], end = offsets[group + 1];
+// Cluster tile t of the schedule. Traps on offsets outside 0 <= offsets[g] <= offsets[g + 1] <=
+// rows.
+__device__ __forceinline__ WeightGradTile FindWeightGradTile(
+    const WeightGradClusterSchedule& schedule, int t, const int32_t* offsets, int rows) {
+  const WeightGradClusterTile tile = schedule.Find(t);
+  const int begin = offsets[tile.group], end = offsets[tile.group + 1];
   if (begin < 0 || begin > end || end > rows) __trap();
-  return {group, local % m_tiles * kBlockM, local / m_tiles * kBlockN, begin, end};
+  return {tile, begin, end};
 }
 
 // Zeroes the 128-byte lines of rows [valid, 64) of the stage's six 64-row boxes (A: 2, B: 4),
@@ -584,99 +586,112 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// dw_g (+)= dy_g^T · x_g (see the file comment). dy_map: dy as (n, rows), x_map: x as (k, rows),
-// both box (64, 64) (MN-major operands: each token row is a K row); dw_map: dw (Out) as
-// (k, n, groups), box (kWriteColumns<Out>, 64, 1).
+// dw_g (+)= dy_g^T · x_g (see the file comment), in clusters of kWeightGradCluster CTAs sharing
+// (multicasting) x's columns. dy_map: dy as (n, rows), x_map: x as (k, rows), both box (64, 64)
+// (MN-major operands: each token row is a K row); dw_map: dw (Out) as (k, n, groups), box
+// (kWriteColumns<Out>, 64, 1); schedule: the cluster tiles of dw (grouped_gemm_tiles.h).
 template <typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedWeightGradKernel(const __grid_constant__ CUtensorMap dy_map,
                             const __grid_constant__ CUtensorMap x_map,
-                            const __grid_constant__ CUtensorMap dw_map, const int32_t* offsets,
-                            int groups, int rows, int n, int k, bool accumulate) {
+                            const __grid_constant__ CUtensorMap dw_map,
+                            WeightGradClusterSchedule schedule, const int32_t* offsets, int groups,
+                            int rows, int n, bool accumulate) {
 #if MOE_SM90A_KERNELS
+  static_assert(kWeightGradCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
   const StageRing<kWeightGradStages> ring(smem_raw);
-  const StageBarriers<kWeightGradStages> barriers = ring.Barriers();
+  const auto barriers = ring.Barriers<kWeightGradCluster>();
   if (threadIdx.x == 0) barriers.Init();
-  __syncthreads();
-  const int m_tiles = (n + kBlockM - 1) / kBlockM;
-  const int n_tiles = (k + kBlockN - 1) / kBlockN;
-  const int total = groups * m_tiles * n_tiles;
+  ClusterSync();  // every CTA's barriers are initialised before any multicast reaches them
+  const int total = groups * schedule.PerGroup();
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
+  const int rank = ClusterRank();
+  const int first_tile = ClusterIndex(), tile_step = ClusterCount();
 
   if (warpgroup == 0) {
     DecreaseMaxRegisters<kProducerRegisters>();
-    if (threadIdx.x >= 32) return;
-    const bool issuer = threadIdx.x == 0;
-    if (issuer) {
-      PrefetchTensorMap(dy_map);
-      PrefetchTensorMap(x_map);
-    }
-    PipelineState<kWeightGradStages> state;
-    uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
-    static_assert(kWeightGradStages <= 32);
-    for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-      const WeightGradTile tile = FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles);
-      for (int row = tile.row_begin; row < tile.row_end; row += kBlockK) {
-        MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-        const int valid = min(kBlockK, tile.row_end - row);
-        const uint32_t landing =
-            valid < kBlockK ? barriers.Landed(state.stage) : barriers.Full(state.stage);
-        if (issuer) {
-          MbarrierArriveExpectTx(landing, kStageBytes);
+    if (threadIdx.x < 32) {  // the producer warp; its lanes mask the stages past a group's end
+      const bool issuer = threadIdx.x == 0;
+      if (issuer) {
+        PrefetchTensorMap(dy_map);
+        PrefetchTensorMap(x_map);
+      }
+      constexpr uint16_t kBoth = (1u << kWeightGradCluster) - 1;
+      constexpr int kXBoxes = kBlockN / 64 / kWeightGradCluster;  // x boxes this CTA loads
+      PipelineState<kWeightGradStages> state;
+      uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
+      static_assert(kWeightGradStages <= 32);
+      for (int t = first_tile; t < total; t += tile_step) {
+        const WeightGradTile tile = FindWeightGradTile(schedule, t, offsets, rows);
+        for (int row = tile.row_begin; row < tile.row_end; row += kBlockK) {
+          MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
+          const int valid = min(kBlockK, tile.row_end - row);
+          const uint32_t landing =
+              valid < kBlockK ? barriers.Landed(state.stage) : barriers.Full(state.stage);
+          if (issuer) {
+            // Every CTA's stage receives kStageBytes: its own dy columns, its half of x's
+            // columns and its peer's half.
+            MbarrierArriveExpectTx(landing, kStageBytes);
 #pragma unroll
-          for (int box = 0; box < kBlockM / 64; ++box) {
-            TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing, tile.m0 + 64 * box,
-                      row);
-          }
+            for (int box = 0; box < kBlockM / 64; ++box) {
+              TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing,
+                        tile.cluster.Row(rank) + 64 * box, row);
+            }
 #pragma unroll
-          for (int box = 0; box < kBlockN / 64; ++box) {
-            TmaLoad2d(x_map, ring.B(state.stage) + box * kBoxBytes, landing, tile.n0 + 64 * box,
-                      row);
+            for (int i = 0; i < kXBoxes; ++i) {
+              const int box = rank * kXBoxes + i;
+              TmaLoad2dMulticast(x_map, ring.B(state.stage) + box * kBoxBytes, landing, kBoth,
+                                 tile.cluster.n0 + 64 * box, row);
+            }
           }
+          if (valid < kBlockK) {  // every CTA of the cluster masks its own copy of the stage
+            MbarrierWait(landing, (landed_phases >> state.stage) & 1);
+            landed_phases ^= 1u << state.stage;
+            ZeroRowsPastEnd(ring.APointer(state.stage), ring.BPointer(state.stage), valid);
+            FenceProxyAsync();
+            __syncwarp();
+            if (issuer) MbarrierArrive(barriers.Full(state.stage));
+          }
+          state.Advance();
         }
-        if (valid < kBlockK) {
-          MbarrierWait(landing, (landed_phases >> state.stage) & 1);
-          landed_phases ^= 1u << state.stage;
-          ZeroRowsPastEnd(ring.APointer(state.stage), ring.BPointer(state.stage), valid);
-          FenceProxyAsync();
-          __syncwarp();
-          if (issuer) MbarrierArrive(barriers.Full(state.stage));
-        }
-        state.Advance();
       }
     }
-    return;
-  }
-
-  IncreaseMaxRegisters<kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const uint32_t staging = SmemAddress(ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes);
-  Accumulators acc;
+  } else {
+    IncreaseMaxRegisters<kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    const uint32_t staging =
+        SmemAddress(ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes);
+    Accumulators acc;
 #pragma unroll
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-  PipelineState<kWeightGradStages> state;
-  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const WeightGradTile tile = UniformTile(FindWeightGradTile(t, offsets, rows, m_tiles, n_tiles));
-    const int k_blocks = (tile.row_end - tile.row_begin + kBlockK - 1) / kBlockK;
-    if (k_blocks == 0 && accumulate) continue;  // no rows: dw_g stays as it is
-    const int row0 = tile.m0 + 64 * consumer;
-    const bool active = row0 < n;
-    const auto a_descriptor = [&](int stage, int slice) {
-      return MNMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
-    };
-    const auto b_descriptor = [&](int stage, int slice) {
-      return MNMajorDescriptor(ring.B(stage), slice);
-    };
-    MultiplyStages<1, 1>(acc, k_blocks, active, barriers, state, a_descriptor, b_descriptor);
-    if (!active) continue;
-    if (k_blocks == 0) {  // no rows, and dw_g =: zeros (no wgmma cleared the accumulators)
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+    PipelineState<kWeightGradStages> state;
+    for (int t = first_tile; t < total; t += tile_step) {
+      const WeightGradTile tile = UniformTile(FindWeightGradTile(schedule, t, offsets, rows));
+      const int k_blocks = (tile.row_end - tile.row_begin + kBlockK - 1) / kBlockK;
+      if (k_blocks == 0 && accumulate) continue;  // no rows: dw_g stays as it is
+      const int row0 = tile.cluster.Row(rank) + 64 * consumer;
+      const bool active = row0 < n;
+      const auto a_descriptor = [&](int stage, int slice) {
+        return MNMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
+      };
+      const auto b_descriptor = [&](int stage, int slice) {
+        return MNMajorDescriptor(ring.B(stage), slice);
+      };
+      MultiplyStages<1, 1>(acc, k_blocks, active, barriers, state, a_descriptor, b_descriptor);
+      if (!active) continue;
+      if (k_blocks == 0) {  // no rows, and dw_g =: zeros (no wgmma cleared the accumulators)
 #pragma unroll
-      for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+      }
+      WriteTile<Out>(acc, dw_map, staging, 1 + consumer, tile.cluster.group, row0, tile.cluster.n0,
+                     accumulate);
     }
-    WriteTile<Out>(acc, dw_map, staging, 1 + consumer, tile.group, row0, tile.n0, accumulate);
+    if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
   }
-  if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
+  // No CTA leaves while its peer may still release a stage in it or multicast into it.
+  __syncwarp();
+  ClusterSync();
 #else
   __trap();
 #endif
@@ -692,17 +707,6 @@ static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
 inline bool FitsInt(int64_t v) { return v >= 0 && v < (int64_t{1} << 31); }
-
-// Persistent grid: one CTA per SM, at most `tiles`.
-inline cudaError_t PersistentGrid(int64_t tiles, int* grid) {
-  int device = 0, sms = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) {
-    status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  *grid = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(sms, tiles)));
-  return status;
-}
 
 // A persistent launch of kKernel in clusters of `cluster_size` CTAs: as many clusters as can be
 // resident at once (none idle: at most `tiles`), with `smem_bytes` of dynamic shared memory.
@@ -811,8 +815,9 @@ cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int
                ? cudaSuccess
                : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * kOutBytes, stream);
   }
-  const int64_t tiles =
-      static_cast<int64_t>(groups) * ((n + kBlockM - 1) / kBlockM) * ((k + kBlockN - 1) / kBlockN);
+  const WeightGradClusterSchedule schedule =
+      WeightGradClusterSchedule::Of(static_cast<int>(n), static_cast<int>(k), rows, groups);
+  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   CUtensorMap dy_map, x_map, dw_map;
   const uint64_t ur = static_cast<uint64_t>(rows), un = static_cast<uint64_t>(n),
@@ -829,15 +834,15 @@ cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int
                               dw, {uk, un, static_cast<uint64_t>(groups)},
                               {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
   if (status != cudaSuccess) return status;
-  status = cudaFuncSetAttribute(GroupedWeightGradKernel<Out>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightGradSmemBytes);
+  constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  status = PersistentClusterLaunch<kKernel>(kWeightGradSmemBytes, kWeightGradCluster, tiles, stream,
+                                            &config, &cluster);
   if (status != cudaSuccess) return status;
-  int grid = 0;
-  status = PersistentGrid(tiles, &grid);
+  status = cudaLaunchKernelEx(&config, kKernel, dy_map, x_map, dw_map, schedule, offsets, groups,
+                              static_cast<int>(rows), static_cast<int>(n), accumulate);
   if (status != cudaSuccess) return status;
-  GroupedWeightGradKernel<Out><<<grid, kThreads, kWeightGradSmemBytes, stream>>>(
-      dy_map, x_map, dw_map, offsets, groups, static_cast<int>(rows), static_cast<int>(n),
-      static_cast<int>(k), accumulate);
   return cudaGetLastError();
 }
 

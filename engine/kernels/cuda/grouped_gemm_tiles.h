@@ -1,7 +1,8 @@
-// The forward tile schedule of the Hopper grouped GEMMs (grouped_gemm_sm90.cuh), in plain C++ so
-// that a host test checks it (tests/kernels/grouped_gemm_tiles_test.cc): which part of y each
+// The tile schedules of the Hopper grouped GEMMs (grouped_gemm_sm90.cuh), in plain C++ so that a
+// host test checks them (tests/kernels/grouped_gemm_tiles_test.cc): which part of the output each
 // cluster of two CTAs computes, tile by tile.
 //
+// Forward (and data gradient):
 // Groups own the token rows [offsets[g], offsets[g + 1]) of y (rows, n). y is cut into kBlockM x
 // kBlockN tiles that never cross a group's end, and a cluster tile is two of them, one per CTA
 // rank r. A row pair stacks them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's
@@ -11,7 +12,20 @@
 // row tile in column pairs (a column tile past n leaves its CTA's consumers idle). Order:
 // group-major; within a group the row pairs of a column tile consecutive (the clusters resident
 // together read one weight tile from L2), then the column pairs.
+//
+// Weight gradient: dw_g (n, k) = dy_g^T x_g is cut into kBlockM x kBlockN tiles, and a cluster tile
+// is two of them stacked along M (dw rows m0 + kBlockM r, columns n0): the CTAs share x_g's kBlockN
+// columns, each loads half and multicasts it. With an odd number of row tiles the last pair's
+// second tile lies past n (its CTA's consumers idle). Order: group-major; within a group, bands of
+// band_pairs row pairs, and within a band column-major (a band's row pairs over one column tile
+// consecutive). Where a group's dy_g outgrows L2, one band (all row pairs) would sweep all of dy_g
+// once per column tile, reading it from DRAM again each time (Mixtral's fc1 at 4096 tokens: 5.9 GB
+// read for 0.5 GB of operands, ncu, H200, 2026-12-02); bands of kWeightGradBandPairs keep the
+// clusters resident together on a few of dy_g's columns and a few of x_g's column tiles, which stay
+// in L2 while the band sweeps x_g's columns. Where dy_g fits, one band reads each operand once.
 #pragma once
+
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define MOE_HOST_DEVICE __host__ __device__
@@ -72,6 +86,45 @@ struct ClusterTileSchedule {
     }
     const int column_pair = local - row_pairs * n_tiles;
     return {lo, begin + (row_tiles - 1) * kBlockM, end, column_pair * 2 * kBlockN, 0};
+  }
+};
+
+constexpr int kWeightGradBandPairs = 8;
+constexpr int64_t kWeightGradBandAbove = int64_t{16} << 20;  // dy_g bytes (on average)
+
+struct WeightGradClusterTile {
+  int group;
+  int m0;  // the cluster's first dw row (of n)
+  int n0;  // its first dw column (of k)
+
+  // The first dw row of rank `rank`'s tile.
+  MOE_HOST_DEVICE int Row(int rank) const { return m0 + kBlockM * rank; }
+};
+
+// Over groups of dw (n, k) each: m_pairs row pairs and n_tiles column tiles per group.
+struct WeightGradClusterSchedule {
+  int m_pairs;     // ceil(ceil(n / kBlockM) / 2)
+  int n_tiles;     // ceil(k / kBlockN)
+  int band_pairs;  // 1 <= band_pairs <= m_pairs
+
+  // The schedule of groups that hold `rows` token rows in all.
+  static WeightGradClusterSchedule Of(int n, int k, int64_t rows, int groups) {
+    const int m_pairs = ((n + kBlockM - 1) / kBlockM + 1) / 2;
+    const bool banded = rows / groups * n * 2 > kWeightGradBandAbove;
+    return {m_pairs, (k + kBlockN - 1) / kBlockN,
+            banded && m_pairs > kWeightGradBandPairs ? kWeightGradBandPairs : m_pairs};
+  }
+  MOE_HOST_DEVICE int PerGroup() const { return m_pairs * n_tiles; }
+
+  // Tile t of groups * PerGroup(), in the order above.
+  MOE_HOST_DEVICE WeightGradClusterTile Find(int t) const {
+    const int group = t / PerGroup();
+    const int local = t % PerGroup();
+    const int band_tiles = band_pairs * n_tiles;
+    const int first_pair = local / band_tiles * band_pairs;
+    const int pairs = m_pairs - first_pair < band_pairs ? m_pairs - first_pair : band_pairs;
+    const int in_band = local % band_tiles;
+    return {group, (first_pair + in_band % pairs) * 2 * kBlockM, in_band / pairs * kBlockN};
   }
 };
 
