@@ -54,10 +54,14 @@
 //     past n, skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D
 //     map with the group as its outer dimension, so no read crosses into the next expert).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows, in
-//     64-row steps. A K step past the group's end would read the next group's rows, so the
-//     producer lands such a stage on a separate mbarrier, zeroes the 128-byte lines of the rows
-//     past the end in every box (both operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf),
-//     fences (fence.proxy.async) and only then arrives on full[s].
+//     64-row steps. Clusters of 2 CTAs (kWeightGradCluster) take two tiles stacked along n, which
+//     share x's 256 columns: each CTA loads its own dy columns and half of x's, multicast into
+//     both (the same stage protocol as the forward's). Order (grouped_gemm_tiles.h, tested on the
+//     host): group-major, then bands of row pairs where a group's dy outgrows L2. A K step past
+//     the group's end would read the next group's rows, so the producer lands such a stage on a
+//     separate mbarrier, zeroes the 128-byte lines of the rows past the end in every box (both
+//     operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf), fences (fence.proxy.async) and
+//     only then arrives on full[s]; each CTA masks its own copy of the stage.
 //
 // Key facts relied on (PTX ISA 8.x wgmma / cp.async.bulk.tensor; CUTLASS cute GMMA traits):
 //   - TMA with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box writes box row r at byte
