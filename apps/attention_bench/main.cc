@@ -12,6 +12,7 @@
 #include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/random_tensor.h"
+#include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/kernels/ops.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/attention_sm90.h"
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
           moe::BenchCommandLine("attention_bench", "apps/attention_bench/main.cc", argc, argv)) {
     return *exit_code;
   }
+  moe::ExitOnOutOfMemory("attention_bench",
+                         "the benchmark does not fit (reduce --batch, --seq or --heads)");
   google::InitGoogleLogging(argv[0]);
   return moe::Run();
 }

@@ -19,6 +19,7 @@
 #include "apps/moe_bench/median_time.h"
 #include "apps/moe_bench/op_breakdown.h"
 #include "apps/moe_bench/random_tensor.h"
+#include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/bfloat16.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
@@ -262,6 +263,7 @@ int main(int argc, char** argv) {
           moe::BenchCommandLine("moe_bench", "apps/moe_bench/main.cc", argc, argv)) {
     return *exit_code;
   }
+  moe::ExitOnOutOfMemory("moe_bench", "the benchmark does not fit (reduce --tokens or --shapes)");
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   return moe::Run();

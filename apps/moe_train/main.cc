@@ -12,13 +12,10 @@
 // metrics file and checkpoints created. During the run: a step whose loss, aux loss or gradient
 // norm is not finite stops the run (exit 1) before anything of that step is saved, so the last
 // checkpoint holds finite weights; a device or host allocation that fails is one line and exit 1
-// (the allocator's out-of-memory handler, installed here), not an abort.
-#include <unistd.h>
-
+// (out_of_memory_exit.h, installed here), not an abort.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <new>
 #include <optional>
 
 #include <gflags/gflags.h>
@@ -28,6 +25,7 @@
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/memory_check.h"
 #include "apps/moe_train/memory_replan.h"
+#include "apps/moe_train/out_of_memory_exit.h"
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
 #include "engine/core/check.h"
@@ -55,22 +53,6 @@ int Fail(const Status& status, int code) {
   fprintf(stderr, "moe_train: %s\n", status.message().c_str());
   return code;
 }
-
-// One line and exit 1, without running exit-time code that could allocate again; allocates
-// nothing itself (it also runs when operator new has failed).
-[[noreturn]] void ExitDoesNotFit(const char* what) {
-  fflush(stdout);
-  fprintf(stderr,
-          "moe_train: %s; the run does not fit (reduce --micro_batch_size, --seq_length or "
-          "the model)\n",
-          what);
-  fflush(stderr);
-  _exit(1);
-}
-
-// The allocator's out-of-memory handler (caching_allocator.h) and the host's (operator new).
-[[noreturn]] void OutOfMemory(const std::string& message) { ExitDoesNotFit(message.c_str()); }
-void OutOfHostMemory() { ExitDoesNotFit("out of host memory (an allocation failed)"); }
 
 std::string NotFinite(double value) {
   return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
@@ -140,8 +122,8 @@ int Run(const Status& parsed) {
     ApplyMemoryPlan(*plan, run);
     replanner.emplace(request, run.data_parallel);
   }
-  SetOutOfMemoryHandler(&OutOfMemory);
-  std::set_new_handler(&OutOfHostMemory);
+  ExitOnOutOfMemory("moe_train",
+                    "the run does not fit (reduce --micro_batch_size, --seq_length or the model)");
 
   StatusOr<std::unique_ptr<TokenSource>> data = OpenTokenSource(run.data);
   agreed = world.AllAgree(data.status());

@@ -15,6 +15,7 @@
 
 #include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
+#include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/adamw.h"
@@ -136,6 +137,8 @@ int main(int argc, char** argv) {
           moe::BenchCommandLine("optimizer_bench", "apps/optimizer_bench/main.cc", argc, argv)) {
     return *exit_code;
   }
+  moe::ExitOnOutOfMemory("optimizer_bench",
+                         "the benchmark does not fit (reduce --copy_gib or the model's sizes)");
   google::InitGoogleLogging(argv[0]);
   return moe::Run();
 }

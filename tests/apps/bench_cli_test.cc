@@ -1,8 +1,10 @@
 // The benchmark apps as a user meets them: every flag is checked before any work, and a bad value
 // is refused with exit code 2, nothing on stdout and one line on stderr naming the flag, with
-// nothing created (apps/moe_bench/bench_flags.h). A good moe_bench run writes its JSON.
+// nothing created (apps/moe_bench/bench_flags.h). Sizes that do not fit end in one line and exit
+// code 1. A good moe_bench run writes its JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -111,6 +113,45 @@ INSTANTIATE_TEST_SUITE_P(
                       BenchRefusal{kOptimizer + "--moments=fp16",
                                    "optimizer_bench: --moments=fp16 must be fp32 or bf16"},
                       BenchRefusal{kOptimizer + "--seq=3", "optimizer_bench: unknown flag --seq"}));
+
+struct BenchOutOfMemory {
+  std::string command;  // binary and arguments, run under a 1.5 GB address-space limit
+  std::string program;
+  std::string advice;  // how the one line ends
+};
+
+void PrintTo(const BenchOutOfMemory& run, std::ostream* os) { *os << run.command; }
+
+class BenchOutOfMemoryTest : public ::testing::TestWithParam<BenchOutOfMemory> {};
+
+// Sizes that pass the flag checks but not the machine end in one line naming what ran out and
+// exit code 1, not an abort with a stack trace (apps/moe_train/out_of_memory_exit.h).
+TEST_P(BenchOutOfMemoryTest, IsOneLineAndExitOne) {
+  const BenchOutOfMemory& run = GetParam();
+  const SplitCommandResult r = testing::RunCommandSplit("ulimit -v 1500000 && " + run.command);
+  EXPECT_EQ(r.exit_code, 1) << run.command << "\n" << r.out << r.err;
+  EXPECT_EQ(r.err.rfind(run.program + ": out of ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  const std::string ending = "; " + run.advice + "\n";
+  ASSERT_GE(r.err.size(), ending.size()) << r.err;
+  EXPECT_EQ(r.err.substr(r.err.size() - ending.size()), ending) << r.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Benches, BenchOutOfMemoryTest,
+    ::testing::Values(
+        // The DeepSeek-V3-like experts' weights: 22 GB.
+        BenchOutOfMemory{kMoeBench + "--shapes=deepseek --tokens=4096 --paths=fused", "moe_bench",
+                         "the benchmark does not fit (reduce --tokens or --shapes)"},
+        // q alone: 2^20 tokens x 16 heads x 128 x 2 bytes = 4 GiB.
+        BenchOutOfMemory{kAttention + "--seq=1048576", "attention_bench",
+                         "the benchmark does not fit (reduce --batch, --seq or --heads)"},
+        // A small model, then the copy's 1000 GiB source.
+        BenchOutOfMemory{kOptimizer + "--num_layers=1 --hidden_size=64 --num_attention_heads=2 "
+                                      "--num_query_groups=1 --num_experts=2 "
+                                      "--moe_ffn_hidden_size=32 --vocab_size=64 --copy_gib=1000",
+                         "optimizer_bench",
+                         "the benchmark does not fit (reduce --copy_gib or the model's sizes)"}));
 
 // --help prints the bench's own flags (not every library's) and exits 0.
 TEST(BenchHelpTest, HelpListsTheBenchsOwnFlags) {
