@@ -727,22 +727,8 @@ void PrintKernelAttributes() {
   for (const auto& k : kernels) {
     cudaFuncAttributes attributes;
     MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
-    // How many clusters can be resident at once: the persistent grid's size.
-    MOE_CHECK_CUDA(
-        cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(k.cluster);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(k.cluster));
-    config.blockDim = dim3(sm90::kThreads);
-    config.dynamicSmemBytes = static_cast<size_t>(k.smem_bytes);
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    MOE_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, k.kernel, &config));
+    int clusters = 0;  // the persistent grid's size
+    MOE_CHECK_CUDA(ResidentClusters(k.kernel, k.smem_bytes, k.cluster, &clusters));
     std::printf("  %-42s %3d registers, %zu bytes local, %d resident clusters of %d\n", k.name,
                 attributes.numRegs, attributes.localSizeBytes, clusters, k.cluster);
   }

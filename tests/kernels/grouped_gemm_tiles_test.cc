@@ -105,7 +105,10 @@ TEST(GroupedGemmTilesTest, RandomGroups) {
 // Checks the weight-gradient schedule of `groups` dw matrices (n, k) in bands of band_pairs.
 void ExpectEveryWeightGradTileOnce(int groups, int n, int k, int band_pairs) {
   const int m_tiles = (n + kBlockM - 1) / kBlockM, n_tiles = (k + kBlockN - 1) / kBlockN;
-  const WeightGradClusterSchedule schedule{(m_tiles + 1) / 2, n_tiles, band_pairs};
+  const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::WithBands(n, k, band_pairs);
+  ASSERT_EQ(schedule.m_pairs, (m_tiles + 1) / 2);
+  ASSERT_EQ(schedule.n_tiles, n_tiles);
+  ASSERT_EQ(schedule.band_pairs, band_pairs);
   std::map<std::pair<int, int>, int> count;  // (group, row tile * n_tiles + column tile) -> times
   int idle = 0;
   for (int t = 0; t < groups * schedule.PerGroup(); ++t) {
@@ -151,12 +154,25 @@ TEST(GroupedGemmTilesTest, WeightGradEveryTileOnce) {
   }
 }
 
-TEST(GroupedGemmTilesTest, WeightGradBandsOnlyWhereDyOutgrowsL2) {
+TEST(GroupedGemmTilesTest, WeightGradBandsOnlyWhereTheAverageDyOutgrowsL2) {
   // Mixtral-8x7B at 4096 tokens (1024 rows per expert): fc1's dy_g (1024 x 28672 bf16, 56 MiB)
   // is banded; fc2's (1024 x 4096, 8 MiB) is one band of all row pairs.
   EXPECT_EQ(WeightGradClusterSchedule::Of(28672, 4096, 8192, 8).band_pairs,
             cuda::sm90::kWeightGradBandPairs);
   EXPECT_EQ(WeightGradClusterSchedule::Of(4096, 14336, 8192, 8).band_pairs, 16);
+  // Fewer row pairs than a band: one band of them all.
+  EXPECT_EQ(WeightGradClusterSchedule::Of(1024, 1 << 20, 1 << 20, 1).band_pairs, 4);
+}
+
+TEST(GroupedGemmTilesTest, WeightGradScheduleAtTheLargestSizes) {
+  // n and k just below 2^31: the tile counts without overflow.
+  const int64_t largest = (int64_t{1} << 31) - 8;
+  const WeightGradClusterSchedule schedule =
+      WeightGradClusterSchedule::WithBands(largest, largest, 8);
+  EXPECT_EQ(schedule.m_pairs, 8388608);  // ceil(ceil((2^31 - 8) / 128) / 2) = 2^23
+  EXPECT_EQ(schedule.n_tiles, 8388608);  // ceil((2^31 - 8) / 256) = 2^23
+  EXPECT_EQ(WeightGradClusterSchedule::WithBands(1, 1, 8).m_pairs, 1);
+  EXPECT_EQ(WeightGradClusterSchedule::WithBands(129, 257, 8).n_tiles, 2);
 }
 
 }  // namespace

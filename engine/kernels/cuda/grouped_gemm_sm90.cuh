@@ -27,13 +27,14 @@
 //   and base pointers 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes);
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
 //
-// Design (one CTA per SM, persistent; static round-robin, per CTA or per cluster, over a linear
-// tile order):
+// Design (one CTA per SM, persistent, in clusters of 2; static round-robin per cluster over a
+// linear tile order):
 //   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a 4-deep ring of
 //     shared stages, setmaxnreg 40), warpgroups 1 and 2 consume (setmaxnreg 232): each owns 64
 //     rows of the 128 x 256 C tile and issues m64n256k16 wgmmas, 128 f32 accumulators a thread.
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
-//     (all 8 consumer warps done reading) mbarriers; the producer runs ahead across tiles, so
+//     (the 8 consumer warps of each CTA of the cluster done reading) mbarriers; the producer
+//     runs ahead across tiles, so
 //     next tile's loads overlap this tile's epilogue.
 //   - Forward: clusters of 2 CTAs (kForwardCluster) that load a shared operand once and multicast
 //     it (TMA .multicast::cluster) into both: a row pair (two 128-row tiles of one group over the
@@ -57,7 +58,8 @@
 //     64-row steps. Clusters of 2 CTAs (kWeightGradCluster) take two tiles stacked along n, which
 //     share x's 256 columns: each CTA loads its own dy columns and half of x's, multicast into
 //     both (the same stage protocol as the forward's). Order (grouped_gemm_tiles.h, tested on the
-//     host): group-major, then bands of row pairs where a group's dy outgrows L2. A K step past
+//     host): group-major, then bands of row pairs where the average group's dy outgrows L2. A K
+//     step past
 //     the group's end would read the next group's rows, so the producer lands such a stage on a
 //     separate mbarrier, zeroes the 128-byte lines of the rows past the end in every box (both
 //     operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf), fences (fence.proxy.async) and
@@ -172,19 +174,21 @@ __device__ __forceinline__ uint64_t MNMajorDescriptor(uint32_t start, int k_slic
 
 // ---------------------------------------------------------------- pipeline
 
+// Bytes of a stage ring's mbarriers (StageBarriers): three per stage.
+template <int kStages>
+constexpr int kStageBarrierBytes = 3 * kStages * 8;
+
 // The mbarriers of the stage ring: full[s] (operands landed), empty[s] (consumers done), and
 // landed[s] (weight gradient only: the TMA bytes of a stage the producer still has to mask).
-// With kCluster > 1 a stage is filled by every CTA of the cluster (multicast), so it is empty
-// once the consumers of all of them are done: each consumer warp releases it in every CTA.
-template <int kStages, int kCluster = 1>
+// A stage is filled by every CTA of the cluster (multicast), so it is empty once the consumers
+// of all of them are done: each consumer warp releases it in every CTA.
+template <int kStages, int kCluster>
 struct StageBarriers {
   uint32_t base;  // shared address of full[0]; empty and landed follow, kStages each
 
   __device__ uint32_t Full(int stage) const { return base + 8 * stage; }
   __device__ uint32_t Empty(int stage) const { return base + 8 * (kStages + stage); }
   __device__ uint32_t Landed(int stage) const { return base + 8 * (2 * kStages + stage); }
-
-  static constexpr int kBytes = 3 * kStages * 8;
 
   __device__ void Init() const {
     for (int s = 0; s < kStages; ++s) {
@@ -197,12 +201,8 @@ struct StageBarriers {
 
   // One consumer warp's arrival on empty[stage] (in every CTA of the cluster).
   __device__ void Release(int stage) const {
-    if constexpr (kCluster == 1) {
-      MbarrierArrive(Empty(stage));
-    } else {
 #pragma unroll
-      for (int rank = 0; rank < kCluster; ++rank) MbarrierArriveInCta(Empty(stage), rank);
-    }
+    for (int rank = 0; rank < kCluster; ++rank) MbarrierArriveInCta(Empty(stage), rank);
   }
 };
 
@@ -222,16 +222,16 @@ struct StageRing {
   }
   __device__ uint32_t A(int stage) const { return SmemAddress(APointer(stage)); }
   __device__ uint32_t B(int stage) const { return SmemAddress(BPointer(stage)); }
-  template <int kCluster = 1>
+  template <int kCluster>
   __device__ StageBarriers<kStages, kCluster> Barriers() const {
     return {SmemAddress(base) + kStages * kStageBytes};
   }
   // Bytes past the barriers, for the kernel's own use (1024-byte aligned).
   __device__ uint8_t* Extra() const {
-    return base + kStages * kStageBytes + ((StageBarriers<kStages>::kBytes + 1023) & ~1023);
+    return base + kStages * kStageBytes + ((kStageBarrierBytes<kStages> + 1023) & ~1023);
   }
   static constexpr int kBytesBeforeExtra =
-      1023 + kStages * kStageBytes + ((StageBarriers<kStages>::kBytes + 1023) & ~1023);
+      1023 + kStages * kStageBytes + ((kStageBarrierBytes<kStages> + 1023) & ~1023);
 };
 
 // Consumer side of k_blocks stages: this warpgroup's 64 x 256 accumulators = A · B over them
@@ -712,10 +712,39 @@ static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
 inline bool FitsInt(int64_t v) { return v >= 0 && v < (int64_t{1} << 31); }
 
+// A launch of kernels of kThreads in clusters of `cluster_size` CTAs, with `smem_bytes` of dynamic
+// shared memory, on `stream`: fills *config (pointing at *attribute), one cluster as its grid.
+inline void ClusterLaunchConfig(int smem_bytes, int cluster_size, cudaStream_t stream,
+                                cudaLaunchConfig_t* config, cudaLaunchAttribute* attribute) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config->gridDim = dim3(static_cast<unsigned>(cluster_size));
+  config->blockDim = dim3(kThreads);
+  config->dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config->stream = stream;
+  config->attrs = attribute;
+  config->numAttrs = 1;
+}
+
+// How many clusters of `kernel`, launched as ClusterLaunchConfig says, can be resident at once on
+// the current device (*clusters); sets the kernel's dynamic shared-memory attribute.
+inline cudaError_t ResidentClusters(const void* kernel, int smem_bytes, int cluster_size,
+                                    int* clusters) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute;
+  ClusterLaunchConfig(smem_bytes, cluster_size, nullptr, &config, &attribute);
+  const cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (status != cudaSuccess) return status;
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
 // A persistent launch of kKernel in clusters of `cluster_size` CTAs: as many clusters as can be
 // resident at once (none idle: at most `tiles`), with `smem_bytes` of dynamic shared memory.
-// Fills *config (pointing at *attribute). The shared-memory attribute is set, and the residency
-// asked, once per kernel and device.
+// Fills *config (pointing at *attribute). The residency is asked (and the shared-memory attribute
+// set) once per kernel and device.
 template <auto kKernel>
 cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t tiles,
                                     cudaStream_t stream, cudaLaunchConfig_t* config,
@@ -726,25 +755,15 @@ cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t ti
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
   if (device >= kMaxDevices) return cudaErrorInvalidValue;
-  attribute->id = cudaLaunchAttributeClusterDimension;
-  attribute->val.clusterDim.x = static_cast<unsigned>(cluster_size);
-  attribute->val.clusterDim.y = 1;
-  attribute->val.clusterDim.z = 1;
-  config->blockDim = dim3(kThreads);
-  config->dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  config->stream = stream;
-  config->attrs = attribute;
-  config->numAttrs = 1;
   if (resident_clusters[device] == 0) {
-    status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (status != cudaSuccess) return status;
-    config->gridDim = dim3(static_cast<unsigned>(cluster_size));
     int clusters = 0;
-    status = cudaOccupancyMaxActiveClusters(&clusters, kKernel, config);
+    status = ResidentClusters(reinterpret_cast<const void*>(kKernel), smem_bytes, cluster_size,
+                              &clusters);
     if (status != cudaSuccess) return status;
     if (clusters < 1) return cudaErrorInvalidValue;  // declined: no cluster fits
     resident_clusters[device] = clusters;
   }
+  ClusterLaunchConfig(smem_bytes, cluster_size, stream, config, attribute);
   const int64_t clusters =
       std::max<int64_t>(1, std::min<int64_t>(resident_clusters[device], tiles));
   config->gridDim = dim3(static_cast<unsigned>(clusters * cluster_size));
@@ -819,8 +838,7 @@ cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int
                ? cudaSuccess
                : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * kOutBytes, stream);
   }
-  const WeightGradClusterSchedule schedule =
-      WeightGradClusterSchedule::Of(static_cast<int>(n), static_cast<int>(k), rows, groups);
+  const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::Of(n, k, rows, groups);
   const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   CUtensorMap dy_map, x_map, dw_map;

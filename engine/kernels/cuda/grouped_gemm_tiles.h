@@ -18,11 +18,13 @@
 // columns, each loads half and multicasts it. With an odd number of row tiles the last pair's
 // second tile lies past n (its CTA's consumers idle). Order: group-major; within a group, bands of
 // band_pairs row pairs, and within a band column-major (a band's row pairs over one column tile
-// consecutive). Where a group's dy_g outgrows L2, one band (all row pairs) would sweep all of dy_g
-// once per column tile, reading it from DRAM again each time (Mixtral's fc1 at 4096 tokens: 5.9 GB
-// read for 0.5 GB of operands, ncu, H200, 2026-12-02); bands of kWeightGradBandPairs keep the
-// clusters resident together on a few of dy_g's columns and a few of x_g's column tiles, which stay
-// in L2 while the band sweeps x_g's columns. Where dy_g fits, one band reads each operand once.
+// consecutive). Where dy_g outgrows L2, one band (all row pairs) would sweep all of dy_g once per
+// column tile, reading it from DRAM again each time (Mixtral's fc1 at 4096 tokens: 5.9 GB read for
+// 0.5 GB of operands, ncu, H200, 2026-12-02); bands of kWeightGradBandPairs keep the clusters
+// resident together on a few of dy_g's columns and a few of x_g's column tiles, which stay in L2
+// while the band sweeps x_g's columns. Where dy_g fits, one band reads each operand once. The
+// launcher decides by the average group's dy_g (a skewed routing's largest group may outgrow L2
+// where the average does not).
 #pragma once
 
 #include <cstdint>
@@ -90,7 +92,8 @@ struct ClusterTileSchedule {
 };
 
 constexpr int kWeightGradBandPairs = 8;
-constexpr int64_t kWeightGradBandAbove = int64_t{16} << 20;  // dy_g bytes (on average)
+// Bands above this many bytes of the average group's dy_g (rows_g x n bf16).
+constexpr int64_t kWeightGradBandDyBytes = int64_t{16} << 20;
 
 struct WeightGradClusterTile {
   int group;
@@ -107,12 +110,18 @@ struct WeightGradClusterSchedule {
   int n_tiles;     // ceil(k / kBlockN)
   int band_pairs;  // 1 <= band_pairs <= m_pairs
 
-  // The schedule of groups that hold `rows` token rows in all.
-  static WeightGradClusterSchedule Of(int n, int k, int64_t rows, int groups) {
-    const int m_pairs = ((n + kBlockM - 1) / kBlockM + 1) / 2;
-    const bool banded = rows / groups * n * 2 > kWeightGradBandAbove;
-    return {m_pairs, (k + kBlockN - 1) / kBlockN,
-            banded && m_pairs > kWeightGradBandPairs ? kWeightGradBandPairs : m_pairs};
+  // dw (n, k), n and k in [1, 2^31), in bands of band_pairs (clamped to [1, m_pairs]).
+  static WeightGradClusterSchedule WithBands(int64_t n, int64_t k, int band_pairs) {
+    const int m_pairs = static_cast<int>(((n - 1) / kBlockM + 2) / 2);
+    const int clamped = band_pairs < 1 ? 1 : (band_pairs > m_pairs ? m_pairs : band_pairs);
+    return {m_pairs, static_cast<int>((k - 1) / kBlockN + 1), clamped};
+  }
+
+  // The schedule of `groups` >= 1 groups that hold `rows` token rows in all: bands of
+  // kWeightGradBandPairs where the average group's dy_g outgrows kWeightGradBandDyBytes, else one.
+  static WeightGradClusterSchedule Of(int64_t n, int64_t k, int64_t rows, int groups) {
+    const bool banded = rows / groups * n * 2 > kWeightGradBandDyBytes;
+    return WithBands(n, k, banded ? kWeightGradBandPairs : (1 << 30));
   }
   MOE_HOST_DEVICE int PerGroup() const { return m_pairs * n_tiles; }
 
