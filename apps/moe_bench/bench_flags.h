@@ -13,7 +13,7 @@
 //   BenchChoices / BenchCounts: a comma-separated list of at least one item, each one of the
 //   choices / an integer within [min, max].
 //   BenchOutputPath: a file to write at the end (empty: none), replacing an earlier one (whose
-//   first bytes are `own_start`), as moe_train checks its trace file (CheckReplacedFile,
+//   first bytes are `own_start`), as moe_train checks its trace file (CheckOwnOutputFile,
 //   apps/moe_train/output_checks.h).
 #pragma once
 
@@ -138,7 +138,7 @@ inline std::optional<int> BenchCommandLine(const char* program, const char* sour
 
 inline bool BenchOutputPath(const char* program, const char* flag, const std::string& path,
                             std::string_view own_start) {
-  const Status status = CheckReplacedFile(flag, path, own_start);
+  const Status status = CheckOwnOutputFile(flag, path, own_start, "replace");
   if (!status.ok()) fprintf(stderr, "%s: %s\n", program, status.message().c_str());
   return status.ok();
 }

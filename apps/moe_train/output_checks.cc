@@ -124,15 +124,16 @@ Status CheckOutputFile(const char* flag, const std::string& path) {
   return Status::Ok();
 }
 
-Status CheckReplacedFile(const char* flag, const std::string& path, std::string_view own_start) {
+Status CheckOwnOutputFile(const char* flag, const std::string& path, std::string_view own_start,
+                          const char* writes) {
   MOE_RETURN_IF_ERROR(CheckOutputFile(flag, path));
   std::ifstream in(path, std::ios::binary);
   std::string start(own_start.size(), '\0');
   in.read(start.data(), static_cast<std::streamsize>(start.size()));
   if (in.gcount() == 0 || start == own_start) return Status::Ok();  // new, empty, or ours
   return InvalidArgument("--" + std::string(flag) + " " + path +
-                         " exists and is not an output of this flag: refusing to replace it "
-                         "(remove it, or name a new file)");
+                         " exists and is not an output of this flag: refusing to " + writes +
+                         " it (remove it, or name a new file)");
 }
 
 Status CheckOutputDirectory(const char* flag, const std::string& path) {

@@ -3,9 +3,10 @@
 //
 // - --metrics_file, --trace_file: empty (no output), an existing regular file that opens for
 //   appending, or a new name in an existing directory where a file can be created.
-// - --trace_file (every rank's), moe_bench --json_out: also replaced whole when written, so an
-//   existing non-empty file must begin as that output begins (a mistyped path to another file,
-//   a checkpoint or a flagfile, is refused rather than destroyed).
+// - --metrics_file (appended to), --trace_file (every rank's) and moe_bench --json_out (replaced
+//   whole when written): an existing non-empty file must also begin as that output begins (a
+//   mistyped path to another file, the token data, a checkpoint or a flagfile, is refused rather
+//   than destroyed or appended to).
 // - --save: empty, an existing directory where entries can be created, or a path whose nearest
 //   existing ancestor is such a directory (Save creates the rest). A root that already holds
 //   checkpoints (step_XXXXXXXX/ or latest) is refused unless --load resumes from it (the root
@@ -27,9 +28,11 @@ namespace moe {
 
 // An output file's path: see above. `flag` names it in the message ("metrics_file").
 Status CheckOutputFile(const char* flag, const std::string& path);
-// An output file that is replaced whole: CheckOutputFile's rules, and an existing non-empty file
-// must begin with `own_start`, the first bytes of what this output writes.
-Status CheckReplacedFile(const char* flag, const std::string& path, std::string_view own_start);
+// An output file that this output replaces or appends to (`writes`: "replace", "append to"):
+// CheckOutputFile's rules, and an existing non-empty file must begin with `own_start`, the first
+// bytes of what this output writes.
+Status CheckOwnOutputFile(const char* flag, const std::string& path, std::string_view own_start,
+                          const char* writes);
 // A directory to be created or written into (--save, --dump_reference_case).
 Status CheckOutputDirectory(const char* flag, const std::string& path);
 // --save's checkpoint rule: refuses a root holding checkpoints unless `load` resumes from it.

@@ -181,10 +181,11 @@ Status CheckReferenceCaseDirectory(const std::string& dir) {
 
 // moe_train's outputs (output_checks.h), and no two of them naming the same path.
 Status CheckOutputFlags(int world_size) {
-  MOE_RETURN_IF_ERROR(CheckOutputFile("metrics_file", FLAGS_metrics_file));
+  MOE_RETURN_IF_ERROR(
+      CheckOwnOutputFile("metrics_file", FLAGS_metrics_file, kMetricsFileStart, "append to"));
   for (int rank = 0; rank < world_size && !FLAGS_trace_file.empty(); ++rank) {
-    MOE_RETURN_IF_ERROR(
-        CheckReplacedFile("trace_file", TraceFilePath(rank, world_size), kChromeTraceStart));
+    MOE_RETURN_IF_ERROR(CheckOwnOutputFile("trace_file", TraceFilePath(rank, world_size),
+                                           kChromeTraceStart, "replace"));
   }
   MOE_RETURN_IF_ERROR(CheckOutputDirectory("save", FLAGS_save));
   MOE_RETURN_IF_ERROR(CheckSaveRoot(FLAGS_save, FLAGS_load));

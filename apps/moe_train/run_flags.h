@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,8 @@ DECLARE_string(save);
 DECLARE_string(load);
 DECLARE_string(dump_reference_case);
 DECLARE_string(metrics_file);
+// How --metrics_file begins: every line is a JSON object (RunLog, run_log.h).
+inline constexpr std::string_view kMetricsFileStart = "{";
 DECLARE_double(peak_flops);
 DECLARE_string(trace_file);
 DECLARE_string(trace_steps);

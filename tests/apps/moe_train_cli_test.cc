@@ -316,6 +316,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "--trace_file $D/notes.txt exists and is not an output of this flag: refusing to "
                 "replace it (remove it, or name a new file)",
                 [](const std::string& d) { WriteFile(d + "/notes.txt", "not a trace\n"); }},
+        // A mistyped --metrics_file naming the token data: refused, not appended to.
+        Refusal{
+            "--metrics_file=$D/tokens.bin",
+            "--metrics_file $D/tokens.bin exists and is not an output of this flag: refusing "
+            "to append to it (remove it, or name a new file)",
+            [](const std::string& d) { WriteFile(d + "/tokens.bin", std::string(64, '\x07')); }},
         Refusal{"--metrics_file=$D/out.json --trace_file=$D/out.json",
                 "--metrics_file and --trace_file name the same path $D/out.json"},
         Refusal{"--save=$D/ckpt",
@@ -485,6 +491,25 @@ std::map<int64_t, double> LossesByStep(const std::string& metrics) {
     if (record.contains("loss")) losses[record["step"]] = record["loss"];
   }
   return losses;
+}
+
+// The usual resume appends to the first run's metrics file (its own: it begins as a metrics file
+// does, output_checks.h), which then holds every step once.
+TEST(MoeTrainTest, AResumedRunAppendsToItsMetricsFile) {
+  const ScopedTempDir dir;
+  const std::string common =
+      "--device=cpu --warmup_steps=0 --eval_interval=0 --eval_steps=1 --log_interval=1 "
+      "--metrics_file=" +
+      dir.Path("m.jsonl") + " ";
+  const SplitCommandResult first =
+      RunIn(dir, common + "--train_steps=2 --save=" + dir.Path("ckpt"));
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const SplitCommandResult resumed =
+      RunIn(dir, common + "--train_steps=4 --load=" + dir.Path("ckpt"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  const std::map<int64_t, double> losses = LossesByStep(dir.Path("m.jsonl"));
+  EXPECT_EQ(losses.size(), 4u);
+  for (int64_t step = 1; step <= 4; ++step) EXPECT_EQ(losses.count(step), 1u) << step;
 }
 
 // A resumed run continues the checkpoint's data stream: without --seed it takes the checkpoint's
