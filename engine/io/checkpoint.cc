@@ -30,12 +30,6 @@ std::string Quoted(const fs::path& path) { return std::string("'") + path.string
 
 std::string ErrnoText() { return std::strerror(errno); }
 
-std::string StepDirName(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
-  return name;
-}
-
 // Writes `content` to `path` (replacing it) and fsyncs it.
 Status WriteFileDurably(const fs::path& path, const std::string& content) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -104,6 +98,12 @@ Status PublishDirectory(const fs::path& tmp, const fs::path& final_dir, bool rep
 
 }  // namespace
 
+std::string CheckpointStepDirName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite) {
@@ -118,7 +118,7 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
     return FailedPrecondition("cannot create checkpoint root " + Quoted(root_dir) + ": " +
                               ec.message());
   }
-  const std::string name = StepDirName(step);
+  const std::string name = CheckpointStepDirName(step);
   const fs::path final_dir = root_dir / name;
   const bool exists = fs::exists(final_dir, ec);
   if (exists && !overwrite) {

@@ -40,6 +40,9 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite = false);
 
+// The name of step `step`'s directory under a root: "step_00000100".
+std::string CheckpointStepDirName(int64_t step);
+
 // The step directory that `path` denotes: a root's `latest`, or `path` itself if it holds a
 // state.json.
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path);

@@ -457,7 +457,20 @@ TEST(MoeTrainTest, ResumeProblemsNameWhatIsWrong) {
   ExpectRefused(
       {"--load=" + dir.Path("ckpt") + " --train_steps=3",
        "--load " + step_dir + ": state.json's \"optimizer_step\" 7 is beyond its step 1"});
+  // A step directory holding another step (renamed, or a damaged state.json) would resume there.
+  state = nlohmann::json::parse(state_text);
+  state["step"] = 5;
+  WriteFile(state_file, state.dump());
+  ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=7",
+                 "--load " + step_dir +
+                     ": state.json's \"step\" 5 is not its directory's (step_00000001: renamed or "
+                     "damaged?)"});
   WriteFile(state_file, state_text);
+  // Under another name (a copy kept as "best") it loads as the step it holds.
+  fs::copy(step_dir, dir.Path("best"), fs::copy_options::recursive);
+  const SplitCommandResult best =
+      RunIn(dir, "--device=cpu --eval_steps=1 --train_steps=2 --load=" + dir.Path("best"));
+  EXPECT_EQ(best.exit_code, 0) << best.out << best.err;
 }
 
 // A damaged checkpoint: a truncated tensor file is refused before any work (exit 2, naming
