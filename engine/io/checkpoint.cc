@@ -152,10 +152,11 @@ StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
   if (!fs::exists(dir, ec)) return NotFound("checkpoint " + Quoted(dir) + " does not exist");
   if (fs::is_regular_file(dir / kLatest, ec)) {
     std::ifstream in(dir / kLatest);
-    std::string name;
+    std::string name, more;
     std::getline(in, name);
-    const bool plain =
-        !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+    const bool one_line = !std::getline(in, more);  // as Save writes it: the name and "\n"
+    const bool plain = one_line && !name.empty() && name != "." && name != ".." &&
+                       name.find('/') == std::string::npos;
     if (!plain) {
       return DataLoss("checkpoint root " + Quoted(dir) +
                       ": 'latest' does not hold a directory name");

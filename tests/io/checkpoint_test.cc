@@ -259,6 +259,13 @@ TEST_F(CheckpointTest, BadRootsAndPathsAreClearErrors) {
       0u)
       << state.status().message();
 
+  // A name per line, or a path: not what Save writes, refused rather than half-followed.
+  for (const char* latest : {"step_00000003\nstep_00000002\n", "", "../root/step_00000003\n"}) {
+    std::ofstream(fs::path(root_) / "latest") << latest;
+    EXPECT_EQ(LoadCheckpoint(root_, {}, {}).status().message(),
+              "checkpoint root '" + root_ + "': 'latest' does not hold a directory name")
+        << latest;
+  }
   std::ofstream(fs::path(root_) / "latest") << "step_00000004\n";
   EXPECT_EQ(
       LoadCheckpoint(root_, {}, {}).status().message(),
