@@ -13,13 +13,6 @@
 namespace moe {
 namespace {
 
-// "step_" and digits only: how SaveCheckpoint names step directories (CheckpointStepDirName).
-bool IsStepDirName(const std::string& name) {
-  const std::string prefix = "step_";
-  return name.size() > prefix.size() && name.rfind(prefix, 0) == 0 &&
-         name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
-}
-
 // The checkpoint's value of flag `name` as its run recorded it ("" if it did not).
 std::string RecordedFlag(const nlohmann::json& state, const char* name) {
   const nlohmann::json* flags = nullptr;
@@ -89,7 +82,7 @@ Status CheckResume(RunConfig* run) {
   // A directory named as Save names step directories must hold that step: one holding another
   // was renamed or damaged, and would resume at a step it does not say.
   const std::string name = std::filesystem::path(dir).filename().string();
-  if (IsStepDirName(name) && name != CheckpointStepDirName(step)) {
+  if (IsCheckpointStepDirName(name) && name != CheckpointStepDirName(step)) {
     return InvalidArgument("--load " + dir + ": state.json's \"step\" " + std::to_string(step) +
                            " is not its directory's (" + name + ": renamed or damaged?)");
   }

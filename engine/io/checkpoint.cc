@@ -104,6 +104,12 @@ std::string CheckpointStepDirName(int64_t step) {
   return name;
 }
 
+bool IsCheckpointStepDirName(const std::string& name) {
+  const std::string prefix = "step_";
+  return name.size() > prefix.size() && name.rfind(prefix, 0) == 0 &&
+         name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+}
+
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite) {

@@ -42,6 +42,8 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
 
 // The name of step `step`'s directory under a root: "step_00000100".
 std::string CheckpointStepDirName(int64_t step);
+// Whether `name` is named as step directories are: "step_" and digits only.
+bool IsCheckpointStepDirName(const std::string& name);
 
 // The step directory that `path` denotes: a root's `latest`, or `path` itself if it holds a
 // state.json.

@@ -120,8 +120,9 @@ struct WeightGradClusterSchedule {
   // The schedule of `groups` >= 1 groups that hold `rows` token rows in all: bands of
   // kWeightGradBandPairs where the average group's dy_g outgrows kWeightGradBandDyBytes, else one.
   static WeightGradClusterSchedule Of(int64_t n, int64_t k, int64_t rows, int groups) {
-    const bool banded = rows / groups * n * 2 > kWeightGradBandDyBytes;
-    return WithBands(n, k, banded ? kWeightGradBandPairs : (1 << 30));
+    WeightGradClusterSchedule schedule = WithBands(n, k, kWeightGradBandPairs);
+    if (rows / groups * n * 2 <= kWeightGradBandDyBytes) schedule.band_pairs = schedule.m_pairs;
+    return schedule;
   }
   MOE_HOST_DEVICE int PerGroup() const { return m_pairs * n_tiles; }
 
