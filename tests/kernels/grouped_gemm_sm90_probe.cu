@@ -28,6 +28,8 @@
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
+// PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
+// (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
 // warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours (wgrad: each dw type and
 // epilogue), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16 -> f32 form),
@@ -92,6 +94,18 @@ bool ChecksOnly() {
     return value != nullptr && std::string(value) == "1";
   }();
   return checks_only;
+}
+
+// The models' token count: PROBE_TOKENS, else 4096.
+int ModelTokens() {
+  const char* value = std::getenv("PROBE_TOKENS");
+  if (value == nullptr) return 4096;
+  const int tokens = std::atoi(value);
+  if (tokens < 1 || tokens > 65536) {
+    std::fprintf(stderr, "PROBE_TOKENS must be 1..65536, not %s\n", value);
+    std::exit(2);
+  }
+  return tokens;
 }
 
 // ---------------------------------------------------------------- device helpers
@@ -751,9 +765,10 @@ int main(int argc, char** argv) {
   PrintKernelAttributes();
 
   const Model tiny{"tiny", 64, 2, 1, 128, 200};
-  const Model qwen3{"qwen3-30b-a3b", 2048, 128, 8, 768, 4096};
-  const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, 4096};
-  const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, 4096};
+  const int tokens = ModelTokens();
+  const Model qwen3{"qwen3-30b-a3b", 2048, 128, 8, 768, tokens};
+  const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, tokens};
+  const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, tokens};
   const Model tails{"tails", 1000, 6, 2, 344, 777};  // h, 2f, f multiples of 8, not of 64
   const std::vector<Case> cases = {
       {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},

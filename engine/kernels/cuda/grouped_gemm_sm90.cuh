@@ -29,13 +29,17 @@
 //
 // Design (one CTA per SM, persistent, in clusters of 2; static round-robin per cluster over a
 // linear tile order):
-//   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a 4-deep ring of
-//     shared stages, setmaxnreg 40), warpgroups 1 and 2 consume (setmaxnreg 232): each owns 64
-//     rows of the 128 x 256 C tile and issues m64n256k16 wgmmas, 128 f32 accumulators a thread.
+//   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a ring of shared
+//     stages, 3 deep for the forward, 4 for the weight gradient, setmaxnreg 40), warpgroups 1
+//     and 2 consume (setmaxnreg 232): each owns 64 rows of the 128 x 256 C tile and issues
+//     m64n256k16 wgmmas, 128 f32 accumulators a thread.
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
 //     (the 8 consumer warps of each CTA of the cluster done reading) mbarriers; the producer
-//     runs ahead across tiles, so
-//     next tile's loads overlap this tile's epilogue.
+//     runs ahead across tiles, so the next tile's loads overlap this tile's epilogue.
+//   - Epilogue: each consumer stages its result in shared memory as TMA boxes and issues their
+//     writes without waiting for them (WriteTile; the forward stages all of it, so its writes
+//     drain during the next tile's mainloop); the forward's rows at a group's end, which TMA
+//     cannot stop short of, are copied from the staging by the threads (WriteRows).
 //   - Forward: clusters of 2 CTAs (kForwardCluster) that load a shared operand once and multicast
 //     it (TMA .multicast::cluster) into both: a row pair (two 128-row tiles of one group over the
 //     same 256 columns) shares w's tile, each CTA loading half; a group's odd last row tile runs
@@ -115,9 +119,9 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBlockK = 64;  // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
-constexpr int kForwardStages = 4;      // 4 x 48 KiB, beside the offsets (8 KiB)
+constexpr int kForwardStages = 3;      // 3 x 48 KiB, beside the output staging and the offsets
 constexpr int kForwardCluster = 2;     // forward CTAs sharing (multicasting) an operand tile
-constexpr int kWeightGradStages = 4;   // 4 x 48 KiB, beside the write staging (32 KiB)
+constexpr int kWeightGradStages = 4;   // 4 x 48 KiB, beside the output staging
 constexpr int kWeightGradCluster = 2;  // weight-gradient CTAs sharing (multicasting) x's tile
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
@@ -137,17 +141,24 @@ constexpr int kKMajorSliceBytes = kWgmmaK * 2;                  // next 16 K val
 constexpr int kMNMajorSliceBytes = kWgmmaK * kSwizzleRowBytes;  // next 16 K rows
 constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next 8 rows
 
-// Weight-gradient TMA writes (reduce-add or store): each consumer writes its 64 x 256 result (dw
-// element type Out) in chunks of 64 rows x kWriteColumns<Out> columns (one 128-byte swizzle row
-// per tile row: 32 f32 or 64 bf16), through kWriteBuffers staging buffers; that many chunks'
-// writes can be in flight while it goes on.
+// Output TMA writes (store, or reduce-add for dw +=): each consumer stages its 64 x 256 result
+// (element type Out) in its own shared memory, as TMA boxes of 64 rows x kWriteColumns<Out>
+// columns (one 128-byte swizzle row per tile row: 32 f32 or 64 bf16), in rounds of as many columns
+// as its staging holds, and issues their writes without waiting for them: they drain while it
+// goes on. Before a round refills the staging it waits until the previous round's writes have
+// read it.
+//   - Forward (y, bf16): the whole result, one round, so a tile's writes drain during the next
+//     tile's mainloop (3 stages instead of 4 make room). From registers (st.global per thread)
+//     they cost the Mixtral fc1 forward 10% and the Qwen3 fc2 forward 45% of its time (2.82 ->
+//     2.57 ms, 0.256 -> 0.177 ms with no writes at all, H200, 2026-12-02).
+//   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
+//     whole bf16 result beside 3 stages, measured the same day: faster for dw = (Mixtral fc1
+//     2.95 -> 2.84 ms), slower for += (3.25 -> 3.49) and for f32.)
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
-constexpr int kWriteChunkBytes = 64 * kSwizzleRowBytes;  // 8 KiB, either type
-constexpr int kWriteBuffers = 2;
-static_assert((kBlockN / kWriteColumns<float>) % kWriteBuffers == 0 &&
-                  (kBlockN / kWriteColumns<bf16>) % kWriteBuffers == 0,
-              "each tile's first chunk must reuse the buffer of the previous tile's oldest chunk");
+constexpr int kWriteBoxBytes = 64 * kSwizzleRowBytes;              // 8 KiB, either type
+constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB
+constexpr int kWeightGradStagingBytes = 2 * kWriteBoxBytes;        // per consumer: 16 KiB
 
 static_assert(kBlockK * 2 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
@@ -373,27 +384,6 @@ struct ForwardLoads {
   }
 };
 
-// y rows [row, row_end) and [row + 8, row_end) of this thread's fragment, columns below n.
-__device__ __forceinline__ void StoreRows(const Accumulators& acc, bf16* y, int n, int row,
-                                          int row_end, int column) {
-  bf16* const first = y + static_cast<int64_t>(row) * n;
-  bf16* const second = first + static_cast<int64_t>(8) * n;
-#pragma unroll
-  for (int i = 0; i < kBlockN / 8; ++i) {
-    const int c = column + 8 * i;
-    if (c < n) {  // n is a multiple of 8, so c + 1 < n too
-      if (row < row_end) {
-        *reinterpret_cast<__nv_bfloat162*>(first + c) =
-            __floats2bfloat162_rn(acc[4 * i], acc[4 * i + 1]);
-      }
-      if (row + 8 < row_end) {
-        *reinterpret_cast<__nv_bfloat162*>(second + c) =
-            __floats2bfloat162_rn(acc[4 * i + 2], acc[4 * i + 3]);
-      }
-    }
-  }
-}
-
 // ---------------------------------------------------------------- weight gradient: tiles
 
 // A weight-gradient cluster tile (grouped_gemm_tiles.h) with its group's token rows.
@@ -455,42 +445,82 @@ __device__ __forceinline__ void StorePair(uint32_t address, float a, float b) {
   }
 }
 
-// dw_g[tile rows, tile columns] += (accumulate: TMA reduce-add) or = (TMA store) this
-// warpgroup's accumulators as Out, in 64 x kWriteColumns<Out> chunks staged through
-// kWriteBuffers 128B-swizzled buffers (from shared address `staging`); TMA clips the boxes to dw.
-// The warpgroup's thread 0 issues the writes and waits for a buffer's previous write to have read
-// it before the warpgroup refills it (named barrier `barrier_id`).
-template <typename Out>
-__device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& dw_map,
-                                          uint32_t staging, int barrier_id, int group, int row0,
-                                          int column0, bool accumulate) {
-  constexpr int kColumns = kWriteColumns<Out>;
+// Accumulator columns [kColumns round, kColumns (round + 1)) of this warpgroup's 64 x kBlockN
+// result as Out into `staging` (shared address), as TMA boxes of 64 rows x kWriteColumns<Out>.
+template <typename Out, int kColumns>
+__device__ __forceinline__ void StageColumns(const Accumulators& acc, uint32_t staging, int round) {
+  constexpr int kBoxColumns = kWriteColumns<Out>;
   const FragmentPosition at;
-  const bool leader = threadIdx.x % kWarpgroupThreads == 0;
   const int row = at.Row();
   // Row r's 16-byte chunk c lies at chunk c ^ (r % 8); Row() % 8 = lane / 4, also for Row() + 8.
   const int swizzle = at.lane / 4;
 #pragma unroll
-  for (int chunk = 0; chunk < kBlockN / kColumns; ++chunk) {
-    const uint32_t buffer = staging + chunk % kWriteBuffers * kWriteChunkBytes;
-    if (leader) BulkWaitGroupRead<kWriteBuffers - 1>();
-    NamedBarrierSync(barrier_id, kWarpgroupThreads);
+  for (int j = 0; j < kColumns / 8; ++j) {
+    const int i = round * (kColumns / 8) + j;  // accumulator column block
+    const int column = 8 * j + at.Column();    // in the round
+    const int byte = column % kBoxColumns * static_cast<int>(sizeof(Out));  // in the box row
+    const uint32_t first = staging + column / kBoxColumns * kWriteBoxBytes +
+                           row * kSwizzleRowBytes + ((byte / 16) ^ swizzle) * 16 + byte % 16;
+    StorePair<Out>(first, acc[4 * i], acc[4 * i + 1]);
+    StorePair<Out>(first + 8 * kSwizzleRowBytes, acc[4 * i + 2], acc[4 * i + 3]);
+  }
+}
+
+// Before this warpgroup refills its staging: its thread 0 waits until the writes it issued have
+// read the staging (named barrier `barrier_id`).
+__device__ __forceinline__ void AwaitStaging(int barrier_id) {
+  if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitGroupRead<0>();
+  NamedBarrierSync(barrier_id, kWarpgroupThreads);
+}
+
+// out[group][row0 + 64 rows, column0 + kBlockN columns] = (or += with `accumulate`: TMA
+// reduce-add) this warpgroup's accumulators as Out, staged in rounds through its kStagingBytes of
+// `staging` (shared address); TMA clips the boxes to the tensor. Thread 0 issues the writes.
+template <typename Out, int kStagingBytes>
+__device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
+                                          uint32_t staging, int barrier_id, int group, int row0,
+                                          int column0, bool accumulate) {
+  constexpr int kBoxes = kStagingBytes / kWriteBoxBytes;  // per round
+  constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
+  static_assert(kBlockN % kRoundColumns == 0);
 #pragma unroll
-    for (int j = 0; j < kColumns / 8; ++j) {
-      const int i = chunk * (kColumns / 8) + j;  // accumulator column block
-      const int byte = (8 * j + at.Column()) * static_cast<int>(sizeof(Out));  // in the row
-      const int offset = ((byte / 16) ^ swizzle) * 16 + byte % 16;
-      const uint32_t first = buffer + row * kSwizzleRowBytes + offset;
-      StorePair<Out>(first, acc[4 * i], acc[4 * i + 1]);
-      StorePair<Out>(first + 8 * kSwizzleRowBytes, acc[4 * i + 2], acc[4 * i + 3]);
-    }
+  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
+    AwaitStaging(barrier_id);
+    StageColumns<Out, kRoundColumns>(acc, staging, round);
     FenceProxyAsync();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
-    if (leader) {
-      const int column = column0 + chunk * kColumns;
-      TmaWrite3d(accumulate, dw_map, buffer, column, row0, group);
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box) {
+        TmaWrite3d(accumulate, out_map, staging + box * kWriteBoxBytes,
+                   column0 + round * kRoundColumns + box * kWriteColumns<Out>, row0, group);
+      }
       BulkCommitGroup();
     }
+  }
+}
+
+// y[row0 + r][column0 + c] = this warpgroup's accumulators as bf16 for r < valid_rows (< 64: a
+// group's last rows, which the next group's follow, where TMA would write all 64) and column0 + c
+// < n, staged through `staging` (kForwardStagingBytes; shared address, and generic pointer) and
+// copied in 16-byte pieces.
+__device__ __forceinline__ void WriteRows(const Accumulators& acc, uint32_t staging,
+                                          const uint8_t* staging_generic, int barrier_id, bf16* y,
+                                          int n, int row0, int valid_rows, int column0) {
+  constexpr int kPiecesPerRow = kBlockN / 8;
+  constexpr int kPiecesPerBoxRow = kSwizzleRowBytes / 16;
+  AwaitStaging(barrier_id);
+  StageColumns<bf16, kBlockN>(acc, staging, 0);
+  NamedBarrierSync(barrier_id, kWarpgroupThreads);
+  for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+       piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
+    const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
+    const int column = column0 + 8 * c;
+    if (column >= n) continue;  // n is a multiple of 8: a piece lies wholly inside or outside
+    const int offset = c / kPiecesPerBoxRow * kWriteBoxBytes + r * kSwizzleRowBytes +
+                       ((c % kPiecesPerBoxRow) ^ (r % 8)) * 16;
+    *reinterpret_cast<uint4*>(y + static_cast<int64_t>(row0 + r) * n + column) =
+        *reinterpret_cast<const uint4*>(staging_generic + offset);
   }
 }
 
@@ -498,18 +528,19 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 
 // y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
 // as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
-// else (n, k, groups), box (64, 64, 1).
+// else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
 template <bool kTransposeW>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
-                        const __grid_constant__ CUtensorMap w_map, const int32_t* device_offsets,
+                        const __grid_constant__ CUtensorMap w_map,
+                        const __grid_constant__ CUtensorMap y_map, const int32_t* device_offsets,
                         int groups, int rows, int n, int k, bf16* y) {
 #if MOE_SM90A_KERNELS
   static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
   const StageRing<kForwardStages> ring(smem_raw);
   const auto barriers = ring.Barriers<kForwardCluster>();
-  int* const offsets = reinterpret_cast<int*>(ring.Extra());
+  int* const offsets = reinterpret_cast<int*>(ring.Extra() + kConsumers * kForwardStagingBytes);
   int* const tile_prefix = offsets + kMaxGroups + 1;
   if (threadIdx.x == 0) barriers.Init();
   const int n_tiles = (n + kBlockN - 1) / kBlockN;
@@ -560,7 +591,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
     const int consumer = warpgroup - 1;
-    const FragmentPosition at;
+    uint8_t* const staging_generic = ring.Extra() + consumer * kForwardStagingBytes;
+    const uint32_t staging = SmemAddress(staging_generic);
     Accumulators acc;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
@@ -579,8 +611,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
                                              b_descriptor);
-      if (active) StoreRows(acc, y, n, first_row + at.Row(), tile.row_end, column + at.Column());
+      if (!active) continue;
+      if (first_row + 64 <= tile.row_end) {
+        WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, 1 + consumer, 0, first_row,
+                                              column, false);
+      } else {
+        WriteRows(acc, staging, staging_generic, 1 + consumer, y, n, first_row,
+                  tile.row_end - first_row, column);
+      }
     }
+    if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
   }
   // No CTA leaves while its peer may still release a stage in it (remote mbarrier arrivals).
   __syncwarp();
@@ -664,8 +704,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
     const int consumer = warpgroup - 1;
-    const uint32_t staging =
-        SmemAddress(ring.Extra() + consumer * kWriteBuffers * kWriteChunkBytes);
+    const uint32_t staging = SmemAddress(ring.Extra() + consumer * kWeightGradStagingBytes);
     Accumulators acc;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
@@ -688,8 +727,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
       }
-      WriteTile<Out>(acc, dw_map, staging, 1 + consumer, tile.cluster.group, row0, tile.cluster.n0,
-                     accumulate);
+      WriteTile<Out, kWeightGradStagingBytes>(acc, dw_map, staging, 1 + consumer,
+                                              tile.cluster.group, row0, tile.cluster.n0,
+                                              accumulate);
     }
     if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
   }
@@ -703,10 +743,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host
 
-constexpr int kForwardSmemBytes =
-    StageRing<kForwardStages>::kBytesBeforeExtra + 2 * (kMaxGroups + 1) * 4;
+constexpr int kForwardSmemBytes = StageRing<kForwardStages>::kBytesBeforeExtra +
+                                  kConsumers * kForwardStagingBytes + 2 * (kMaxGroups + 1) * 4;
 constexpr int kWeightGradSmemBytes =
-    StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWriteBuffers * kWriteChunkBytes;
+    StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWeightGradStagingBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
@@ -784,7 +824,7 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
   }
   if (rows == 0 || n == 0) return cudaSuccess;
   if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
-  CUtensorMap x_map, w_map;
+  CUtensorMap x_map, w_map, y_map;
   const uint64_t g = static_cast<uint64_t>(groups);
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   cudaError_t status =
@@ -796,6 +836,10 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
                                     {uk * 2, un * uk * 2}, {kBlockK, kBlockN / 2, 1})
                : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
                                     {un * 2, un * uk * 2}, {64, kBlockK, 1});
+  if (status != cudaSuccess) return status;
+  status = EncodeTensorMap<3>(
+      &y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, static_cast<uint64_t>(rows), 1},
+      {un * 2, un * 2 * static_cast<uint64_t>(rows)}, {kWriteColumns<bf16>, 64, 1});
   if (status != cudaSuccess) return status;
   // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
   // (kBlockM - 1)) / kBlockM.
@@ -810,8 +854,8 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
                                                             tiles, stream, &config, &cluster);
     if (launched != cudaSuccess) return launched;
     launched =
-        cudaLaunchKernelEx(&config, kKernel, x_map, w_map, offsets, groups, static_cast<int>(rows),
-                           static_cast<int>(n), static_cast<int>(k), y);
+        cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
+                           static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
     return launched != cudaSuccess ? launched : cudaGetLastError();
   };
   return transpose_w ? launch(std::integral_constant<decltype(&GroupedMatmulKernel<true>),
