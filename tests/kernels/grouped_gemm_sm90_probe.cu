@@ -6,7 +6,8 @@
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe && /tmp/gg_probe [filter]
 // clang-format on
 //
-// Cases: a tiny one (k 64 or 128, about one 128 x 256 tile per group: the first to debug), MoE
+// Cases: a tiny one (k 64 or 128, about one 128 x 256 tile per group: the first to debug), a
+// tiny one whose groups end in tiles of at most 64 rows (the forward's epilogue paths), MoE
 // expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B with one
 // expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like) and a
 // small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
@@ -347,6 +348,13 @@ std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty
   }
   std::vector<int32_t> offsets(m.experts + 1, 0);
   for (int e = 0; e < m.experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  return offsets;
+}
+
+// Groups of the given row counts (summing to tokens * top_k).
+std::vector<int32_t> FixedRouting(const std::vector<int32_t>& counts) {
+  std::vector<int32_t> offsets(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
   return offsets;
 }
 
@@ -765,6 +773,7 @@ int main(int argc, char** argv) {
   PrintKernelAttributes();
 
   const Model tiny{"tiny", 64, 2, 1, 128, 200};
+  const Model tiny_ends{"tiny", 64, 5, 1, 128, 577};
   const int tokens = ModelTokens();
   const Model qwen3{"qwen3-30b-a3b", 2048, 128, 8, 768, tokens};
   const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, tokens};
@@ -772,6 +781,9 @@ int main(int argc, char** argv) {
   const Model tails{"tails", 1000, 6, 2, 344, 777};  // h, 2f, f multiples of 8, not of 64
   const std::vector<Case> cases = {
       {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},
+      // Groups ending in tiles of exactly 64 rows (alone, and as a row pair's second tile: TMA
+      // stores all of them), of 37 and 28 rows (copied from the staging), and an empty group.
+      {"tiny fixed routing, narrow ends", tiny_ends, FixedRouting({64, 192, 37, 0, 284})},
       {"qwen3 random routing, expert 5 empty", qwen3, RandomRouting(qwen3, {5}, 1)},
       {"qwen3 every row on expert 7", qwen3, OneExpertRouting(qwen3, 7)},
       {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},
