@@ -149,8 +149,8 @@ constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next
 // read it.
 //   - Forward (y, bf16): the whole result, one round, so a tile's writes drain during the next
 //     tile's mainloop (3 stages instead of 4 make room). From registers (st.global per thread)
-//     they cost the Mixtral fc1 forward 10% and the Qwen3 fc2 forward 45% of its time (2.82 ->
-//     2.57 ms, 0.256 -> 0.177 ms with no writes at all, H200, 2026-12-02).
+//     they made the Mixtral fc1 forward 10% and the Qwen3 fc2 forward 45% slower than with no
+//     writes at all (2.82 vs 2.57 ms, 0.256 vs 0.177 ms, H200, 2026-12-02).
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
 //     whole bf16 result beside 3 stages, measured the same day: faster for dw = (Mixtral fc1
 //     2.95 -> 2.84 ms), slower for += (3.25 -> 3.49) and for f32.)
