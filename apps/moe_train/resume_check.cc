@@ -1,12 +1,14 @@
 #include "apps/moe_train/resume_check.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <string>
 
 #include <gflags/gflags.h>
 
+#include "apps/moe_train/flag_table.h"
 #include "engine/io/checkpoint.h"
 #include "modules/model_shape.h"
 
@@ -53,6 +55,53 @@ void ContinueDataStream(const nlohmann::json& state, int64_t step, RunConfig* ru
     run->notes.push_back("resume: the checkpoint trained on " + source(format, path) +
                          "; this run reads " + source(run->data.format, run->data.path) + at);
   }
+}
+
+// Flags that set what the resumed steps compute: the optimizer and its schedule, the batch, the
+// losses' coefficients, the precision of gradients and moments.
+constexpr const char* kTrainingFlags[] = {"lr",
+                                          "min_lr",
+                                          "warmup_steps",
+                                          "train_steps",
+                                          "weight_decay",
+                                          "clip_grad",
+                                          "adam_beta1",
+                                          "adam_beta2",
+                                          "adam_eps",
+                                          "global_batch_size",
+                                          "micro_batch_size",
+                                          "moe_aux_loss_coeff",
+                                          "moe_z_loss_coeff",
+                                          "exp_avg_dtype",
+                                          "exp_avg_sq_dtype",
+                                          "main_grads_dtype"};
+
+// Whether this run's value of `name` differs from the checkpoint's run's `recorded` one (doubles
+// by value: a checkpoint may have written another form of the same number).
+bool DiffersFromRecorded(const char* name, const std::string& recorded) {
+  const gflags::CommandLineFlagInfo info = gflags::GetCommandLineFlagInfoOrDie(name);
+  if (info.type != "double") return recorded != info.current_value;
+  char* end = nullptr;
+  const double value = std::strtod(recorded.c_str(), &end);
+  return end == recorded.c_str() || *end != '\0' ||
+         value != std::strtod(info.current_value.c_str(), nullptr);
+}
+
+// One note naming the training flags (kTrainingFlags) whose value differs from the one the
+// checkpoint's run recorded: the user's choice, but a mistyped one would change the run unseen.
+void NoteChangedTrainingFlags(const nlohmann::json& state, int64_t step, RunConfig* run) {
+  std::string changed;
+  int count = 0;
+  for (const char* name : kTrainingFlags) {
+    const std::string recorded = RecordedFlag(state, name);
+    if (recorded.empty() || !DiffersFromRecorded(name, recorded)) continue;
+    changed += std::string(count++ == 0 ? "" : ", ") + "--" + name + "=" + FlagValueText(name) +
+               " (checkpoint " + recorded + ")";
+  }
+  if (count == 0) return;
+  run->notes.push_back("resume: " + changed + (count == 1 ? " differs" : " differ") +
+                       " from the checkpoint's run; from step " + std::to_string(step) +
+                       " this run's values apply");
 }
 
 }  // namespace
@@ -102,6 +151,7 @@ Status CheckResume(RunConfig* run) {
                            std::to_string(step) + " of --load " + dir + ", where the run resumes");
   }
   ContinueDataStream(state, step, run);
+  NoteChangedTrainingFlags(state, step, run);
   return Status::Ok();
 }
 

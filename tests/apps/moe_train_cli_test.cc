@@ -558,6 +558,38 @@ TEST(MoeTrainTest, AResumeWithoutSeedContinuesTheCheckpointsDataOrder) {
       << reseeded.out;
 }
 
+// Training flags given with another value than the checkpoint's run's are noted in one line
+// (both values), so that a mistyped --lr does not change a resumed run unseen; the same values
+// give no such note.
+TEST(MoeTrainTest, AResumeNotesTrainingFlagsThatDifferFromTheCheckpoints) {
+  const ScopedTempDir dir;
+  const std::string common = "--device=cpu --eval_interval=0 --eval_steps=1 --train_steps=4 ";
+  const SplitCommandResult first =
+      RunIn(dir, common + "--lr=3e-3 --save_interval=2 --save=" + dir.Path("ckpt"));
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  const std::string load = " --load=" + dir.Path("ckpt/step_00000002");
+  const SplitCommandResult same = RunIn(dir, common + "--lr=0.003" + load);
+  ASSERT_EQ(same.exit_code, 0) << same.out << same.err;
+  EXPECT_EQ(same.out.find("from the checkpoint's run"), std::string::npos) << same.out;
+  const SplitCommandResult changed =
+      RunIn(dir, common + "--lr=1e-3 --global_batch_size=32 --exp_avg_dtype=bf16" + load);
+  ASSERT_EQ(changed.exit_code, 0) << changed.out << changed.err;
+  EXPECT_NE(changed.out.find("resume: --lr=0.001 (checkpoint 0.003), --global_batch_size=32 "
+                             "(checkpoint 16), --exp_avg_dtype=bf16 (checkpoint fp32) differ "
+                             "from the checkpoint's run; from step 2 this run's values apply\n"),
+            std::string::npos)
+      << changed.out;
+  const SplitCommandResult extended = RunIn(dir,
+                                            "--device=cpu --eval_interval=0 --eval_steps=1 "
+                                            "--train_steps=6 --lr=0.003" +
+                                                load);
+  ASSERT_EQ(extended.exit_code, 0) << extended.out << extended.err;
+  EXPECT_NE(extended.out.find("resume: --train_steps=6 (checkpoint 4) differs from the "
+                              "checkpoint's run; from step 2 this run's values apply\n"),
+            std::string::npos)
+      << extended.out;
+}
+
 // Issue 14, class 6: token files are checked where the format allows it.
 TEST(MoeTrainTest, TokenFilesOfTheWrongWidthOrVocabularyAreRefused) {
   const ScopedTempDir dir;
