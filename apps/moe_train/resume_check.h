@@ -13,7 +13,7 @@
 // differs from the checkpoint's is the user's choice, also noted: the consumed-sample count
 // carries over into the new order. So are training flags (the optimizer and its schedule, the
 // batch, the loss coefficients, the state's precision) whose value differs from the checkpoint's
-// run's: one note naming each with both values ("resume: --lr=0.001 (checkpoint 0.003) differ
+// run's: one note naming each with both values ("resume: --lr=0.001 (checkpoint 0.003) differs
 // ..."), so that a mistyped value does not change a resumed run unseen; --train_steps among them,
 // as the learning-rate schedule ends there.
 #pragma once
