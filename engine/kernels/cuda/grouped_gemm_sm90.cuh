@@ -63,11 +63,11 @@
 //     share x's 256 columns: each CTA loads its own dy columns and half of x's, multicast into
 //     both (the same stage protocol as the forward's). Order (grouped_gemm_tiles.h, tested on the
 //     host): group-major, then bands of row pairs where the average group's dy outgrows L2. A K
-//     step past
-//     the group's end would read the next group's rows, so the producer lands such a stage on a
-//     separate mbarrier, zeroes the 128-byte lines of the rows past the end in every box (both
-//     operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf), fences (fence.proxy.async) and
-//     only then arrives on full[s]; each CTA masks its own copy of the stage.
+//     step past the group's end would read the next group's rows, so the producer lands such a
+//     stage on a separate mbarrier, zeroes the 128-byte lines of the rows past the end in every
+//     box (both operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf), fences
+//     (fence.proxy.async) and only then arrives on full[s]; each CTA masks its own copy of the
+//     stage.
 //
 // Key facts relied on (PTX ISA 8.x wgmma / cp.async.bulk.tensor; CUTLASS cute GMMA traits):
 //   - TMA with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box writes box row r at byte
@@ -133,7 +133,7 @@ constexpr int kConsumerRegisters = 232;
 constexpr int kMaxGroups = 1024;  // forward: the per-CTA copies of the offsets in shared memory
 
 constexpr int kSwizzleRowBytes = 128;
-constexpr int kBoxBytes = 64 * kSwizzleRowBytes;  // a 64 x 64 bf16 box: 8 KiB
+constexpr int kBoxBytes = 64 * kSwizzleRowBytes;  // 64 rows of 128 B (64 bf16, 32 f32): 8 KiB
 constexpr int kStageABytes = kBlockM * kBlockK * 2;
 constexpr int kStageBBytes = kBlockN * kBlockK * 2;
 constexpr int kStageBytes = kStageABytes + kStageBBytes;
@@ -156,9 +156,8 @@ constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next
 //     2.95 -> 2.84 ms), slower for += (3.25 -> 3.49) and for f32.)
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
-constexpr int kWriteBoxBytes = 64 * kSwizzleRowBytes;              // 8 KiB, either type
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB
-constexpr int kWeightGradStagingBytes = 2 * kWriteBoxBytes;        // per consumer: 16 KiB
+constexpr int kWeightGradStagingBytes = 2 * kBoxBytes;             // per consumer: 16 KiB
 
 static_assert(kBlockK * 2 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
@@ -459,8 +458,8 @@ __device__ __forceinline__ void StageColumns(const Accumulators& acc, uint32_t s
     const int i = round * (kColumns / 8) + j;  // accumulator column block
     const int column = 8 * j + at.Column();    // in the round
     const int byte = column % kBoxColumns * static_cast<int>(sizeof(Out));  // in the box row
-    const uint32_t first = staging + column / kBoxColumns * kWriteBoxBytes +
-                           row * kSwizzleRowBytes + ((byte / 16) ^ swizzle) * 16 + byte % 16;
+    const uint32_t first = staging + column / kBoxColumns * kBoxBytes + row * kSwizzleRowBytes +
+                           ((byte / 16) ^ swizzle) * 16 + byte % 16;
     StorePair<Out>(first, acc[4 * i], acc[4 * i + 1]);
     StorePair<Out>(first + 8 * kSwizzleRowBytes, acc[4 * i + 2], acc[4 * i + 3]);
   }
@@ -480,7 +479,7 @@ template <typename Out, int kStagingBytes>
 __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
                                           uint32_t staging, int barrier_id, int group, int row0,
                                           int column0, bool accumulate) {
-  constexpr int kBoxes = kStagingBytes / kWriteBoxBytes;  // per round
+  constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
   constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
   static_assert(kBlockN % kRoundColumns == 0);
 #pragma unroll
@@ -492,7 +491,7 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
     if (threadIdx.x % kWarpgroupThreads == 0) {
 #pragma unroll
       for (int box = 0; box < kBoxes; ++box) {
-        TmaWrite3d(accumulate, out_map, staging + box * kWriteBoxBytes,
+        TmaWrite3d(accumulate, out_map, staging + box * kBoxBytes,
                    column0 + round * kRoundColumns + box * kWriteColumns<Out>, row0, group);
       }
       BulkCommitGroup();
@@ -502,25 +501,24 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 
 // y[row0 + r][column0 + c] = this warpgroup's accumulators as bf16 for r < valid_rows (< 64: a
 // group's last rows, which the next group's follow, where TMA would write all 64) and column0 + c
-// < n, staged through `staging` (kForwardStagingBytes; shared address, and generic pointer) and
-// copied in 16-byte pieces.
-__device__ __forceinline__ void WriteRows(const Accumulators& acc, uint32_t staging,
-                                          const uint8_t* staging_generic, int barrier_id, bf16* y,
-                                          int n, int row0, int valid_rows, int column0) {
+// < n, staged through `staging` (kForwardStagingBytes) and copied in 16-byte pieces.
+__device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
+                                          int barrier_id, bf16* y, int n, int row0, int valid_rows,
+                                          int column0) {
   constexpr int kPiecesPerRow = kBlockN / 8;
   constexpr int kPiecesPerBoxRow = kSwizzleRowBytes / 16;
   AwaitStaging(barrier_id);
-  StageColumns<bf16, kBlockN>(acc, staging, 0);
+  StageColumns<bf16, kBlockN>(acc, SmemAddress(staging), 0);
   NamedBarrierSync(barrier_id, kWarpgroupThreads);
   for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
        piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
     const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
     const int column = column0 + 8 * c;
     if (column >= n) continue;  // n is a multiple of 8: a piece lies wholly inside or outside
-    const int offset = c / kPiecesPerBoxRow * kWriteBoxBytes + r * kSwizzleRowBytes +
+    const int offset = c / kPiecesPerBoxRow * kBoxBytes + r * kSwizzleRowBytes +
                        ((c % kPiecesPerBoxRow) ^ (r % 8)) * 16;
     *reinterpret_cast<uint4*>(y + static_cast<int64_t>(row0 + r) * n + column) =
-        *reinterpret_cast<const uint4*>(staging_generic + offset);
+        *reinterpret_cast<const uint4*>(staging + offset);
   }
 }
 
@@ -616,8 +614,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, 1 + consumer, 0, first_row,
                                               column, false);
       } else {
-        WriteRows(acc, staging, staging_generic, 1 + consumer, y, n, first_row,
-                  tile.row_end - first_row, column);
+        WriteRows(acc, staging_generic, 1 + consumer, y, n, first_row, tile.row_end - first_row,
+                  column);
       }
     }
     if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
