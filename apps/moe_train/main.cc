@@ -31,6 +31,7 @@
 #include "engine/core/check.h"
 #include "engine/distributed/process_groups.h"
 #include "engine/distributed/world.h"
+#include "engine/io/checkpoint.h"
 #include "engine/io/chrome_trace.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/raw_memory.h"
@@ -224,7 +225,9 @@ int Run(const Status& parsed) {
         (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
       agreed = world.AllAgree(trainer.Save(FLAGS_save, description));  // collective
       if (!agreed.ok()) return Fail(agreed, 1);
-      if (leader) printf("saved checkpoint %s/step_%08lld\n", FLAGS_save.c_str(), (long long)step);
+      if (leader) {
+        printf("saved checkpoint %s/%s\n", FLAGS_save.c_str(), CheckpointStepDirName(step).c_str());
+      }
     }
   }
   return 0;
