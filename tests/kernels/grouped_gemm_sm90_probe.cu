@@ -330,6 +330,13 @@ struct Case {
   int groups() const { return static_cast<int>(offsets.size()) - 1; }
 };
 
+// Groups of the given row counts (summing to tokens * top_k).
+std::vector<int32_t> FixedRouting(const std::vector<int32_t>& counts) {
+  std::vector<int32_t> offsets(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
+  return offsets;
+}
+
 // top_k distinct experts per token, uniformly among those not in `empty`.
 std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -346,16 +353,7 @@ std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty
       ++counts[pool[j]];
     }
   }
-  std::vector<int32_t> offsets(m.experts + 1, 0);
-  for (int e = 0; e < m.experts; ++e) offsets[e + 1] = offsets[e] + counts[e];
-  return offsets;
-}
-
-// Groups of the given row counts (summing to tokens * top_k).
-std::vector<int32_t> FixedRouting(const std::vector<int32_t>& counts) {
-  std::vector<int32_t> offsets(counts.size() + 1, 0);
-  for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
-  return offsets;
+  return FixedRouting(counts);
 }
 
 std::vector<int32_t> OneExpertRouting(const Model& m, int expert) {
@@ -783,7 +781,7 @@ int main(int argc, char** argv) {
       {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},
       // Groups ending in tiles of exactly 64 rows (alone, and as a row pair's second tile: TMA
       // stores all of them), of 37 and 28 rows (copied from the staging), and an empty group.
-      {"tiny fixed routing, narrow ends", tiny_ends, FixedRouting({64, 192, 37, 0, 284})},
+      {"tiny fixed routing, short last tiles", tiny_ends, FixedRouting({64, 192, 37, 0, 284})},
       {"qwen3 random routing, expert 5 empty", qwen3, RandomRouting(qwen3, {5}, 1)},
       {"qwen3 every row on expert 7", qwen3, OneExpertRouting(qwen3, 7)},
       {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},
