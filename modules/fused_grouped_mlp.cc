@@ -25,10 +25,9 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   ScopedSaveGroup group(saved, kFusedGroupMlpGroup, layer_);
   saved.Save(name_ + ".x", x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
-  ops::GroupedMatmul(x, fc1_.value, offsets, host_rows, h, /*transpose_w=*/true);
-  saved.Save(name_ + ".h", h);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
-  ops::SwigluForward(h, weights, a);
+  ops::GroupedMatmulSwiglu(x, fc1_.value, offsets, host_rows, weights, h, a);
+  saved.Save(name_ + ".h", h);
   if (!config_.recompute_in(layer_).moe_act) saved.Save(name_ + ".a", a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);

@@ -1,6 +1,7 @@
 // The fused grouped MLP (contract in grouped_mlp.h): one grouped GEMM launch over all experts for
-// fc1, SwiGLU x routing probability over all rows, one grouped GEMM for fc2; backward likewise
-// (grouped GEMMs for the input gradients, grouped weight-gradient GEMMs). The grouped GEMMs take
+// fc1 with SwiGLU x routing probability (ops::GroupedMatmulSwiglu: in its epilogue on Hopper),
+// one grouped GEMM for fc2; backward likewise (grouped GEMMs for the input gradients, the SwiGLU
+// backward between them, grouped weight-gradient GEMMs). The grouped GEMMs take
 // the expert row ranges on the device; only where they also need them on the host
 // (ops::GroupedMatmulNeedsHostOffsets) are they read back, once, in forward and kept for
 // backward. Otherwise neither forward nor backward waits for the device.

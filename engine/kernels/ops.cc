@@ -12,6 +12,7 @@
 #include "engine/runtime/device_context.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/grouped_matmul_sm90.h"
 #define MOE_CUDA_OR_FAIL(call) cuda::call
 #else
 #define MOE_CUDA_OR_FAIL(call) LOG(FATAL) << "this build has no CUDA support"
@@ -186,10 +187,23 @@ void CheckGroupOffsets(const Tensor& offsets, std::span<const int32_t> host_offs
   CHECK(host_offsets.empty() || std::ranges::equal(host_offsets, values))
       << what << ": host offsets differ from the offsets tensor";
 }
-}  // namespace
 
-void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
-                   std::span<const int32_t> host_offsets, const Tensor& y, bool transpose_w) {
+void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
+  CheckFloat(x, what);
+  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0)
+      << what << ": x must be (rows, 2f): " << x.DebugString();
+  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
+  CheckSameDType(x, y, what);
+  if (scale.defined()) {
+    CheckShape(scale, {x.dim(0)}, "swiglu scale");
+    CheckDType(scale, DType::kF32, "swiglu scale");
+  }
+}
+
+// GroupedMatmul's checks; returns the operands' device.
+Device CheckGroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                          std::span<const int32_t> host_offsets, const Tensor& y,
+                          bool transpose_w) {
   const Device device = CommonDevice({&x, &w, &offsets, &y});
   CHECK(x.ndim() == 2 && w.ndim() == 3 && y.ndim() == 2)
       << "grouped matmul takes x (rows, k), w (groups, ., .), y (rows, n): " << x.DebugString()
@@ -203,7 +217,27 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
   CheckSameDType(x, w, "grouped matmul");
   CheckSameDType(x, y, "grouped matmul");
   CheckGroupOffsets(offsets, host_offsets, w.dim(0), x.dim(0), "grouped matmul offsets");
+  return device;
+}
+}  // namespace
+
+void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                   std::span<const int32_t> host_offsets, const Tensor& y, bool transpose_w) {
+  const Device device = CheckGroupedMatmul(x, w, offsets, host_offsets, y, transpose_w);
   MOE_DISPATCH(device, GroupedMatmul, x, w, offsets, host_offsets, y, transpose_w);
+}
+
+void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                         std::span<const int32_t> host_offsets, const Tensor& scale,
+                         const Tensor& h, const Tensor& a) {
+  const Device device = CheckGroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
+  CommonDevice({&x, &scale, &a});
+  CheckSwiglu(h, scale, a, "grouped matmul swiglu");
+#if MOE_WITH_CUDA
+  if (device.is_cuda() && cuda::TryGroupedMatmulSwigluSm90(x, w, offsets, scale, h, a)) return;
+#endif
+  GroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
+  SwigluForward(h, scale, a);
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
@@ -295,20 +329,6 @@ void SiluBackward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   CheckSameDType(dx, x, "silu backward");
   MOE_DISPATCH(device, SiluBackward, dy, x, dx);
 }
-
-namespace {
-void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
-  CheckFloat(x, what);
-  CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0)
-      << what << ": x must be (rows, 2f): " << x.DebugString();
-  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
-  CheckSameDType(x, y, what);
-  if (scale.defined()) {
-    CheckShape(scale, {x.dim(0)}, "swiglu scale");
-    CheckDType(scale, DType::kF32, "swiglu scale");
-  }
-}
-}  // namespace
 
 void SwigluForward(const Tensor& x, const Tensor& scale, const Tensor& y) {
   const Device device = CommonDevice({&x, &scale, &y});

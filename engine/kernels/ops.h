@@ -50,4 +50,13 @@ void Copy(const Tensor& src, const Tensor& dst);
 void CopyFromHost(const void* src, const Tensor& dst);
 void CopyToHost(const Tensor& src, void* dst);
 
+// Composite ops, the same on every backend: a backend may run them as one kernel.
+// GroupedMatmul(x, w, offsets, host_offsets, h, transpose_w=true) then SwigluForward(h, scale, a):
+//   w (groups, 2f, k), h (rows, 2f) = [gate | up] =, a (rows, f) =, scale (rows) f32 or undefined.
+// CUDA: the Hopper fc1 kernel computes a in its epilogue from h as it stores it (bf16), with
+// SwigluForward's formula: both results bit-identical to the two ops'.
+void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                         std::span<const int32_t> host_offsets, const Tensor& scale,
+                         const Tensor& h, const Tensor& a);
+
 }  // namespace moe::ops

@@ -262,6 +262,19 @@ __global__ void CountNotBits(const uint16_t* a, size_t count, uint16_t bits,
   if (local != 0) atomicAdd(different, local);
 }
 
+// a (rows, f) = silu(gate) * up * scale[row] of y (rows, 2 f) = [gate | up], by the engine's
+// formula.
+__global__ void SwigluReference(const bf16* y, const float* scale, int64_t rows, int64_t f,
+                                bf16* a) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * f;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / f, c = i % f;
+    const float gate = __bfloat162float(y[row * 2 * f + c]);
+    const float up = __bfloat162float(y[row * 2 * f + f + c]);
+    a[i] = __float2bfloat16(moe::cuda::SwigluValue(gate, up, scale[row]));
+  }
+}
+
 constexpr int kGrid = 2048, kBlock = 256;
 
 // Waits for the device, giving up (exit 3) after kTimeoutSeconds: a deadlocked pipeline must not
@@ -422,6 +435,18 @@ unsigned long long ReadCounter(const DeviceArray<unsigned long long>& counter) {
   return host;
 }
 
+// Guard rows (kGuardRows x columns after rows x columns of `out`) that still hold the sentinel.
+void CheckGuardRows(Tally& tally, const std::string& what, const bf16* out, int64_t rows,
+                    int64_t columns) {
+  DeviceArray<unsigned long long> changed(1);
+  MOE_CHECK_CUDA(cudaMemset(changed.data, 0, 8));
+  CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(out + rows * columns),
+                                  kGuardRows * columns, kSentinelBits, changed.data);
+  const unsigned long long guard_changed = ReadCounter(changed);
+  tally.Record(guard_changed == 0, what + " guard rows",
+               std::to_string(guard_changed) + " elements past the last row written");
+}
+
 // One timing line; none for a NaN time (ChecksOnly()).
 void PrintTime(const char* name, double ms, double flops, double bytes = 0) {
   if (std::isnan(ms)) return;
@@ -536,13 +561,7 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   SyncOrTimeout(name);
   CheckClose(tally, std::string(name) + " y", y.data, reference.data, rows * n, rows, n,
              Tolerance{kBf16Tolerance});
-  DeviceArray<unsigned long long> changed(1);
-  MOE_CHECK_CUDA(cudaMemset(changed.data, 0, 8));
-  CountNotBits<<<kGrid, kBlock>>>(reinterpret_cast<const uint16_t*>(y.data + rows * n),
-                                  kGuardRows * n, kSentinelBits, changed.data);
-  const unsigned long long guard_changed = ReadCounter(changed);
-  tally.Record(guard_changed == 0, std::string(name) + " guard rows",
-               std::to_string(guard_changed) + " elements past the last row written");
+  CheckGuardRows(tally, name, y.data, rows, n);
 
   const double flops = 2.0 * rows * n * k;
   PrintTime("sm90 grouped (ours)", MedianMs(ours, name), flops);
@@ -565,6 +584,66 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
           },
           name),
       flops);
+}
+
+// fc1 with SwiGLU: y (rows, 2 f) = x (rows, k) · w_g^T, w (groups, 2 f, k), and a (rows, f) =
+// silu(gate) * up * scale[row] of y's halves, bit-identical to SwigluReference on our y.
+void ProbeSwiglu(Tally& tally, Cublas& cublas, const Operands& ops, int64_t f, int64_t k,
+                 uint64_t seed) {
+  const Case& c = ops.c;
+  const int64_t rows = c.rows(), n = 2 * f;
+  const int groups = c.groups();
+  std::printf("  fc1 forward + SwiGLU: y (%lld, %lld) = x . w_g^T, a (%lld, %lld)\n",
+              static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
+              static_cast<long long>(f));
+  DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * n * k);
+  DeviceArray<bf16> y((rows + kGuardRows) * n), a((rows + kGuardRows) * f);
+  DeviceArray<bf16> y_reference(rows * n), a_reference(rows * f);
+  DeviceArray<float> scale(rows);
+  FillUniform<<<kGrid, kBlock>>>(x.data, x.count, seed);
+  FillUniform<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
+  FillUniform<<<kGrid, kBlock>>>(scale.data, scale.count, seed + 2);
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(y.data), y.count, kSentinelBits);
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(a.data), a.count, kSentinelBits);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  const float one = 1.0f, zero = 0.0f;
+  for (int g = 0; g < groups; ++g) {
+    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+    if (count == 0) continue;
+    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, count, k, &one,
+                                  w.data + static_cast<int64_t>(g) * n * k, CUDA_R_16BF, k,
+                                  x.data + begin * k, CUDA_R_16BF, k, &zero,
+                                  y_reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+  }
+  const auto ours = [&] {
+    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSwigluSm90(
+        x.data, w.data, ops.offsets.data, groups, rows, f, k, scale.data, y.data, a.data, nullptr));
+  };
+  ours();
+  SyncOrTimeout("fc1 forward + SwiGLU");
+  CheckClose(tally, "fc1+SwiGLU y", y.data, y_reference.data, rows * n, rows, n,
+             Tolerance{kBf16Tolerance});
+  SwigluReference<<<kGrid, kBlock>>>(y.data, scale.data, rows, f, a_reference.data);
+  DeviceArray<unsigned long long> different(1);
+  MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
+  CountDifferentBits<<<kGrid, kBlock>>>(a.data, a_reference.data, rows * f, different.data);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  const unsigned long long differ = ReadCounter(different);
+  tally.Record(differ == 0, "fc1+SwiGLU a bit-identical",
+               std::to_string(differ) + " elements differ from SwiGLU of our y");
+  CheckGuardRows(tally, "fc1+SwiGLU y", y.data, rows, n);
+  CheckGuardRows(tally, "fc1+SwiGLU a", a.data, rows, f);
+  const double flops = 2.0 * rows * n * k;
+  PrintTime("sm90 grouped + SwiGLU (ours)", MedianMs(ours, "fc1 forward + SwiGLU"), flops);
+  PrintTime("sm90 grouped (ours), y only",
+            MedianMs(
+                [&] {
+                  MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(
+                      x.data, w.data, ops.offsets.data, groups, rows, n, k, true, y.data, nullptr));
+                },
+                "fc1 forward"),
+            flops);
 }
 
 // dw (groups, n, k) (+)= dy_g^T (n, rows_g) · x_g (rows_g, k), with an f32 and with a bf16 dw.
@@ -716,6 +795,7 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
   const Operands ops(c);
   const int64_t h = m.hidden, f = m.ffn;
   ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
+  ProbeSwiglu(tally, cublas, ops, f, h, 15);
   ProbeForward(tally, cublas, ops, "fc2 forward", h, f, true, 21);
   ProbeForward(tally, cublas, ops, "fc1 dgrad", h, 2 * f, false, 31);
   ProbeForward(tally, cublas, ops, "fc2 dgrad", f, h, false, 41);
@@ -732,10 +812,14 @@ void PrintKernelAttributes() {
     int smem_bytes;
     int cluster;
   } kernels[] = {
-      {"GroupedMatmulKernel<transpose_w>", reinterpret_cast<const void*>(GroupedMatmulKernel<true>),
-       kForwardSmemBytes, sm90::kForwardCluster},
+      {"GroupedMatmulKernel<transpose_w>",
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true, false>), kForwardSmemBytes,
+       sm90::kForwardCluster},
       {"GroupedMatmulKernel<!transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<false>), kForwardSmemBytes,
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false, false>), kForwardSmemBytes,
+       sm90::kForwardCluster},
+      {"GroupedMatmulKernel<transpose_w, SwiGLU>",
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true, true>), kForwardSmemBytes,
        sm90::kForwardCluster},
       {"GroupedWeightGradKernel<float>",
        reinterpret_cast<const void*>(GroupedWeightGradKernel<float>), kWeightGradSmemBytes,

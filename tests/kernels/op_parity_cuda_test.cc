@@ -220,6 +220,25 @@ std::vector<OpCase> Cases() {
       r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
+  // fc1 with SwiGLU x routing probability (one Hopper kernel in bf16 where f is a multiple of 8;
+  // f 136: gate and up tiles past f; f 20: the two ops).
+  for (const GroupedCase& c : std::vector<GroupedCase>{
+           {"grouped_matmul_swiglu", {0, 0, 1, 261, 261, 290, 300}, 72, 2 * 136},
+           {"grouped_matmul_swiglu_two_ops", {0, 3, 3, 50, 77}, 64, 2 * 20}}) {
+    add(c.name, [c](OpRun& r) {
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      Tensor x = r.In({rows, c.k}), w = r.In({groups, c.n, c.k}), scale = r.InF32({rows});
+      Tensor h = r.Out({rows, c.n}), a = r.Out({rows, c.n / 2});
+      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
+      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
+      ops::GroupedMatmulSwiglu(
+          x, w, offsets,
+          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>(), scale, h,
+          a);
+      r.Read("h", h);
+      r.Read("a", a);
+    });
+  }
   add("rmsnorm", [](OpRun& r) {
     const int64_t rows = 67, h = 384;
     Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
@@ -515,6 +534,44 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kF32, {128, 1536, 2048}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {8, 36, 64}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
+}
+
+// ops::GroupedMatmulSwiglu (on a Hopper GPU one kernel: SwiGLU in fc1's epilogue) gives h and a
+// bit for bit as GroupedMatmul then SwigluForward do, with and without a scale, at row counts
+// that end groups inside and on 64-row halves of the 128-row tiles, f on and off the 128-column
+// halves of its tiles, and an empty group.
+TEST(GroupedMatmulSwigluTest, MatchesGroupedMatmulThenSwigluBitForBit) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  struct SwigluCase {
+    std::vector<int32_t> offsets;
+    int64_t k, f;
+  };
+  for (const SwigluCase& c : std::vector<SwigluCase>{{{0, 64, 256, 293, 293, 577}, 128, 128},
+                                                     {{0, 1, 130, 300}, 200, 344},
+                                                     {{0, 700}, 64, 1000}}) {
+    for (const bool with_scale : {true, false}) {
+      SCOPED_TRACE("f " + std::to_string(c.f) + (with_scale ? ", scale" : ", no scale"));
+      OpRun r(Device::CUDA(0), DType::kBF16, testing::TestSeed());
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      const Tensor x = r.In({rows, c.k}), w = r.In({groups, 2 * c.f, c.k});
+      const Tensor scale = with_scale ? r.InF32({rows}) : Tensor();
+      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
+      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
+      const std::span<const int32_t> host =
+          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>();
+      const Tensor h = r.Out({rows, 2 * c.f}), a = r.Out({rows, c.f});
+      const Tensor h_two = r.Out(h.shape()), a_two = r.Out(a.shape());
+      ops::GroupedMatmulSwiglu(x, w, offsets, host, scale, h, a);
+      ops::GroupedMatmul(x, w, offsets, host, h_two, /*transpose_w=*/true);
+      ops::SwigluForward(h_two, scale, a_two);
+      for (const auto& [name, one, two] : {std::tuple{"h", h, h_two}, std::tuple{"a", a, a_two}}) {
+        const std::vector<float> got = testing::ToFloats(one), want = testing::ToFloats(two);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << name << " differs from the two ops'";
+      }
+    }
+  }
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed

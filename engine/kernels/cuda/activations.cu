@@ -8,11 +8,10 @@
 // thread step when f % 8 == 0 and the rows are 16-byte aligned.
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/elementwise.cuh"
+#include "engine/kernels/cuda/swiglu_math.cuh"
 
 namespace moe::cuda {
 namespace {
-
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 struct SiluOp {
   __device__ float operator()(float x) const { return x * Sigmoid(x); }
@@ -35,7 +34,7 @@ __global__ void SwigluForwardKernel(const T* x, const float* scale, int64_t rows
       const Floats<kVec> g = LoadFloats<kVec>(gate + c), u = LoadFloats<kVec>(up + c);
       Floats<kVec> out;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) out.v[j] = g.v[j] * Sigmoid(g.v[j]) * u.v[j] * s;
+      for (int j = 0; j < kVec; ++j) out.v[j] = SwigluValue(g.v[j], u.v[j], s);
       StoreFloats(y + row * f + c, out);
     }
   }

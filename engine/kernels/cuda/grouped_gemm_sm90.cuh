@@ -10,6 +10,8 @@
 //   GroupedMatmulSm90:           y[rows of g] = x[rows of g] · op(w_g)            (=, bf16 y)
 //     x (rows, k); w (groups, n, k) with transpose_w (y = x w_g^T), else (groups, k, n)
 //     (y = x w_g); y (rows, n). Every row of y is written (k == 0 writes zeros).
+//   GroupedMatmulSwigluSm90:     the same with transpose_w for fc1, w (groups, 2 f, k) = [gate |
+//     up] rows, and a (rows, f) = silu(gate) * up * scale[row] of y's halves     (=, bf16 y, a)
 //   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]  (+= or =, f32/bf16 dw)
 //     dy (rows, n), x (rows, k), dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
 //     gets the f32 accumulators rounded to nearest even (cvt.rn.bf16x2.f32). accumulate: TMA
@@ -36,6 +38,8 @@
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
 //     (the 8 consumer warps of each CTA of the cluster done reading) mbarriers; the producer
 //     runs ahead across tiles, so the next tile's loads overlap this tile's epilogue.
+//   - Forward with SwiGLU: warps 1-3 of the producer warpgroup (otherwise idle) compute a from
+//     each consumer's staged y tile while the consumer runs its next mainloop.
 //   - Epilogue: each consumer stages its result in shared memory as TMA boxes and issues their
 //     writes without waiting for them (WriteTile; the forward stages all of it, so its writes
 //     drain during the next tile's mainloop); the forward's rows at a group's end, which TMA
@@ -112,6 +116,7 @@
 
 #include "engine/kernels/cuda/grouped_gemm_tiles.h"
 #include "engine/kernels/cuda/sm90_ptx.cuh"
+#include "engine/kernels/cuda/swiglu_math.cuh"
 
 namespace moe::cuda::sm90 {
 
@@ -162,9 +167,12 @@ constexpr int kWeightGradStagingBytes = 2 * kBoxBytes;             // per consum
 static_assert(kBlockK * 2 == kSwizzleRowBytes);
 static_assert(kStageABytes % 1024 == 0 && kStageBBytes % 1024 == 0 && kBoxBytes % 1024 == 0);
 static_assert(kBlockM == 64 * kConsumers && kBlockN % 64 == 0 && kBlockN / 8 * 4 == kAccumulators);
+// setmaxnreg moves registers between the warpgroups within what the CTA got at launch (168 a
+// thread): .inc waits until others have released enough, so a larger sum deadlocks.
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 static_assert(kProducerRegisters * kWarpgroupThreads +
                   kConsumerRegisters * kWarpgroupThreads * kConsumers <=
-              65536);
+              kLaunchRegisters * kThreads);
 
 namespace detail {
 
@@ -343,13 +351,16 @@ __device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_o
 
 // The TMA loads of one forward stage into this CTA (or, with mask != 0, into every CTA of the
 // cluster in the mask, at the same shared offsets): rows of x as 64-row boxes, columns of w in
-// kBlockN / 2-column halves.
-template <bool kTransposeW>
+// kBlockN / 2-column halves. Half h of the tile at `column` is w's columns column + kBlockN / 2 h;
+// with kSwiglu the tile's columns count double (see GroupedMatmulKernel): half 0 is the gate
+// columns from column / 2, half 1 their up columns, f further.
+template <bool kTransposeW, bool kSwiglu>
 struct ForwardLoads {
   const CUtensorMap& x_map;
   const CUtensorMap& w_map;
   uint32_t full;  // the stage's full barrier
   int k0;         // the stage's first K index
+  int f;          // kSwiglu: the gate (and up) columns of w
 
   // x rows [row, row + 64) into `a`.
   __device__ void XBox(uint32_t a, uint16_t mask, int row) const {
@@ -360,15 +371,16 @@ struct ForwardLoads {
     }
   }
 
-  // w's columns [column, column + kBlockN / 2) of `group` into `b` (128 K-major rows, or 2 MN-major
+  // Half `half` of the tile at `column` of `group`'s w into `b` (128 K-major rows, or 2 MN-major
   // 64 x 64 boxes).
-  __device__ void WHalf(uint32_t b, uint16_t mask, int column, int group) const {
+  __device__ void WHalf(uint32_t b, uint16_t mask, int column, int half, int group) const {
+    const int first = kSwiglu ? column / 2 + half * f : column + kBlockN / 2 * half;
     if constexpr (kTransposeW) {
-      Box3d(b, mask, k0, column, group);
+      Box3d(b, mask, k0, first, group);
     } else {
 #pragma unroll
       for (int box = 0; box < kBlockN / 2 / 64; ++box) {
-        Box3d(b + box * kBoxBytes, mask, column + 64 * box, k0, group);
+        Box3d(b + box * kBoxBytes, mask, first + 64 * box, k0, group);
       }
     }
   }
@@ -472,13 +484,19 @@ __device__ __forceinline__ void AwaitStaging(int barrier_id) {
   NamedBarrierSync(barrier_id, kWarpgroupThreads);
 }
 
-// out[group][row0 + 64 rows, column0 + kBlockN columns] = (or += with `accumulate`: TMA
-// reduce-add) this warpgroup's accumulators as Out, staged in rounds through its kStagingBytes of
-// `staging` (shared address); TMA clips the boxes to the tensor. Thread 0 issues the writes.
-template <typename Out, int kStagingBytes>
+// The tensor-map coordinates (innermost first) of an output box.
+struct BoxOrigin {
+  int c0, c1, c2;
+};
+
+// This warpgroup's 64 x kBlockN accumulators as Out written (or added with `accumulate`: TMA
+// reduce-add) to out_map, the box of tile columns [c, c + kWriteColumns<Out>) at box_at(c) (a
+// BoxOrigin), staged in rounds through its kStagingBytes of `staging` (shared address); TMA clips
+// the boxes to the tensor. Thread 0 issues the writes.
+template <typename Out, int kStagingBytes, typename BoxAt>
 __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
-                                          uint32_t staging, int barrier_id, int group, int row0,
-                                          int column0, bool accumulate) {
+                                          uint32_t staging, int barrier_id, bool accumulate,
+                                          BoxAt box_at) {
   constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
   constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
   static_assert(kBlockN % kRoundColumns == 0);
@@ -491,48 +509,136 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
     if (threadIdx.x % kWarpgroupThreads == 0) {
 #pragma unroll
       for (int box = 0; box < kBoxes; ++box) {
-        TmaWrite3d(accumulate, out_map, staging + box * kBoxBytes,
-                   column0 + round * kRoundColumns + box * kWriteColumns<Out>, row0, group);
+        const BoxOrigin at = box_at(round * kRoundColumns + box * kWriteColumns<Out>);
+        TmaWrite3d(accumulate, out_map, staging + box * kBoxBytes, at.c0, at.c1, at.c2);
       }
       BulkCommitGroup();
     }
   }
 }
 
-// y[row0 + r][column0 + c] = this warpgroup's accumulators as bf16 for r < valid_rows (< 64: a
-// group's last rows, which the next group's follow, where TMA would write all 64) and column0 + c
-// < n, staged through `staging` (kForwardStagingBytes) and copied in 16-byte pieces.
-__device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
-                                          int barrier_id, bf16* y, int n, int row0, int valid_rows,
-                                          int column0) {
-  constexpr int kPiecesPerRow = kBlockN / 8;
+// The byte offset in a staged bf16 tile (StageColumns) of row `row`'s 16-byte piece `piece` (its
+// columns 8 piece .. 8 piece + 7): box piece / 8, chunk piece % 8 of the row, swizzled.
+__device__ __forceinline__ int StagedPieceOffset(int row, int piece) {
   constexpr int kPiecesPerBoxRow = kSwizzleRowBytes / 16;
+  return piece / kPiecesPerBoxRow * kBoxBytes + row * kSwizzleRowBytes +
+         ((piece % kPiecesPerBoxRow) ^ (row % 8)) * 16;
+}
+
+// This warpgroup's accumulators as bf16, rows r < valid_rows (< 64: a group's last rows, which
+// the next group's follow, where TMA would write all 64): the 8 columns from tile column c of row
+// r to piece_at(r, c) (a bf16 pointer, or nullptr: past the tensor's columns), staged through
+// `staging` (kForwardStagingBytes) and copied in 16-byte pieces.
+template <typename PieceAt>
+__device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
+                                          int barrier_id, int valid_rows, PieceAt piece_at) {
+  constexpr int kPiecesPerRow = kBlockN / 8;
   AwaitStaging(barrier_id);
   StageColumns<bf16, kBlockN>(acc, SmemAddress(staging), 0);
   NamedBarrierSync(barrier_id, kWarpgroupThreads);
   for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
        piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
     const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
-    const int column = column0 + 8 * c;
-    if (column >= n) continue;  // n is a multiple of 8: a piece lies wholly inside or outside
-    const int offset = c / kPiecesPerBoxRow * kBoxBytes + r * kSwizzleRowBytes +
-                       ((c % kPiecesPerBoxRow) ^ (r % 8)) * 16;
-    *reinterpret_cast<uint4*>(y + static_cast<int64_t>(row0 + r) * n + column) =
-        *reinterpret_cast<const uint4*>(staging + offset);
+    bf16* const out = piece_at(r, 8 * c);
+    if (out == nullptr) continue;
+    *reinterpret_cast<uint4*>(out) =
+        *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, c));
   }
 }
+
+// ---------------------------------------------------------------- forward: SwiGLU
+
+// With kSwiglu (see GroupedMatmulKernel) the producer warpgroup's idle warps 1-3 compute the
+// activation from each consumer's staged y tile while the consumers go on with the next tile.
+constexpr int kActivationWarps = 3;
+constexpr int kActivationThreads = kActivationWarps * 32;
+// Their warpgroup's registers (48 spilled), and the consumers' beside them.
+constexpr int kActivationRegisters = 56;
+constexpr int kSwigluConsumerRegisters = 224;
+static_assert(kActivationRegisters * kWarpgroupThreads +
+                  kSwigluConsumerRegisters * kWarpgroupThreads * kConsumers <=
+              kLaunchRegisters * kThreads);
+
+// The hand-over of consumer c's staged y tile: staged[c] (its thread 0 arrives once the tile is
+// staged) and read[c] (each activation warp arrives once it has read it; the consumer restages
+// only after that).
+struct ActivationBarriers {
+  uint32_t base;  // shared address of staged[0]; read follows
+
+  static constexpr int kBytes = 2 * kConsumers * 8;
+  __device__ uint32_t Staged(int consumer) const { return base + 8 * consumer; }
+  __device__ uint32_t Read(int consumer) const { return base + 8 * (kConsumers + consumer); }
+  __device__ void Init() const {
+    for (int c = 0; c < kConsumers; ++c) {
+      MbarrierInit(Staged(c), 1);
+      MbarrierInit(Read(c), kActivationWarps);
+    }
+  }
+};
+
+// act[first_row + r][gate + c] = silu(g) * up * scale[first_row + r] for r < valid_rows and gate
+// + c < f, c < kBlockN / 2, from a staged y tile whose tile columns [0, kBlockN / 2) are gate
+// columns and [kBlockN / 2, kBlockN) their up columns (bf16, as y holds them: bit-identical to the
+// SwiGLU kernel on y); `thread` of kActivationThreads, in 16-byte pieces.
+__device__ __forceinline__ void WriteActivation(const uint8_t* staging, int thread,
+                                                const float* scale, bf16* act, int f, int first_row,
+                                                int valid_rows, int gate) {
+  constexpr int kPiecesPerRow = kBlockN / 2 / 8;
+  constexpr int kUpOffset = kBlockN / 2 * 64 * static_cast<int>(sizeof(bf16));
+  for (int piece = thread; piece < valid_rows * kPiecesPerRow; piece += kActivationThreads) {
+    const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
+    const int column = gate + 8 * c;
+    if (column >= f) continue;  // f is a multiple of 8: a piece lies wholly inside or outside
+    const int offset = StagedPieceOffset(r, c);
+    const uint4 gate_piece = *reinterpret_cast<const uint4*>(staging + offset);
+    const uint4 up_piece = *reinterpret_cast<const uint4*>(staging + kUpOffset + offset);
+    const float s = scale != nullptr ? scale[first_row + r] : 1.0f;
+    const bf16* g = reinterpret_cast<const bf16*>(&gate_piece);
+    const bf16* u = reinterpret_cast<const bf16*>(&up_piece);
+    uint4 out_piece;
+    bf16* out = reinterpret_cast<bf16*>(&out_piece);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      out[j] = __float2bfloat16(SwigluValue(__bfloat162float(g[j]), __bfloat162float(u[j]), s));
+    }
+    *reinterpret_cast<uint4*>(act + static_cast<int64_t>(first_row + r) * f + column) = out_piece;
+  }
+}
+
+// A consumer's part of a forward cluster tile: its rows [first_row, first_row + valid_rows) and
+// columns from `column`; inactive (no wgmma, no output) when its rows lie past the group's end or
+// its columns past n.
+struct ConsumerTile {
+  int first_row, column, valid_rows;
+  bool active;
+
+  __device__ ConsumerTile(const ClusterTile& tile, int rank, int consumer, int n)
+      : first_row(tile.Row(rank) + 64 * consumer),
+        column(tile.Column(rank)),
+        valid_rows(min(64, tile.row_end - first_row)),
+        active(first_row < tile.row_end && column < n) {}
+};
 
 // ---------------------------------------------------------------- kernels
 
 // y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
 // as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
 // else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
-template <bool kTransposeW>
+// kSwiglu (fc1 with SwiGLU: w's n = 2 f rows are [gate | up]; kTransposeW): also a = silu(gate) *
+// up * scale[row] (rows, f), scale f32 or nullptr for 1. A tile then holds 128 gate columns and
+// their 128 up columns (the schedule's column c is gate column c / 2); y_map is y as (f, 2, rows)
+// (the gate or up half as a dimension, clipped at f), box (64, 1, 64). Each consumer stages and
+// writes y as usual and hands the staging to the activation warps (ActivationBarriers), which
+// compute a from it (WriteActivation) during the consumer's next mainloop. (Computing a in the
+// consumers' epilogue, staged and TMA-written after y, made fc1 0.04-0.38 ms slower instead of
+// saving the SwiGLU kernel's 0.05-0.18 ms: probe, H200, 2026-12-02.)
+template <bool kTransposeW, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap y_map, const int32_t* device_offsets,
-                        int groups, int rows, int n, int k, bf16* y) {
+                        int groups, int rows, int n, int k, bf16* y, const float* scale,
+                        bf16* act) {
 #if MOE_SM90A_KERNELS
   static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
@@ -540,8 +646,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto barriers = ring.Barriers<kForwardCluster>();
   int* const offsets = reinterpret_cast<int*>(ring.Extra() + kConsumers * kForwardStagingBytes);
   int* const tile_prefix = offsets + kMaxGroups + 1;
-  if (threadIdx.x == 0) barriers.Init();
-  const int n_tiles = (n + kBlockN - 1) / kBlockN;
+  const ActivationBarriers activation{SmemAddress(tile_prefix + kMaxGroups + 1)};
+  if (threadIdx.x == 0) {
+    if (kSwiglu) activation.Init();
+    barriers.Init();  // its fence also covers the activation barriers
+  }
+  static_assert(kTransposeW || !kSwiglu, "SwiGLU follows fc1, whose w is (groups, 2 f, k)");
+  const int f = n / 2;
+  const int n_tiles = kSwiglu ? (f + kBlockN / 2 - 1) / (kBlockN / 2) : (n + kBlockN - 1) / kBlockN;
   BuildClusterTileSchedule(device_offsets, groups, rows, n_tiles, offsets, tile_prefix);
   ClusterSync();  // every CTA's barriers are initialised before any multicast reaches them
   const ClusterTileSchedule schedule{offsets, tile_prefix, groups, n_tiles};
@@ -552,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = ClusterIndex(), tile_step = ClusterCount();
 
   if (warpgroup == 0) {
-    DecreaseMaxRegisters<kProducerRegisters>();
+    DecreaseMaxRegisters<kSwiglu ? kActivationRegisters : kProducerRegisters>();
     if (threadIdx.x == 0) {
       PrefetchTensorMap(x_map);
       PrefetchTensorMap(w_map);
@@ -565,29 +677,44 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t full = barriers.Full(state.stage);
           // Every CTA's stage receives kStageBytes: its own loads and its peer's multicast.
           MbarrierArriveExpectTx(full, kStageBytes);
-          const ForwardLoads<kTransposeW> load{x_map, w_map, full, kb * kBlockK};
+          const ForwardLoads<kTransposeW, kSwiglu> load{x_map, w_map, full, kb * kBlockK, f};
           const uint32_t a = ring.A(state.stage), b = ring.B(state.stage);
           if (tile.row_pair) {  // own rows of x; half `rank` of the shared w columns to both
 #pragma unroll
             for (int box = 0; box < kBlockM / 64; ++box) {
               load.XBox(a + box * kBoxBytes, 0, tile.Row(rank) + 64 * box);
             }
-            load.WHalf(b + rank * (kStageBBytes / 2), kBoth, tile.n0 + kBlockN / 2 * rank,
-                       tile.group);
+            load.WHalf(b + rank * (kStageBBytes / 2), kBoth, tile.n0, rank, tile.group);
           } else {  // 64-row half `rank` of the shared x rows to both; own w columns
             load.XBox(a + rank * kBoxBytes, kBoth, tile.row0 + 64 * rank);
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              load.WHalf(b + half * (kStageBBytes / 2), 0, tile.Column(rank) + kBlockN / 2 * half,
-                         tile.group);
+              load.WHalf(b + half * (kStageBBytes / 2), 0, tile.Column(rank), half, tile.group);
             }
           }
           state.Advance();
         }
       }
+    } else if (kSwiglu && threadIdx.x >= kWarpgroupThreads - kActivationThreads) {
+      const int thread = static_cast<int>(threadIdx.x) - (kWarpgroupThreads - kActivationThreads);
+      uint32_t staged_phases = 0;  // bit c: parity of staged[c]'s next phase
+      for (int t = first_tile; t < total; t += tile_step) {
+        const ClusterTile tile = UniformTile(schedule.Find(t));
+#pragma unroll 1
+        for (int consumer = 0; consumer < kConsumers; ++consumer) {
+          const ConsumerTile part(tile, rank, consumer, n);
+          if (!part.active) continue;
+          MbarrierWait(activation.Staged(consumer), (staged_phases >> consumer) & 1);
+          staged_phases ^= 1u << consumer;
+          WriteActivation(ring.Extra() + consumer * kForwardStagingBytes, thread, scale, act, f,
+                          part.first_row, part.valid_rows, part.column / 2);
+          __syncwarp();
+          if (threadIdx.x % 32 == 0) MbarrierArrive(activation.Read(consumer));
+        }
+      }
     }
   } else {
-    IncreaseMaxRegisters<kConsumerRegisters>();
+    IncreaseMaxRegisters<kSwiglu ? kSwigluConsumerRegisters : kConsumerRegisters>();
     const int consumer = warpgroup - 1;
     uint8_t* const staging_generic = ring.Extra() + consumer * kForwardStagingBytes;
     const uint32_t staging = SmemAddress(staging_generic);
@@ -595,11 +722,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     PipelineState<kForwardStages> state;
+    uint32_t read_phase = 0;
+    bool read_pending = false;  // kSwiglu: the activation warps may still read the staging
     for (int t = first_tile; t < total; t += tile_step) {
       const ClusterTile tile = UniformTile(schedule.Find(t));
-      const int first_row = tile.Row(rank) + 64 * consumer;
-      const int column = tile.Column(rank);
-      const bool active = first_row < tile.row_end && column < n;
+      const ConsumerTile part(tile, rank, consumer, n);
+      const int first_row = part.first_row, column = part.column, valid_rows = part.valid_rows;
+      const bool active = part.active;
       const auto a_descriptor = [&](int stage, int slice) {
         return KMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
       };
@@ -610,12 +739,40 @@ __global__ void __launch_bounds__(kThreads, 1)
       MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
                                              b_descriptor);
       if (!active) continue;
-      if (first_row + 64 <= tile.row_end) {
-        WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, 1 + consumer, 0, first_row,
-                                              column, false);
+      const int barrier = 1 + consumer;
+      if constexpr (!kSwiglu) {
+        if (valid_rows == 64) {
+          WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
+            return BoxOrigin{column + c, first_row, 0};
+          });
+        } else {
+          WriteRows(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+            const int64_t row = first_row + r;
+            return column + c < n ? y + row * n + column + c : nullptr;
+          });
+        }
       } else {
-        WriteRows(acc, staging_generic, 1 + consumer, y, n, first_row, tile.row_end - first_row,
-                  column);
+        // Tile columns [0, kHalf) are y's gate columns from `gate`, [kHalf, kBlockN) its up
+        // columns.
+        const int gate = column / 2;
+        constexpr int kHalf = kBlockN / 2;
+        if (read_pending) {
+          MbarrierWait(activation.Read(consumer), read_phase);
+          read_phase ^= 1;
+        }
+        if (valid_rows == 64) {
+          WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
+            return BoxOrigin{gate + c % kHalf, c / kHalf, first_row};
+          });
+        } else {
+          WriteRows(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+            const int64_t row = first_row + r;
+            return gate + c % kHalf < f ? y + row * n + c / kHalf * f + gate + c % kHalf : nullptr;
+          });
+        }
+        // Thread 0 passed the named barrier after the whole warpgroup staged the tile.
+        if (threadIdx.x % kWarpgroupThreads == 0) MbarrierArrive(activation.Staged(consumer));
+        read_pending = true;
       }
     }
     if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
@@ -725,9 +882,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
       }
-      WriteTile<Out, kWeightGradStagingBytes>(acc, dw_map, staging, 1 + consumer,
-                                              tile.cluster.group, row0, tile.cluster.n0,
-                                              accumulate);
+      WriteTile<Out, kWeightGradStagingBytes>(
+          acc, dw_map, staging, 1 + consumer, accumulate, [&](int c) {
+            return BoxOrigin{tile.cluster.n0 + c, row0, tile.cluster.group};
+          });
     }
     if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
   }
@@ -742,7 +900,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------- host
 
 constexpr int kForwardSmemBytes = StageRing<kForwardStages>::kBytesBeforeExtra +
-                                  kConsumers * kForwardStagingBytes + 2 * (kMaxGroups + 1) * 4;
+                                  kConsumers * kForwardStagingBytes + 2 * (kMaxGroups + 1) * 4 +
+                                  ActivationBarriers::kBytes;
 constexpr int kWeightGradSmemBytes =
     StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWeightGradStagingBytes;
 static_assert(kForwardSmemBytes <= 227 * 1024);
@@ -810,56 +969,90 @@ cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t ti
 
 }  // namespace detail
 
+namespace detail {
+
+// Whether the forward kernel takes these arguments (see the file comment's requirements).
+inline bool ForwardArgumentsValid(const bf16* x, const bf16* w, const bf16* y, int groups,
+                                  int64_t rows, int64_t n, int64_t k) {
+  return groups >= 1 && groups <= kMaxGroups && FitsInt(rows) && FitsInt(n) && FitsInt(k) &&
+         n % 8 == 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w) && Aligned16(y);
+}
+
+// The launch of GroupedMatmulSm90 and GroupedMatmulSwigluSm90 (with kSwiglu: y (rows, n = 2 f),
+// act (rows, f)) on valid arguments with rows, n, k > 0.
+template <bool kTransposeW, bool kSwiglu>
+cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* offsets, int groups,
+                                int64_t rows, int64_t n, int64_t k, bf16* y, const float* scale,
+                                bf16* act, cudaStream_t stream) {
+  CUtensorMap x_map, w_map, y_map;
+  const uint64_t g = static_cast<uint64_t>(groups), ur = static_cast<uint64_t>(rows);
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k), uf = un / 2;
+  cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur},
+                                          {uk * 2}, {kBlockK, 64});
+  if (status != cudaSuccess) return status;
+  status = kTransposeW
+               ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
+                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN / 2, 1})
+               : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
+                                    {un * 2, un * uk * 2}, {64, kBlockK, 1});
+  if (status != cudaSuccess) return status;
+  constexpr uint32_t kColumns = kWriteColumns<bf16>;
+  status = kSwiglu ? EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {uf, 2, ur},
+                                        {uf * 2, un * 2}, {kColumns, 1, 64})
+                   : EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, ur, 1},
+                                        {un * 2, un * 2 * ur}, {kColumns, 64, 1});
+  if (status != cudaSuccess) return status;
+  // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
+  // (kBlockM - 1)) / kBlockM. (With kSwiglu, ceil(f / (kBlockN / 2)) column tiles: as many.)
+  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
+                        ((n + kBlockN - 1) / kBlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kSwiglu>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  status = PersistentClusterLaunch<kKernel>(kForwardSmemBytes, kForwardCluster, tiles, stream,
+                                            &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
+                              static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
+                              scale, act);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+}  // namespace detail
+
 // See the file comment. Asynchronous on `stream`; returns the first error of argument checks,
 // tensor-map encoding or the launch.
 inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t* offsets,
                                      int groups, int64_t rows, int64_t n, int64_t k,
                                      bool transpose_w, bf16* y, cudaStream_t stream) {
   using namespace detail;
-  if (groups < 1 || groups > kMaxGroups || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) ||
-      n % 8 != 0 || k % 8 != 0 || !Aligned16(x) || !Aligned16(w) || !Aligned16(y)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ForwardArgumentsValid(x, w, y, groups, rows, n, k)) return cudaErrorInvalidValue;
   if (rows == 0 || n == 0) return cudaSuccess;
   if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
-  CUtensorMap x_map, w_map, y_map;
-  const uint64_t g = static_cast<uint64_t>(groups);
-  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
-  cudaError_t status =
-      EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x,
-                         {uk, static_cast<uint64_t>(rows)}, {uk * 2}, {kBlockK, 64});
-  if (status != cudaSuccess) return status;
-  status = transpose_w
-               ? EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
-                                    {uk * 2, un * uk * 2}, {kBlockK, kBlockN / 2, 1})
-               : EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
-                                    {un * 2, un * uk * 2}, {64, kBlockK, 1});
-  if (status != cudaSuccess) return status;
-  status = EncodeTensorMap<3>(
-      &y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, static_cast<uint64_t>(rows), 1},
-      {un * 2, un * 2 * static_cast<uint64_t>(rows)}, {kWriteColumns<bf16>, 64, 1});
-  if (status != cudaSuccess) return status;
-  // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
-  // (kBlockM - 1)) / kBlockM.
-  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
-                        ((n + kBlockN - 1) / kBlockN);
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  const auto launch = [&](auto kernel_constant) {
-    constexpr auto kKernel = decltype(kernel_constant)::value;
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute cluster;
-    cudaError_t launched = PersistentClusterLaunch<kKernel>(kForwardSmemBytes, kForwardCluster,
-                                                            tiles, stream, &config, &cluster);
-    if (launched != cudaSuccess) return launched;
-    launched =
-        cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
-                           static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
-    return launched != cudaSuccess ? launched : cudaGetLastError();
-  };
-  return transpose_w ? launch(std::integral_constant<decltype(&GroupedMatmulKernel<true>),
-                                                     &GroupedMatmulKernel<true>>())
-                     : launch(std::integral_constant<decltype(&GroupedMatmulKernel<false>),
-                                                     &GroupedMatmulKernel<false>>());
+  return transpose_w ? LaunchGroupedMatmul<true, false>(x, w, offsets, groups, rows, n, k, y,
+                                                        nullptr, nullptr, stream)
+                     : LaunchGroupedMatmul<false, false>(x, w, offsets, groups, rows, n, k, y,
+                                                         nullptr, nullptr, stream);
+}
+
+// See the file comment: y = x · w_g^T per group as GroupedMatmulSm90 with transpose_w, w (groups,
+// 2 f, k), and act (rows, f) = silu(gate) * up * scale[row] of y's [gate | up] halves as y holds
+// them (bf16), bit-identical to a SwiGLU kernel of the same formula (swiglu_math.cuh) on y; scale
+// (rows) f32, or nullptr for 1. Declines (cudaErrorInvalidValue: the caller runs the two steps)
+// where GroupedMatmulSm90 would, where f is no multiple of 8 or act not 16-byte aligned, and
+// where rows, f or k is 0.
+inline cudaError_t GroupedMatmulSwigluSm90(const bf16* x, const bf16* w, const int32_t* offsets,
+                                           int groups, int64_t rows, int64_t f, int64_t k,
+                                           const float* scale, bf16* y, bf16* act,
+                                           cudaStream_t stream) {
+  using namespace detail;
+  if (!ForwardArgumentsValid(x, w, y, groups, rows, 2 * f, k) || f % 8 != 0 || !Aligned16(act) ||
+      rows == 0 || f == 0 || k == 0) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchGroupedMatmul<true, true>(x, w, offsets, groups, rows, 2 * f, k, y, scale, act,
+                                         stream);
 }
 
 // See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.

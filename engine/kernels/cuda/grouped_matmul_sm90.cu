@@ -36,6 +36,15 @@ bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offset
                                           transpose_w, Ptr<bf16>(y), stream));
 }
 
+bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& scale, const Tensor& h, const Tensor& a) {
+  if (!Sm90GroupedGemmTakes(x.device(), x.dtype(), w.shape())) return false;
+  const cudaStream_t stream = StreamOf(h);
+  return Launched(sm90::GroupedMatmulSwigluSm90(
+      Ptr<bf16>(x), Ptr<bf16>(w), Ptr<int32_t>(offsets), static_cast<int>(w.dim(0)), x.dim(0),
+      a.dim(1), x.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(a), stream));
+}
+
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, bool accumulate) {
   if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;

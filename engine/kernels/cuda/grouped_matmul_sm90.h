@@ -20,5 +20,9 @@ bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offset
                           bool transpose_w);
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, bool accumulate);
+// ops::GroupedMatmulSwiglu's fc1 with SwiGLU (h = x w^T, a = swiglu(h) * scale) as one kernel;
+// also false where f (a's columns) is no multiple of 8, or rows or k is 0.
+bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& scale, const Tensor& h, const Tensor& a);
 
 }  // namespace moe::cuda
