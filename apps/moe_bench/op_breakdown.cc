@@ -35,6 +35,8 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   const int64_t f = s.ffn, h = s.hidden;
   // Random inputs; every other operand is the output of an op timed before its reader (fc1 -> h1,
   // SwiGLU -> a, fc2 data gradient -> da, SwiGLU backward -> dh), so all GEMMs see real data.
+  // "fc1 + swiglu" is what the fused path runs (ops::GroupedMatmulSwiglu); fc1 and SwiGLU alone
+  // show what it saves.
   const Tensor x = Random({s.rows, h}, dtype, device, 1.0f, 1);
   const Tensor w1 = Random({s.experts, 2 * f, h}, dtype, device, 0.02f, 2);
   const Tensor w2 = Random({s.experts, h, f}, dtype, device, 0.02f, 3);
@@ -71,6 +73,8 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   return {
       gemm("fc1", 2 * f, h, [&] { ops::GroupedMatmul(x, w1, device_offsets, rows, h1, true); }),
       elementwise("swiglu", [&] { ops::SwigluForward(h1, scale, a); }),
+      gemm("fc1 + swiglu", 2 * f, h,
+           [&] { ops::GroupedMatmulSwiglu(x, w1, device_offsets, rows, scale, h1, a); }),
       gemm("fc2", h, f, [&] { ops::GroupedMatmul(a, w2, device_offsets, rows, y, true); }),
       gemm("fc2 dgrad", f, h, [&] { ops::GroupedMatmul(dy, w2, device_offsets, rows, da, false); }),
       gemm("fc2 wgrad =", h, f,
