@@ -13,6 +13,7 @@
 // small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
 // TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
 //   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
+//   fc1 + SwiGLU  the same y, and a (rows, f) = silu(gate) * up * scale[row] of y's halves
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
@@ -27,6 +28,8 @@
 //     of |ref| + 1, as the product is rounded to bf16 before L2 adds it to the initial value
 //     (|initial| < 1), so where the sum cancels the error is up to half an ulp of the product;
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
+//   - fc1 + SwiGLU: a bit-identical to the SwiGLU formula (swiglu_math.cuh) applied to our y, and
+//     guard rows after y and a;
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
