@@ -522,6 +522,23 @@ struct Operands {
   }
 };
 
+// reference (rows, n) = x (rows, k) · op(w_g) per non-empty group by cublasGemmEx (bf16 out), w
+// (groups, n, k) if transpose_w else (groups, k, n).
+void ForwardReference(Cublas& cublas, const Case& c, const bf16* x, const bf16* w, int64_t n,
+                      int64_t k, bool transpose_w, bf16* reference) {
+  const float one = 1.0f, zero = 0.0f;
+  for (int g = 0; g < c.groups(); ++g) {
+    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
+    if (count == 0) continue;
+    // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
+    MOE_CHECK_CUBLAS(
+        cublasGemmEx(cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count,
+                     k, &one, w + static_cast<int64_t>(g) * n * k, CUDA_R_16BF, transpose_w ? k : n,
+                     x + begin * k, CUDA_R_16BF, k, &zero, reference + begin * n, CUDA_R_16BF, n,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
 // y (rows, n) = x (rows, k) · op(w_g), w (groups, n, k) if transpose_w else (groups, k, n).
 void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
                   int64_t k, bool transpose_w, uint64_t seed) {
@@ -541,15 +558,11 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   const float one = 1.0f, zero = 0.0f;
   GroupedCall grouped;
   std::vector<const void*> pa, pb, pc;
+  ForwardReference(cublas, c, x.data, w.data, n, k, transpose_w, reference.data);
   for (int g = 0; g < groups; ++g) {
     const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
     if (count == 0) continue;
-    // y_g^T (n, count) = op(w_g)^T (n, k) · x_g^T (k, count)
     const bf16* wg = w.data + static_cast<int64_t>(g) * n * k;
-    MOE_CHECK_CUBLAS(cublasGemmEx(
-        cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k, &one, wg,
-        CUDA_R_16BF, transpose_w ? k : n, x.data + begin * k, CUDA_R_16BF, k, &zero,
-        reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     grouped.Add(transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, count, k,
                 transpose_w ? k : n, k, n, 0.0f);
     pa.push_back(wg);
@@ -609,16 +622,7 @@ void ProbeSwiglu(Tally& tally, Cublas& cublas, const Operands& ops, int64_t f, i
   FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(y.data), y.count, kSentinelBits);
   FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(a.data), a.count, kSentinelBits);
   MOE_CHECK_CUDA(cudaGetLastError());
-  const float one = 1.0f, zero = 0.0f;
-  for (int g = 0; g < groups; ++g) {
-    const int64_t begin = c.offsets[g], count = c.offsets[g + 1] - begin;
-    if (count == 0) continue;
-    MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, count, k, &one,
-                                  w.data + static_cast<int64_t>(g) * n * k, CUDA_R_16BF, k,
-                                  x.data + begin * k, CUDA_R_16BF, k, &zero,
-                                  y_reference.data + begin * n, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-  }
+  ForwardReference(cublas, c, x.data, w.data, n, k, /*transpose_w=*/true, y_reference.data);
   const auto ours = [&] {
     MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSwigluSm90(
         x.data, w.data, ops.offsets.data, groups, rows, f, k, scale.data, y.data, a.data, nullptr));
