@@ -49,14 +49,13 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   } else {
     a = saved.Load(name_ + ".a");
   }
-  Tensor da = Tensor::Empty(a.shape(), a.dtype(), device);
-  ops::GroupedMatmul(dy, fc2_.value, offsets, host_rows, da, /*transpose_w=*/false);
   ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, BeginGradWrite(fc2_));
 
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
   grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, device);
-  ops::SwigluBackward(da, h, weights, dh, grads.dweights);
+  ops::GroupedMatmulSwigluBackward(dy, fc2_.value, offsets, host_rows, h, weights, dh,
+                                   grads.dweights);
 
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);

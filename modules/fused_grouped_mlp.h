@@ -1,7 +1,8 @@
 // The fused grouped MLP (contract in grouped_mlp.h): one grouped GEMM launch over all experts for
 // fc1 with SwiGLU x routing probability (ops::GroupedMatmulSwiglu: in its epilogue on Hopper),
-// one grouped GEMM for fc2; backward likewise (grouped GEMMs for the input gradients, the SwiGLU
-// backward between them, grouped weight-gradient GEMMs). The grouped GEMMs take
+// one grouped GEMM for fc2; backward likewise: fc2's input gradient with the SwiGLU backward
+// (ops::GroupedMatmulSwigluBackward: in its epilogue on Hopper, fc2's input gradient never
+// stored), fc1's input gradient, grouped weight-gradient GEMMs. The grouped GEMMs take
 // the expert row ranges on the device; only where they also need them on the host
 // (ops::GroupedMatmulNeedsHostOffsets) are they read back, once, in forward and kept for
 // backward. Otherwise neither forward nor backward waits for the device.

@@ -311,8 +311,11 @@ class RankModel {
            6 * tokens * D(m.moe_router_topk) * h * D(m.moe_ffn_hidden_size);
   }
   // What a layer's backward allocates beside its saves, at its largest: the MLP's gradients of
-  // its rows (output, activation, fc1 output, input) and of the tokens, or the attention's (output,
-  // q, k, v, input); the unfused grouped MLP also recomputes its activation (it never saves it).
+  // its rows and of the tokens, or the attention's (output, q, k, v, input). The unfused grouped
+  // MLP holds its rows' output, activation, fc1 output and input gradients at once, and recomputes
+  // its activation (it never saves it); the fused one has the activation's gradient only inside
+  // ops::GroupedMatmulSwigluBackward, if at all (output + activation + fc1 output), then output +
+  // fc1 output + input.
   double BackwardWorkspace(int layer) const {
     const GptConfig& m = request_.run.model;
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
@@ -322,8 +325,10 @@ class RankModel {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
     }
     const double rows = tokens * D(m.moe_router_topk), f = D(m.moe_ffn_hidden_size);
-    const double unfused = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? rows * f * b : 0;
-    return Rounded(std::max(attention, rows * (2 * h + 3 * f) * b + tokens * h * b + unfused));
+    const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused
+                               ? 2 * h + 4 * f
+                               : std::max(h + 3 * f, 2 * h + 2 * f);
+    return Rounded(std::max(attention, rows * per_row * b + tokens * h * b));
   }
   double LayerForwardMs(int layer) const {
     const GptConfig& m = request_.run.model;

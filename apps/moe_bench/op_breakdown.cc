@@ -35,8 +35,9 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
   const int64_t f = s.ffn, h = s.hidden;
   // Random inputs; every other operand is the output of an op timed before its reader (fc1 -> h1,
   // SwiGLU -> a, fc2 data gradient -> da, SwiGLU backward -> dh), so all GEMMs see real data.
-  // "fc1 + swiglu" is what the fused path runs (ops::GroupedMatmulSwiglu); fc1 and SwiGLU alone
-  // show what it saves.
+  // "fc1 + swiglu" and "fc2 dgrad + swiglu bwd" are what the fused path runs
+  // (ops::GroupedMatmulSwiglu, ops::GroupedMatmulSwigluBackward); the GEMMs and SwiGLU alone show
+  // what each saves.
   const Tensor x = Random({s.rows, h}, dtype, device, 1.0f, 1);
   const Tensor w1 = Random({s.experts, 2 * f, h}, dtype, device, 0.02f, 2);
   const Tensor w2 = Random({s.experts, h, f}, dtype, device, 0.02f, 3);
@@ -82,6 +83,10 @@ std::vector<OpTime> TimeFusedMlpOps(const ExpertShape& s, Device device, DType d
       gemm("fc2 wgrad +=", h, f,
            [&] { ops::GroupedMatmulWeightGrad(dy, a, device_offsets, rows, dw2, true); }),
       elementwise("swiglu bwd", [&] { ops::SwigluBackward(da, h1, scale, dh, dscale); }),
+      gemm("fc2 dgrad + swiglu bwd", f, h,
+           [&] {
+             ops::GroupedMatmulSwigluBackward(dy, w2, device_offsets, rows, h1, scale, dh, dscale);
+           }),
       gemm("fc1 dgrad", h, 2 * f,
            [&] { ops::GroupedMatmul(dh, w1, device_offsets, rows, dx, false); }),
       gemm("fc1 wgrad =", 2 * f, h,

@@ -1,8 +1,9 @@
 // The fused grouped MLP's ops one at a time (fc1, SwiGLU, fc1 with SwiGLU as the path runs it,
-// fc2 and their backward steps, weight gradients both stored (=, a step's first micro-batch) and
-// accumulated (+=)), at one layer shape with balanced routing (rows / experts rows per expert),
-// each beside one dense GEMM of the same m, n, k: where the block's time goes and what fraction
-// of the dense rate each grouped GEMM reaches. Inputs are random (random_tensor.h says why).
+// fc2 and their backward steps, fc2's data gradient with SwiGLU's backward as the path runs it,
+// weight gradients both stored (=, a step's first micro-batch) and accumulated (+=)), at one layer
+// shape with balanced routing (rows / experts rows per expert), each beside one dense GEMM of the
+// same m, n, k: where the block's time goes and what fraction of the dense rate each grouped GEMM
+// reaches. Inputs are random (random_tensor.h says why).
 #pragma once
 
 #include <cstdint>

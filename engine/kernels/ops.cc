@@ -188,16 +188,52 @@ void CheckGroupOffsets(const Tensor& offsets, std::span<const int32_t> host_offs
       << what << ": host offsets differ from the offsets tensor";
 }
 
-void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
+// SwiGLU's input: x (rows, 2f) = [gate | up], scale (rows) f32 or undefined.
+void CheckSwigluInput(const Tensor& x, const Tensor& scale, const char* what) {
   CheckFloat(x, what);
   CHECK(x.ndim() == 2 && x.dim(1) % 2 == 0)
       << what << ": x must be (rows, 2f): " << x.DebugString();
-  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
-  CheckSameDType(x, y, what);
   if (scale.defined()) {
     CheckShape(scale, {x.dim(0)}, "swiglu scale");
     CheckDType(scale, DType::kF32, "swiglu scale");
   }
+}
+
+// SwigluForward's checks: the input, and y (rows, f) of x's dtype.
+void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const char* what) {
+  CheckSwigluInput(x, scale, what);
+  CheckShape(y, {x.dim(0), x.dim(1) / 2}, what);
+  CheckSameDType(x, y, what);
+}
+
+// SwigluBackward's checks beside dy: the input, dx like x, dscale (rows) f32 or undefined (only
+// with scale).
+void CheckSwigluGradients(const Tensor& x, const Tensor& scale, const Tensor& dx,
+                          const Tensor& dscale, const char* what) {
+  CheckSwigluInput(x, scale, what);
+  CheckShape(dx, x.shape(), "swiglu dx");
+  CheckSameDType(dx, x, what);
+  if (dscale.defined()) {
+    CHECK(scale.defined()) << what << ": dscale without scale";
+    CheckShape(dscale, {x.dim(0)}, "swiglu dscale");
+    CheckDType(dscale, DType::kF32, "swiglu dscale");
+  }
+}
+
+// GroupedMatmul's checks of its inputs; returns the output's shape (rows, n).
+Shape CheckGroupedMatmulInputs(const Tensor& x, const Tensor& w, const Tensor& offsets,
+                               std::span<const int32_t> host_offsets, bool transpose_w) {
+  CHECK(x.ndim() == 2 && w.ndim() == 3)
+      << "grouped matmul takes x (rows, k), w (groups, ., .): " << x.DebugString() << ", "
+      << w.DebugString();
+  const int64_t k = transpose_w ? w.dim(2) : w.dim(1);
+  const int64_t n = transpose_w ? w.dim(1) : w.dim(2);
+  CHECK_EQ(x.dim(1), k) << "grouped matmul inner dimensions: " << x.DebugString() << " x "
+                        << w.DebugString();
+  CheckFloat(x, "grouped matmul input");
+  CheckSameDType(x, w, "grouped matmul");
+  CheckGroupOffsets(offsets, host_offsets, w.dim(0), x.dim(0), "grouped matmul offsets");
+  return {x.dim(0), n};
 }
 
 // GroupedMatmul's checks; returns the operands' device.
@@ -205,18 +241,9 @@ Device CheckGroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offset
                           std::span<const int32_t> host_offsets, const Tensor& y,
                           bool transpose_w) {
   const Device device = CommonDevice({&x, &w, &offsets, &y});
-  CHECK(x.ndim() == 2 && w.ndim() == 3 && y.ndim() == 2)
-      << "grouped matmul takes x (rows, k), w (groups, ., .), y (rows, n): " << x.DebugString()
-      << ", " << w.DebugString() << ", " << y.DebugString();
-  const int64_t k = transpose_w ? w.dim(2) : w.dim(1);
-  const int64_t n = transpose_w ? w.dim(1) : w.dim(2);
-  CHECK_EQ(x.dim(1), k) << "grouped matmul inner dimensions: " << x.DebugString() << " x "
-                        << w.DebugString();
-  CheckShape(y, {x.dim(0), n}, "grouped matmul output");
-  CheckFloat(x, "grouped matmul input");
-  CheckSameDType(x, w, "grouped matmul");
+  CheckShape(y, CheckGroupedMatmulInputs(x, w, offsets, host_offsets, transpose_w),
+             "grouped matmul output");
   CheckSameDType(x, y, "grouped matmul");
-  CheckGroupOffsets(offsets, host_offsets, w.dim(0), x.dim(0), "grouped matmul offsets");
   return device;
 }
 }  // namespace
@@ -238,6 +265,26 @@ void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets
 #endif
   GroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
   SwigluForward(h, scale, a);
+}
+
+void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                 std::span<const int32_t> host_offsets, const Tensor& h,
+                                 const Tensor& scale, const Tensor& dh, const Tensor& dscale) {
+  const Device device = CommonDevice({&dy, &w, &offsets, &h, &scale, &dh, &dscale});
+  const Shape da_shape =
+      CheckGroupedMatmulInputs(dy, w, offsets, host_offsets, /*transpose_w=*/false);
+  CheckSwigluGradients(h, scale, dh, dscale, "grouped matmul swiglu backward");
+  CheckShape(h, {da_shape[0], 2 * da_shape[1]}, "grouped matmul swiglu backward h");
+  CheckSameDType(dy, h, "grouped matmul swiglu backward");
+#if MOE_WITH_CUDA
+  if (device.is_cuda() &&
+      cuda::TryGroupedMatmulSwigluBackwardSm90(dy, w, offsets, h, scale, dh, dscale)) {
+    return;
+  }
+#endif
+  const Tensor da = Tensor::Empty(da_shape, dy.dtype(), device);
+  GroupedMatmul(dy, w, offsets, host_offsets, da, /*transpose_w=*/false);
+  SwigluBackward(da, h, scale, dh, dscale);
 }
 
 void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
@@ -340,13 +387,7 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
                     const Tensor& dscale) {
   const Device device = CommonDevice({&dy, &x, &scale, &dx, &dscale});
   CheckSwiglu(x, scale, dy, "swiglu backward");
-  CheckShape(dx, x.shape(), "swiglu dx");
-  CheckSameDType(dx, x, "swiglu backward");
-  if (dscale.defined()) {
-    CHECK(scale.defined()) << "swiglu dscale without scale";
-    CheckShape(dscale, {x.dim(0)}, "swiglu dscale");
-    CheckDType(dscale, DType::kF32, "swiglu dscale");
-  }
+  CheckSwigluGradients(x, scale, dx, dscale, "swiglu backward");
   MOE_DISPATCH(device, SwigluBackward, dy, x, scale, dx, dscale);
 }
 

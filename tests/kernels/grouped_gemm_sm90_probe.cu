@@ -17,6 +17,8 @@
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
 //   fc1 dgrad     dx (rows, h) = dy (rows, 2f) · w1_g                   no transpose
 //   fc2 dgrad     da (rows, f) = dy (rows, h) · w2_g                    no transpose
+//   fc2 dgrad + SwiGLU bwd  the same da (not stored), dh (rows, 2f) = [dgate | dup] of
+//                 silu(gate) * up * scale[row] at h (rows, 2f) = [gate | up], dscale (rows)
 //   fc1 wgrad     dw1 (E, 2f, h) = or += dy^T · x   (TMA store and TMA reduce-add epilogues)
 //   fc2 wgrad     dw2 (E, h, f) = or += dy^T · a    (each with an f32 dw, then with a bf16 dw)
 // Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
@@ -30,15 +32,20 @@
 //   - forward: 256 guard rows after y keep their sentinel (no store past the last group);
 //   - fc1 + SwiGLU: a bit-identical to the SwiGLU formula (swiglu_math.cuh) applied to our y, and
 //     guard rows after y and a;
+//   - fc2 dgrad + SwiGLU bwd (dh and dscale start as NaN): dh bit-identical to the SwiGLU gradient
+//     formula (swiglu_math.cuh) applied to our fc2 dgrad's da (checked by fc2 dgrad), also with
+//     scale and dscale nullptr (against scale 1); dscale within 1e-4 max|ref| + 1e-6 of the row
+//     sums (in double) of the formula's products (f32 summation-order noise); guard rows after dh;
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
 // warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours (wgrad: each dw type and
-// epilogue), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16 -> f32 form),
-// the engine's cuBLAS wgrad path (widen to f32, TF32 grouped GEMM), and one dense cublasGemmEx of
-// the same FLOPs (one weight matrix: far less weight or dw traffic than the grouped problem).
+// epilogue; a fused SwiGLU: also the GEMM alone), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16
+// out, as it has no bf16 -> f32 form), the engine's cuBLAS wgrad path (widen to f32, TF32 grouped
+// GEMM), and one dense cublasGemmEx of the same FLOPs (one weight matrix: far less weight or dw
+// traffic than the grouped problem).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -87,6 +94,8 @@ constexpr int kGuardRows = 256;
 constexpr double kBf16Tolerance = 1e-2;
 constexpr double kF32Tolerance = 1e-3;
 constexpr double kBf16DwFloor = 0x1p-16;    // of max|ref|, beside one bf16 ulp per element
+constexpr double kDscaleTolerance = 1e-4;   // of max|ref|, beside kDscaleFloor
+constexpr float kDscaleFloor = 1e-6f;       // absolute
 constexpr float kInitialMagnitude = 1.0f;   // FillUniform's values lie in [-1, 1)
 constexpr uint16_t kSentinelBits = 0x7FC1;  // a bf16 NaN
 constexpr double kTimeoutSeconds = 20.0;
@@ -210,15 +219,16 @@ __global__ void Compare(const Ours* ours, const Ref* reference, size_t count, Er
   }
 }
 
-// What CheckClose accepts at every element: |ours - ref| <= of_max_reference max|ref|, plus (when
-// bf16_ulp) one bf16 ulp of |ref| + ulp_margin.
+// What CheckClose accepts at every element: |ours - ref| <= of_max_reference max|ref| + absolute,
+// plus (when bf16_ulp) one bf16 ulp of |ref| + ulp_margin.
 struct Tolerance {
   double of_max_reference;
   bool bf16_ulp = false;
   float ulp_margin = 0.0f;
+  float absolute = 0.0f;
 
   __device__ float Limit(float ref, float max_reference) const {
-    const float limit = static_cast<float>(of_max_reference) * max_reference;
+    const float limit = static_cast<float>(of_max_reference) * max_reference + absolute;
     if (!bf16_ulp) return limit;
     // 2^e for a magnitude in [2^e, 2^(e + 1)) (0 below the normal range); bf16 keeps 8 bits.
     const float binade = __uint_as_float(__float_as_uint(fabsf(ref) + ulp_margin) & 0x7F800000u);
@@ -279,6 +289,35 @@ __global__ void SwigluReference(const bf16* y, const float* scale, int64_t rows,
 }
 
 constexpr int kGrid = 2048, kBlock = 256;
+
+// dh (rows, 2 f) = [dgate | dup] of silu(gate) * up * scale[row] (scale nullptr: 1) given its
+// gradient da (rows, f), h (rows, 2 f) = [gate | up], by the engine's formula; unless dscale is
+// nullptr, dscale[row] = the row's sum of the formula's products, in double in a fixed order (a
+// block per row, kBlock threads).
+__global__ void SwigluBackwardReference(const bf16* da, const bf16* h, const float* scale,
+                                        int64_t rows, int64_t f, bf16* dh, float* dscale) {
+  __shared__ double partial[kBlock];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float s = scale != nullptr ? scale[row] : 1.0f;
+    double sum = 0;
+    for (int64_t c = threadIdx.x; c < f; c += blockDim.x) {
+      const int64_t gate = row * 2 * f + c, up = gate + f;
+      const moe::cuda::SwigluGradient g = moe::cuda::SwigluGradients(
+          __bfloat162float(h[gate]), __bfloat162float(h[up]), s, __bfloat162float(da[row * f + c]));
+      dh[gate] = __float2bfloat16(g.gate);
+      dh[up] = __float2bfloat16(g.up);
+      sum += g.product;
+    }
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (unsigned stride = kBlock / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0 && dscale != nullptr) dscale[row] = static_cast<float>(partial[0]);
+    __syncthreads();  // partial[0] read before the next row overwrites it
+  }
+}
 
 // Waits for the device, giving up (exit 3) after kTimeoutSeconds: a deadlocked pipeline must not
 // hang the probe.
@@ -414,11 +453,15 @@ void CheckClose(Tally& tally, const std::string& what, const Ours* ours, const R
   unsigned long long beyond[2];
   MOE_CHECK_CUDA(cudaMemcpy(beyond, found.data, sizeof beyond, cudaMemcpyDeviceToHost));
   const double relative = max_reference > 0 ? max_error / max_reference : max_error;
+  char absolute[32] = "";
+  if (tolerance.absolute > 0) {
+    std::snprintf(absolute, sizeof absolute, " + %.0e", tolerance.absolute);
+  }
   char detail[200];
   std::snprintf(detail, sizeof detail,
-                "rel err %.2e (max|ref| %.3g, tol %.0e%s), %llu beyond tol, non-finite %llu",
+                "rel err %.2e (max|ref| %.3g, tol %.0e%s%s), %llu beyond tol, non-finite %llu",
                 relative, max_reference, tolerance.of_max_reference,
-                tolerance.bf16_ulp ? " + 1 bf16 ulp" : "", beyond[0], host.non_finite);
+                tolerance.bf16_ulp ? " + 1 bf16 ulp" : "", absolute, beyond[0], host.non_finite);
   const bool ok = host.non_finite == 0 && beyond[0] == 0;
   tally.Record(ok, what, detail);
   const unsigned long long index = beyond[1];
@@ -436,6 +479,20 @@ unsigned long long ReadCounter(const DeviceArray<unsigned long long>& counter) {
   unsigned long long host = 0;
   MOE_CHECK_CUDA(cudaMemcpy(&host, counter.data, sizeof host, cudaMemcpyDeviceToHost));
   return host;
+}
+
+// Whether the count elements of ours and reference hold the same bits (bf16 widens to f32
+// exactly: a memcmp).
+template <typename T>
+void CheckBitIdentical(Tally& tally, const std::string& what, const T* ours, const T* reference,
+                       size_t count, const std::string& reference_name) {
+  DeviceArray<unsigned long long> different(1);
+  MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
+  CountDifferentBits<<<kGrid, kBlock>>>(ours, reference, count, different.data);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  const unsigned long long differ = ReadCounter(different);
+  tally.Record(differ == 0, what,
+               std::to_string(differ) + " elements differ from " + reference_name);
 }
 
 // Guard rows (kGuardRows x columns after rows x columns of `out`) that still hold the sentinel.
@@ -632,13 +689,8 @@ void ProbeSwiglu(Tally& tally, Cublas& cublas, const Operands& ops, int64_t f, i
   CheckClose(tally, "fc1+SwiGLU y", y.data, y_reference.data, rows * n, rows, n,
              Tolerance{kBf16Tolerance});
   SwigluReference<<<kGrid, kBlock>>>(y.data, scale.data, rows, f, a_reference.data);
-  DeviceArray<unsigned long long> different(1);
-  MOE_CHECK_CUDA(cudaMemset(different.data, 0, 8));
-  CountDifferentBits<<<kGrid, kBlock>>>(a.data, a_reference.data, rows * f, different.data);
-  MOE_CHECK_CUDA(cudaGetLastError());
-  const unsigned long long differ = ReadCounter(different);
-  tally.Record(differ == 0, "fc1+SwiGLU a bit-identical",
-               std::to_string(differ) + " elements differ from SwiGLU of our y");
+  CheckBitIdentical(tally, "fc1+SwiGLU a bit-identical", a.data, a_reference.data, rows * f,
+                    "SwiGLU of our y");
   CheckGuardRows(tally, "fc1+SwiGLU y", y.data, rows, n);
   CheckGuardRows(tally, "fc1+SwiGLU a", a.data, rows, f);
   const double flops = 2.0 * rows * n * k;
@@ -651,6 +703,68 @@ void ProbeSwiglu(Tally& tally, Cublas& cublas, const Operands& ops, int64_t f, i
                 },
                 "fc1 forward"),
             flops);
+}
+
+// fc2 dgrad with the SwiGLU backward: da (rows, f) = dy (rows, k) · w_g, w (groups, k, f), not
+// stored; dh (rows, 2 f) = [dgate | dup] of silu(gate) * up * scale[row] given da, with gate and
+// up from h (rows, 2 f), and dscale (rows) = the row sums of silu(gate) * up * da. Against
+// SwigluBackwardReference on our fc2 dgrad's da (GroupedMatmulSm90, which ProbeForward checks
+// against cuBLAS): dh bit-identical, dscale within f32 summation-order noise.
+void ProbeSwigluBackward(Tally& tally, const Operands& ops, int64_t f, int64_t k, uint64_t seed) {
+  const char* const name = "fc2 dgrad + swiglu bwd";
+  const Case& c = ops.c;
+  const int64_t rows = c.rows(), n = 2 * f;
+  const int groups = c.groups();
+  std::printf("  %s: da (%lld, %lld) = dy . w_g, dh (%lld, %lld), dscale (%lld)\n", name,
+              static_cast<long long>(rows), static_cast<long long>(f), static_cast<long long>(rows),
+              static_cast<long long>(n), static_cast<long long>(rows));
+  DeviceArray<bf16> dy(rows * k), w(static_cast<size_t>(groups) * k * f), h(rows * n), da(rows * f);
+  DeviceArray<bf16> dh((rows + kGuardRows) * n), dh_reference(rows * n);
+  DeviceArray<float> scale(rows), dscale(rows), dscale_reference(rows);
+  DeviceArray<float> partials(moe::cuda::sm90::SwigluBackwardPartialTiles(f) * rows);
+  FillUniform<<<kGrid, kBlock>>>(dy.data, dy.count, seed);
+  FillUniform<<<kGrid, kBlock>>>(w.data, w.count, seed + 1);
+  FillUniform<<<kGrid, kBlock>>>(h.data, h.count, seed + 2);
+  FillUniform<<<kGrid, kBlock>>>(scale.data, scale.count, seed + 3);
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dh.data), dh.count, kSentinelBits);
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dscale.data), dscale.count * 2,
+                              kSentinelBits);  // f32 NaN too
+  MOE_CHECK_CUDA(cudaGetLastError());
+  const auto dgrad = [&] {
+    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(dy.data, w.data, ops.offsets.data, groups,
+                                                      rows, f, k, false, da.data, nullptr));
+  };
+  dgrad();
+  SwigluBackwardReference<<<kGrid, kBlock>>>(da.data, h.data, scale.data, rows, f,
+                                             dh_reference.data, dscale_reference.data);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  const auto ours = [&](const float* scale_or_null, float* dscale_or_null) {
+    MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSwigluBackwardSm90(
+        dy.data, w.data, ops.offsets.data, groups, rows, f, k, scale_or_null, h.data, dh.data,
+        partials.data, dscale_or_null, nullptr));
+  };
+  ours(scale.data, dscale.data);
+  SyncOrTimeout(name);
+  CheckBitIdentical(tally, "fc2+SwiGLU bwd dh bit-identical", dh.data, dh_reference.data, rows * n,
+                    "SwiGLU bwd of our da");
+  CheckClose(tally, "fc2+SwiGLU bwd dscale", dscale.data, dscale_reference.data, rows, rows, 1,
+             Tolerance{kDscaleTolerance, false, 0.0f, kDscaleFloor});
+  CheckGuardRows(tally, "fc2+SwiGLU bwd dh", dh.data, rows, n);
+
+  // Without scale and dscale: against scale 1.
+  FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dh.data), dh.count, kSentinelBits);
+  SwigluBackwardReference<<<kGrid, kBlock>>>(da.data, h.data, nullptr, rows, f, dh_reference.data,
+                                             nullptr);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  ours(nullptr, nullptr);
+  SyncOrTimeout(name);
+  CheckBitIdentical(tally, "fc2+SwiGLU bwd dh (scale nullptr)", dh.data, dh_reference.data,
+                    rows * n, "SwiGLU bwd of our da, scale 1");
+
+  const double flops = 2.0 * rows * f * k;
+  PrintTime("sm90 grouped + SwiGLU bwd (ours)",
+            MedianMs([&] { ours(scale.data, dscale.data); }, name), flops);
+  PrintTime("sm90 grouped (ours), da only", MedianMs(dgrad, "fc2 dgrad"), flops);
 }
 
 // dw (groups, n, k) (+)= dy_g^T (n, rows_g) · x_g (rows_g, k), with an f32 and with a bf16 dw.
@@ -806,6 +920,7 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
   ProbeForward(tally, cublas, ops, "fc2 forward", h, f, true, 21);
   ProbeForward(tally, cublas, ops, "fc1 dgrad", h, 2 * f, false, 31);
   ProbeForward(tally, cublas, ops, "fc2 dgrad", f, h, false, 41);
+  ProbeSwigluBackward(tally, ops, f, h, 45);
   ProbeWeightGrad(tally, cublas, ops, "fc1 wgrad", 2 * f, h, 51);
   ProbeWeightGrad(tally, cublas, ops, "fc2 wgrad", h, f, 61);
 }
@@ -820,14 +935,17 @@ void PrintKernelAttributes() {
     int cluster;
   } kernels[] = {
       {"GroupedMatmulKernel<transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<true, false>), kForwardSmemBytes,
-       sm90::kForwardCluster},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true, Epilogue::kStore>),
+       kForwardSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<!transpose_w>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<false, false>), kForwardSmemBytes,
-       sm90::kForwardCluster},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false, Epilogue::kStore>),
+       kForwardSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<transpose_w, SwiGLU>",
-       reinterpret_cast<const void*>(GroupedMatmulKernel<true, true>), kForwardSmemBytes,
-       sm90::kForwardCluster},
+       reinterpret_cast<const void*>(GroupedMatmulKernel<true, Epilogue::kSwiglu>),
+       kForwardSmemBytes, sm90::kForwardCluster},
+      {"GroupedMatmulKernel<!transpose_w, SwiGLU bwd>",
+       reinterpret_cast<const void*>(GroupedMatmulKernel<false, Epilogue::kSwigluBackward>),
+       kForwardSmemBytes, sm90::kForwardCluster},
       {"GroupedWeightGradKernel<float>",
        reinterpret_cast<const void*>(GroupedWeightGradKernel<float>), kWeightGradSmemBytes,
        sm90::kWeightGradCluster},
@@ -840,7 +958,7 @@ void PrintKernelAttributes() {
     MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
     int clusters = 0;  // the persistent grid's size
     MOE_CHECK_CUDA(ResidentClusters(k.kernel, k.smem_bytes, k.cluster, &clusters));
-    std::printf("  %-42s %3d registers, %zu bytes local, %d resident clusters of %d\n", k.name,
+    std::printf("  %-46s %3d registers, %zu bytes local, %d resident clusters of %d\n", k.name,
                 attributes.numRegs, attributes.localSizeBytes, clusters, k.cluster);
   }
   std::printf("  dynamic shared memory: forward %d, weight gradient %d bytes\n", kForwardSmemBytes,

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -237,6 +238,26 @@ std::vector<OpCase> Cases() {
           a);
       r.Read("h", h);
       r.Read("a", a);
+    });
+  }
+  // fc2's input gradient with SwiGLU's backward (one Hopper kernel in bf16 where f is a multiple
+  // of 8; f 136 and f 20 as above): n is h's width 2f, w (groups, k, f), scale and dscale f32.
+  for (const GroupedCase& c : std::vector<GroupedCase>{
+           {"grouped_matmul_swiglu_backward", {0, 0, 1, 261, 261, 290, 300}, 72, 2 * 136},
+           {"grouped_matmul_swiglu_backward_two_ops", {0, 3, 3, 50, 77}, 64, 2 * 20}}) {
+    add(c.name, [c](OpRun& r) {
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      Tensor dy = r.In({rows, c.k}), w = r.In({groups, c.k, c.n / 2}), h = r.In({rows, c.n});
+      Tensor scale = r.InF32({rows});
+      Tensor dh = r.Out({rows, c.n}), dscale = r.OutF32({rows});
+      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
+      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), dy.dtype(), w.shape());
+      ops::GroupedMatmulSwigluBackward(
+          dy, w, offsets,
+          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>(), h, scale,
+          dh, dscale);
+      r.Read("dh", dh);
+      r.Read("dscale", dscale);
     });
   }
   add("rmsnorm", [](OpRun& r) {
@@ -536,42 +557,108 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
 }
 
-// ops::GroupedMatmulSwiglu (on a Hopper GPU one kernel: SwiGLU in fc1's epilogue) gives h and a
-// bit for bit as GroupedMatmul then SwigluForward do, with and without a scale, at row counts
-// that end groups inside and on 64-row halves of the 128-row tiles, f on and off the 128-column
-// halves of its tiles, and an empty group.
-TEST(GroupedMatmulSwigluTest, MatchesGroupedMatmulThenSwigluBitForBit) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  struct SwigluCase {
-    std::vector<int32_t> offsets;
-    int64_t k, f;
-  };
-  for (const SwigluCase& c : std::vector<SwigluCase>{{{0, 64, 256, 293, 293, 577}, 128, 128},
-                                                     {{0, 1, 130, 300}, 200, 344},
-                                                     {{0, 700}, 64, 1000}}) {
+// Grouped SwiGLU GEMMs (hidden k, SwiGLU width f) at row counts that end groups inside and on
+// 64-row halves of the 128-row tiles, f on and off the 128-column halves of the tiles, and an
+// empty group.
+struct GroupedSwigluCase {
+  std::vector<int32_t> offsets;
+  int64_t k, f;
+};
+
+// One run of a grouped SwiGLU test: its case, the offsets on cuda:0, a scale (rows) f32 or
+// undefined.
+struct GroupedSwigluRun {
+  OpRun& r;
+  const GroupedSwigluCase& c;
+  int64_t groups, rows;
+  Tensor scale, offsets;
+
+  // The offsets on the host where the grouped GEMMs with weights like w need them, else empty.
+  std::span<const int32_t> Host(const Tensor& w) const {
+    return ops::GroupedMatmulNeedsHostOffsets(r.device(), w.dtype(), w.shape())
+               ? std::span<const int32_t>(c.offsets)
+               : std::span<const int32_t>();
+  }
+};
+
+// Calls body on every case, with and without a scale, each in a fresh bf16 OpRun on cuda:0.
+void ForEachGroupedSwigluRun(const std::function<void(const GroupedSwigluRun&)>& body) {
+  for (const GroupedSwigluCase& c :
+       {GroupedSwigluCase{{0, 64, 256, 293, 293, 577}, 128, 128},
+        GroupedSwigluCase{{0, 1, 130, 300}, 200, 344}, GroupedSwigluCase{{0, 700}, 64, 1000}}) {
     for (const bool with_scale : {true, false}) {
       SCOPED_TRACE("f " + std::to_string(c.f) + (with_scale ? ", scale" : ", no scale"));
       OpRun r(Device::CUDA(0), DType::kBF16, testing::TestSeed());
       const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
-      const Tensor x = r.In({rows, c.k}), w = r.In({groups, 2 * c.f, c.k});
-      const Tensor scale = with_scale ? r.InF32({rows}) : Tensor();
-      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
-      const std::span<const int32_t> host =
-          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>();
-      const Tensor h = r.Out({rows, 2 * c.f}), a = r.Out({rows, c.f});
-      const Tensor h_two = r.Out(h.shape()), a_two = r.Out(a.shape());
-      ops::GroupedMatmulSwiglu(x, w, offsets, host, scale, h, a);
-      ops::GroupedMatmul(x, w, offsets, host, h_two, /*transpose_w=*/true);
-      ops::SwigluForward(h_two, scale, a_two);
-      for (const auto& [name, one, two] : {std::tuple{"h", h, h_two}, std::tuple{"a", a, a_two}}) {
-        const std::vector<float> got = testing::ToFloats(one), want = testing::ToFloats(two);
-        ASSERT_EQ(got.size(), want.size());
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-            << name << " differs from the two ops'";
-      }
+      body({r, c, groups, rows, with_scale ? r.InF32({rows}) : Tensor(),
+            r.Ints(c.offsets, {groups + 1})});
     }
   }
+}
+
+// ops::GroupedMatmulSwiglu (on a Hopper GPU one kernel: SwiGLU in fc1's epilogue) gives h and a
+// bit for bit as GroupedMatmul then SwigluForward do, with and without a scale.
+TEST(GroupedMatmulSwigluTest, MatchesGroupedMatmulThenSwigluBitForBit) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  ForEachGroupedSwigluRun([](const GroupedSwigluRun& run) {
+    OpRun& r = run.r;
+    const int64_t rows = run.rows, f = run.c.f;
+    const Tensor x = r.In({rows, run.c.k}), w = r.In({run.groups, 2 * f, run.c.k});
+    const Tensor h = r.Out({rows, 2 * f}), a = r.Out({rows, f});
+    const Tensor h_two = r.Out(h.shape()), a_two = r.Out(a.shape());
+    ops::GroupedMatmulSwiglu(x, w, run.offsets, run.Host(w), run.scale, h, a);
+    ops::GroupedMatmul(x, w, run.offsets, run.Host(w), h_two, /*transpose_w=*/true);
+    ops::SwigluForward(h_two, run.scale, a_two);
+    for (const auto& [name, one, two] : {std::tuple{"h", h, h_two}, std::tuple{"a", a, a_two}}) {
+      const std::vector<float> got = testing::ToFloats(one), want = testing::ToFloats(two);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << name << " differs from the two ops'";
+    }
+  });
+}
+
+// ops::GroupedMatmulSwigluBackward (on a Hopper GPU one kernel: SwiGLU's backward in fc2's dgrad
+// epilogue) gives dh bit for bit as GroupedMatmul then SwigluBackward do, and dscale within the
+// bound of summing the same terms in another order, with and without a scale (and dscale).
+TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  ForEachGroupedSwigluRun([](const GroupedSwigluRun& run) {
+    OpRun& r = run.r;
+    const int64_t rows = run.rows, f = run.c.f;
+    const Tensor dy = r.In({rows, run.c.k}), w = r.In({run.groups, run.c.k, f});
+    const Tensor h = r.In({rows, 2 * f});
+    const Tensor dh = r.Out(h.shape()), dh_two = r.Out(h.shape()), da_two = r.Out({rows, f});
+    const bool with_scale = run.scale.defined();
+    const Tensor dscale = with_scale ? r.OutF32({rows}) : Tensor();
+    const Tensor dscale_two = with_scale ? r.OutF32({rows}) : Tensor();
+    ops::GroupedMatmulSwigluBackward(dy, w, run.offsets, run.Host(w), h, run.scale, dh, dscale);
+    ops::GroupedMatmul(dy, w, run.offsets, run.Host(w), da_two, /*transpose_w=*/false);
+    ops::SwigluBackward(da_two, h, run.scale, dh_two, dscale_two);
+    const std::vector<float> got = testing::ToFloats(dh), want = testing::ToFloats(dh_two);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "dh differs from the two ops'";
+    if (!with_scale) return;
+    // Both dscale sum the f32 terms t_j = silu(gate_j) up_j da_j (da as stored in bf16), each
+    // order within f 2^-24 sum_j |t_j| of the exact sum to first order (f - 1 additions; an FMA
+    // may skip a term's rounding): they differ by at most twice that; 2f + 2 leaves slack for
+    // this host estimate of sum_j |t_j|.
+    const std::vector<float> gate_up = testing::ToFloats(h), da = testing::ToFloats(da_two);
+    const std::vector<float> got_dscale = testing::ToFloats(dscale);
+    const std::vector<float> want_dscale = testing::ToFloats(dscale_two);
+    for (int64_t i = 0; i < rows; ++i) {
+      double magnitude = 0;
+      for (int64_t j = 0; j < f; ++j) {
+        const double gate = gate_up[i * 2 * f + j], up = gate_up[i * 2 * f + f + j];
+        magnitude += std::abs(gate / (1.0 + std::exp(-gate)) * up * da[i * f + j]);
+      }
+      const double bound = (2.0 * f + 2.0) * std::ldexp(1.0, -24) * magnitude;
+      ASSERT_LE(std::abs(static_cast<double>(got_dscale[i]) - want_dscale[i]), bound)
+          << "dscale of row " << i << ": " << got_dscale[i] << " vs the two ops' "
+          << want_dscale[i];
+    }
+  });
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed

@@ -56,11 +56,10 @@ __global__ void SwigluBackwardKernel(const T* dy, const T* x, const float* scale
       Floats<kVec> dg, du;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float sig = Sigmoid(g.v[j]);
-        const float silu = g.v[j] * sig;
-        dg.v[j] = d.v[j] * s * u.v[j] * (sig * (1.0f + g.v[j] * (1.0f - sig)));
-        du.v[j] = d.v[j] * s * silu;
-        dscale_partial += silu * u.v[j] * d.v[j];
+        const SwigluGradient gradient = SwigluGradients(g.v[j], u.v[j], s, d.v[j]);
+        dg.v[j] = gradient.gate;
+        du.v[j] = gradient.up;
+        dscale_partial += gradient.product;
       }
       StoreFloats(dgate + c, dg);
       StoreFloats(dup + c, du);

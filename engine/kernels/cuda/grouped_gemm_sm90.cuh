@@ -12,6 +12,8 @@
 //     (y = x w_g); y (rows, n). Every row of y is written (k == 0 writes zeros).
 //   GroupedMatmulSwigluSm90:     the same with transpose_w for fc1, w (groups, 2 f, k) = [gate |
 //     up] rows, and a (rows, f) = silu(gate) * up * scale[row] of y's halves     (=, bf16 y, a)
+//   GroupedMatmulSwigluBackwardSm90: fc2's data gradient da = dy · w_g (w (groups, k, f)), not
+//     stored, and from it SwiGLU's gradients dh (rows, 2 f) and dscale (rows)   (=, bf16 dh, f32)
 //   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]  (+= or =, f32/bf16 dw)
 //     dy (rows, n), x (rows, k), dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
 //     gets the f32 accumulators rounded to nearest even (cvt.rn.bf16x2.f32). accumulate: TMA
@@ -39,7 +41,8 @@
 //     (the 8 consumer warps of each CTA of the cluster done reading) mbarriers; the producer
 //     runs ahead across tiles, so the next tile's loads overlap this tile's epilogue.
 //   - Forward with SwiGLU: warps 1-3 of the producer warpgroup (otherwise idle) compute a from
-//     each consumer's staged y tile while the consumer runs its next mainloop.
+//     each consumer's staged y tile while the consumer runs its next mainloop; for the SwiGLU
+//     gradient they compute dh from the staged da tile and h, which they prefetch into L2.
 //   - Epilogue: each consumer stages its result in shared memory as TMA boxes and issues their
 //     writes without waiting for them (WriteTile; the forward stages all of it, so its writes
 //     drain during the next tile's mainloop); the forward's rows at a group's end, which TMA
@@ -546,22 +549,48 @@ __device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t
   }
 }
 
-// ---------------------------------------------------------------- forward: SwiGLU
+// ---------------------------------------------------------------- forward: SwiGLU and its gradient
 
-// With kSwiglu (see GroupedMatmulKernel) the producer warpgroup's idle warps 1-3 compute the
-// activation from each consumer's staged y tile while the consumers go on with the next tile.
+// What the forward kernel does with each consumer's result (see GroupedMatmulKernel): store it
+// (y), or also hand it, staged as bf16, to the producer warpgroup's idle warps 1-3, which compute
+// SwiGLU from it (fc1) or the SwiGLU gradient (fc2's data gradient) while the consumers go on
+// with the next tile.
+enum class Epilogue { kStore, kSwiglu, kSwigluBackward };
 constexpr int kActivationWarps = 3;
 constexpr int kActivationThreads = kActivationWarps * 32;
-// Their warpgroup's registers (48 spilled), and the consumers' beside them.
-constexpr int kActivationRegisters = 56;
-constexpr int kSwigluConsumerRegisters = 224;
-static_assert(kActivationRegisters * kWarpgroupThreads +
-                  kSwigluConsumerRegisters * kWarpgroupThreads * kConsumers <=
-              kLaunchRegisters * kThreads);
 
-// The hand-over of consumer c's staged y tile: staged[c] (its thread 0 arrives once the tile is
-// staged) and read[c] (each activation warp arrives once it has read it; the consumer restages
-// only after that).
+// The SwiGLU epilogues' operands (see the launchers): scale (rows) f32 or nullptr for 1; kSwiglu
+// writes act (rows, f); kSwigluBackward reads h (rows, 2 f) and writes dh (rows, 2 f) and, unless
+// nullptr, dscale_partials (column tiles, rows).
+struct SwigluOperands {
+  const float* scale;
+  bf16* act;
+  const bf16* h;
+  bf16* dh;
+  float* dscale_partials;
+};
+
+// The producer warpgroup's registers per epilogue, and the consumers' beside them: at 48,
+// kSwiglu's activation warps spilled; kSwigluBackward's need room for kGradientRowsInFlight rows
+// (at 104, ptxas still spills 16 bytes; 2 rows fit in 88 without).
+__host__ __device__ constexpr int ProducerRegisters(Epilogue epilogue) {
+  return epilogue == Epilogue::kStore ? kProducerRegisters
+                                      : (epilogue == Epilogue::kSwiglu ? 56 : 104);
+}
+__host__ __device__ constexpr int ConsumerRegisters(Epilogue epilogue) {
+  return epilogue == Epilogue::kStore ? kConsumerRegisters
+                                      : (epilogue == Epilogue::kSwiglu ? 224 : 200);
+}
+constexpr bool RegistersFit(Epilogue epilogue) {
+  return ProducerRegisters(epilogue) * kWarpgroupThreads +
+             ConsumerRegisters(epilogue) * kWarpgroupThreads * kConsumers <=
+         kLaunchRegisters * kThreads;
+}
+static_assert(RegistersFit(Epilogue::kSwiglu) && RegistersFit(Epilogue::kSwigluBackward));
+
+// The hand-over of consumer c's staged tile: staged[c] (each consumer thread arrives once it has
+// staged its part) and read[c] (each activation thread arrives once it has read the staging; the
+// consumer restages only after that).
 struct ActivationBarriers {
   uint32_t base;  // shared address of staged[0]; read follows
 
@@ -570,8 +599,8 @@ struct ActivationBarriers {
   __device__ uint32_t Read(int consumer) const { return base + 8 * (kConsumers + consumer); }
   __device__ void Init() const {
     for (int c = 0; c < kConsumers; ++c) {
-      MbarrierInit(Staged(c), 1);
-      MbarrierInit(Read(c), kActivationWarps);
+      MbarrierInit(Staged(c), kWarpgroupThreads);
+      MbarrierInit(Read(c), kActivationThreads);
     }
   }
 };
@@ -605,6 +634,105 @@ __device__ __forceinline__ void WriteActivation(const uint8_t* staging, int thre
   }
 }
 
+// The sum over a warp's lanes (the same order in every lane).
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, lane_mask);
+  }
+  return v;
+}
+
+// Rows each activation warp has in flight in WriteSwigluGradients: their loads are issued
+// together, so their latencies overlap. The fused kernel in the probe (random routing, 4096
+// tokens; ms at Qwen3-30B-A3B / Mixtral / DeepSeek-V3-like, one H200, 2026-12-02): 2 rows 0.365 /
+// 1.594 / 2.395, 3 rows 0.340 / 1.509 / 2.402, 4 rows 0.335 / 1.506 / 2.392; its GEMM alone
+// 0.216 / 1.34-1.46 / 2.22-2.25. One row was slower than two by 0.06 / 0.24 / 0.07 ms (H100).
+constexpr int kGradientRowsInFlight = 4;
+
+// The SwiGLU gradient from a staged da tile (bf16, as a stored da would hold it: dh bit-identical
+// to the SwiGLU backward kernel on it): for r < valid_rows and column + c < f, c < kBlockN, with
+// row = first_row + r, gate g = h[row][column + c], up u = h[row][f + column + c] and d the staged
+// da, dh[row][column + c] = dgate, dh[row][f + column + c] = dup (SwigluGradients), and
+// dscale_partials[column / kBlockN][row] = the row's sum of their products (warp sum of each lane's
+// 8 in order). Warp `warp` of kActivationWarps takes every third row, kGradientRowsInFlight at a
+// time; lane l the 8 columns from 8 l, in 16-byte pieces.
+__device__ __forceinline__ void WriteSwigluGradients(const uint8_t* staging, int warp,
+                                                     const SwigluOperands& operands, int rows,
+                                                     int f, int first_row, int valid_rows,
+                                                     int column) {
+  constexpr int kStep = kActivationWarps * kGradientRowsInFlight;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int c = column + 8 * lane;
+  const bool inside = c < f;  // f is a multiple of 8: a piece lies wholly inside or outside
+  const bf16* __restrict__ h = operands.h;
+  bf16* __restrict__ dh = operands.dh;
+  for (int first = warp; first < valid_rows; first += kStep) {
+    uint4 gate_piece[kGradientRowsInFlight], up_piece[kGradientRowsInFlight];
+    float s[kGradientRowsInFlight];
+#pragma unroll
+    for (int i = 0; i < kGradientRowsInFlight; ++i) {
+      const int r = first + kActivationWarps * i;
+      if (r >= valid_rows || !inside) continue;
+      const int64_t gate_at = (first_row + r) * int64_t{2} * f + c;
+      gate_piece[i] = *reinterpret_cast<const uint4*>(h + gate_at);
+      up_piece[i] = *reinterpret_cast<const uint4*>(h + gate_at + f);
+      s[i] = operands.scale != nullptr ? operands.scale[first_row + r] : 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kGradientRowsInFlight; ++i) {
+      const int r = first + kActivationWarps * i;
+      if (r >= valid_rows) break;  // warp-uniform
+      const int64_t row = first_row + r;
+      float product = 0.0f;
+      if (inside) {
+        const uint4 d_piece = *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, lane));
+        const bf16* d = reinterpret_cast<const bf16*>(&d_piece);
+        const bf16* g = reinterpret_cast<const bf16*>(&gate_piece[i]);
+        const bf16* u = reinterpret_cast<const bf16*>(&up_piece[i]);
+        uint4 dgate_piece, dup_piece;
+        bf16* dgate = reinterpret_cast<bf16*>(&dgate_piece);
+        bf16* dup = reinterpret_cast<bf16*>(&dup_piece);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const SwigluGradient gradient = SwigluGradients(
+              __bfloat162float(g[j]), __bfloat162float(u[j]), s[i], __bfloat162float(d[j]));
+          dgate[j] = __float2bfloat16(gradient.gate);
+          dup[j] = __float2bfloat16(gradient.up);
+          product += gradient.product;
+        }
+        const int64_t gate_at = row * 2 * f + c;
+        *reinterpret_cast<uint4*>(dh + gate_at) = dgate_piece;
+        *reinterpret_cast<uint4*>(dh + gate_at + f) = dup_piece;
+      }
+      if (operands.dscale_partials != nullptr) {
+        product = WarpSum(product);
+        if (lane == 0) {
+          operands.dscale_partials[static_cast<int64_t>(column / kBlockN) * rows + row] = product;
+        }
+      }
+    }
+  }
+}
+
+// Brings into L2 the gate and up values WriteSwigluGradients will read for rows [first_row,
+// first_row + valid_rows) and columns [column, column + kBlockN) of h (rows, 2 f); `thread` of
+// kActivationThreads.
+__device__ __forceinline__ void PrefetchGateUp(const bf16* h, int f, int first_row, int valid_rows,
+                                               int column, int thread) {
+  constexpr int kLine = 128;
+  const int bytes = (min(column + kBlockN, f) - column) * static_cast<int>(sizeof(bf16));
+  if (bytes <= 0) return;
+  for (int span = thread; span < 2 * valid_rows; span += kActivationThreads) {
+    const int64_t row = first_row + span / 2;
+    const char* first = reinterpret_cast<const char*>(h + row * 2 * f + span % 2 * f + column);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(first) / kLine * kLine;
+    for (uintptr_t line = begin; line < reinterpret_cast<uintptr_t>(first) + bytes; line += kLine) {
+      PrefetchL2(reinterpret_cast<const void*>(line));
+    }
+  }
+}
+
 // A consumer's part of a forward cluster tile: its rows [first_row, first_row + valid_rows) and
 // columns from `column`; inactive (no wgmma, no output) when its rows lie past the group's end or
 // its columns past n.
@@ -624,21 +752,24 @@ struct ConsumerTile {
 // y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
 // as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
 // else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
-// kSwiglu (fc1 with SwiGLU: w's n = 2 f rows are [gate | up]; kTransposeW): also a = silu(gate) *
-// up * scale[row] (rows, f), scale f32 or nullptr for 1. A tile then holds 128 gate columns and
-// their 128 up columns (the schedule's column c is gate column c / 2); y_map is y as (f, 2, rows)
-// (the gate or up half as a dimension, clipped at f), box (64, 1, 64). Each consumer stages and
-// writes y as usual and hands the staging to the activation warps (ActivationBarriers), which
-// compute a from it (WriteActivation) during the consumer's next mainloop. (Computing a in the
-// consumers' epilogue, staged and TMA-written after y, made fc1 0.04-0.38 ms slower instead of
-// saving the SwiGLU kernel's 0.05-0.18 ms: probe, H200, 2026-12-02.)
-template <bool kTransposeW, bool kSwiglu>
+// Epilogue::kSwiglu (fc1 with SwiGLU: w's n = 2 f rows are [gate | up]; kTransposeW): also
+// swiglu.act = silu(gate) * up * scale[row] (rows, f). A tile then holds 128 gate columns and their
+// 128 up columns (the schedule's column c is gate column c / 2); y_map is y as (f, 2, rows) (the
+// gate or up half as a dimension, clipped at f), box (64, 1, 64). Each consumer stages and writes
+// y as usual and hands the staging to the activation warps (ActivationBarriers), which compute a
+// from it (WriteActivation) during the consumer's next mainloop. (Computing a in the consumers'
+// epilogue, staged and TMA-written after y, made fc1 0.04-0.38 ms slower instead of saving the
+// SwiGLU kernel's 0.05-0.18 ms: probe, H200, 2026-12-02.)
+// Epilogue::kSwigluBackward (fc2's data gradient, y = da (rows, n = f); not kTransposeW): y is not
+// written (y_map unused); each consumer only stages its da tile as bf16 and hands it over, and the
+// activation warps write swiglu.dh and the dscale partials from it (WriteSwigluGradients), having
+// asked for the tile's gate and up values in L2 (PrefetchGateUp) before waiting for it.
+template <bool kTransposeW, Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap y_map, const int32_t* device_offsets,
-                        int groups, int rows, int n, int k, bf16* y, const float* scale,
-                        bf16* act) {
+                        int groups, int rows, int n, int k, bf16* y, SwigluOperands swiglu) {
 #if MOE_SM90A_KERNELS
   static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
@@ -647,12 +778,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* const offsets = reinterpret_cast<int*>(ring.Extra() + kConsumers * kForwardStagingBytes);
   int* const tile_prefix = offsets + kMaxGroups + 1;
   const ActivationBarriers activation{SmemAddress(tile_prefix + kMaxGroups + 1)};
+  constexpr bool kSwiglu = kEpilogue == Epilogue::kSwiglu;
+  constexpr bool kHandOver = kEpilogue != Epilogue::kStore;  // the activation warps take part
   if (threadIdx.x == 0) {
-    if (kSwiglu) activation.Init();
+    if (kHandOver) activation.Init();
     barriers.Init();  // its fence also covers the activation barriers
   }
   static_assert(kTransposeW || !kSwiglu, "SwiGLU follows fc1, whose w is (groups, 2 f, k)");
-  const int f = n / 2;
+  static_assert(!kTransposeW || kEpilogue != Epilogue::kSwigluBackward,
+                "the SwiGLU gradient follows fc2's data gradient, whose w is (groups, k, f)");
+  const int f = kSwiglu ? n / 2 : n;  // the SwiGLU's columns (kSwigluBackward: da's)
   const int n_tiles = kSwiglu ? (f + kBlockN / 2 - 1) / (kBlockN / 2) : (n + kBlockN - 1) / kBlockN;
   BuildClusterTileSchedule(device_offsets, groups, rows, n_tiles, offsets, tile_prefix);
   ClusterSync();  // every CTA's barriers are initialised before any multicast reaches them
@@ -664,7 +799,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = ClusterIndex(), tile_step = ClusterCount();
 
   if (warpgroup == 0) {
-    DecreaseMaxRegisters<kSwiglu ? kActivationRegisters : kProducerRegisters>();
+    DecreaseMaxRegisters<ProducerRegisters(kEpilogue)>();
     if (threadIdx.x == 0) {
       PrefetchTensorMap(x_map);
       PrefetchTensorMap(w_map);
@@ -695,26 +830,40 @@ __global__ void __launch_bounds__(kThreads, 1)
           state.Advance();
         }
       }
-    } else if (kSwiglu && threadIdx.x >= kWarpgroupThreads - kActivationThreads) {
+    } else if (kHandOver && threadIdx.x >= kWarpgroupThreads - kActivationThreads) {
       const int thread = static_cast<int>(threadIdx.x) - (kWarpgroupThreads - kActivationThreads);
       uint32_t staged_phases = 0;  // bit c: parity of staged[c]'s next phase
       for (int t = first_tile; t < total; t += tile_step) {
         const ClusterTile tile = UniformTile(schedule.Find(t));
+        if constexpr (!kSwiglu) {
+#pragma unroll 1
+          for (int consumer = 0; consumer < kConsumers; ++consumer) {
+            const ConsumerTile part(tile, rank, consumer, n);
+            if (part.active) {
+              PrefetchGateUp(swiglu.h, f, part.first_row, part.valid_rows, part.column, thread);
+            }
+          }
+        }
 #pragma unroll 1
         for (int consumer = 0; consumer < kConsumers; ++consumer) {
           const ConsumerTile part(tile, rank, consumer, n);
           if (!part.active) continue;
           MbarrierWait(activation.Staged(consumer), (staged_phases >> consumer) & 1);
           staged_phases ^= 1u << consumer;
-          WriteActivation(ring.Extra() + consumer * kForwardStagingBytes, thread, scale, act, f,
-                          part.first_row, part.valid_rows, part.column / 2);
-          __syncwarp();
-          if (threadIdx.x % 32 == 0) MbarrierArrive(activation.Read(consumer));
+          const uint8_t* const staged = ring.Extra() + consumer * kForwardStagingBytes;
+          if constexpr (kSwiglu) {
+            WriteActivation(staged, thread, swiglu.scale, swiglu.act, f, part.first_row,
+                            part.valid_rows, part.column / 2);
+          } else {
+            WriteSwigluGradients(staged, thread / 32, swiglu, rows, f, part.first_row,
+                                 part.valid_rows, part.column);
+          }
+          MbarrierArrive(activation.Read(consumer));
         }
       }
     }
   } else {
-    IncreaseMaxRegisters<kSwiglu ? kSwigluConsumerRegisters : kConsumerRegisters>();
+    IncreaseMaxRegisters<ConsumerRegisters(kEpilogue)>();
     const int consumer = warpgroup - 1;
     uint8_t* const staging_generic = ring.Extra() + consumer * kForwardStagingBytes;
     const uint32_t staging = SmemAddress(staging_generic);
@@ -723,7 +872,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     PipelineState<kForwardStages> state;
     uint32_t read_phase = 0;
-    bool read_pending = false;  // kSwiglu: the activation warps may still read the staging
+    bool read_pending = false;  // kHandOver: the activation warps may still read the staging
     for (int t = first_tile; t < total; t += tile_step) {
       const ClusterTile tile = UniformTile(schedule.Find(t));
       const ConsumerTile part(tile, rank, consumer, n);
@@ -740,7 +889,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              b_descriptor);
       if (!active) continue;
       const int barrier = 1 + consumer;
-      if constexpr (!kSwiglu) {
+      if (read_pending) {
+        MbarrierWait(activation.Read(consumer), read_phase);
+        read_phase ^= 1;
+      }
+      if constexpr (kEpilogue == Epilogue::kStore) {
         if (valid_rows == 64) {
           WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
             return BoxOrigin{column + c, first_row, 0};
@@ -751,15 +904,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             return column + c < n ? y + row * n + column + c : nullptr;
           });
         }
-      } else {
+      } else if constexpr (kSwiglu) {
         // Tile columns [0, kHalf) are y's gate columns from `gate`, [kHalf, kBlockN) its up
         // columns.
         const int gate = column / 2;
         constexpr int kHalf = kBlockN / 2;
-        if (read_pending) {
-          MbarrierWait(activation.Read(consumer), read_phase);
-          read_phase ^= 1;
-        }
         if (valid_rows == 64) {
           WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
             return BoxOrigin{gate + c % kHalf, c / kHalf, first_row};
@@ -770,8 +919,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             return gate + c % kHalf < f ? y + row * n + c / kHalf * f + gate + c % kHalf : nullptr;
           });
         }
-        // Thread 0 passed the named barrier after the whole warpgroup staged the tile.
-        if (threadIdx.x % kWarpgroupThreads == 0) MbarrierArrive(activation.Staged(consumer));
+      } else {  // kSwigluBackward: da is only staged, for the activation warps
+        StageColumns<bf16, kBlockN>(acc, staging, 0);
+      }
+      if constexpr (kHandOver) {
+        MbarrierArrive(activation.Staged(consumer));
         read_pending = true;
       }
     }
@@ -978,13 +1130,14 @@ inline bool ForwardArgumentsValid(const bf16* x, const bf16* w, const bf16* y, i
          n % 8 == 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w) && Aligned16(y);
 }
 
-// The launch of GroupedMatmulSm90 and GroupedMatmulSwigluSm90 (with kSwiglu: y (rows, n = 2 f),
-// act (rows, f)) on valid arguments with rows, n, k > 0.
-template <bool kTransposeW, bool kSwiglu>
+// The launch of GroupedMatmulSm90, GroupedMatmulSwigluSm90 (kSwiglu: y (rows, n = 2 f)) and
+// GroupedMatmulSwigluBackwardSm90 (kSwigluBackward: y unused, n = f) on valid arguments with rows,
+// n, k > 0.
+template <bool kTransposeW, Epilogue kEpilogue>
 cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* offsets, int groups,
-                                int64_t rows, int64_t n, int64_t k, bf16* y, const float* scale,
-                                bf16* act, cudaStream_t stream) {
-  CUtensorMap x_map, w_map, y_map;
+                                int64_t rows, int64_t n, int64_t k, bf16* y,
+                                const SwigluOperands& swiglu, cudaStream_t stream) {
+  CUtensorMap x_map, w_map, y_map = {};
   const uint64_t g = static_cast<uint64_t>(groups), ur = static_cast<uint64_t>(rows);
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k), uf = un / 2;
   cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur},
@@ -997,17 +1150,20 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
                                     {un * 2, un * uk * 2}, {64, kBlockK, 1});
   if (status != cudaSuccess) return status;
   constexpr uint32_t kColumns = kWriteColumns<bf16>;
-  status = kSwiglu ? EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {uf, 2, ur},
-                                        {uf * 2, un * 2}, {kColumns, 1, 64})
-                   : EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, ur, 1},
-                                        {un * 2, un * 2 * ur}, {kColumns, 64, 1});
+  if constexpr (kEpilogue == Epilogue::kSwiglu) {
+    status = EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {uf, 2, ur},
+                                {uf * 2, un * 2}, {kColumns, 1, 64});
+  } else if constexpr (kEpilogue == Epilogue::kStore) {
+    status = EncodeTensorMap<3>(&y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, ur, 1},
+                                {un * 2, un * 2 * ur}, {kColumns, 64, 1});
+  }
   if (status != cudaSuccess) return status;
   // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
   // (kBlockM - 1)) / kBlockM. (With kSwiglu, ceil(f / (kBlockN / 2)) column tiles: as many.)
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
                         ((n + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kSwiglu>;
+  constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kEpilogue>;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster;
   status = PersistentClusterLaunch<kKernel>(kForwardSmemBytes, kForwardCluster, tiles, stream,
@@ -1015,8 +1171,19 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
   if (status != cudaSuccess) return status;
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
-                              scale, act);
+                              swiglu);
   return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+// dscale[row] = sum over the tiles t, in order, of partials[t][row]; partials (tiles, rows).
+__global__ void SumDscalePartialsKernel(const float* partials, int64_t tiles, int64_t rows,
+                                        float* dscale) {
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < tiles; ++t) sum += partials[t * rows + row];
+    dscale[row] = sum;
+  }
 }
 
 }  // namespace detail
@@ -1030,10 +1197,11 @@ inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t
   if (!ForwardArgumentsValid(x, w, y, groups, rows, n, k)) return cudaErrorInvalidValue;
   if (rows == 0 || n == 0) return cudaSuccess;
   if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
-  return transpose_w ? LaunchGroupedMatmul<true, false>(x, w, offsets, groups, rows, n, k, y,
-                                                        nullptr, nullptr, stream)
-                     : LaunchGroupedMatmul<false, false>(x, w, offsets, groups, rows, n, k, y,
-                                                         nullptr, nullptr, stream);
+  const SwigluOperands none = {};
+  return transpose_w ? LaunchGroupedMatmul<true, Epilogue::kStore>(x, w, offsets, groups, rows, n,
+                                                                   k, y, none, stream)
+                     : LaunchGroupedMatmul<false, Epilogue::kStore>(x, w, offsets, groups, rows, n,
+                                                                    k, y, none, stream);
 }
 
 // See the file comment: y = x · w_g^T per group as GroupedMatmulSm90 with transpose_w, w (groups,
@@ -1051,8 +1219,44 @@ inline cudaError_t GroupedMatmulSwigluSm90(const bf16* x, const bf16* w, const i
       rows == 0 || f == 0 || k == 0) {
     return cudaErrorInvalidValue;
   }
-  return LaunchGroupedMatmul<true, true>(x, w, offsets, groups, rows, 2 * f, k, y, scale, act,
-                                         stream);
+  const SwigluOperands swiglu = {scale, act, nullptr, nullptr, nullptr};
+  return LaunchGroupedMatmul<true, Epilogue::kSwiglu>(x, w, offsets, groups, rows, 2 * f, k, y,
+                                                      swiglu, stream);
+}
+
+// The column tiles of the fc2 data gradient da (rows, f): the rows of
+// GroupedMatmulSwigluBackwardSm90's dscale partials.
+inline int64_t SwigluBackwardPartialTiles(int64_t f) { return (f + kBlockN - 1) / kBlockN; }
+
+// See the file comment: da = dy · w_g per group as GroupedMatmulSm90 without transpose_w (dy
+// (rows, k), w (groups, k, f)), never stored: from da rounded to bf16, dh (rows, 2 f) = [dgate |
+// dup] of silu(gate) * up * scale[row] (swiglu_math.cuh's SwigluGradients, bit-identical to a
+// SwiGLU backward kernel of the same formula on the rounded da) with gate and up from h (rows,
+// 2 f); dscale (rows) f32 = sum_j silu(gate) * up * da, summed per 256-column tile into
+// dscale_partials (SwigluBackwardPartialTiles(f), rows) f32 and then over the tiles in order.
+// scale nullptr: 1; dscale nullptr: not computed (dscale_partials unused). Declines
+// (cudaErrorInvalidValue) as GroupedMatmulSwigluSm90 does (also for h and dh not 16-byte aligned).
+inline cudaError_t GroupedMatmulSwigluBackwardSm90(const bf16* dy, const bf16* w,
+                                                   const int32_t* offsets, int groups, int64_t rows,
+                                                   int64_t f, int64_t k, const float* scale,
+                                                   const bf16* h, bf16* dh, float* dscale_partials,
+                                                   float* dscale, cudaStream_t stream) {
+  using namespace detail;
+  if (!ForwardArgumentsValid(dy, w, h, groups, rows, f, k) || !FitsInt(2 * f) || f % 8 != 0 ||
+      !Aligned16(dh) || (dscale != nullptr && dscale_partials == nullptr) || rows == 0 || f == 0 ||
+      k == 0) {
+    return cudaErrorInvalidValue;
+  }
+  const SwigluOperands swiglu = {scale, nullptr, h, dh,
+                                 dscale != nullptr ? dscale_partials : nullptr};
+  const cudaError_t status = LaunchGroupedMatmul<false, Epilogue::kSwigluBackward>(
+      dy, w, offsets, groups, rows, f, k, nullptr, swiglu, stream);
+  if (status != cudaSuccess || dscale == nullptr) return status;
+  constexpr int kSumThreads = 256;
+  const int64_t blocks = std::min<int64_t>((rows + kSumThreads - 1) / kSumThreads, 4096);
+  SumDscalePartialsKernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
+      dscale_partials, SwigluBackwardPartialTiles(f), rows, dscale);
+  return cudaGetLastError();
 }
 
 // See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.

@@ -45,6 +45,21 @@ bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& 
       a.dim(1), x.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(a), stream));
 }
 
+bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                        const Tensor& h, const Tensor& scale, const Tensor& dh,
+                                        const Tensor& dscale) {
+  if (!Sm90GroupedGemmTakes(dy.device(), dy.dtype(), w.shape())) return false;
+  const int64_t rows = dy.dim(0), f = w.dim(2);
+  const Tensor partials =
+      dscale.defined()
+          ? Tensor::Empty({sm90::SwigluBackwardPartialTiles(f), rows}, DType::kF32, dy.device())
+          : Tensor();
+  return Launched(sm90::GroupedMatmulSwigluBackwardSm90(
+      Ptr<bf16>(dy), Ptr<bf16>(w), Ptr<int32_t>(offsets), static_cast<int>(w.dim(0)), rows, f,
+      dy.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(dh), Ptr<float>(partials),
+      Ptr<float>(dscale), StreamOf(dh)));
+}
+
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, bool accumulate) {
   if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;

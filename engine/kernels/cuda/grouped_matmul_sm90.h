@@ -24,5 +24,11 @@ bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Ten
 // also false where f (a's columns) is no multiple of 8, or rows or k is 0.
 bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
                                 const Tensor& scale, const Tensor& h, const Tensor& a);
+// ops::GroupedMatmulSwigluBackward's fc2 data gradient with the SwiGLU gradient as one kernel;
+// false where GroupedMatmulSwiglu's kernel would decline (f = dh's columns / 2) and where rows or
+// k is 0.
+bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const Tensor& offsets,
+                                        const Tensor& h, const Tensor& scale, const Tensor& dh,
+                                        const Tensor& dscale);
 
 }  // namespace moe::cuda
