@@ -117,6 +117,15 @@ struct OpCase {
   double bf16_tolerance = 1e-2;
 };
 
+// `offsets` as host offsets where the grouped GEMMs with weights like w need them on r's device,
+// else empty: on a Hopper GPU the bf16 runs then take the sm90 kernels (or fail).
+std::span<const int32_t> HostOffsetsWhereNeeded(const OpRun& r, const std::vector<int32_t>& offsets,
+                                                const Tensor& w) {
+  return ops::GroupedMatmulNeedsHostOffsets(r.device(), w.dtype(), w.shape())
+             ? std::span<const int32_t>(offsets)
+             : std::span<const int32_t>();
+}
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -200,9 +209,7 @@ std::vector<OpCase> Cases() {
       Tensor x = r.In({rows, c.k}), w = r.In({groups, c.n, c.k}), dy = r.In({rows, c.n});
       Tensor y = r.Out({rows, c.n}), dx = r.Out({rows, c.k});
       const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
-      const std::span<const int32_t> host =
-          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>();
+      const std::span<const int32_t> host = HostOffsetsWhereNeeded(r, c.offsets, w);
       ops::GroupedMatmul(x, w, offsets, host, y, /*transpose_w=*/true);
       ops::GroupedMatmul(dy, w, offsets, host, dx, /*transpose_w=*/false);
       Tensor dw = r.InF32({groups, c.n, c.k});  // f32 accumulation: dw_g += dy_g^T x_g
@@ -221,8 +228,10 @@ std::vector<OpCase> Cases() {
       r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
-  // fc1 with SwiGLU x routing probability (one Hopper kernel in bf16 where f is a multiple of 8;
-  // f 136: gate and up tiles past f; f 20: the two ops).
+  // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
+  // one Hopper kernel in bf16 where f is a multiple of 8; f 136: gate and up tiles past f; f 20:
+  // the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's (groups, k, f); scale and
+  // dscale f32.
   for (const GroupedCase& c : std::vector<GroupedCase>{
            {"grouped_matmul_swiglu", {0, 0, 1, 261, 261, 290, 300}, 72, 2 * 136},
            {"grouped_matmul_swiglu_two_ops", {0, 3, 3, 50, 77}, 64, 2 * 20}}) {
@@ -230,32 +239,19 @@ std::vector<OpCase> Cases() {
       const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
       Tensor x = r.In({rows, c.k}), w = r.In({groups, c.n, c.k}), scale = r.InF32({rows});
       Tensor h = r.Out({rows, c.n}), a = r.Out({rows, c.n / 2});
-      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), x.dtype(), w.shape());
-      ops::GroupedMatmulSwiglu(
-          x, w, offsets,
-          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>(), scale, h,
-          a);
+      ops::GroupedMatmulSwiglu(x, w, r.Ints(c.offsets, {groups + 1}),
+                               HostOffsetsWhereNeeded(r, c.offsets, w), scale, h, a);
       r.Read("h", h);
       r.Read("a", a);
     });
-  }
-  // fc2's input gradient with SwiGLU's backward (one Hopper kernel in bf16 where f is a multiple
-  // of 8; f 136 and f 20 as above): n is h's width 2f, w (groups, k, f), scale and dscale f32.
-  for (const GroupedCase& c : std::vector<GroupedCase>{
-           {"grouped_matmul_swiglu_backward", {0, 0, 1, 261, 261, 290, 300}, 72, 2 * 136},
-           {"grouped_matmul_swiglu_backward_two_ops", {0, 3, 3, 50, 77}, 64, 2 * 20}}) {
-    add(c.name, [c](OpRun& r) {
+    add(c.name + "_backward", [c](OpRun& r) {
       const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
       Tensor dy = r.In({rows, c.k}), w = r.In({groups, c.k, c.n / 2}), h = r.In({rows, c.n});
       Tensor scale = r.InF32({rows});
       Tensor dh = r.Out({rows, c.n}), dscale = r.OutF32({rows});
-      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const bool needs_host = ops::GroupedMatmulNeedsHostOffsets(r.device(), dy.dtype(), w.shape());
-      ops::GroupedMatmulSwigluBackward(
-          dy, w, offsets,
-          needs_host ? std::span<const int32_t>(c.offsets) : std::span<const int32_t>(), h, scale,
-          dh, dscale);
+      ops::GroupedMatmulSwigluBackward(dy, w, r.Ints(c.offsets, {groups + 1}),
+                                       HostOffsetsWhereNeeded(r, c.offsets, w), h, scale, dh,
+                                       dscale);
       r.Read("dh", dh);
       r.Read("dscale", dscale);
     });
@@ -572,13 +568,6 @@ struct GroupedSwigluRun {
   const GroupedSwigluCase& c;
   int64_t groups, rows;
   Tensor scale, offsets;
-
-  // The offsets on the host where the grouped GEMMs with weights like w need them, else empty.
-  std::span<const int32_t> Host(const Tensor& w) const {
-    return ops::GroupedMatmulNeedsHostOffsets(r.device(), w.dtype(), w.shape())
-               ? std::span<const int32_t>(c.offsets)
-               : std::span<const int32_t>();
-  }
 };
 
 // Calls body on every case, with and without a scale, each in a fresh bf16 OpRun on cuda:0.
@@ -606,8 +595,10 @@ TEST(GroupedMatmulSwigluTest, MatchesGroupedMatmulThenSwigluBitForBit) {
     const Tensor x = r.In({rows, run.c.k}), w = r.In({run.groups, 2 * f, run.c.k});
     const Tensor h = r.Out({rows, 2 * f}), a = r.Out({rows, f});
     const Tensor h_two = r.Out(h.shape()), a_two = r.Out(a.shape());
-    ops::GroupedMatmulSwiglu(x, w, run.offsets, run.Host(w), run.scale, h, a);
-    ops::GroupedMatmul(x, w, run.offsets, run.Host(w), h_two, /*transpose_w=*/true);
+    ops::GroupedMatmulSwiglu(x, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w),
+                             run.scale, h, a);
+    ops::GroupedMatmul(x, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w), h_two,
+                       /*transpose_w=*/true);
     ops::SwigluForward(h_two, run.scale, a_two);
     for (const auto& [name, one, two] : {std::tuple{"h", h, h_two}, std::tuple{"a", a, a_two}}) {
       const std::vector<float> got = testing::ToFloats(one), want = testing::ToFloats(two);
@@ -632,8 +623,10 @@ TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
     const bool with_scale = run.scale.defined();
     const Tensor dscale = with_scale ? r.OutF32({rows}) : Tensor();
     const Tensor dscale_two = with_scale ? r.OutF32({rows}) : Tensor();
-    ops::GroupedMatmulSwigluBackward(dy, w, run.offsets, run.Host(w), h, run.scale, dh, dscale);
-    ops::GroupedMatmul(dy, w, run.offsets, run.Host(w), da_two, /*transpose_w=*/false);
+    ops::GroupedMatmulSwigluBackward(
+        dy, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w), h, run.scale, dh, dscale);
+    ops::GroupedMatmul(dy, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w), da_two,
+                       /*transpose_w=*/false);
     ops::SwigluBackward(da_two, h, run.scale, dh_two, dscale_two);
     const std::vector<float> got = testing::ToFloats(dh), want = testing::ToFloats(dh_two);
     ASSERT_EQ(got.size(), want.size());
