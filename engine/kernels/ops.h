@@ -61,8 +61,9 @@ void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets
 // GroupedMatmul(dy, w, offsets, host_offsets, da, transpose_w=false) then SwigluBackward(da, h,
 // scale, dh, dscale), da (rows, f) never kept: dy (rows, k), w (groups, k, f) (fc2's weights),
 // h (rows, 2f) = [gate | up] as saved by GroupedMatmulSwiglu, dh (rows, 2f) =, dscale (rows) f32 =
-// or undefined, scale (rows) f32 or undefined. CUDA: the Hopper kernel computes dh in its
-// epilogue from da rounded to h's dtype, as the two ops would store it: dh bit-identical to
+// or undefined, scale (rows) f32 or undefined. CUDA: where k is at least
+// cuda::kFusedSwigluBackwardMinK (below, the two ops are faster) the Hopper kernel computes dh in
+// its epilogue from da rounded to h's dtype, as the two ops would store it: dh bit-identical to
 // theirs; dscale the same sum in another order.
 void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                  std::span<const int32_t> host_offsets, const Tensor& h,

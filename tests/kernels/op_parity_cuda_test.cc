@@ -15,6 +15,7 @@
 
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/attention_sm90.h"
+#include "engine/kernels/cuda/grouped_matmul_sm90.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
@@ -28,6 +29,13 @@ using testing::PoisonedTensor;
 using testing::RandomFloats;
 
 using Outputs = std::vector<std::pair<std::string, std::vector<float>>>;
+
+// While it lives, the fused SwiGLU backward kernel takes every k: the tests' k lie below
+// cuda::kFusedSwigluBackwardMinK, where the op would otherwise run its two ops.
+struct SwigluBackwardFusedAtAnyK {
+  SwigluBackwardFusedAtAnyK() { cuda::FuseSwigluBackwardAtAnyK(true); }
+  ~SwigluBackwardFusedAtAnyK() { cuda::FuseSwigluBackwardAtAnyK(false); }
+};
 
 // Inputs for one run of a case: the same seed gives the same values on every device. Float
 // tensors are `dtype` on CUDA and f32 on the CPU, holding values already rounded to `dtype`.
@@ -229,9 +237,9 @@ std::vector<OpCase> Cases() {
     });
   }
   // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
-  // one Hopper kernel in bf16 where f is a multiple of 8; f 136: gate and up tiles past f; f 20:
-  // the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's (groups, k, f); scale and
-  // dscale f32.
+  // one Hopper kernel in bf16 where f is a multiple of 8, the backward's at any k here; f 136: gate
+  // and up tiles past f; f 20: the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's
+  // (groups, k, f); scale and dscale f32.
   for (const GroupedCase& c : std::vector<GroupedCase>{
            {"grouped_matmul_swiglu", {0, 0, 1, 261, 261, 290, 300}, 72, 2 * 136},
            {"grouped_matmul_swiglu_two_ops", {0, 3, 3, 50, 77}, 64, 2 * 20}}) {
@@ -249,6 +257,7 @@ std::vector<OpCase> Cases() {
       Tensor dy = r.In({rows, c.k}), w = r.In({groups, c.k, c.n / 2}), h = r.In({rows, c.n});
       Tensor scale = r.InF32({rows});
       Tensor dh = r.Out({rows, c.n}), dscale = r.OutF32({rows});
+      const SwigluBackwardFusedAtAnyK fused;
       ops::GroupedMatmulSwigluBackward(dy, w, r.Ints(c.offsets, {groups + 1}),
                                        HostOffsetsWhereNeeded(r, c.offsets, w), h, scale, dh,
                                        dscale);
@@ -609,9 +618,10 @@ TEST(GroupedMatmulSwigluTest, MatchesGroupedMatmulThenSwigluBitForBit) {
   });
 }
 
-// ops::GroupedMatmulSwigluBackward (on a Hopper GPU one kernel: SwiGLU's backward in fc2's dgrad
-// epilogue) gives dh bit for bit as GroupedMatmul then SwigluBackward do, and dscale within the
-// bound of summing the same terms in another order, with and without a scale (and dscale).
+// ops::GroupedMatmulSwigluBackward (on a Hopper GPU one kernel, here at every k: SwiGLU's backward
+// in fc2's dgrad epilogue) gives dh bit for bit as GroupedMatmul then SwigluBackward do, and dscale
+// within the bound of summing the same terms in another order, with and without a scale (and
+// dscale).
 TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
   ForEachGroupedSwigluRun([](const GroupedSwigluRun& run) {
@@ -623,6 +633,7 @@ TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
     const bool with_scale = run.scale.defined();
     const Tensor dscale = with_scale ? r.OutF32({rows}) : Tensor();
     const Tensor dscale_two = with_scale ? r.OutF32({rows}) : Tensor();
+    const SwigluBackwardFusedAtAnyK fused;
     ops::GroupedMatmulSwigluBackward(
         dy, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w), h, run.scale, dh, dscale);
     ops::GroupedMatmul(dy, w, run.offsets, HostOffsetsWhereNeeded(r, run.c.offsets, w), da_two,

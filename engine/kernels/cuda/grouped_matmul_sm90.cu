@@ -4,6 +4,8 @@
 // otherwise it is compiled like the rest of the engine, its kernels are traps and take no call.
 #include "engine/kernels/cuda/grouped_matmul_sm90.h"
 
+#include <atomic>
+
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
 #include "engine/kernels/cuda/sm90_device.h"
@@ -18,6 +20,8 @@ bool Launched(cudaError_t status) {
   MOE_CUDA_CALL(status);
   return true;
 }
+
+std::atomic<bool> fuse_swiglu_backward_at_any_k{false};
 
 }  // namespace
 
@@ -49,6 +53,7 @@ bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const
                                         const Tensor& h, const Tensor& scale, const Tensor& dh,
                                         const Tensor& dscale) {
   if (!Sm90GroupedGemmTakes(dy.device(), dy.dtype(), w.shape())) return false;
+  if (dy.dim(1) < kFusedSwigluBackwardMinK && !fuse_swiglu_backward_at_any_k.load()) return false;
   const int64_t rows = dy.dim(0), f = w.dim(2);
   const Tensor partials =
       dscale.defined()
@@ -59,6 +64,8 @@ bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const
       dy.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(dh), Ptr<float>(partials),
       Ptr<float>(dscale), StreamOf(dh)));
 }
+
+void FuseSwigluBackwardAtAnyK(bool any_k) { fuse_swiglu_backward_at_any_k.store(any_k); }
 
 bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
                                     const Tensor& dw, bool accumulate) {

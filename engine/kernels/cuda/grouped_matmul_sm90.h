@@ -25,10 +25,16 @@ bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Ten
 bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
                                 const Tensor& scale, const Tensor& h, const Tensor& a);
 // ops::GroupedMatmulSwigluBackward's fc2 data gradient with the SwiGLU gradient as one kernel;
-// false where GroupedMatmulSwiglu's kernel would decline (f = dh's columns / 2) and where rows or
-// k is 0.
+// false where GroupedMatmulSwiglu's kernel would decline (f = dh's columns / 2), where rows or k
+// is 0, and where k (dy's columns, the product's reduction) is below kFusedSwigluBackwardMinK
+// unless FuseSwigluBackwardAtAnyK(true): there the two ops are faster (each tile's mainloop, which
+// grows with k, is too short to hide the SwiGLU gradient of the tile before it).
+constexpr int64_t kFusedSwigluBackwardMinK = 4096;
 bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const Tensor& offsets,
                                         const Tensor& h, const Tensor& scale, const Tensor& dh,
                                         const Tensor& dscale);
+// Whether TryGroupedMatmulSwigluBackwardSm90 also takes k below kFusedSwigluBackwardMinK (default
+// false; tests set it to check the kernel at their small k).
+void FuseSwigluBackwardAtAnyK(bool any_k);
 
 }  // namespace moe::cuda
