@@ -11,7 +11,7 @@
 //   --main_grads_dtype and --exp_avg_dtype do (OptimizerDTypeFromName).
 //   BenchInRange: an integer flag within [min, max].
 //   BenchChoices / BenchCounts: a comma-separated list of at least one item, each one of the
-//   choices / an integer within [min, max].
+//   choices / an integer within [min, max], none listed twice.
 //   BenchOutputPath: a file to write at the end (empty: none), replacing an earlier one (whose
 //   first bytes are `own_start`), as moe_train checks its trace file (CheckOwnOutputFile,
 //   apps/moe_train/output_checks.h).
@@ -76,6 +76,20 @@ inline std::vector<std::string> SplitList(const std::string& text) {
   return items;
 }
 
+// An item listed twice (--paths=fused,fused would check a path against itself; --tokens=16,16
+// times one case twice): one line naming it, as moe_train's lists say it (ParseNameList).
+template <typename T>
+bool NoRepeats(const char* program, const char* flag, const std::vector<T>& items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (std::find(items.begin(), items.begin() + i, items[i]) == items.begin() + i) continue;
+    std::ostringstream item;
+    item << items[i];
+    fprintf(stderr, "%s: --%s lists %s twice\n", program, flag, item.str().c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace bench_flags_detail
 
 inline std::optional<std::vector<std::string>> BenchChoices(
@@ -85,7 +99,10 @@ inline std::optional<std::vector<std::string>> BenchChoices(
   const auto unknown = std::find_if(items.begin(), items.end(), [&](const std::string& item) {
     return std::find(choices.begin(), choices.end(), item) == choices.end();
   });
-  if (!items.empty() && unknown == items.end()) return items;
+  if (!items.empty() && unknown == items.end()) {
+    if (!bench_flags_detail::NoRepeats(program, flag, items)) return std::nullopt;
+    return items;
+  }
   std::string names;
   for (const std::string& choice : choices) names += (names.empty() ? "" : ", ") + choice;
   fprintf(stderr, "%s: --%s=%s must list one or more of %s, comma-separated\n", program, flag,
@@ -106,7 +123,10 @@ inline std::optional<std::vector<int64_t>> BenchCounts(const char* program, cons
     }
     counts.push_back(count);
   }
-  if (!counts.empty()) return counts;
+  if (!counts.empty()) {
+    if (!bench_flags_detail::NoRepeats(program, flag, counts)) return std::nullopt;
+    return counts;
+  }
   fprintf(stderr, "%s: --%s=%s must list one or more integers in [%lld, %lld], comma-separated\n",
           program, flag, value.c_str(), (long long)min, (long long)max);
   return std::nullopt;

@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -114,6 +115,13 @@ Status Parser::Flag(const std::string& where, const std::string& argument, const
     value = *next;
     *used_next = true;
   }
+  // A value with spaces around it (a quoted "2 " or " ckpt") is a typo, not a name to create or
+  // a number gflags would take half of: refused for every flag.
+  if (!value.empty() && (std::isspace(static_cast<unsigned char>(value.front())) ||
+                         std::isspace(static_cast<unsigned char>(value.back())))) {
+    return InvalidArgument(where + shown + "='" + value +
+                           "' has spaces around its value (remove them)");
+  }
   if (name == "help" || name == "helpshort" || name == "helpfull") {
     if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
       return InvalidArgument(where + shown + "=" + value + " is not a valid bool");
@@ -131,12 +139,20 @@ Status Parser::Flag(const std::string& where, const std::string& argument, const
   if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
     return InvalidArgument(where + shown + "=" + value + " is not a valid " + info.type);
   }
-  if (GflagsHelpFlags().count(name) && help_ == HelpRequest::kNone) help_ = HelpRequest::kGflags;
+  // gflags' help flags ask for help only when set to true (bools) or to a name (--helpon=NAME):
+  // --version=false or --helpon= run as if not given (gflags would print nothing and exit 0).
+  if (GflagsHelpFlags().count(name) && help_ == HelpRequest::kNone) {
+    const std::string now = gflags::GetCommandLineFlagInfoOrDie(name.c_str()).current_value;
+    if (now != "false" && !now.empty()) help_ = HelpRequest::kGflags;
+  }
   return Status::Ok();
 }
 
 Status Parser::Flagfiles(const std::string& where, const std::string& list, int depth) {
   if (list.empty()) return InvalidArgument(where + "--flagfile needs a file name");
+  if (list.front() == ',' || list.back() == ',' || list.find(",,") != std::string::npos) {
+    return InvalidArgument(where + "--flagfile=" + list + " has an empty entry");
+  }
   std::stringstream files(list);
   std::string path;
   while (std::getline(files, path, ',')) MOE_RETURN_IF_ERROR(Flagfile(where, path, depth + 1));
@@ -162,6 +178,8 @@ Status Parser::Flagfile(const std::string& where, const std::string& path, int d
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.good() && !in.eof()) return InvalidArgument(bad + ": cannot read it");
+  // A UTF-8 byte-order mark (some editors write one) is not part of the first line.
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   for (size_t i = 0; i < text.size(); ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c < 0x20 && c != '\n' && c != '\r' && c != '\t') {
@@ -181,6 +199,13 @@ Status Parser::Flagfile(const std::string& where, const std::string& path, int d
     if (line[0] != '-' || line == "-" || line == "--") {
       return InvalidArgument(here + "'" + line +
                              "' is not a flag (flagfile lines are --name=value or # comments)");
+    }
+    // "--save=ckpt  # note": the comment would be part of the value (a directory named so).
+    const size_t comment = line.find('#');
+    if (comment != std::string::npos && comment > 0 &&
+        std::isspace(static_cast<unsigned char>(line[comment - 1]))) {
+      return InvalidArgument(here + "'" + line +
+                             "': a comment must be a line of its own (# at its start)");
     }
     bool unused = false;
     MOE_RETURN_IF_ERROR(Flag(here, line, nullptr, &unused, depth));

@@ -12,11 +12,15 @@
 // flag and its type), so gflags::GetCommandLineFlagInfoOrDie(name).is_default is false exactly
 // for the flags the user set, on the command line or in a flagfile.
 // Refused: positional arguments (and anything after a bare --), unknown flags (with the nearest
-// known name), a --flagfile that is missing, a directory, not text or over 1 MiB, a flagfile line
-// that is not a flag, and gflags' --fromenv, --tryfromenv and --undefok.
+// known name), a value with spaces around it (--num_layers=" 2", --save="ckpt "), a --flagfile
+// that is missing, a directory, not text or over 1 MiB, an empty entry in a --flagfile list, a
+// flagfile line that is not a flag or has a comment after its flag (--save=ckpt # note: the
+// comment would be part of the value), and gflags' --fromenv, --tryfromenv and --undefok. A UTF-8
+// byte-order mark at a flagfile's start is skipped.
 // Help: -h, --help (the project's flags, grouped as in README.md), --helpshort (their names),
 // --helpfull (then every flag of every library); gflags' other help flags (--helpxml,
-// --helpon=, --helpmatch=, --version) are passed to gflags.
+// --helpon=, --helpmatch=, --version) are passed to gflags when they ask for help (set to true,
+// or to a name); --version=false or an empty --helpon= is as if not given.
 #pragma once
 
 #include <string>

@@ -73,7 +73,7 @@ const std::vector<FlagRow>& FlagTable() {
       Range("moe_z_loss_coeff", "model", 0, 100),
       Range("first_dense_layers", "model", 0, k2e20, "<= --num_layers"),
       Range("seq_length", "model", 1, 1 << 24),
-      Range("vocab_size", "model", 1, 2147483647.0),
+      Range("vocab_size", "model", 2, 2147483647.0),  // OpenTokenSource's bounds
       Text("moe_grouped_mlp", "expert layer"),
       Range("micro_batch_size", "training", 1, k2e20),
       Range("global_batch_size", "training", 1, 1 << 30,

@@ -150,6 +150,19 @@ Status CheckOutputDirectory(const char* flag, const std::string& path) {
 
 Status CheckSaveRoot(const std::string& root, const std::string& load) {
   if (root.empty()) return Status::Ok();
+  // A step directory (one holding a state.json) is a checkpoint, not a root: saving there, or in
+  // a directory below it, would nest a root of new checkpoints inside an earlier one.
+  std::error_code error;
+  for (fs::path at = ExistingAncestor(root);; at = at.parent_path()) {
+    if (fs::is_regular_file(at / "state.json", error)) {
+      const bool itself = SamePath(at.string(), root);
+      return InvalidArgument("--save " + root + (itself ? " is" : " lies in") +
+                             " a checkpoint's step directory" +
+                             (itself ? "" : " (" + at.string() + ")") +
+                             ": save to a checkpoint root or a new directory");
+    }
+    if (!at.has_relative_path()) break;
+  }
   const std::vector<std::string> entries = ListCheckpointEntries(root);
   if (entries.empty()) return Status::Ok();
   const std::string newest = entries.back() == "latest" && entries.size() > 1

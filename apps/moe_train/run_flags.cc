@@ -1,5 +1,7 @@
 #include "apps/moe_train/run_flags.h"
 
+#include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <set>
 
@@ -96,9 +98,14 @@ StatusOr<Device> ParseDevice(const std::string& text) {
   if (text == "cpu") return Device::CPU();
   if (text == "auto") return CudaDeviceCount() > 0 ? Device::CUDA(0) : Device::CPU();
   if (text == "cuda") return Device::CUDA(0);
+  int index = 0;
+  const char* digits = text.data() + std::min<size_t>(text.size(), 5);
+  const char* end = text.data() + text.size();
   if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
-      text.find_first_not_of("0123456789", 5) == std::string::npos) {
-    return Device::CUDA(std::stoi(text.substr(5)));
+      std::isdigit(static_cast<unsigned char>(*digits))) {  // no sign
+    // from_chars refuses what an int cannot hold (cuda:99999999999), which std::stoi threw for.
+    const auto [at, error] = std::from_chars(digits, end, index);
+    if (error == std::errc() && at == end) return Device::CUDA(index);
   }
   return InvalidArgument("--device=" + text + " must be cpu, cuda, cuda:N or auto");
 }

@@ -7,7 +7,9 @@
 // where values are the masters) and the whole AdamW::Step (norm, host read-back, clipping,
 // update: the gradient's bytes more).
 // The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
-// about 5.0B parameters); values are zeros (the timing does not depend on them).
+// about 5.0B parameters); values are zeros (the timing does not depend on them). A model and copy
+// whose state cannot fit in the device's memory (moe_train's estimate, modules/memory_estimate.h)
+// end before any allocation in one line and exit code 1, as an allocation that fails does.
 #include <cstdio>
 
 #include <gflags/gflags.h>
@@ -15,11 +17,13 @@
 
 #include "apps/moe_bench/bench_flags.h"
 #include "apps/moe_bench/median_time.h"
+#include "apps/moe_train/device_capacity.h"
 #include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/adamw.h"
 #include "modules/gpt_model.h"
+#include "modules/memory_estimate.h"
 
 DEFINE_int64(num_layers, 8, "layers");
 DEFINE_int64(first_dense_layers, 0, "dense layers first");
@@ -38,6 +42,10 @@ DEFINE_string(grads, "fp32",
 
 namespace moe {
 namespace {
+
+constexpr double kMinCopyGib = 0.001;  // about 1 MiB
+constexpr const char* kNoFit =
+    "the benchmark does not fit (reduce --copy_gib or the model's sizes)";
 
 void PrintRow(const char* what, double ms, double bytes, double copy_gbs) {
   const double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -59,8 +67,11 @@ int Run() {
       !BenchInRange(kProgram, "iters", FLAGS_iters, 1, 1 << 20)) {
     return 2;
   }
-  if (!(FLAGS_copy_gib > 0 && FLAGS_copy_gib <= 1024)) {  // NaN too
-    fprintf(stderr, "%s: --copy_gib=%g must be in (0, 1024]\n", kProgram, FLAGS_copy_gib);
+  // At least about 1 MiB: a smaller copy (--copy_gib=1e-300 copies no element) times nothing, and
+  // every row's share of its bandwidth would be nan or inf.
+  if (!(FLAGS_copy_gib >= kMinCopyGib && FLAGS_copy_gib <= 1024)) {  // NaN too
+    fprintf(stderr, "%s: --copy_gib=%g must be in [%g, 1024]\n", kProgram, FLAGS_copy_gib,
+            kMinCopyGib);
     return 2;
   }
   GptConfig config;
@@ -83,6 +94,25 @@ int Run() {
   if (!chosen) return 2;
   const Device device = *chosen;
   const OptimizerDTypes dtypes{*grad_dtype, *moment_dtype, *moment_dtype};
+  // Sizes that cannot fit end here, before anything is made (creating the tensors of
+  // --num_layers=1048576 took minutes before an allocation failed), as moe_train's memory check
+  // does, with the one line an allocation that fails would give (out_of_memory_exit.h).
+  MemoryEstimateOptions estimate;
+  estimate.model = config;
+  estimate.cuda = device.is_cuda();
+  estimate.dtypes = dtypes;
+  const double state_bytes = EstimateTrainingMemory(estimate).state_bytes;
+  const double copy_bytes_needed = 2 * FLAGS_copy_gib * static_cast<double>(kGiB);
+  const size_t capacity = DeviceContext::Get(device).allocator().capacity_bytes();
+  if (capacity > 0 && state_bytes + copy_bytes_needed > UsableBytes(device, capacity)) {
+    fprintf(stderr,
+            "%s: out of %s memory: needs at least about %s (parameters, gradients and optimizer "
+            "state %s, the copy's source and destination %s) but %s; %s\n",
+            kProgram, device.is_cuda() ? "device" : "cpu",
+            Bytes(state_bytes + copy_bytes_needed).c_str(), Bytes(state_bytes).c_str(),
+            Bytes(copy_bytes_needed).c_str(), CapacityText(device, capacity).c_str(), kNoFit);
+    return 1;
+  }
   ParameterSet parameters(device, device.is_cuda() ? DType::kBF16 : DType::kF32, /*seed=*/1,
                           /*optimizer_state=*/true, dtypes);
   for (ParameterSpec spec :
@@ -137,8 +167,7 @@ int main(int argc, char** argv) {
           moe::BenchCommandLine("optimizer_bench", "apps/optimizer_bench/main.cc", argc, argv)) {
     return *exit_code;
   }
-  moe::ExitOnOutOfMemory("optimizer_bench",
-                         "the benchmark does not fit (reduce --copy_gib or the model's sizes)");
+  moe::ExitOnOutOfMemory("optimizer_bench", moe::kNoFit);
   google::InitGoogleLogging(argv[0]);
   return moe::Run();
 }

@@ -81,7 +81,12 @@ INSTANTIATE_TEST_SUITE_P(
                      "moe_bench: unexpected argument 'qwen3' (flags are --name=value; a flagfile "
                      "is --flagfile=FILE)"},
         BenchRefusal{kMoeBench + "--flagfile=$D/none.flags",
-                     "moe_bench: --flagfile=$D/none.flags: no such file"}));
+                     "moe_bench: --flagfile=$D/none.flags: no such file"},
+        // An item listed twice: a path checked against itself, a case timed twice (were run).
+        BenchRefusal{kMoeBench + "--paths=fused,fused", "moe_bench: --paths lists fused twice"},
+        BenchRefusal{kMoeBench + "--tokens=16,32,16", "moe_bench: --tokens lists 16 twice"},
+        BenchRefusal{kMoeBench + "--shapes=tiny,qwen3,tiny",
+                     "moe_bench: --shapes lists tiny twice"}));
 
 INSTANTIATE_TEST_SUITE_P(
     AttentionBench, BenchRefusalTest,
@@ -109,7 +114,10 @@ INSTANTIATE_TEST_SUITE_P(
                                    "optimizer_bench: --hidden_size=100 is not a multiple of "
                                    "--num_attention_heads=16"},
                       BenchRefusal{kOptimizer + "--copy_gib=nan",
-                                   "optimizer_bench: --copy_gib=nan must be in (0, 1024]"},
+                                   "optimizer_bench: --copy_gib=nan must be in [0.001, 1024]"},
+                      // A copy of no element (was timed: nan% and inf% of its bandwidth).
+                      BenchRefusal{kOptimizer + "--copy_gib=1e-300",
+                                   "optimizer_bench: --copy_gib=1e-300 must be in [0.001, 1024]"},
                       BenchRefusal{kOptimizer + "--moments=fp16",
                                    "optimizer_bench: --moments=fp16 must be fp32 or bf16"},
                       BenchRefusal{kOptimizer + "--seq=3", "optimizer_bench: unknown flag --seq"}));
@@ -151,6 +159,10 @@ INSTANTIATE_TEST_SUITE_P(
                                       "--num_query_groups=1 --num_experts=2 "
                                       "--moe_ffn_hidden_size=32 --vocab_size=64 --copy_gib=1000",
                          "optimizer_bench",
+                         "the benchmark does not fit (reduce --copy_gib or the model's sizes)"},
+        // Refused from the estimate before any tensor is made (making the tensors of a million
+        // layers took minutes before an allocation failed).
+        BenchOutOfMemory{kOptimizer + "--num_layers=1048576", "optimizer_bench",
                          "the benchmark does not fit (reduce --copy_gib or the model's sizes)"}));
 
 // --help prints the bench's own flags (not every library's) and exits 0.

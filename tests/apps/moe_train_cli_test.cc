@@ -120,6 +120,12 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"--data_format=flat_u16 --data_path=$D/none.bin",
                 "--data_path $D/none.bin: no such file"},
         Refusal{"--device=tpu", "--device=tpu must be cpu, cuda, cuda:N or auto"},
+        // A GPU index no int holds (was an uncaught std::out_of_range: an abort and a trace).
+        Refusal{"--device=cuda:99999999999",
+                "--device=cuda:99999999999 must be cpu, cuda, cuda:N or auto"},
+        Refusal{"--device=cuda:-1", "--device=cuda:-1 must be cpu, cuda, cuda:N or auto"},
+        // The table's bound is the data's (was "must be in [2, ...], got 1", the table said 1).
+        Refusal{"--vocab_size=1", "--vocab_size=1 must be in [2, 2147483647]"},
         Refusal{"--load=$D/none", "--load $D/none: checkpoint '$D/none' does not exist"}));
 
 // Issue 14, class 2: inputs that would be silently unused. The command line and flagfiles.
@@ -165,7 +171,38 @@ INSTANTIATE_TEST_SUITE_P(
                 "cycle?)",
                 [](const std::string& d) {
                   WriteFile(d + "/loop.flags", "--flagfile=" + d + "/loop.flags\n");
-                }}));
+                }},
+        // Spaces around a value: gflags took " 2" as 2 but refused "2 ", and a path with them is
+        // a directory nobody meant (was created).
+        Refusal{"'--num_layers= 2'", "--num_layers=' 2' has spaces around its value (remove them)"},
+        Refusal{"--save '$D/ckpt '", "--save='$D/ckpt ' has spaces around its value (remove them)"},
+        // A comment after a flag would be part of its value (was a directory "ckpt # keep").
+        Refusal{"--flagfile=$D/note.flags",
+                "$D/note.flags:2: '--save=ckpt # keep': a comment must be a line of its own (# "
+                "at its start)",
+                [](const std::string& d) {
+                  WriteFile(d + "/note.flags", "--num_layers=2\n--save=ckpt # keep\n");
+                }},
+        // An empty entry in a --flagfile list (a trailing comma was skipped, a leading one was
+        // "--flagfile=: no such file").
+        Refusal{"--flagfile=$D/a.flags,", "--flagfile=$D/a.flags, has an empty entry",
+                [](const std::string& d) { WriteFile(d + "/a.flags", "--num_layers=2\n"); }}));
+
+// gflags' help flags set so that they ask for nothing (--version=false, --helpon=) run as if not
+// given (they exited 0 having done nothing), and a flagfile that begins with a UTF-8 byte-order
+// mark reads as one without it (its first line was "not a flag").
+TEST(MoeTrainTest, HelpFlagsThatAskForNothingAndAByteOrderMarkRun) {
+  const ScopedTempDir dir;
+  WriteFile(dir.Path("bom.flags"), "\xEF\xBB\xBF--train_steps=1\n--eval_steps=1\n");
+  const SplitCommandResult r =
+      RunIn(dir,
+            "--device=cpu --version=false --helpxml=false --helpon= --warmup_steps=0 "
+            "--log_interval=1 --flagfile=" +
+                dir.Path("bom.flags"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("step      1 | loss"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
 
 // Issue 14, class 2: one case per row of the rule table (apps/moe_train/flag_rules.cc), in its
 // order; the mpirun row (--device=cuda:N) is in moe_train_parallel_cli_test.cc.
@@ -235,7 +272,7 @@ std::vector<Refusal> RangeCases() {
       {"moe_z_loss_coeff=nan", "[0, 100]"},
       {"first_dense_layers=-1", "[0, 1048576]"},
       {"seq_length=0", "[1, 16777216]"},
-      {"vocab_size=2147483648", "[1, 2147483647]"},
+      {"vocab_size=2147483648", "[2, 2147483647]"},
       {"micro_batch_size=0", "[1, 1048576]"},
       {"global_batch_size=-8", "[1, 1073741824]"},
       {"train_steps=0", "[1, 1099511627776]"},
@@ -335,6 +372,23 @@ INSTANTIATE_TEST_SUITE_P(
                 "--save $D/ckpt already holds checkpoints (up to step_00000004) of another run "
                 "than --load=$D/other; save to a new directory",
                 [](const std::string& d) { fs::create_directories(d + "/ckpt/step_00000004"); }},
+        // A checkpoint's step directory, or a path in one, is not a root (a resumed run nested a
+        // root of new checkpoints in the step directory it resumed from).
+        Refusal{"--save=$D/ckpt/step_00000004 --load=$D/ckpt",
+                "--save $D/ckpt/step_00000004 is a checkpoint's step directory: save to a "
+                "checkpoint root or a new directory",
+                [](const std::string& d) {
+                  fs::create_directories(d + "/ckpt/step_00000004");
+                  WriteFile(d + "/ckpt/step_00000004/state.json", "{}");
+                  WriteFile(d + "/ckpt/latest", "step_00000004\n");
+                }},
+        Refusal{"--save=$D/ckpt/step_00000004/more",
+                "--save $D/ckpt/step_00000004/more lies in a checkpoint's step directory "
+                "($D/ckpt/step_00000004): save to a checkpoint root or a new directory",
+                [](const std::string& d) {
+                  fs::create_directories(d + "/ckpt/step_00000004");
+                  WriteFile(d + "/ckpt/step_00000004/state.json", "{}");
+                }},
         // The metrics file is created only once every check has passed.
         Refusal{"--metrics_file=$D/m.jsonl --save=$D/ckpt --seq_length=1000000",
                 "the run needs at least about ..."}));
