@@ -451,9 +451,11 @@ std::vector<OpCase> Cases() {
   });
   // Sizes that end inside a vector, a tile and a launch's table (over 64 entries: two launches),
   // alternating weight decay; moments f32, or bf16 on both sides (a stored moment may differ by
-  // one bf16 ulp, 2^-8 relative, where the two backends' f32 arithmetic differs by an f32 ulp,
-  // e.g. by contracting to an FMA: rare from f32 gradients, frequent from bf16 ones, whose short
-  // products often land the new moment exactly on a bf16 tie), and bf16 gradients too.
+  // one bf16 ulp, 2^-8 to 2^-7 of its value, where the two backends' f32 arithmetic differs by an
+  // f32 ulp, e.g. by contracting to an FMA: rare from f32 gradients, frequent from bf16 ones, whose
+  // short products often land the new moment exactly on a bf16 tie; the one-element tensor's
+  // error is that element's, so up to 2^-7: 1/224 was seen on the H200, seed 2029293701), and
+  // bf16 gradients too.
   struct AdamWCase {
     const char* name;
     DType grads, moments;
@@ -462,7 +464,7 @@ std::vector<OpCase> Cases() {
   for (const AdamWCase& c :
        {AdamWCase{"adamw", DType::kF32, DType::kF32, 1e-5},
         AdamWCase{"adamw_bf16_moments", DType::kF32, DType::kBF16, 1e-4},
-        AdamWCase{"adamw_bf16_grads_and_moments", DType::kBF16, DType::kBF16, 4e-3}}) {
+        AdamWCase{"adamw_bf16_grads_and_moments", DType::kBF16, DType::kBF16, 0x1p-7}}) {
     const DType grads = c.grads, moments = c.moments;
     add(
         c.name,
