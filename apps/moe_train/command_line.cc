@@ -122,6 +122,14 @@ Status Parser::Flag(const std::string& where, const std::string& argument, const
     return InvalidArgument(where + shown + "='" + value +
                            "' has spaces around its value (remove them)");
   }
+  // A value holding " --" is two flags in one argument (a quoting slip: --save="ck --load=old"
+  // would save into a directory named so), not a path or list anyone means.
+  for (size_t i = 0; i + 2 < value.size(); ++i) {
+    if (std::isspace(static_cast<unsigned char>(value[i])) && value.compare(i + 1, 2, "--") == 0) {
+      return InvalidArgument(where + shown + "='" + value + "' holds another flag ('" +
+                             value.substr(i + 1) + "'): give each flag its own argument");
+    }
+  }
   if (name == "help" || name == "helpshort" || name == "helpfull") {
     if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
       return InvalidArgument(where + shown + "=" + value + " is not a valid bool");

@@ -12,7 +12,8 @@
 // flag and its type), so gflags::GetCommandLineFlagInfoOrDie(name).is_default is false exactly
 // for the flags the user set, on the command line or in a flagfile.
 // Refused: positional arguments (and anything after a bare --), unknown flags (with the nearest
-// known name), a value with spaces around it (--num_layers=" 2", --save="ckpt "), a --flagfile
+// known name), a value with spaces around it (--num_layers=" 2", --save="ckpt ") or holding
+// another flag (--save="ckpt --load=old"), a --flagfile
 // that is missing, a directory, not text or over 1 MiB, an empty entry in a --flagfile list, a
 // flagfile line that is not a flag or has a comment after its flag (--save=ckpt # note: the
 // comment would be part of the value), and gflags' --fromenv, --tryfromenv and --undefok. A UTF-8

@@ -176,6 +176,10 @@ INSTANTIATE_TEST_SUITE_P(
         // a directory nobody meant (was created).
         Refusal{"'--num_layers= 2'", "--num_layers=' 2' has spaces around its value (remove them)"},
         Refusal{"--save '$D/ckpt '", "--save='$D/ckpt ' has spaces around its value (remove them)"},
+        // Two flags in one argument (a quoting slip: was a run saving into "ckpt --load=...").
+        Refusal{"'--save=$D/ckpt --load=$D/old'",
+                "--save='$D/ckpt --load=$D/old' holds another flag ('--load=$D/old'): give each "
+                "flag its own argument"},
         // A comment after a flag would be part of its value (was a directory "ckpt # keep").
         Refusal{"--flagfile=$D/note.flags",
                 "$D/note.flags:2: '--save=ckpt # keep': a comment must be a line of its own (# "
