@@ -181,8 +181,9 @@ __global__ void __launch_bounds__(kThreads) FmaBackwardKvKernel(BackwardParams<T
   float* slse = sds + kTile * kScoreStride;  // (64) lse * log2(e) of the tile's queries
   float* sdelta = slse + kTile;              // (64)
   const Dims& s = p.dims;
-  const int k0 = blockIdx.x * kTile;
-  const int b = blockIdx.y / s.kv_heads, kvh = blockIdx.y % s.kv_heads;
+  const GridPlace at = LongestFirst(1);
+  const int k0 = at.rank * kTile;
+  const int b = at.group / s.kv_heads, kvh = at.group % s.kv_heads;
   const int group = s.heads / s.kv_heads;
   const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;

@@ -113,9 +113,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* sdelta = slse + 2 * kM;                                   // 2 stages of (kM)
 
   const Dims& s = p.dims;
-  const int k0 = blockIdx.x * kDkvBlockN;
+  const GridPlace at = LongestFirst(split);
+  const int k0 = at.rank * kDkvBlockN;
   const int rank = blockIdx.y % split;  // in the cluster
-  const int b = blockIdx.y / split / s.kv_heads, kvh = blockIdx.y / split % s.kv_heads;
+  const int b = at.group / s.kv_heads, kvh = at.group % s.kv_heads;
   const int heads_per_block = s.heads / s.kv_heads / split;
   const int head0 = (kvh * split + rank) * heads_per_block;
   const int q_stride = s.heads * D, kv_stride = s.kv_heads * D;

@@ -117,14 +117,17 @@ struct TileSmem {
 };
 
 // One forward or dq CTA's place: query rows [q0, q0 + kBlockRows) of head h of sequence b (kv head
-// kvh), the longest rows first over grid (query tiles, batch * heads).
+// kvh), the longest rows first over grid (query tiles, batch * heads) (LongestFirst).
 struct QueryTile {
   int q0, b, h, kvh;
 
-  __device__ explicit QueryTile(const Dims& s)
-      : q0((gridDim.x - 1 - blockIdx.x) * kBlockRows),
-        b(blockIdx.y / s.heads),
-        h(blockIdx.y % s.heads),
+  __device__ explicit QueryTile(const Dims& s) : QueryTile(s, LongestFirst(1)) {}
+
+ private:
+  __device__ QueryTile(const Dims& s, GridPlace at)
+      : q0((static_cast<int>(gridDim.x) - 1 - at.rank) * kBlockRows),
+        b(at.group / s.heads),
+        h(at.group % s.heads),
         kvh(h / (s.heads / s.kv_heads)) {}
 };
 
@@ -501,10 +504,10 @@ __device__ __forceinline__ int PartialOffset(int which, int row, int column) {
 }
 
 // dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
-// the longest (first key tiles) first. Each CTA of a cluster takes `group / split` of the GQA
-// group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T, P^T =
-// exp2(S^T c - lse log2 e) (zero where query < key or query >= seq), dP^T = V dout^T, dV += P^T
-// dout, dS^T = P^T (dP^T - delta), dK += dS^T Q, keys the rows throughout (K and V resident, Q
+// the longest (first key tiles) first (LongestFirst). Each CTA of a cluster takes `group / split`
+// of the GQA group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T,
+// P^T = exp2(S^T c - lse log2 e) (zero where query < key or query >= seq), dP^T = V dout^T, dV +=
+// P^T dout, dS^T = P^T (dP^T - delta), dK += dS^T Q, keys the rows throughout (K and V resident, Q
 // and dout streamed). At the end the CTAs of the cluster add their partial sums in rank order
 // through distributed shared memory, CTA r the rows [r 128 / split, (r + 1) 128 / split), scale
 // dk by 1 / sqrt(d) and store bf16: deterministic.
@@ -522,9 +525,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const Smem smem(smem_raw);
   float* partial = smem.template Generic<float>(smem.base);
-  const int k0 = blockIdx.x * kBlockRows;
+  const GridPlace at = LongestFirst(split);
+  const int k0 = at.rank * kBlockRows;
   const int rank = blockIdx.y % split;  // in the cluster
-  const int b = blockIdx.y / split / s.kv_heads, kvh = blockIdx.y / split % s.kv_heads;
+  const int b = at.group / s.kv_heads, kvh = at.group % s.kv_heads;
   const int heads_per_cta = s.heads / s.kv_heads / split;
   const int head0 = (kvh * split + rank) * heads_per_cta;
   // Iteration `it`: query tile first_tile + it % tiles_per_head of head head0 + it /
