@@ -385,6 +385,12 @@ struct Case {
   std::vector<int32_t> offsets;  // experts + 1
   int64_t rows() const { return offsets.back(); }
   int groups() const { return static_cast<int>(offsets.size()) - 1; }
+  int Count(int g) const { return offsets[g + 1] - offsets[g]; }  // group g's rows
+  int Largest() const {
+    int largest = 0;
+    for (int g = 0; g < groups(); ++g) largest = std::max(largest, Count(g));
+    return largest;
+  }
 };
 
 // Groups of the given row counts (summing to tokens * top_k).
@@ -803,9 +809,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     }
   };
   const double flops = 2.0 * rows * n * k;
-  int largest = 0;
-  for (int g = 0; g < groups; ++g) largest = std::max(largest, c.offsets[g + 1] - c.offsets[g]);
-  const double bf16_floor = kBf16DwFloor * std::max(1.0, largest / kBf16DwFloorRows);
+  const double bf16_floor = kBf16DwFloor * std::max(1.0, c.Largest() / kBf16DwFloorRows);
   // dw bytes moved in the non-empty groups: written, and for += also read.
   const auto dw_traffic = [&](size_t element_bytes, bool accumulate) {
     return (accumulate ? 2.0 : 1.0) * nonempty * n * k * element_bytes;
@@ -907,17 +911,13 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
 
 void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
   const Model& m = c.model;
-  int empty = 0, largest = 0;
-  for (int g = 0; g < c.groups(); ++g) {
-    const int count = c.offsets[g + 1] - c.offsets[g];
-    empty += count == 0;
-    largest = std::max(largest, count);
-  }
+  int empty = 0;
+  for (int g = 0; g < c.groups(); ++g) empty += c.Count(g) == 0;
   std::printf(
       "\n== %s: hidden %d, %d experts, top-%d, ffn %d, %d tokens -> %lld rows "
       "(%d empty groups, largest %d)\n",
       c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn, m.tokens,
-      static_cast<long long>(c.rows()), empty, largest);
+      static_cast<long long>(c.rows()), empty, c.Largest());
   const Operands ops(c);
   const int64_t h = m.hidden, f = m.ffn;
   ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
