@@ -78,6 +78,16 @@ inline int ClusterSplit(int group) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// 2^x for the tensor-core (bf16) kernels: the special-function unit alone, results below 2^-126
+// (f32's smallest normal) flushed to zero, where exp2f adds instructions to keep them on every
+// element of every tile. Softmax probabilities that small vanish in any sum with the row's
+// largest. The f32 kernels keep exp2f (parity with the CPU reference).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Offset of row `s`, head `h` of sequence `b` in a (batch, seq, num_heads, d) tensor.
 __device__ __forceinline__ int64_t RowOffset(int b, int s, int h, int seq, int num_heads, int d) {
   return ((static_cast<int64_t>(b) * seq + s) * num_heads + h) * d;

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int c = nt * 8 + 2 * (lane % 4) + e % 2;
         const int query = q0 + c;
         const int key = key_lo + (e / 2) * 8;
-        const float prob = exp2f(pt[nt][e] * s.scale_log2 - clse[c] * kLog2e);
+        const float prob = Exp2(pt[nt][e] * s.scale_log2 - clse[c] * kLog2e);
         pt[nt][e] = masked && (query < key || query >= s.seq) ? 0.0f : prob;
       }
     }
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kMmaThreads) MmaBackwardQKernel(BackwardParams
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
-        const float prob = exp2f(pr[nt][e] * s.scale_log2 - lse2[e / 2]);
+        const float prob = Exp2(pr[nt][e] * s.scale_log2 - lse2[e / 2]);
         pr[nt][e] = diagonal && key > row_lo + (e / 2) * 8 ? 0.0f : prob;
       }
     }

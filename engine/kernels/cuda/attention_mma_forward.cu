@@ -3,7 +3,7 @@
 //
 // One block of 4 warps per (64 queries, batch, head); warp w owns query rows 16 w .. 16 w + 15
 // and keeps its Q operand in registers. Key/value tiles of 64 rows stream through a two-stage
-// cp.async ring. Per tile: S = Q K^T (mma), online softmax in fp32 with exp2f on scores
+// cp.async ring. Per tile: S = Q K^T (mma), online softmax in fp32 with Exp2 on scores
 // pre-scaled by log2(e) / sqrt(d), then O += P V with P re-packed to bf16 straight from the
 // accumulators. At the end O / l goes out through shared memory in 16-byte stores and
 // lse = (m + log2 l) * ln 2, the natural-log value of the contract.
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
-      correction[r] = exp2f(m[r] - m_new);
+      correction[r] = Exp2(m[r] - m_new);
       m[r] = m_new;
       l[r] *= correction[r];
     }
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
     for (int nt = 0; nt < kBlockN / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = exp2f(sc[nt][e] - m[e / 2]);
+        sc[nt][e] = Exp2(sc[nt][e] - m[e / 2]);
         l[e / 2] += sc[nt][e];
       }
     }

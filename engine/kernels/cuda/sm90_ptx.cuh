@@ -362,6 +362,14 @@ __device__ __forceinline__ uint64_t SmemDescriptor(uint32_t start, uint32_t lead
          static_cast<uint64_t>(stride_bytes >> 4) << 32 | uint64_t{1} << 62;
 }
 
+// `descriptor`'s operand `bytes` (a multiple of 16) further on: its start address field is the
+// lowest 14 bits (address / 16), which every shared address fits, so the sum stays in the low word.
+// One add per wgmma where building each descriptor anew took about nine instructions.
+__device__ __forceinline__ uint64_t DescriptorAdvance(uint64_t descriptor, uint32_t bytes) {
+  const uint32_t low = static_cast<uint32_t>(descriptor) + (bytes >> 4);
+  return (descriptor & 0xFFFFFFFF00000000ull) | low;
+}
+
 // Stage and phase of a consumer or producer walking a ring of kStages mbarrier-guarded stages.
 template <int kStages>
 struct PipelineState {
