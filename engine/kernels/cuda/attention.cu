@@ -5,8 +5,8 @@
 //   Forward: one thread block per (query tile, batch, head), tiles launched longest-first. It
 //     keeps its query tile resident and streams key/value tiles 0 .. diagonal, keeping per row
 //     the running max m and sum l of an online softmax in fp32 and rescaling the output
-//     accumulator when m grows. Scores are scaled by log2(e) / sqrt(d) so a base-2 exponential does
-//     the exponentials; lse = (m + log2 l) * ln 2 is stored in natural log, as the contract says.
+//     accumulator when m grows. Scores are scaled by log2(e) / sqrt(d) so base-2 exponentials
+//     compute them; lse = (m + log2 l) * ln 2 is stored in natural log, as the contract says.
 //     Only tiles that cross the diagonal are masked; rows and keys past seq load as zeros and
 //     are never stored, so seq need not be a multiple of the tile.
 //   Backward, three kernels on the compute stream:

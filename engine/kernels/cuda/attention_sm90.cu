@@ -22,8 +22,8 @@
 //   - dk/dv, per (128 keys, batch, kv head, share of the GQA group's heads): K and V resident,
 //     (Q, dout) tiles of 64 queries streamed, keys the wgmma rows throughout; each query tile's
 //     lse and delta are loaded two per lane and reach the threads through the warp's own shared
-//     memory; the partial
-//     sums of a thread-block cluster are added in rank order through distributed shared memory.
+//     memory; the partial sums of a thread-block cluster are added in rank order through
+//     distributed shared memory.
 // Rows and keys past seq are TMA's zero fill and are masked or never stored. No atomics: each
 // output element is computed in one fixed order, so results are identical run to run.
 //
@@ -124,7 +124,7 @@ struct TileSmem {
   }
 };
 
-// The key tiles of kKvRows rows a query tile needs (those with a key at or before its last row),
+// The key tiles of kKvRows rows a query block needs (those with a key at or before its last row),
 // walked from the last one down: the first one processed holds the diagonal.
 template <int kKvRows>
 struct KeyTileWalk {
@@ -140,6 +140,36 @@ struct KeyTileWalk {
 struct TileAt {
   int head, row0;
 };
+
+// The streamed query tiles of a dk/dv CTA, in order: rows [first_row, end_row) of its first head
+// in tiles of kRows, then the same rows of each next head. Stepped by one add (no division).
+template <int kRows>
+struct QueryTileWalk {
+  TileAt at;
+  int first_row, end_row;
+
+  // The current tile; the walk moves on to the next.
+  __device__ TileAt Next() {
+    const TileAt current = at;
+    at.row0 += kRows;
+    if (at.row0 == end_row) {
+      at.row0 = first_row;
+      ++at.head;
+    }
+    return current;
+  }
+};
+
+// body(std::true_type()) where `masked`, else body(std::false_type()): a tile loop compiled twice,
+// its mask only in the copy for the tiles that need it.
+template <typename Body>
+__device__ __forceinline__ void WithMask(bool masked, Body&& body) {
+  if (masked) {
+    body(std::true_type());
+  } else {
+    body(std::false_type());
+  }
+}
 
 // The TMA boxes of the tile of kRows rows at `at` of sequence `batch` into `dst`; their bytes
 // complete_tx on `bar` (the caller has announced them).
@@ -166,9 +196,9 @@ __device__ __forceinline__ bool IsConsumer(const Smem& smem) {
 }
 
 // The producer (thread 0): the resident tiles at `resident_at` once, then for it = 0 .. tiles - 1
-// the pair of tiles at streamed_at(it) through the ring (`streamed` maps: the first and second
-// tile of a stage). Each stage's two tiles have their own barriers, so consumers can start on the
-// first before the second lands.
+// the pair of tiles at streamed_at(it) (called once per it, in order) through the ring (`streamed`
+// maps: the first and second tile of a stage). Each stage's two tiles have their own barriers, so
+// consumers can start on the first before the second lands.
 template <int D, int kResident, int kStreamRows, int kWarpFloats, typename StreamedAt>
 __device__ __forceinline__ void Produce(
     const TileSmem<D, kResident, kStreamRows, kWarpFloats>& smem,
@@ -371,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     me.Release(smem.Empty(0, state.stage));
 
     // Row maxima of the unscaled scores (the scale is positive), the causal mask on the first
-    // (diagonal) tile alone (compiled twice); m is kept scaled, so that each probability
+    // (diagonal) tile alone (WithMask); m is kept scaled, so that each probability
     // 2^(s c - m) takes one FFMA.
     float tile_max[2] = {-INFINITY, -INFINITY};
     const auto row_maxima = [&](auto diagonal) {
@@ -384,11 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tile_max[r / 2 % 2] = fmaxf(tile_max[r / 2 % 2], sc[r]);
       }
     };
-    if (it == 0) {
-      row_maxima(std::true_type());
-    } else {
-      row_maxima(std::false_type());
-    }
+    WithMask(it == 0, row_maxima);
     float correction[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -487,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceAccumulators(ds);
     me.Release(smem.Empty(1, state.stage));
 
-    // dS, with the causal mask only on tiles that cross the diagonal (compiled twice).
+    // dS, with the causal mask only on tiles that cross the diagonal (WithMask).
     const auto gradients = [&](auto diagonal) {
 #pragma unroll
       for (int r = 0; r < kN / 2; ++r) {
@@ -499,11 +525,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ds[r] = grad;
       }
     };
-    if (k0 + kN - 1 > tile.q0) {
-      gradients(std::true_type());
-    } else {
-      gradients(std::false_type());
-    }
+    WithMask(k0 + kN - 1 > tile.q0, gradients);
     uint32_t packed[kN / 16][4];
     IssueProducts<D, kN>(dq, ds, smem.Streamed(0, state.stage), packed);
     WgmmaWaitGroup<0>();
@@ -555,21 +577,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = place.group / s.kv_heads, kvh = place.group % s.kv_heads;
   const int heads_per_cta = s.heads / s.kv_heads / split;
   const int head0 = (kvh * split + rank) * heads_per_cta;
-  // Iteration `it`: query tile first_tile + it % tiles_per_head of head head0 + it /
-  // tiles_per_head; the tiles before first_tile see none of these keys.
-  const int first_tile = k0 / kM;
-  const int tiles_per_head = (s.seq + kM - 1) / kM - first_tile;
-  const int num_tiles = heads_per_cta * tiles_per_head;
-  const auto query_tile = [&](int it) {
-    return TileAt{head0 + it / tiles_per_head, (first_tile + it % tiles_per_head) * kM};
-  };
+  // The query tiles at or after these keys (those before see none of them), head by head.
+  const int first_row = k0 / kM * kM, end_row = (s.seq + kM - 1) / kM * kM;
+  const int num_tiles = heads_per_cta * ((end_row - first_row) / kM);
+  const QueryTileWalk<kM> query_tiles{{head0, first_row}, first_row, end_row};
 
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   if (!IsConsumer(smem)) {
     if (threadIdx.x == 0) {
       const CUtensorMap* const resident[2] = {&k_map, &v_map};
       const CUtensorMap* const streamed[2] = {&q_map, &dout_map};
-      Produce(smem, resident, {kvh, k0}, streamed, b, num_tiles, query_tile);
+      QueryTileWalk<kM> walk = query_tiles;
+      Produce(smem, resident, {kvh, k0}, streamed, b, num_tiles, [&](int) { return walk.Next(); });
     }
     __syncwarp();
     cluster.sync();  // the partial sums are written
@@ -616,7 +635,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       pairs[i] =
           *reinterpret_cast<const float2*>(warp_stats + which * kM + ConsumerThread::Column(i, 0));
   };
-  TileAt at = query_tile(0);  // then stepped on at the end of each iteration, with no division
+  QueryTileWalk<kM> walk = query_tiles;
+  TileAt at = walk.Next();
   load_stats(at);
   for (int it = 0; it < num_tiles; ++it) {
     // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's
@@ -645,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceAccumulators(pt);
     read_stats(0, kM / 16, kM / 8, query_lse);
 
-    // P^T, zero where query < key or query >= seq only on tiles that hold such (compiled twice).
+    // P^T, zero where query < key or query >= seq only on tiles that hold such (WithMask).
     const auto probabilities = [&](auto masked) {
 #pragma unroll
       for (int i = 0; i < kM / 8; ++i) {
@@ -660,11 +680,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    if (at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq) {
-      probabilities(std::true_type());
-    } else {
-      probabilities(std::false_type());
-    }
+    WithMask(at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq, probabilities);
     IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), p_packed);
     float2 query_delta[kM / 8];
     read_stats(1, 0, kM / 16, query_delta);
@@ -678,12 +694,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         dpt[r] = pt[r] * (dpt[r] - (r % 2 == 0 ? query_delta[i].x : query_delta[i].y));
     }
     IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), ds_packed);
-    at.row0 += kM;
-    if (at.row0 == (first_tile + tiles_per_head) * kM) {
-      at.row0 = first_tile * kM;
-      ++at.head;
+    if (it + 1 < num_tiles) {
+      at = walk.Next();
+      load_stats(at);
     }
-    if (it + 1 < num_tiles) load_stats(at);
     WgmmaWaitGroup<1>();  // the dV product is done: this tile's dout stage is free
     FenceAccumulators(dv);
     me.Release(smem.Empty(1, state.stage));
