@@ -73,8 +73,7 @@ Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_
   ops::GatherSumRows(grads.dx, inverse.View({tokens, k}), dx);
   Tensor dweights = Tensor::Empty({rows, 1}, DType::kF32, device);
   ops::GatherRows(grads.dweights.View({rows, 1}), inverse, dweights);
-  const Tensor drouter_x = router_.Backward(saved, dweights.View({tokens, k}), aux_grad);
-  ops::Add(dx, drouter_x, dx);
+  router_.Backward(saved, dweights.View({tokens, k}), aux_grad, dx);
   return dx;
 }
 

@@ -26,11 +26,11 @@ Tensor RmsNorm::Recompute(const SavedTensors& saved) const {
   return y;
 }
 
-Tensor RmsNorm::Backward(SavedTensors& saved, const Tensor& dy) {
+Tensor RmsNorm::Backward(SavedTensors& saved, const Tensor& dy, const Tensor& residual) {
   const Tensor x = saved.Load(name_ + ".x");
   const Tensor rstd = saved.Load(name_ + ".rstd");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  ops::RmsNormBackward(dy, x, weight_.value, rstd, dx, MaterializedGrad(weight_));
+  ops::RmsNormBackward(dy, x, weight_.value, rstd, dx, MaterializedGrad(weight_), residual);
   return dx;
 }
 

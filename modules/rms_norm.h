@@ -1,5 +1,7 @@
 // RMSNorm module. x, y (tokens, hidden); weight (hidden), initialised to 1, no weight decay.
-// Saves under `name`: x and rstd (tokens) f32. Backward: dx =, weight.grad += (MaterializedGrad).
+// Saves under `name`: x and rstd (tokens) f32. Backward: dx = (plus `residual`, the gradient of a
+// residual stream around the norm, where given: one kernel, no separate add), weight.grad +=
+// (MaterializedGrad).
 // Recompute(saved) gives forward's y again from the saved x (before Backward; bit-identical).
 #pragma once
 
@@ -14,7 +16,7 @@ class RmsNorm {
  public:
   RmsNorm(ParameterSet& parameters, const std::string& name, int64_t hidden, float eps);
   Tensor Forward(SavedTensors& saved, const Tensor& x);
-  Tensor Backward(SavedTensors& saved, const Tensor& dy);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy, const Tensor& residual = Tensor());
   Tensor Recompute(const SavedTensors& saved) const;
 
  private:

@@ -49,7 +49,8 @@ Routing Router::Forward(SavedTensors& saved, const Tensor& x) {
   return routing;
 }
 
-Tensor Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_grad) {
+void Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_grad,
+                      const Tensor& dx) {
   const Tensor top_values = saved.Load(name_ + ".top_values");
   const Tensor experts = saved.Load(name_ + ".experts");
   const Tensor probs = saved.Load(name_ + ".probs");
@@ -74,9 +75,7 @@ Tensor Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_g
     dlogits_compute = Tensor::Empty(dlogits.shape(), x.dtype(), device);
     ops::Cast(dlogits, dlogits_compute);
   }
-  Tensor dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  LinearBackward(dlogits_compute, x, weight_, dx, /*accumulate_dx=*/false);
-  return dx;
+  LinearBackward(dlogits_compute, x, weight_, dx, /*accumulate_dx=*/true);
 }
 
 }  // namespace moe

@@ -4,7 +4,8 @@
 // aux_loss over the token counts per expert) and, when its coefficient is non-zero, the z-loss.
 // Saves (no offload group): x, logits (z-loss only), probs, top-k values and indices, the
 // per-expert offsets. Backward takes d(weights) (tokens, k) f32 and the aux losses' upstream
-// scale; it returns dx (=) and accumulates the router weight grad (+=).
+// scale; it adds the input gradient to dx (+=: the MoE layer's dx, which the experts' path has
+// written) and accumulates the router weight grad (+=).
 #pragma once
 
 #include <string>
@@ -27,8 +28,9 @@ class Router {
  public:
   Router(ParameterSet& parameters, const std::string& name, const GptConfig& config);
   Routing Forward(SavedTensors& saved, const Tensor& x);
-  // dweights (tokens, k) f32; aux_grad scales the aux losses' gradient (1 / micro-batches).
-  Tensor Backward(SavedTensors& saved, const Tensor& dweights, float aux_grad);
+  // dweights (tokens, k) f32; aux_grad scales the aux losses' gradient (1 / micro-batches);
+  // dx (tokens, hidden) in x's dtype, added to.
+  void Backward(SavedTensors& saved, const Tensor& dweights, float aux_grad, const Tensor& dx);
 
  private:
   std::string name_;

@@ -63,14 +63,11 @@ Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float a
   RecomputeNormOutput(saved, mlp_norm_, mlp_norm_output_keys_);
   const Tensor dmlp_in =
       moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
-  Tensor dh = mlp_norm_.Backward(saved, dmlp_in);
-  ops::Add(dh, dy, dh);  // residual
+  const Tensor dh = mlp_norm_.Backward(saved, dmlp_in, /*residual=*/dy);
   span.emplace(dy.device(), "attention backward", layer_);
   RecomputeNormOutput(saved, attn_norm_, attn_norm_output_keys_);
   const Tensor dnormed = attention_.Backward(saved, dh);
-  Tensor dx = attn_norm_.Backward(saved, dnormed);
-  ops::Add(dx, dh, dx);  // residual
-  return dx;
+  return attn_norm_.Backward(saved, dnormed, /*residual=*/dh);
 }
 
 }  // namespace moe

@@ -328,8 +328,12 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 }
 
 void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                     const Tensor& dx, const Tensor& dweight) {
-  const Device device = CommonDevice({&dy, &x, &weight, &rstd, &dx, &dweight});
+                     const Tensor& dx, const Tensor& dweight, const Tensor& residual) {
+  const Device device = CommonDevice({&dy, &x, &weight, &rstd, &dx, &dweight, &residual});
+  if (residual.defined()) {
+    CheckShape(residual, x.shape(), "rmsnorm residual");
+    CheckSameDType(x, residual, "rmsnorm backward");
+  }
   CheckShape(dy, x.shape(), "rmsnorm dy");
   CheckShape(dx, x.shape(), "rmsnorm dx");
   CheckSameDType(x, dy, "rmsnorm backward");
@@ -339,7 +343,7 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
   CheckFloat(dweight, "rmsnorm dweight");
   CheckShape(rstd, {Rows(x)}, "rmsnorm rstd");
   CheckDType(rstd, DType::kF32, "rmsnorm rstd");
-  MOE_DISPATCH(device, RmsNormBackward, dy, x, weight, rstd, dx, dweight);
+  MOE_DISPATCH(device, RmsNormBackward, dy, x, weight, rstd, dx, dweight, residual);
 }
 
 void SoftmaxForward(const Tensor& x, const Tensor& y) {

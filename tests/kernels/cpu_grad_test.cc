@@ -100,6 +100,23 @@ TEST_F(CpuGradTest, RmsNormDxAndAccumulatedDweight) {
   ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
   ExpectGradient("dx", x, ToFloats(dx), loss);
   ExpectGradient("dweight increment", w, Increment(dw, dw_before), loss);
+
+  // A residual gradient is added to dx, also in place; dweight is as without it.
+  const Tensor residual = Random({rows, h});
+  const std::vector<float> residual_values = ToFloats(residual);
+  Tensor dx_plus = Poisoned({rows, h}), dw_plus = Random({h});
+  const std::vector<float> dw_plus_before = ToFloats(dw_plus);
+  ops::RmsNormBackward(dy, x, w, rstd, dx_plus, dw_plus, residual);
+  ops::RmsNormBackward(dy, x, w, rstd, residual, dw_plus, residual);
+  const std::vector<float> dx_values = ToFloats(dx), dx_plus_values = ToFloats(dx_plus);
+  const std::vector<float> in_place = ToFloats(residual);
+  for (size_t i = 0; i < dx_values.size(); ++i) {
+    EXPECT_EQ(dx_plus_values[i], dx_values[i] + residual_values[i]) << i;
+    EXPECT_EQ(in_place[i], dx_values[i] + residual_values[i]) << i;
+  }
+  const std::vector<float> increments = Increment(dw_plus, dw_plus_before);
+  const std::vector<float> expected = Increment(dw, dw_before);
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(increments[i], 2 * expected[i], 1e-5f);
 }
 
 TEST_F(CpuGradTest, Softmax) {

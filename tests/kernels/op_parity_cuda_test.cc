@@ -274,9 +274,14 @@ std::vector<OpCase> Cases() {
     ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
     Tensor dw_grad = r.InGrad({h});
     ops::RmsNormBackward(dy, x, w, rstd, dx, dw_grad);
+    Tensor residual = r.In({rows, h}), dx_residual = r.Out({rows, h});
+    ops::RmsNormBackward(dy, x, w, rstd, dx_residual, dw_grad, residual);
+    ops::RmsNormBackward(dy, x, w, rstd, residual, dw_grad, residual);  // in place
     r.Read("y", y);
     r.Read("rstd", rstd);
     r.Read("dx", dx);
+    r.Read("dx + residual", dx_residual);
+    r.Read("dx + residual in place", residual);
     r.Read("dweight", dw);
     r.Read("dweight_grad", dw_grad);
   });
@@ -312,7 +317,7 @@ std::vector<OpCase> Cases() {
       if (scaled) r.Read("dscale", dscale);
     });
   }
-  add("rope", [](OpRun& r) {
+  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8)
     const int64_t batch = 2, seq = 300, heads = 3, d = 64;
     Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
     Tensor y = r.Out({batch * seq, heads, d}), dx = r.Out({batch * seq, heads, d});
@@ -320,6 +325,14 @@ std::vector<OpCase> Cases() {
     ops::RopeBackward(dy, seq, 10000.0f, dx);
     r.Read("y", y);
     r.Read("dx", dx);
+  });
+  add("rope_in_place_odd_half", [](OpRun& r) {  // element accesses; more pairs than threads
+    const int64_t batch = 1, seq = 70, heads = 2, d = 2 * 333;
+    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
+    ops::RopeForward(x, seq, 500000.0f, x);
+    ops::RopeBackward(dy, seq, 500000.0f, dy);
+    r.Read("y", x);
+    r.Read("dx", dy);
   });
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
   // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.
@@ -368,18 +381,21 @@ std::vector<OpCase> Cases() {
     ops::CrossEntropyBackward(logits, t, lse, 0.25f, /*dlogits=*/logits);  // in place (the head)
     r.Read("dlogits in place", logits);
   });
-  add(
-      "topk",
-      [](OpRun& r) {
-        Tensor x = r.InF32({100, 64}), dvalues = r.InF32({100, 8});
-        Tensor values = r.OutF32({100, 8}), indices = r.OutI32({100, 8}), dx = r.OutF32({100, 64});
-        ops::TopK(x, values, indices);
-        ops::TopKBackward(dvalues, indices, dx);
-        r.Read("values", values);
-        r.Read("indices", indices);
-        r.Read("dx", dx);
-      },
-      0, 0);
+  for (int64_t cols : {64, 200, 300}) {  // the row in 4 or 8 registers per lane, or re-read
+    add(
+        "topk_" + std::to_string(cols),
+        [cols](OpRun& r) {
+          Tensor x = r.InF32({100, cols}), dvalues = r.InF32({100, 8});
+          Tensor values = r.OutF32({100, 8}), indices = r.OutI32({100, 8});
+          Tensor dx = r.OutF32({100, cols});
+          ops::TopK(x, values, indices);
+          ops::TopKBackward(dvalues, indices, dx);
+          r.Read("values", values);
+          r.Read("indices", indices);
+          r.Read("dx", dx);
+        },
+        0, 0);
+  }
   add(
       "sort_gather",
       [](OpRun& r) {

@@ -1,7 +1,7 @@
 // CPU RMSNorm, f32 with double row sums.
 //   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved.
-//   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows
-//     dy * x * rstd (dweight f32, or bf16 rounded once per call).
+//   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=) + residual (if given);
+//     dweight += sum_rows dy * x * rstd (dweight f32, or bf16 rounded once per call).
 #include <algorithm>
 #include <cmath>
 
@@ -26,7 +26,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 }
 
 void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                     const Tensor& dx, const Tensor& dweight) {
+                     const Tensor& dx, const Tensor& dweight, const Tensor& residual) {
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   const float* w = weight.data<float>();
   const F32Output dweight_f32(dweight, /*read=*/true);
@@ -35,13 +35,14 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
     const float* xr = x.data<float>() + r * h;
     const float* dyr = dy.data<float>() + r * h;
     float* dxr = dx.data<float>() + r * h;
+    const float* res = residual.defined() ? residual.data<float>() + r * h : nullptr;
     const float s = rstd.data<float>()[r];
     double dot = 0;  // sum_j w dy x
     for (int64_t j = 0; j < h; ++j) dot += static_cast<double>(w[j]) * dyr[j] * xr[j];
     const float c = static_cast<float>(dot / h) * s * s;
     for (int64_t j = 0; j < h; ++j) {
       dw[j] += dyr[j] * xr[j] * s;
-      dxr[j] = s * (w[j] * dyr[j] - xr[j] * c);
+      dxr[j] = s * (w[j] * dyr[j] - xr[j] * c) + (res ? res[j] : 0.0f);
     }
   }
   dweight_f32.Commit();

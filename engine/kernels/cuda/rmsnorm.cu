@@ -2,7 +2,8 @@
 // dtype); weight f32 or bf16; rstd f32; dweight f32 or bf16 (a gradient: rounded once per call);
 // fp32 arithmetic.
 //   Forward: rstd = 1 / sqrt(mean(x^2) + eps); y = x * rstd * weight. One block per row.
-//   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=); dweight += sum_rows dy*x*rstd.
+//   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=) + residual (where given, read
+//   before dx is written: may alias); dweight += sum_rows dy*x*rstd.
 // dweight is deterministic without float atomics: a fixed number of blocks (kPartialBlocks, or
 // fewer rows) each walk rows b, b + grid, ... and keep per-column sums in shared memory, written
 // to a (blocks, h) scratch; a second kernel adds each column's partials in a fixed order.
@@ -41,7 +42,8 @@ __global__ void RmsNormForwardKernel(const T* x, const W* weight, float eps, int
 // dy * x * rstd over those rows to partials[blockIdx.x] (h). Dynamic shared memory: h floats.
 template <int kVec, typename T, typename W>
 __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, const float* rstd,
-                                      int64_t rows, int64_t h, T* dx, float* partials) {
+                                      const T* residual, int64_t rows, int64_t h, T* dx,
+                                      float* partials) {
   extern __shared__ float column_sums[];  // each thread owns the columns it walks: no races
   for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
 #pragma unroll
@@ -62,10 +64,11 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, 
     for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
       const Floats<kVec> d = LoadFloats<kVec>(dyr + c), v = LoadFloats<kVec>(xr + c);
       const Floats<kVec> w = LoadFloats<kVec>(weight + c);
+      const Floats<kVec> r = residual ? LoadFloats<kVec>(residual + row * h + c) : Floats<kVec>{};
       Floats<kVec> out;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        out.v[j] = s * (w.v[j] * d.v[j] - v.v[j] * k);
+        out.v[j] = s * (w.v[j] * d.v[j] - v.v[j] * k) + r.v[j];
         column_sums[c + j] += d.v[j] * v.v[j] * s;
       }
       StoreFloats(dx + row * h + c, out);
@@ -117,7 +120,7 @@ void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tens
 }
 
 void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                     const Tensor& dx, const Tensor& dweight) {
+                     const Tensor& dx, const Tensor& dweight, const Tensor& residual) {
   if (x.numel() == 0) return;
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   const cudaStream_t stream = StreamOf(x);
@@ -126,17 +129,20 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
   const size_t shared_bytes = static_cast<size_t>(h) * sizeof(float);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     DispatchFloat(weight.dtype(), [&]<typename W>(TypeTag<W>) {
-      DispatchVec(h, {dy.data(), x.data(), weight.data(), dx.data()}, [&]<int kVec>(VecTag<kVec>) {
-        const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
-        if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
-          MOE_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shared_bytes)));
-        }
-        kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
-            Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd), rows,
-            h, Ptr<T>(dx), Ptr<float>(partials));
-        MOE_CUDA_CHECK_LAUNCH();
-      });
+      DispatchVec(
+          h, {dy.data(), x.data(), weight.data(), dx.data(), Ptr<const T>(residual)},
+          [&]<int kVec>(VecTag<kVec>) {
+            const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
+            if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
+              MOE_CUDA_CALL(cudaFuncSetAttribute(kernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shared_bytes)));
+            }
+            kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
+                Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd),
+                Ptr<const T>(residual), rows, h, Ptr<T>(dx), Ptr<float>(partials));
+            MOE_CUDA_CHECK_LAUNCH();
+          });
     });
   });
   DispatchFloat(dweight.dtype(), [&]<typename G>(TypeTag<G>) {

@@ -2,40 +2,48 @@
 // (batch * seq, heads, d), f32 or bf16; position of row r is r % seq_len; rotate-half pairs
 // (i, i + d/2), i < d/2, turn by angle pos * base^(-2i/d):
 //   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
-// Backward is the inverse rotation (sin negated). The angles are computed in double, like the
-// CPU reference (a float angle loses ~1e-4 rad at positions in the thousands), into a
-// (seq_len, d/2) table of {cos, ±sin} floats; then one thread rotates one pair. Each pair is
-// read before it is written, so y may alias x.
+// Backward is the inverse rotation (sin negated). One block per token row: its threads first
+// compute the row's d/2 angles in double, like the CPU reference (a float angle loses ~1e-4 rad
+// at positions in the thousands), as {cos, sin} floats in shared memory; then each thread rotates
+// kVec consecutive pairs of a head (one 16-byte access per half for bf16 when d/2 allows). Each
+// pair is read before it is written, so y may alias x.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
 namespace moe::cuda {
 namespace {
 
-__global__ void RopeTableKernel(int64_t seq_len, int64_t half, double base, float direction,
-                                float2* table) {
-  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < seq_len * half;
-       idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t pos = idx / half, i = idx % half;
-    const double angle = static_cast<double>(pos) * pow(base, -2.0 * i / (2 * half));
+constexpr int kMaxThreads = 256;
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kMaxThreads)
+    RopeKernel(const T* x, int heads, int half, int64_t seq_len, double base, float direction,
+               T* y) {
+  extern __shared__ float2 rotation[];  // [half]: {cos, direction * sin} of this row's angles
+  const int64_t token = blockIdx.x;
+  const double pos = static_cast<double>(token % seq_len);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double sin_angle, cos_angle;
-    sincos(angle, &sin_angle, &cos_angle);
-    table[idx] =
+    sincos(pos * pow(base, -2.0 * i / (2 * half)), &sin_angle, &cos_angle);
+    rotation[i] =
         make_float2(static_cast<float>(cos_angle), direction * static_cast<float>(sin_angle));
   }
-}
-
-template <typename T>
-__global__ void RopeKernel(const T* x, int64_t tokens, int64_t heads, int64_t half, int64_t seq_len,
-                           const float2* table, T* y) {
-  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < tokens * heads * half;
-       idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = idx % half, token_head = idx / half, token = token_head / heads;
-    const float2 rotation = table[(token % seq_len) * half + i];
-    const int64_t lo_at = token_head * 2 * half + i, hi_at = lo_at + half;
-    const float lo = ToFloat(x[lo_at]), hi = ToFloat(x[hi_at]);
-    y[lo_at] = FromFloat<T>(lo * rotation.x - hi * rotation.y);
-    y[hi_at] = FromFloat<T>(hi * rotation.x + lo * rotation.y);
+  __syncthreads();
+  const int chunks = half / kVec;  // per head
+  const int64_t row_at = token * heads * 2 * half;
+  for (int c = threadIdx.x; c < heads * chunks; c += blockDim.x) {
+    const int head = c / chunks, i0 = c % chunks * kVec;
+    const int64_t lo_at = row_at + int64_t{head} * 2 * half + i0, hi_at = lo_at + half;
+    const Floats<kVec> lo = LoadFloats<kVec>(x + lo_at), hi = LoadFloats<kVec>(x + hi_at);
+    Floats<kVec> y_lo, y_hi;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float2 r = rotation[i0 + j];
+      y_lo.v[j] = lo.v[j] * r.x - hi.v[j] * r.y;
+      y_hi.v[j] = hi.v[j] * r.x + lo.v[j] * r.y;
+    }
+    StoreFloats<kVec>(y + lo_at, y_lo);
+    StoreFloats<kVec>(y + hi_at, y_hi);
   }
 }
 
@@ -43,16 +51,17 @@ __global__ void RopeKernel(const T* x, int64_t tokens, int64_t heads, int64_t ha
 void Rotate(const Tensor& x, int64_t seq_len, float base, float direction, const Tensor& y) {
   if (x.numel() == 0) return;
   const int64_t tokens = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
+  CHECK(tokens < (int64_t{1} << 31) && heads * half < (int64_t{1} << 31)) << x.DebugString();
   const cudaStream_t stream = StreamOf(x);
-  Tensor table = Tensor::Empty({seq_len, half, 2}, DType::kF32, x.device());
-  constexpr int kThreads = 256;
-  RopeTableKernel<<<BlocksFor(seq_len * half, kThreads), kThreads, 0, stream>>>(
-      seq_len, half, base, direction, Ptr<float2>(table));
-  MOE_CUDA_CHECK_LAUNCH();
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    RopeKernel<T><<<BlocksFor(tokens * heads * half, kThreads), kThreads, 0, stream>>>(
-        Ptr<const T>(x), tokens, heads, half, seq_len, Ptr<const float2>(table), Ptr<T>(y));
-    MOE_CUDA_CHECK_LAUNCH();
+    DispatchVec(half, {x.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
+      const int threads = RowThreads(std::max(heads * half / kVec, half), kMaxThreads);
+      RopeKernel<T, kVec>
+          <<<static_cast<unsigned>(tokens), threads, half * sizeof(float2), stream>>>(
+              Ptr<const T>(x), static_cast<int>(heads), static_cast<int>(half), seq_len, base,
+              direction, Ptr<T>(y));
+      MOE_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

@@ -4,7 +4,7 @@
 //   first, NaN above every number (as on the CPU), ties to the lower column. Pick j is the first
 //   element after pick j-1 in that order: each lane scans its columns (c = lane, lane + 32, ...)
 //   for its best candidate, then a butterfly over the warp finds the overall one. k passes over
-//   a row that stays in L1; no per-row storage, any cols.
+//   the row, which lanes hold in registers up to 256 columns (read again each pass beyond).
 //   TopKBackward: one thread per element of dx: the sum of the dvalues whose index names its
 //   column (0 if none), in j order, as the CPU reference adds them. Indices out of range trap.
 #include "engine/kernels/cuda/cuda_common.cuh"
@@ -20,6 +20,9 @@ __device__ __forceinline__ bool Precedes(float a, int ca, float b, int cb) {
   return a_above || (!b_above && ca < cb);
 }
 
+// kCached > 0: each lane holds its columns of the row in registers (cols <= 32 * kCached);
+// kCached == 0: each pass reads the row again (any cols).
+template <int kCached>
 __global__ void TopKKernel(const float* x, int64_t rows, int cols, int k, float* values,
                            int32_t* indices) {
   const int lane = threadIdx.x % 32;
@@ -27,18 +30,28 @@ __global__ void TopKKernel(const float* x, int64_t rows, int cols, int k, float*
   for (int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < rows;
        row += gridDim.x * warps_per_block) {
     const float* xr = x + row * cols;
+    float cached[kCached > 0 ? kCached : 1];
+#pragma unroll
+    for (int q = 0; q < kCached; ++q) cached[q] = lane + 32 * q < cols ? xr[lane + 32 * q] : 0.0f;
     float last = 0.0f;
     int last_col = -1;  // the previous pick; none yet while negative
     for (int j = 0; j < k; ++j) {
       float best = 0.0f;
       int best_col = -1;  // none yet while negative
-      for (int c = lane; c < cols; c += 32) {
-        const float v = xr[c];
+      const auto consider = [&](float v, int c) {
         if ((last_col < 0 || Precedes(last, last_col, v, c)) &&
             (best_col < 0 || Precedes(v, c, best, best_col))) {
           best = v;
           best_col = c;
         }
+      };
+      if constexpr (kCached > 0) {
+#pragma unroll
+        for (int q = 0; q < kCached; ++q) {
+          if (lane + 32 * q < cols) consider(cached[q], lane + 32 * q);
+        }
+      } else {
+        for (int c = lane; c < cols; c += 32) consider(xr[c], c);
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) {
@@ -81,10 +94,19 @@ void TopK(const Tensor& x, const Tensor& values, const Tensor& indices) {
   if (rows == 0) return;
   CHECK_LE(cols, INT32_MAX) << "topk: columns must fit in i32";
   constexpr int kWarpsPerBlock = 8;
-  TopKKernel<<<BlocksFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, StreamOf(x)>>>(
-      Ptr<const float>(x), rows, static_cast<int>(cols), static_cast<int>(k), Ptr<float>(values),
-      Ptr<int32_t>(indices));
-  MOE_CUDA_CHECK_LAUNCH();
+  const auto launch = [&](auto kernel) {
+    kernel<<<BlocksFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, StreamOf(x)>>>(
+        Ptr<const float>(x), rows, static_cast<int>(cols), static_cast<int>(k), Ptr<float>(values),
+        Ptr<int32_t>(indices));
+    MOE_CUDA_CHECK_LAUNCH();
+  };
+  if (cols <= 32 * 4) {
+    launch(TopKKernel<4>);
+  } else if (cols <= 32 * 8) {
+    launch(TopKKernel<8>);
+  } else {
+    launch(TopKKernel<0>);
+  }
 }
 
 void TopKBackward(const Tensor& dvalues, const Tensor& indices, const Tensor& dx) {
