@@ -156,10 +156,23 @@ StepStats Trainer::TrainStep(bool trace) {
   const int64_t tokens = options_.global_batch_size * config_.seq_length;
   const int64_t first_sample = sampler_.consumed_train_samples() +
                                GroupRank(data_) * options_.global_batch_size / GroupSize(data_);
-  std::vector<int32_t> windows(micro * sampler_.window_length());
+  // This rank's micro-batches go to the device now, in one copy, while the device is idle (the
+  // last step ended by reading its statistics). Uploading each as its forward began waited for
+  // all the work queued before it, so every forward started on an empty device queue, paced by
+  // the host's launches.
+  const int64_t rank_microbatches = micro_batches / GroupSize(data_);
+  const bool reads_data = std::any_of(chunks_.begin(), chunks_.end(), [](const auto& chunk) {
+    return chunk->stage().first || chunk->stage().last;
+  });
+  Microbatch batches;
+  if (reads_data) {
+    std::vector<int32_t> windows(rank_microbatches * micro * sampler_.window_length());
+    sampler_.ReadSamples(Split::kTrain, first_sample, windows);
+    batches = Upload(windows, rank_microbatches * micro);
+  }
   const auto microbatch = [&](int m) {
-    sampler_.ReadSamples(Split::kTrain, first_sample + m * micro, windows);
-    return Upload(windows, micro);
+    const int64_t begin = m * micro * config_.seq_length, end = begin + micro * config_.seq_length;
+    return Microbatch{batches.ids.Rows(begin, end), batches.targets.Rows(begin, end)};
   };
   PipelineStepOptions step = StepOptions(/*training=*/true);
   step.loss_grad = 1.0f / static_cast<float>(tokens);
