@@ -122,6 +122,29 @@ TEST(TrainerTest, ResumeIsBitIdentical) {
   }
 }
 
+// A trainer reads each next step's samples while the device runs the current one; a checkpoint
+// of an earlier step loaded into it mid-run trains on the checkpoint's samples, not on those.
+TEST(TrainerTest, LoadMidRunTrainsOnTheCheckpointsSamples) {
+  auto source = Synthetic(64);
+  const std::string root = ::testing::TempDir() + "/mid_run_" + std::to_string(testing::TestSeed());
+  std::filesystem::remove_all(root);
+  auto straight = NewTrainer(source.get());
+  std::vector<StepStats> expected;
+  for (int step = 0; step < 4; ++step) expected.push_back(straight->TrainStep());
+
+  auto trainer = NewTrainer(source.get());
+  trainer->TrainStep();
+  ASSERT_TRUE(trainer->Save(root, {}).ok());
+  for (int step = 1; step < 3; ++step) trainer->TrainStep();  // holds step 4's samples now
+  const Status loaded = trainer->Load(root);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  ASSERT_EQ(trainer->step(), 1);
+  for (int step = 1; step < 4; ++step) {
+    EXPECT_EQ(trainer->TrainStep().loss, expected[step].loss) << "step " << step;
+  }
+  std::filesystem::remove_all(root);
+}
+
 // Trains `options` beside the all-f32 defaults for 40 steps: its loss falls by more than 1 and ends
 // within 5% of the f32 run's, yet not equal to it (the dtypes changed something). Returns the
 // f32 trainer and the other.
