@@ -19,10 +19,12 @@
 # (the step section runs the preset with them too), and (wgrad) the fused MoE blocks at 16384
 # tokens with f32 and with bf16 weight gradients, and (probe) the grouped GEMM kernels' probe
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
-# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases.
+# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (ab) the
+# preset's step built from a base revision's files (.device-deps/base) and from the tree,
+# alternately in one call, phase by phase from their traces.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe;
+#   sweep step profile attention moments grads wgrad probe ab;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -248,4 +250,31 @@ for case in tiny tails; do
       awk '{print $NF}' | sort | uniq -c
   done
 done
+fi
+
+if [[ $sections == *ab* ]]; then
+echo "== the preset's step, a base revision against the tree, alternating in this call"
+# .device-deps/base holds the base revision's versions of the files that differ, e.g.
+#   git archive REV $(git diff --name-only REV -- engine modules apps) | tar -x -C .device-deps/base
+# Both builds run the same flags twice each, alternately; their traces of steps 8-12 give each
+# phase's time per step (tests/trace_span_times.py). Across calls the same build moves by 1-2%.
+rm -rf /tmp/base-src && mkdir -p /tmp/base-src
+cp -r CMakeLists.txt engine modules apps configs tests third_party /tmp/base-src/
+cp -r .device-deps/base/* /tmp/base-src/
+cmake -S /tmp/base-src -B /tmp/base-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH=/tmp/moe-prefix/usr -DCMAKE_MODULE_PATH=/tmp/moe-prefix/usr/share/glog/cmake \
+  > "$out/base_configure.log" 2>&1 || { tail -5 "$out/base_configure.log"; exit 1; }
+timeout 300 cmake --build /tmp/base-build -j"$(nproc)" --target moe_train > "$out/base_build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$out/base_build.log" | head; exit 1; }
+for round in 1 2; do
+  for build in base tree; do
+    build_bin=$bin; [ $build = base ] && build_bin=/tmp/base-build/apps
+    timeout 150 "$build_bin/moe_train" $preset --global_batch_size=8 --train_steps=12 \
+      --log_interval=6 $bf16_state --trace_file="$out/ab_${build}_$round.json" --trace_steps=8:12 \
+      > "$out/ab_${build}_$round.log" 2>&1
+    echo "$build, round $round (rc $?): $(grep '^step' "$out/ab_${build}_$round.log" | tail -1 | cut -c60-)"
+  done
+done
+python3 tests/trace_span_times.py "$out"/ab_base_1.json "$out"/ab_tree_1.json "$out"/ab_base_2.json \
+  "$out"/ab_tree_2.json
 fi
