@@ -52,6 +52,9 @@ void Rotate(const Tensor& x, int64_t seq_len, float base, float direction, const
   if (x.numel() == 0) return;
   const int64_t tokens = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
   CHECK(tokens < (int64_t{1} << 31) && heads * half < (int64_t{1} << 31)) << x.DebugString();
+  constexpr int64_t kMaxAngleBytes = 48 * 1024;  // a block's angles, in default shared memory
+  CHECK_LE(half * int64_t{sizeof(float2)}, kMaxAngleBytes)
+      << "rope: head_dim " << 2 * half << " exceeds " << kMaxAngleBytes / sizeof(float2) * 2;
   const cudaStream_t stream = StreamOf(x);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     DispatchVec(half, {x.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
