@@ -1,5 +1,7 @@
 #include "modules/fused_grouped_mlp.h"
 
+#include <vector>
+
 #include "engine/kernels/ops.h"
 #include "modules/offload_groups.h"
 
@@ -34,7 +36,8 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   return y;
 }
 
-GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy) {
+GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy,
+                                            bool last_of_step) {
   const Tensor offsets = saved.Load(name_ + ".offsets");
   const Tensor host_offsets = NeedsHostOffsets() ? saved.Load(name_ + ".host_offsets") : Tensor();
   const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
@@ -49,7 +52,6 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   } else {
     a = saved.Load(name_ + ".a");
   }
-  ops::GroupedMatmulWeightGrad(dy, a, offsets, host_rows, fc2_.grad, BeginGradWrite(fc2_));
 
   Grads grads;
   Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
@@ -60,8 +62,23 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   const Tensor x = saved.Load(name_ + ".x");
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
-  ops::GroupedMatmulWeightGrad(dh, x, offsets, host_rows, fc1_.grad, BeginGradWrite(fc1_));
+
+  pending_.push_back({{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets});
+  if (last_of_step || static_cast<int64_t>(pending_.size()) >= config_.moe_wgrad_micro_batches) {
+    AddWeightGrads();
+  }
   return grads;
+}
+
+void FusedGroupedMlp::AddWeightGrads() {
+  std::vector<ops::GroupedRows> fc2_parts, fc1_parts;
+  for (const PendingWeightGrads& p : pending_) {
+    fc2_parts.push_back(p.fc2);
+    fc1_parts.push_back(p.fc1);
+  }
+  ops::GroupedMatmulWeightGrad(fc2_parts, fc2_.grad, BeginGradWrite(fc2_));
+  ops::GroupedMatmulWeightGrad(fc1_parts, fc1_.grad, BeginGradWrite(fc1_));
+  pending_.clear();
 }
 
 }  // namespace moe

@@ -45,6 +45,10 @@ struct GptConfig {
   // Token rows per chunk of the LM head and loss (modules/lm_head_loss.h); 0: as many as fit in
   // kLogitsChunkBytes. How the model runs, not its shape (tests set it).
   int64_t head_chunk_rows = 0;
+  // The fused grouped MLP adds its expert weight gradients once per this many of a step's
+  // micro-batches (--moe_wgrad_micro_batches), each pass over the gradients summing all their rows
+  // (modules/fused_grouped_mlp.h); 1: every micro-batch. How the model runs, not its shape.
+  int64_t moe_wgrad_micro_batches = 1;
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;

@@ -79,7 +79,9 @@ ForwardResult GptModel::Forward(SavedTensors& saved, const Tensor& input, const 
 }
 
 Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float aux_grad,
-                          const GradsFinal& grads_final) {
+                          bool last_of_step, const GradsFinal& grads_final) {
+  CHECK(last_of_step || !grads_final)
+      << "gradients announced final before the step's last backward";
   const auto grads_done = [&](const std::string& prefix) {
     if (grads_final) grads_final(prefix);
   };
@@ -92,7 +94,7 @@ Tensor GptModel::Backward(SavedTensors& saved, const Tensor& output_grad, float 
     grads_done("final_norm.");
   }
   for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
-    dx = layers_[i]->Backward(saved, dx, aux_grad);
+    dx = layers_[i]->Backward(saved, dx, aux_grad, last_of_step);
     grads_done(LayerName(static_cast<int>(stage_.layer_begin + i)) + ".");
   }
   if (!stage_.first) return dx;

@@ -65,12 +65,15 @@ class GptModel {
   // "lm_head.".
   ForwardResult Forward(SavedTensors& saved, const Tensor& input, const Tensor& targets,
                         float loss_grad, const WeightsNeeded& weights_needed = {});
-  // aux_grad scales the aux losses (1 / micro-batches in the global batch). grads_final, if set
-  // (on a step's last backward of this stage), is called with a parameter-name prefix as soon as
-  // the gradients under it are complete: "lm_head." (complete since the step's last forward of
-  // this stage), "final_norm.", each "layers.N." from the last layer down, "embedding.".
+  // aux_grad scales the aux losses (1 / micro-batches in the global batch). last_of_step: this is
+  // the step's last backward of this stage, after which every gradient is complete; an earlier
+  // one may leave the experts' weight gradients to a later one
+  // (GptConfig::moe_wgrad_micro_batches). grads_final, if set (on the last), is called with a
+  // parameter-name prefix as soon as the gradients under it are complete: "lm_head." (complete
+  // since the step's last forward of this stage), "final_norm.", each "layers.N." from the last
+  // layer down, "embedding.".
   Tensor Backward(SavedTensors& saved, const Tensor& output_grad, float aux_grad,
-                  const GradsFinal& grads_final = {});
+                  bool last_of_step = true, const GradsFinal& grads_final = {});
 
   // What each layer recomputes from the next pass on (GptConfig::recompute_by_layer: one entry per
   // layer of the whole model; the modules read the model's config when they run). Call between

@@ -7,7 +7,9 @@
 // Two implementations compute the same function, chosen by GptConfig::moe_grouped_mlp:
 // unfused_grouped_mlp.h and fused_grouped_mlp.h. They differ in kernels and in what they save
 // for backward (their headers say which offload groups).
-// Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=.
+// Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=. A backward that is not
+// the step's last of this layer (last_of_step false) may leave its weight-gradient work to a later
+// one (the fused path, GptConfig::moe_wgrad_micro_batches); the last completes every gradient.
 #pragma once
 
 #include <memory>
@@ -32,7 +34,7 @@ class GroupedMlp {
   virtual ~GroupedMlp() = default;
   virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                          const Tensor& weights) = 0;
-  virtual Grads Backward(SavedTensors& saved, const Tensor& dy) = 0;
+  virtual Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) = 0;
 
  protected:
   const std::string name_;

@@ -117,6 +117,17 @@ double HeadActivationBytes(const GptConfig& m, int64_t micro_batch_size, bool cu
   return Sum(EmbeddingSaves(m, micro_batch_size)) + Sum(HeadSaves(m, micro_batch_size, cuda));
 }
 
+double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int64_t micro_batches,
+                              double moe_layers, bool cuda) {
+  if (m.moe_grouped_mlp != GroupedMlpKind::kFused) return 0;
+  const double held = D(std::min(std::max<int64_t>(1, m.moe_wgrad_micro_batches),
+                                 std::max<int64_t>(1, micro_batches)) -
+                        1);
+  const double rows = D(micro_batch_size) * D(m.seq_length) * D(m.moe_router_topk);
+  return moe_layers * held * rows * (2 * D(m.hidden_size) + 3 * D(m.moe_ffn_hidden_size)) *
+         ComputeBytes(cuda);
+}
+
 MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   const GptConfig& m = o.model;
   const double p = D(std::max<int64_t>(1, o.pipeline_parallel));
@@ -183,7 +194,12 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
     layer_passes_bytes =
         passes * (m.recompute_num_layers < 0 ? recomputed_layer : full_layer_activations);
   }
-  e.activation_bytes = layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda);
+  // MoE layers of the busiest rank: all of them with one stage, else all its layers (a bound).
+  const double rank_moe_layers =
+      !has_moe ? 0 : (p == 1 && v == 1 ? D(m.num_moe_layers()) : rank_layers);
+  e.activation_bytes =
+      layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda) +
+      PendingWeightGradBytes(m, o.micro_batch_size, o.micro_batches, rank_moe_layers, o.cuda);
   double head_workspace = 0;
   for (double bytes : HeadForwardWorkspace(m, o.micro_batch_size, o.cuda)) head_workspace += bytes;
   // Backward of one layer holds its gradients, as large as everything it saves; a recomputed

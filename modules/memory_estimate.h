@@ -31,6 +31,8 @@
 // With the chunked head the count falls by the saved logits and their gradient: 88.0, 125.0 and
 // 138.4 GiB at micro-batches 1, 12 and 16 without recompute (were 88.5, 130.8, 146.2); not yet
 // measured.
+// - Pending weight-gradient operands (PendingWeightGradBytes), counted with the activations:
+//   every MoE layer of the rank holds them from its backward of one micro-batch to a later one.
 // - No margin, and no offloading: with --offload_modules the activations are an upper bound.
 // The counted bytes were 1.03-1.25x the allocator's measured peak on CPU runs
 // of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
@@ -105,6 +107,12 @@ double ActivationBytesPerLayer(const GptConfig& model, int64_t micro_batch_size,
                                bool cuda);
 // Saved activations of the embedding, final norm, head and loss for one micro-batch.
 double HeadActivationBytes(const GptConfig& model, int64_t micro_batch_size, bool cuda);
+// What `moe_layers` fused MoE layers hold through a step, beside their saved activations, while
+// they wait to add weight gradients (GptConfig::moe_wgrad_micro_batches, fused_grouped_mlp.h):
+// min(that, micro_batches) - 1 earlier micro-batches' operands per layer, routed rows x (2 hidden
+// + 3 moe_ffn) elements each (fc2's dy and a, fc1's dh and x). 0 on the unfused path.
+double PendingWeightGradBytes(const GptConfig& model, int64_t micro_batch_size,
+                              int64_t micro_batches, double moe_layers, bool cuda);
 
 MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& options);
 

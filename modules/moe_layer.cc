@@ -24,14 +24,15 @@ Tensor MoeLayer::Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux
   return y;
 }
 
-Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
-  if (!config_.recompute_in(layer_).moe) return BackwardSaved(saved, dy, aux_grad);
+Tensor MoeLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad,
+                          bool last_of_step) {
+  if (!config_.recompute_in(layer_).moe) return BackwardSaved(saved, dy, aux_grad, last_of_step);
   const Tensor x = saved.Load(name_ + ".input");
   SavedTensors replay(/*training=*/true);
   Tensor aux_loss = Tensor::Empty({1}, DType::kF32, x.device());
   ops::Fill(aux_loss, 0.0f);
   ForwardSaving(replay, x, aux_loss);
-  const Tensor dx = BackwardSaved(replay, dy, aux_grad);
+  const Tensor dx = BackwardSaved(replay, dy, aux_grad, last_of_step);
   CHECK(replay.empty()) << name_ << " recompute left saved tensors behind";
   return dx;
 }
@@ -59,7 +60,8 @@ Tensor MoeLayer::ForwardSaving(SavedTensors& saved, const Tensor& x, const Tenso
   return y;
 }
 
-Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad,
+                               bool last_of_step) {
   const int64_t tokens = dy.dim(0), k = config_.moe_router_topk, rows = tokens * k;
   const Device device = dy.device();
   const Tensor source_rows = saved.Load(name_ + ".source_rows");
@@ -67,7 +69,7 @@ Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_
 
   Tensor dexpert_out = Tensor::Empty({rows, dy.dim(1)}, dy.dtype(), device);
   ops::GatherRows(dy, source_rows, dexpert_out);
-  const GroupedMlp::Grads grads = experts_->Backward(saved, dexpert_out);
+  const GroupedMlp::Grads grads = experts_->Backward(saved, dexpert_out, last_of_step);
 
   Tensor dx = Tensor::Empty(dy.shape(), dy.dtype(), device);
   ops::GatherSumRows(grads.dx, inverse.View({tokens, k}), dx);

@@ -6,7 +6,8 @@
 // With config.recompute_in(layer).moe the layer saves only its input x: forward runs without
 // saving, and backward first runs forward again from x (into a context of its own, aux loss
 // discarded), then backward through it: the same kernels on the same input, so the same bits.
-// Backward: dx =; returns nothing else (router and expert weight grads +=).
+// Backward: dx =; returns nothing else (router and expert weight grads +=; with last_of_step
+// false the experts' may wait for a later backward: grouped_mlp.h).
 #pragma once
 
 #include <string>
@@ -24,11 +25,11 @@ class MoeLayer {
   MoeLayer(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer);
   // Returns y; adds the coefficient-weighted aux loss to `aux_loss` (1) f32.
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
-  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step = true);
 
  private:
   Tensor ForwardSaving(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
-  Tensor BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad);
+  Tensor BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step);
 
   std::string name_;
   const GptConfig& config_;

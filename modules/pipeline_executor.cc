@@ -64,8 +64,9 @@ class StepRun {
     CHECK(it != saved_.end()) << "Backward(m" << m << ",c" << c << ") twice or without forward";
     const Tensor output_grad =
         chunks_.at(c)->stage().last ? Tensor() : Take(received_grads_, {m, c});
-    const Tensor input_grad = chunks_[c]->Backward(*it->second, output_grad, options_.aux_grad,
-                                                   last ? options_.grads_final : GradsFinal());
+    const Tensor input_grad =
+        chunks_[c]->Backward(*it->second, output_grad, options_.aux_grad, last,
+                             last ? options_.grads_final : GradsFinal());
     CHECK(it->second->empty()) << "backward left saved tensors behind, e.g. "
                                << it->second->keys().front();
     saved_.erase(it);

@@ -57,12 +57,13 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
   return y;
 }
 
-Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad) {
+Tensor TransformerLayer::Backward(SavedTensors& saved, const Tensor& dy, float aux_grad,
+                                  bool last_of_step) {
   std::optional<TraceSpan> span(std::in_place, dy.device(),
                                 moe_mlp_ ? "moe backward" : "mlp backward", layer_);
   RecomputeNormOutput(saved, mlp_norm_, mlp_norm_output_keys_);
-  const Tensor dmlp_in =
-      moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad) : dense_mlp_->Backward(saved, dy);
+  const Tensor dmlp_in = moe_mlp_ ? moe_mlp_->Backward(saved, dy, aux_grad, last_of_step)
+                                  : dense_mlp_->Backward(saved, dy);
   const Tensor dh = mlp_norm_.Backward(saved, dmlp_in, /*residual=*/dy);
   span.emplace(dy.device(), "attention backward", layer_);
   RecomputeNormOutput(saved, attn_norm_, attn_norm_output_keys_);

@@ -5,7 +5,8 @@
 // With config.recompute_in(layer).layernorm, the norms' outputs are not kept by the modules that
 // saved them (the attention's and the MLP's inputs): forward drops them (SavedTensors::Drop) and
 // backward recomputes each from its norm's saved input just before the module's backward reads it.
-// Backward: dx =; every weight grad +=.
+// Backward: dx =; every weight grad += (the experts' may wait for a later backward unless
+// last_of_step: grouped_mlp.h).
 #pragma once
 
 #include <memory>
@@ -28,7 +29,7 @@ class TransformerLayer {
   TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer);
   // aux_loss (1) f32 accumulates the MoE aux loss.
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
-  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad);
+  Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step = true);
 
  private:
   void DropNormOutput(SavedTensors& saved, const Tensor& output,

@@ -59,7 +59,8 @@ Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Te
   return y;
 }
 
-GroupedMlp::Grads UnfusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy) {
+GroupedMlp::Grads UnfusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy,
+                                              bool /*last_of_step*/) {
   const Tensor host_offsets = saved.Load(name_ + ".offsets");
   const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const Tensor weights = saved.Load(name_ + ".weights");

@@ -16,7 +16,7 @@ class UnfusedGroupedMlp final : public GroupedMlp {
   using GroupedMlp::GroupedMlp;
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
                  const Tensor& weights) override;
-  Grads Backward(SavedTensors& saved, const Tensor& dy) override;
+  Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) override;
 };
 
 }  // namespace moe

@@ -8,6 +8,9 @@
 // so backward stores them: "fwd+bwd") and as a later micro-batch adding to them ("+= grads").
 // --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
 // --grads=bf16 keeps the weight gradients in bf16 (moe_train's --main_grads_dtype).
+// --wgrad_micro_batches=N (> 1) also times the fused path as a step's later micro-batches whose
+// weight gradients are added once per N (moe_train's --moe_wgrad_micro_batches): N forward +
+// backward passes, the weight gradients in the last, per micro-batch ("+= per N").
 #include <cstdio>
 #include <fstream>
 
@@ -33,6 +36,9 @@ DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
 DEFINE_string(grads, "fp32", "the weight gradients' storage: fp32 | bf16");
 DEFINE_string(json_out, "", "write the results here as JSON");
+DEFINE_int32(wgrad_micro_batches, 1,
+             "also time the fused path adding its weight gradients once per this many "
+             "micro-batches (1: not)");
 DEFINE_bool(breakdown, false,
             "also time the fused path's ops one by one beside dense GEMMs of the same size");
 
@@ -99,6 +105,7 @@ struct Outputs {
 struct PathResult {
   std::string path;
   double forward_ms = 0, forward_backward_ms = 0, accumulating_ms = 0, peak_mib = 0;
+  double grouped_accumulating_ms = 0;  // per micro-batch, --wgrad_micro_batches together
   Outputs outputs;
 };
 
@@ -106,20 +113,22 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
                    DType dtype, DType grad_dtype) {
   PathResult result;
   result.path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
-  const GptConfig config = LayerConfig(shape, kind);
+  GptConfig config = LayerConfig(shape, kind);
+  const int grouped = kind == GroupedMlpKind::kFused ? FLAGS_wgrad_micro_batches : 1;
+  config.moe_wgrad_micro_batches = grouped;
   ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false,
                           OptimizerDTypes{.grad = grad_dtype});
   MoeLayer layer(parameters, "moe", config, 0);
   const Tensor x = RandomInput(shape, tokens, dtype, device, 11);
   const Tensor dy = RandomInput(shape, tokens, dtype, device, 13);
   Tensor aux = Tensor::Empty({1}, DType::kF32, device);
-  auto forward_backward = [&](bool backward, bool zero_grads) {
+  auto forward_backward = [&](bool backward, bool zero_grads, bool last_of_step = true) {
     if (zero_grads) parameters.ZeroGrads();
     SavedTensors saved;
     ops::Fill(aux, 0.0f);
     Tensor y = layer.Forward(saved, x, aux);
     if (!backward) return std::make_pair(y, Tensor());
-    return std::make_pair(y, layer.Backward(saved, dy, 1.0f));
+    return std::make_pair(y, layer.Backward(saved, dy, 1.0f, last_of_step));
   };
 
   {  // outputs for the cross-path check (grads from exactly one backward)
@@ -135,6 +144,14 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
   for (int i = 0; i < FLAGS_warmup; ++i) forward_backward(true, i % 2 == 0);
   result.forward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(false, false); });
   result.accumulating_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(true, false); });
+  if (grouped > 1) {
+    result.grouped_accumulating_ms = MedianMs(device, FLAGS_iters,
+                                              [&] {
+                                                for (int i = 0; i < grouped; ++i)
+                                                  forward_backward(true, false, i == grouped - 1);
+                                              }) /
+                                     grouped;
+  }
   CachingAllocator& allocator = DeviceContext::Get(device).allocator();
   const int64_t base = allocator.stats().allocated_bytes;
   allocator.ResetPeakStats();
@@ -152,6 +169,7 @@ int Run() {
   if (!token_counts) return 2;
   const auto paths = BenchChoices("moe_bench", "paths", FLAGS_paths, {"fused", "unfused"});
   if (!paths || !BenchInRange("moe_bench", "warmup", FLAGS_warmup, 0, 1 << 20) ||
+      !BenchInRange("moe_bench", "wgrad_micro_batches", FLAGS_wgrad_micro_batches, 1, 64) ||
       !BenchInRange("moe_bench", "iters", FLAGS_iters, 1, 1 << 20) ||
       !BenchOutputPath("moe_bench", "json_out", FLAGS_json_out, kResultsStart)) {
     return 2;
@@ -195,6 +213,11 @@ int Run() {
                gemm_flops / r.forward_ms / 1e9, r.forward_backward_ms,
                3 * gemm_flops / r.forward_backward_ms / 1e9, r.accumulating_ms, r.peak_mib,
                ok ? "ok" : "FAIL", worst, worst_name.c_str());
+        if (r.grouped_accumulating_ms > 0) {
+          printf("%-9s %6lld %-8s += grads once per %d micro-batches: %.3f ms per micro-batch\n",
+                 shape->name.c_str(), (long long)tokens, r.path.c_str(), FLAGS_wgrad_micro_batches,
+                 r.grouped_accumulating_ms);
+        }
         results.push_back(
             {{"shape", shape->name},
              {"tokens", tokens},
@@ -206,6 +229,8 @@ int Run() {
              {"forward_ms", r.forward_ms},
              {"forward_backward_ms", r.forward_backward_ms},
              {"forward_backward_accumulating_ms", r.accumulating_ms},
+             {"wgrad_micro_batches", r.grouped_accumulating_ms > 0 ? FLAGS_wgrad_micro_batches : 1},
+             {"forward_backward_grouped_accumulating_ms", r.grouped_accumulating_ms},
              {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
              {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
              {"peak_mib", r.peak_mib},

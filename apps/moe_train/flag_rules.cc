@@ -22,6 +22,7 @@ bool Tracing(const Context&) { return !FLAGS_trace_file.empty(); }
 bool Cuda(const Context& c) { return c.cuda; }
 bool MoeLayers(const Context&) { return FLAGS_first_dense_layers < FLAGS_num_layers; }
 bool DenseLayers(const Context&) { return FLAGS_first_dense_layers > 0; }
+bool FusedMlp(const Context&) { return FLAGS_moe_grouped_mlp == "fused"; }
 bool Training(const Context&) { return FLAGS_dump_reference_case.empty(); }
 bool OneProcess(const Context& c) { return c.world_size == 1; }
 // --device=cuda:N names a GPU, which only means something in one process.
@@ -80,6 +81,9 @@ const std::vector<FlagRule>& FlagRules() {
       {"moe_aux_loss_coeff", nullptr, kMoe, MoeLayers, "every layer is dense"},
       {"moe_z_loss_coeff", nullptr, kMoe, MoeLayers, "every layer is dense"},
       {"moe_grouped_mlp", nullptr, kMoe, MoeLayers, "every layer is dense"},
+      {"moe_wgrad_micro_batches", nullptr, kMoe, MoeLayers, "every layer is dense"},
+      {"moe_wgrad_micro_batches", nullptr, "--moe_grouped_mlp=fused", FusedMlp,
+       "the unfused path adds each micro-batch's weight gradients per expert"},
       {"ffn_hidden_size", nullptr, kDense, DenseLayers,
        "every layer is MoE (its width is --moe_ffn_hidden_size)"},
       // A reference dump runs one forward and backward and exits: the loop's knobs are unused.

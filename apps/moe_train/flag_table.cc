@@ -75,6 +75,7 @@ const std::vector<FlagRow>& FlagTable() {
       Range("seq_length", "model", 1, 1 << 24),
       Range("vocab_size", "model", 2, 2147483647.0),  // OpenTokenSource's bounds
       Text("moe_grouped_mlp", "expert layer"),
+      Range("moe_wgrad_micro_batches", "expert layer", 1, 1024),
       Range("micro_batch_size", "training", 1, k2e20),
       Range("global_batch_size", "training", 1, 1 << 30,
             "a multiple of --micro_batch_size x data-parallel size"),

@@ -27,6 +27,9 @@ DEFINE_double(moe_z_loss_coeff, 0.0, "router z-loss coefficient (0: off)");
 DEFINE_string(moe_grouped_mlp, "fused",
               "the experts' grouped MLP: fused (grouped GEMMs over all experts) | unfused "
               "(per-expert GEMMs)");
+DEFINE_int64(moe_wgrad_micro_batches, 1,
+             "the fused expert layer adds its weight gradients once per this many micro-batches, "
+             "in one pass over the gradients (holds their operands until then)");
 DEFINE_int64(first_dense_layers, 1, "leading layers with a dense MLP; the rest are MoE");
 DEFINE_int64(seq_length, 64, "tokens per sequence");
 DEFINE_int64(vocab_size, 256, "vocabulary size");
@@ -240,6 +243,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   m.moe_aux_loss_coeff = static_cast<float>(FLAGS_moe_aux_loss_coeff);
   m.moe_z_loss_coeff = static_cast<float>(FLAGS_moe_z_loss_coeff);
   MOE_ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
+  m.moe_wgrad_micro_batches = FLAGS_moe_wgrad_micro_batches;
   m.first_dense_layers = FLAGS_first_dense_layers;
   m.seq_length = FLAGS_seq_length;
   m.vocab_size = FLAGS_vocab_size;

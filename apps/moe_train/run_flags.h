@@ -26,6 +26,7 @@
 
 DECLARE_int64(num_layers);
 DECLARE_int64(first_dense_layers);
+DECLARE_string(moe_grouped_mlp);
 DECLARE_int64(pipeline_parallel);
 DECLARE_string(data_format);
 DECLARE_int64(seed);

@@ -287,19 +287,25 @@ void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor
   SwigluBackward(da, h, scale, dh, dscale);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> host_offsets, const Tensor& dw,
+void GroupedMatmulWeightGrad(std::span<const GroupedRows> parts, const Tensor& dw,
                              bool accumulate) {
-  const Device device = CommonDevice({&dy, &x, &offsets, &dw});
-  CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
-      << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
-      << dy.DebugString() << ", " << x.DebugString() << ", " << dw.DebugString();
-  CheckShape(dw, {dw.dim(0), dy.dim(1), x.dim(1)}, "grouped weight gradient dw");
-  CheckFloat(dy, "grouped weight gradient dy");
-  CheckSameDType(dy, x, "grouped weight gradient");
+  CHECK(!parts.empty()) << "grouped weight gradient of no parts";
+  for (const GroupedRows& part : parts) {
+    const Tensor& dy = part.dy;
+    const Tensor& x = part.x;
+    CommonDevice({&dy, &x, &part.offsets, &dw});
+    CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3 && dy.dim(0) == x.dim(0))
+        << "grouped weight gradient takes dy (rows, n), x (rows, k), dw (groups, n, k): "
+        << dy.DebugString() << ", " << x.DebugString() << ", " << dw.DebugString();
+    CheckShape(dw, {dw.dim(0), dy.dim(1), x.dim(1)}, "grouped weight gradient dw");
+    CheckFloat(dy, "grouped weight gradient dy");
+    CheckSameDType(dy, x, "grouped weight gradient");
+    CheckSameDType(dy, parts.front().dy, "grouped weight gradient parts");
+    CheckGroupOffsets(part.offsets, part.host_offsets, dw.dim(0), x.dim(0),
+                      "grouped weight gradient offsets");
+  }
   CheckFloat(dw, "grouped weight gradient dw");
-  CheckGroupOffsets(offsets, host_offsets, dw.dim(0), x.dim(0), "grouped weight gradient offsets");
-  MOE_DISPATCH(device, GroupedMatmulWeightGrad, dy, x, offsets, host_offsets, dw, accumulate);
+  MOE_DISPATCH(dw.device(), GroupedMatmulWeightGrad, parts, dw, accumulate);
 }
 
 bool GroupedMatmulNeedsHostOffsets(Device device, DType dtype, const Shape& weight_shape) {

@@ -39,7 +39,24 @@ struct AdamWTensors {
   bool weight_decay = true;
 };
 
+// One part of a grouped weight gradient's token rows (GroupedMatmulWeightGrad): dy (rows, n), x
+// (rows, k), the group offsets (groups + 1) and, where needed, their host copy.
+struct GroupedRows {
+  Tensor dy;
+  Tensor x;
+  Tensor offsets;
+  std::span<const int32_t> host_offsets;
+};
+
 #include "engine/kernels/op_declarations.inc"
+
+// GroupedMatmulWeightGrad of one part.
+inline void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                                    std::span<const int32_t> host_offsets, const Tensor& dw,
+                                    bool accumulate) {
+  const GroupedRows part{dy, x, offsets, host_offsets};
+  GroupedMatmulWeightGrad({&part, 1}, dw, accumulate);
+}
 
 // Transfers, the same on every backend (Stream::CopyAsync):
 // dst = src, same shape and dtype. Either side may be another device or pinned host memory of

@@ -815,10 +815,30 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     return (accumulate ? 2.0 : 1.0) * nonempty * n * k * element_bytes;
   };
 
+  // The rows as one part, and cut into three parts at rows that are no multiple of the 64-row K
+  // step (so groups straddle the cuts, and each part ends in a partial step): the parts' offsets
+  // are the case's shifted and clamped to each part. Their sum is the same product.
+  std::vector<moe::cuda::sm90::WeightGradRows> whole = {{dy.data, x.data, ops.offsets.data, rows}};
+  const int64_t cuts[] = {0, rows / 3 + 5, 2 * rows / 3 + 37, rows};
+  DeviceArray<int32_t> part_offsets(3 * c.offsets.size());
+  std::vector<moe::cuda::sm90::WeightGradRows> split;
+  for (int p = 0; p < 3; ++p) {
+    const int64_t begin = std::min(cuts[p], rows), end = std::min(cuts[p + 1], rows);
+    std::vector<int32_t> shifted(c.offsets.size());
+    for (size_t g = 0; g < shifted.size(); ++g) {
+      shifted[g] = static_cast<int32_t>(std::clamp<int64_t>(c.offsets[g] - begin, 0, end - begin));
+    }
+    int32_t* device_offsets = part_offsets.data + p * c.offsets.size();
+    MOE_CHECK_CUDA(
+        cudaMemcpy(device_offsets, shifted.data(), shifted.size() * 4, cudaMemcpyHostToDevice));
+    split.push_back({dy.data + begin * n, x.data + begin * k, device_offsets, end - begin});
+  }
+
   // dw = (TMA stores) into NaN, against reference = the products (zeros for empty groups); or
   // dw += (TMA reduce-add) into uniform values, against reference + those values as dw holds
-  // them (empty groups: exactly those values).
-  const auto probe = [&](auto* dw_out, bool accumulate) {
+  // them (empty groups: exactly those values). Over the rows in `parts`.
+  const auto probe = [&](auto* dw_out, bool accumulate,
+                         const std::vector<moe::cuda::sm90::WeightGradRows>& parts) {
     using Out = std::remove_pointer_t<decltype(dw_out)>;
     constexpr bool kF32 = std::is_same_v<Out, float>;
     products();
@@ -832,12 +852,13 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     MOE_CHECK_CUDA(cudaGetLastError());
     const auto ours = [&] {
       MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90(
-          dy.data, x.data, ops.offsets.data, groups, rows, n, k, accumulate, dw_out, nullptr));
+          parts.data(), static_cast<int>(parts.size()), groups, n, k, accumulate, dw_out, nullptr));
     };
     ours();
     SyncOrTimeout(name);
-    const std::string label =
-        std::string(kF32 ? "f32 " : "bf16 ") + (accumulate ? "+=, TMA reduce-add" : "=, TMA store");
+    const std::string label = std::string(kF32 ? "f32 " : "bf16 ") +
+                              (accumulate ? "+=, TMA reduce-add" : "=, TMA store") +
+                              (parts.size() > 1 ? ", 3 parts" : "");
     const std::string what = std::string(name) + " dw (" + label + ")";
     CheckClose(tally, what, dw_out, reference.data, dw_count, n, k,
                kF32 ? Tolerance{kF32Tolerance}
@@ -860,8 +881,12 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
     PrintTime(("sm90 (ours), " + label).c_str(), MedianMs(ours, name), flops,
               dw_traffic(sizeof(Out), accumulate));
   };
-  for (const bool accumulate : {false, true}) probe(dw.data, accumulate);
-  for (const bool accumulate : {false, true}) probe(reinterpret_cast<bf16*>(dw.data), accumulate);
+  for (const auto* parts : {&whole, &split}) {
+    for (const bool accumulate : {false, true}) probe(dw.data, accumulate, *parts);
+    for (const bool accumulate : {false, true}) {
+      probe(reinterpret_cast<bf16*>(dw.data), accumulate, *parts);
+    }
+  }
 
   // Baselines write into `reference` (no longer needed), reinterpreted as their output type.
   GroupedCall grouped;

@@ -236,6 +236,39 @@ std::vector<OpCase> Cases() {
       r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
+  // The weight gradient over parts of rows, each with its own offsets (micro-batches whose
+  // gradients one pass sums): parts ending off the 64-row K steps, groups with rows in one part
+  // only, an empty part, and more parts than one Hopper launch takes (sm90::kMaxWeightGradParts,
+  // so a second launch adds the rest).
+  for (const int parts : {2, 6}) {
+    add("grouped_matmul_weight_grad_" + std::to_string(parts) + "_parts", [parts](OpRun& r) {
+      const std::vector<std::vector<int32_t>> part_offsets = {
+          {0, 0, 1, 61, 61, 90, 100},    {0, 70, 70, 71, 200, 200, 203},
+          {0, 0, 0, 0, 0, 0, 0},         {0, 1, 2, 3, 4, 5, 6},
+          {0, 0, 0, 130, 130, 130, 130}, {0, 64, 64, 64, 128, 129, 300}};
+      constexpr int64_t kGroups = 6, kN = 40, kK = 72;
+      const Tensor w = r.In({kGroups, kN, kK});  // only to say whether host offsets are needed
+      std::vector<ops::GroupedRows> rows;
+      for (int p = 0; p < parts; ++p) {
+        const std::vector<int32_t>& offsets = part_offsets[p];
+        const int64_t count = offsets.back();
+        rows.push_back({r.In({count, kN}), r.In({count, kK}), r.Ints(offsets, {kGroups + 1}),
+                        HostOffsetsWhereNeeded(r, offsets, w)});
+      }
+      Tensor dw = r.InF32({kGroups, kN, kK});
+      ops::GroupedMatmulWeightGrad(rows, dw, /*accumulate=*/true);
+      Tensor dw_stored = r.OutF32({kGroups, kN, kK});
+      ops::GroupedMatmulWeightGrad(rows, dw_stored, /*accumulate=*/false);
+      Tensor dw_grad = r.InGrad({kGroups, kN, kK});
+      ops::GroupedMatmulWeightGrad(rows, dw_grad, /*accumulate=*/true);
+      Tensor dw_grad_stored = r.OutGrad({kGroups, kN, kK});
+      ops::GroupedMatmulWeightGrad(rows, dw_grad_stored, /*accumulate=*/false);
+      r.Read("dw", dw);
+      r.Read("dw_stored", dw_stored);
+      r.Read("dw_grad", dw_grad);
+      r.Read("dw_grad_stored", dw_grad_stored);
+    });
+  }
   // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
   // one Hopper kernel in bf16 where f is a multiple of 8, the backward's at any k here; f 136: gate
   // and up tiles past f; f 20: the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's

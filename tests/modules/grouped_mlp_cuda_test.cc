@@ -71,7 +71,8 @@ PathRun RunPath(Device device, GroupedMlpKind kind, const std::vector<int32_t>& 
                                 testing::FromFloats(weights, {rows}, DType::kF32, device));
   parameters.ZeroGrads();
   const GroupedMlp::Grads grads =
-      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, dtype, device));
+      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, dtype, device),
+                    /*last_of_step=*/true);
   EXPECT_TRUE(saved.empty());
   return {ToFloats(y), ToFloats(grads.dx), ToFloats(grads.dweights),
           ToFloats(MaterializedGrad(parameters.Get("experts.fc1.weight"))),
@@ -113,6 +114,70 @@ TEST(GroupedMlpCudaTest, BothPathsMatchTheCpuReferenceInBf16) {
       expect_close("fc1 grad", gpu.fc1_grad, cpu.fc1_grad);
       expect_close("fc2 grad", gpu.fc2_grad, cpu.fc2_grad);
     }
+  }
+}
+
+// Three micro-batches of one step through the fused path on `device` (the inputs as RunPath's),
+// weight gradients once per `wgrad_micro_batches`: the expert gradients at the end, and whether
+// they were still unwritten after each backward.
+struct MicroBatchesRun {
+  std::vector<float> fc1_grad, fc2_grad;
+  std::vector<bool> unwritten_after;
+};
+
+MicroBatchesRun RunMicroBatches(Device device, int64_t wgrad_micro_batches,
+                                const std::vector<std::vector<int32_t>>& counts, uint32_t seed) {
+  GptConfig config = MlpConfig(GroupedMlpKind::kFused);
+  config.moe_wgrad_micro_batches = wgrad_micro_batches;
+  const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
+  ParameterSet parameters(device, dtype, /*seed=*/11);
+  std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, 0);
+  if (!device.is_cuda()) {
+    for (const auto& p : parameters.all()) {
+      ops::CopyFromHost(RoundedToBf16(ToFloats(p->value)).data(), p->value);
+    }
+  }
+  Parameter& fc1 = parameters.Get("experts.fc1.weight");
+  std::mt19937 rng(seed);
+  parameters.ZeroGrads();
+  MicroBatchesRun run;
+  for (size_t m = 0; m < counts.size(); ++m) {
+    std::vector<int32_t> offsets = {0};
+    for (int32_t c : counts[m]) offsets.push_back(offsets.back() + c);
+    const int64_t rows = offsets.back(), hidden = config.hidden_size;
+    const std::vector<float> x = RoundedToBf16(testing::RandomFloats(rows * hidden, rng));
+    const std::vector<float> dy = RoundedToBf16(testing::RandomFloats(rows * hidden, rng));
+    std::vector<float> weights = testing::RandomFloats(rows, rng);
+    for (float& w : weights) w = std::abs(w) + 0.05f;
+    SavedTensors saved;
+    mlp->Forward(saved, testing::FromFloats(x, {rows, hidden}, dtype, device),
+                 testing::FromInts(offsets, {config.num_experts + 1}, device),
+                 testing::FromFloats(weights, {rows}, DType::kF32, device));
+    mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, dtype, device),
+                  /*last_of_step=*/m + 1 == counts.size());
+    run.unwritten_after.push_back(fc1.grad_pending_zero);
+  }
+  run.fc1_grad = ToFloats(MaterializedGrad(fc1));
+  run.fc2_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc2.weight")));
+  return run;
+}
+
+// On a Hopper GPU the three micro-batches' weight gradients are one kernel launch over three
+// parts of rows (sm90 kernels) where each was one launch before: against the CPU's, which adds
+// them one by one.
+TEST(GroupedMlpCudaTest, WeightGradsOncePerMicroBatchesMatchTheCpuReference) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<std::vector<int32_t>> counts = {
+      {0, 130, 0, 41, 7, 0, 300, 1}, {0, 0, 0, 0, 0, 513, 0, 0}, {64, 64, 64, 64, 64, 64, 64, 64}};
+  const MicroBatchesRun cpu = RunMicroBatches(Device::CPU(), 1, counts, seed);
+  for (const int64_t n : {1, 3}) {
+    SCOPED_TRACE("once per " + std::to_string(n));
+    const MicroBatchesRun gpu = RunMicroBatches(Device::CUDA(0), n, counts, seed);
+    EXPECT_LE(testing::RelativeError(gpu.fc1_grad, cpu.fc1_grad), kBf16Tolerance) << "fc1 grad";
+    EXPECT_LE(testing::RelativeError(gpu.fc2_grad, cpu.fc2_grad), kBf16Tolerance) << "fc2 grad";
+    EXPECT_EQ(gpu.unwritten_after, (std::vector<bool>{n > 1, n > 2, false}));
   }
 }
 
@@ -165,7 +230,7 @@ TEST(GroupedMlpCudaTest, FusedPathWaitsForTheDeviceOnlyWhereItNeedsHostOffsets) 
   auto forward_backward = [&] {
     SavedTensors saved;
     mlp->Forward(saved, x, device_offsets, weights);
-    mlp->Backward(saved, dy);
+    mlp->Backward(saved, dy, /*last_of_step=*/true);
   };
   forward_backward();  // loads the kernels and fills the allocator's cache first
   Stream& stream = DeviceContext::Get(gpu).compute_stream();

@@ -87,7 +87,8 @@ PathRun RunPath(GroupedMlpKind kind, const GptConfig& base, const std::vector<in
   run.keys = saved.keys();
   parameters.ZeroGrads();
   const GroupedMlp::Grads grads =
-      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, DType::kF32, cpu));
+      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, DType::kF32, cpu),
+                    /*last_of_step=*/true);
   EXPECT_TRUE(saved.empty()) << "backward left saved tensors";
   run.y = ToFloats(y);
   run.dx = ToFloats(grads.dx);
@@ -149,6 +150,97 @@ TEST(GroupedMlpTest, EachPathSavesItsOffloadGroups) {
   ExpectGroup(fused.groups[0], "fused_group_mlp", {"experts.x", "experts.h", "experts.a"});
   EXPECT_EQ(fused.keys, (std::vector<std::string>{"experts.a", "experts.h", "experts.offsets",
                                                   "experts.weights", "experts.x"}));
+}
+
+// Three micro-batches (different routings) through the fused path with weight gradients once per
+// `wgrad_micro_batches`; the last backward is the step's last. Per micro-batch: whether the
+// expert gradients were still unwritten after its backward.
+struct MicroBatchesRun {
+  std::vector<float> fc1_grad, fc2_grad, dx;  // dx of every micro-batch, concatenated
+  std::vector<bool> unwritten_after;
+};
+
+MicroBatchesRun RunMicroBatches(int64_t wgrad_micro_batches, uint32_t seed) {
+  GptConfig config = MlpConfig();
+  config.moe_wgrad_micro_batches = wgrad_micro_batches;
+  ParameterSet parameters(Device::CPU(), DType::kF32, /*seed=*/7);
+  std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, kLayer);
+  Parameter& fc1 = parameters.Get("experts.fc1.weight");
+  std::mt19937 rng(seed);
+  const std::vector<std::vector<int32_t>> counts = {
+      RandomCounts(config.num_experts, rng), {0, 0, 0, 37, 0, 0}, {5, 3, 8, 2, 7, 4}};
+  const Device cpu = Device::CPU();
+  parameters.ZeroGrads();
+  MicroBatchesRun run;
+  for (size_t m = 0; m < counts.size(); ++m) {
+    const std::vector<int32_t> offsets = OffsetsOf(counts[m]);
+    const int64_t rows = offsets.back(), hidden = config.hidden_size;
+    std::vector<float> weights = testing::RandomFloats(rows, rng);
+    for (float& w : weights) w = std::abs(w) + 0.05f;
+    SavedTensors saved;
+    mlp->Forward(saved,
+                 testing::FromFloats(testing::RandomFloats(rows * hidden, rng), {rows, hidden},
+                                     DType::kF32, cpu),
+                 testing::FromInts(offsets, {config.num_experts + 1}, cpu),
+                 testing::FromFloats(weights, {rows}, DType::kF32, cpu));
+    const GroupedMlp::Grads grads =
+        mlp->Backward(saved,
+                      testing::FromFloats(testing::RandomFloats(rows * hidden, rng), {rows, hidden},
+                                          DType::kF32, cpu),
+                      /*last_of_step=*/m + 1 == counts.size());
+    const std::vector<float> dx = ToFloats(grads.dx);
+    run.dx.insert(run.dx.end(), dx.begin(), dx.end());
+    run.unwritten_after.push_back(fc1.grad_pending_zero);
+  }
+  run.fc1_grad = ToFloats(MaterializedGrad(fc1));
+  run.fc2_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc2.weight")));
+  return run;
+}
+
+// The CPU adds the parts one by one, as one call per micro-batch would: the same bits. What
+// changes is when: after the first backward the gradients are still unwritten, and the step's
+// last backward adds whatever is pending even short of the count.
+TEST(GroupedMlpTest, FusedAddsWeightGradsOncePerMoeWgradMicroBatches) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const MicroBatchesRun each = RunMicroBatches(1, seed);
+  EXPECT_EQ(each.unwritten_after, (std::vector<bool>{false, false, false}));
+  for (const int64_t n : {2, 3, 4}) {
+    SCOPED_TRACE("once per " + std::to_string(n));
+    const MicroBatchesRun grouped = RunMicroBatches(n, seed);
+    EXPECT_EQ(grouped.fc1_grad, each.fc1_grad);
+    EXPECT_EQ(grouped.fc2_grad, each.fc2_grad);
+    EXPECT_EQ(grouped.dx, each.dx);
+    EXPECT_EQ(grouped.unwritten_after, (std::vector<bool>{true, n > 2, false}));
+  }
+}
+
+// The same through the trainer: the pipeline executor tells the layers which backward is the
+// step's last (4 micro-batches a step: with 3, one pass adds three and the last adds one).
+TEST(GroupedMlpTest, TinyModelTrainsBitIdenticallyWithWeightGradsOncePerMicroBatches) {
+  GptConfig config = testing::TinyModel();
+  config.moe_grouped_mlp = GroupedMlpKind::kFused;
+  TrainerOptions options;
+  options.micro_batch_size = 2;
+  options.global_batch_size = 8;
+  options.train_steps = 4;
+  options.warmup_steps = 1;
+  options.lr = 1e-2f;
+  DataOptions data;
+  data.vocab_size = config.vocab_size;
+  const std::unique_ptr<TokenSource> source = std::move(OpenTokenSource(data)).value();
+  auto loss_curve = [&](int64_t wgrad_micro_batches) {
+    config.moe_wgrad_micro_batches = wgrad_micro_batches;
+    auto trainer = std::move(Trainer::Create(config, options, Device::CPU(), source.get())).value();
+    std::vector<double> losses;
+    for (int step = 0; step < options.train_steps; ++step) {
+      losses.push_back(trainer->TrainStep().loss);
+    }
+    return losses;
+  };
+  const std::vector<double> each = loss_curve(1);
+  EXPECT_EQ(loss_curve(2), each);
+  EXPECT_EQ(loss_curve(3), each);
 }
 
 TEST(GroupedMlpTest, TinyModelTrainsToTheSameLossCurveOnEitherPath) {

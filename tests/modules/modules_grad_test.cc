@@ -85,7 +85,9 @@ class ModuleGradTest : public testing::OpTest {
     Check(
         parameters_, Random({9, config_.hidden_size}),
         [&](SavedTensors& s, const Tensor& x) { return experts->Forward(s, x, offsets, weights); },
-        [&](SavedTensors& s, const Tensor& dy) { return experts->Backward(s, dy).dx; });
+        [&](SavedTensors& s, const Tensor& dy) {
+          return experts->Backward(s, dy, /*last_of_step=*/true).dx;
+        });
   }
 
   GptConfig config_ = TinyConfig();

@@ -7,5 +7,6 @@
 namespace moe::cpu {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
+using ops::GroupedRows;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cpu

@@ -26,16 +26,17 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
   }
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> /*host_offsets*/, const Tensor& dw,
+void GroupedMatmulWeightGrad(std::span<const GroupedRows> parts, const Tensor& dw,
                              bool accumulate) {
   if (!accumulate) Fill(dw, 0.0f);
-  const std::span<const int32_t> rows = offsets.values<int32_t>();
-  for (size_t g = 0; g + 1 < rows.size(); ++g) {
-    const int64_t begin = rows[g], end = rows[g + 1];
-    if (begin == end) continue;
-    Matmul(dy.Rows(begin, end), x.Rows(begin, end), GroupMatrix(dw, g), /*transpose_a=*/true,
-           /*transpose_b=*/false, /*beta=*/1.0f);
+  for (const GroupedRows& part : parts) {
+    const std::span<const int32_t> rows = part.offsets.values<int32_t>();
+    for (size_t g = 0; g + 1 < rows.size(); ++g) {
+      const int64_t begin = rows[g], end = rows[g + 1];
+      if (begin == end) continue;
+      Matmul(part.dy.Rows(begin, end), part.x.Rows(begin, end), GroupMatrix(dw, g),
+             /*transpose_a=*/true, /*transpose_b=*/false, /*beta=*/1.0f);
+    }
   }
 }
 

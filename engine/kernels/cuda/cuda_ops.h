@@ -8,5 +8,6 @@
 namespace moe::cuda {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
+using ops::GroupedRows;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cuda

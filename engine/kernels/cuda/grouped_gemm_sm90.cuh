@@ -14,8 +14,10 @@
 //     up] rows, and a (rows, f) = silu(gate) * up * scale[row] of y's halves     (=, bf16 y, a)
 //   GroupedMatmulSwigluBackwardSm90: fc2's data gradient da = dy · w_g (w (groups, k, f)), not
 //     stored, and from it SwiGLU's gradients dh (rows, 2 f) and dscale (rows)   (=, bf16 dh, f32)
-//   GroupedMatmulWeightGradSm90: dw_g (+)= dy[rows of g]^T · x[rows of g]  (+= or =, f32/bf16 dw)
-//     dy (rows, n), x (rows, k), dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
+//   GroupedMatmulWeightGradSm90: dw_g (+)= sum over parts p of dy_p[rows of g]^T · x_p[rows of g]
+//     (+= or =, f32/bf16 dw). Up to kMaxWeightGradParts parts of token rows (WeightGradRows:
+//     say micro-batches, so that one pass over dw sums them), each dy_p (rows_p, n), x_p (rows_p,
+//     k) with its own offsets; dw (groups, n, k) f32 or bf16 (the launcher's Out); a bf16 dw
 //     gets the f32 accumulators rounded to nearest even (cvt.rn.bf16x2.f32). accumulate: TMA
 //     reduce-add (cp.reduce.async.bulk.tensor .add on the tensor map's type: the add happens in
 //     L2, exactly one add per dw element per call, so results are run-to-run identical), and a
@@ -65,16 +67,16 @@
 //     `rows`) but never stored; a consumer whose 64 rows all lie past the end, or whose columns lie
 //     past n, skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D
 //     map with the group as its outer dimension, so no read crosses into the next expert).
-//   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows, in
-//     64-row steps. Clusters of 2 CTAs (kWeightGradCluster) take two tiles stacked along n, which
-//     share x's 256 columns: each CTA loads its own dy columns and half of x's, multicast into
-//     both (the same stage protocol as the forward's). Order (grouped_gemm_tiles.h, tested on the
-//     host): group-major, then bands of row pairs where the average group's dy outgrows L2. A K
-//     step past the group's end would read the next group's rows, so the producer lands such a
-//     stage on a separate mbarrier, zeroes the 128-byte lines of the rows past the end in every
-//     box (both operands, so Inf/NaN in a neighbour cannot leak as 0 * Inf), fences
-//     (fence.proxy.async) and only then arrives on full[s]; each CTA masks its own copy of the
-//     stage.
+//   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows in
+//     each part in turn, in 64-row steps (each part's last step masked as below). Clusters of 2
+//     CTAs (kWeightGradCluster) take two tiles stacked along n, which share x's 256 columns: each
+//     CTA loads its own dy columns and half of x's, multicast into both (the same stage protocol as
+//     the forward's). Order (grouped_gemm_tiles.h, tested on the host): group-major, then bands of
+//     row pairs where the average group's dy outgrows L2. A K step past the group's end would read
+//     the next group's rows, so the producer lands such a stage on a separate mbarrier, zeroes the
+//     128-byte lines of the rows past the end in every box (both operands, so Inf/NaN in a
+//     neighbour cannot leak as 0 * Inf), fences (fence.proxy.async) and only then arrives on
+//     full[s]; each CTA masks its own copy of the stage.
 //
 // Key facts relied on (PTX ISA 8.x wgmma / cp.async.bulk.tensor; CUTLASS cute GMMA traits):
 //   - TMA with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box writes box row r at byte
@@ -127,10 +129,11 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kBlockK = 64;  // reduction step: 64 bf16 = one 128-byte swizzle row
 constexpr int kWgmmaK = 16;
-constexpr int kForwardStages = 3;      // 3 x 48 KiB, beside the output staging and the offsets
-constexpr int kForwardCluster = 2;     // forward CTAs sharing (multicasting) an operand tile
-constexpr int kWeightGradStages = 4;   // 4 x 48 KiB, beside the output staging
-constexpr int kWeightGradCluster = 2;  // weight-gradient CTAs sharing (multicasting) x's tile
+constexpr int kForwardStages = 3;       // 3 x 48 KiB, beside the output staging and the offsets
+constexpr int kForwardCluster = 2;      // forward CTAs sharing (multicasting) an operand tile
+constexpr int kWeightGradStages = 4;    // 4 x 48 KiB, beside the output staging
+constexpr int kWeightGradCluster = 2;   // weight-gradient CTAs sharing (multicasting) x's tile
+constexpr int kMaxWeightGradParts = 4;  // parts of rows one weight-gradient launch sums
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
@@ -176,6 +179,17 @@ constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 static_assert(kProducerRegisters * kWarpgroupThreads +
                   kConsumerRegisters * kWarpgroupThreads * kConsumers <=
               kLaunchRegisters * kThreads);
+
+// The token rows of one weight-gradient launch, in up to kMaxWeightGradParts parts (say the
+// micro-batches whose gradients it sums), each with its own dy, x and offsets: a kernel parameter
+// (__grid_constant__), so the tensor maps stay in parameter space, where TMA reads them.
+struct WeightGradParts {
+  CUtensorMap dy[kMaxWeightGradParts];  // dy_p as (n, rows_p), box (64, 64)
+  CUtensorMap x[kMaxWeightGradParts];   // x_p as (k, rows_p), box (64, 64)
+  const int32_t* offsets[kMaxWeightGradParts];
+  int rows[kMaxWeightGradParts];
+  int count;  // 1 <= count <= kMaxWeightGradParts, each part with rows
+};
 
 namespace detail {
 
@@ -400,27 +414,20 @@ struct ForwardLoads {
 
 // ---------------------------------------------------------------- weight gradient: tiles
 
-// A weight-gradient cluster tile (grouped_gemm_tiles.h) with its group's token rows.
-struct WeightGradTile {
-  WeightGradClusterTile cluster;
-  int row_begin, row_end;  // the group's token rows: the reduction
-};
-
-__device__ __forceinline__ WeightGradTile UniformTile(const WeightGradTile& tile) {
-  return {
-      {WarpUniform(tile.cluster.group), WarpUniform(tile.cluster.m0), WarpUniform(tile.cluster.n0)},
-      WarpUniform(tile.row_begin),
-      WarpUniform(tile.row_end)};
+__device__ __forceinline__ WeightGradClusterTile UniformTile(const WeightGradClusterTile& tile) {
+  return {WarpUniform(tile.group), WarpUniform(tile.m0), WarpUniform(tile.n0)};
 }
 
-// Cluster tile t of the schedule. Traps on offsets outside 0 <= offsets[g] <= offsets[g + 1] <=
-// rows.
-__device__ __forceinline__ WeightGradTile FindWeightGradTile(
-    const WeightGradClusterSchedule& schedule, int t, const int32_t* offsets, int rows) {
-  const WeightGradClusterTile tile = schedule.Find(t);
-  const int begin = offsets[tile.group], end = offsets[tile.group + 1];
-  if (begin < 0 || begin > end || end > rows) __trap();
-  return {tile, begin, end};
+// Part p's token rows of `group`, [begin, end). Traps on offsets outside 0 <= offsets[g] <=
+// offsets[g + 1] <= rows.
+struct RowRange {
+  int begin, end;
+};
+__device__ __forceinline__ RowRange PartRows(const WeightGradParts& parts, int p, int group) {
+  const int32_t* offsets = parts.offsets[p];
+  const int begin = offsets[group], end = offsets[group + 1];
+  if (begin < 0 || begin > end || end > parts.rows[p]) __trap();
+  return {begin, end};
 }
 
 // Zeroes the 128-byte lines of rows [valid, 64) of the stage's six 64-row boxes (A: 2, B: 4),
@@ -937,17 +944,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// dw_g (+)= dy_g^T · x_g (see the file comment), in clusters of kWeightGradCluster CTAs sharing
-// (multicasting) x's columns. dy_map: dy as (n, rows), x_map: x as (k, rows), both box (64, 64)
-// (MN-major operands: each token row is a K row); dw_map: dw (Out) as (k, n, groups), box
-// (kWriteColumns<Out>, 64, 1); schedule: the cluster tiles of dw (grouped_gemm_tiles.h).
+// dw_g (+)= sum over the parts p of dy_p,g^T · x_p,g (see the file comment), in clusters of
+// kWeightGradCluster CTAs sharing (multicasting) x's columns. The operands are MN-major (each
+// token row is a K row); a tile's reduction runs over its group's rows in each part in turn.
+// dw_map: dw (Out) as (k, n, groups), box (kWriteColumns<Out>, 64, 1); schedule: the cluster
+// tiles of dw (grouped_gemm_tiles.h).
 template <typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
-    GroupedWeightGradKernel(const __grid_constant__ CUtensorMap dy_map,
-                            const __grid_constant__ CUtensorMap x_map,
+    GroupedWeightGradKernel(const __grid_constant__ WeightGradParts parts,
                             const __grid_constant__ CUtensorMap dw_map,
-                            WeightGradClusterSchedule schedule, const int32_t* offsets, int groups,
-                            int rows, int n, bool accumulate) {
+                            WeightGradClusterSchedule schedule, int groups, int n,
+                            bool accumulate) {
 #if MOE_SM90A_KERNELS
   static_assert(kWeightGradCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
@@ -965,8 +972,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) {  // the producer warp; its lanes mask the stages past a group's end
       const bool issuer = threadIdx.x == 0;
       if (issuer) {
-        PrefetchTensorMap(dy_map);
-        PrefetchTensorMap(x_map);
+        for (int p = 0; p < parts.count; ++p) {
+          PrefetchTensorMap(parts.dy[p]);
+          PrefetchTensorMap(parts.x[p]);
+        }
       }
       constexpr uint16_t kBoth = (1u << kWeightGradCluster) - 1;
       constexpr int kXBoxes = kBlockN / 64 / kWeightGradCluster;  // x boxes this CTA loads
@@ -974,37 +983,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
       static_assert(kWeightGradStages <= 32);
       for (int t = first_tile; t < total; t += tile_step) {
-        const WeightGradTile tile = FindWeightGradTile(schedule, t, offsets, rows);
-        for (int row = tile.row_begin; row < tile.row_end; row += kBlockK) {
-          MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-          const int valid = min(kBlockK, tile.row_end - row);
-          const uint32_t landing =
-              valid < kBlockK ? barriers.Landed(state.stage) : barriers.Full(state.stage);
-          if (issuer) {
-            // Every CTA's stage receives kStageBytes: its own dy columns, its half of x's
-            // columns and its peer's half.
-            MbarrierArriveExpectTx(landing, kStageBytes);
+        const WeightGradClusterTile tile = schedule.Find(t);
+        for (int p = 0; p < parts.count; ++p) {
+          const CUtensorMap& dy_map = parts.dy[p];
+          const CUtensorMap& x_map = parts.x[p];
+          const RowRange range = PartRows(parts, p, tile.group);
+          for (int row = range.begin; row < range.end; row += kBlockK) {
+            MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
+            const int valid = min(kBlockK, range.end - row);
+            const uint32_t landing =
+                valid < kBlockK ? barriers.Landed(state.stage) : barriers.Full(state.stage);
+            if (issuer) {
+              // Every CTA's stage receives kStageBytes: its own dy columns, its half of x's
+              // columns and its peer's half.
+              MbarrierArriveExpectTx(landing, kStageBytes);
 #pragma unroll
-            for (int box = 0; box < kBlockM / 64; ++box) {
-              TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing,
-                        tile.cluster.Row(rank) + 64 * box, row);
-            }
+              for (int box = 0; box < kBlockM / 64; ++box) {
+                TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing,
+                          tile.Row(rank) + 64 * box, row);
+              }
 #pragma unroll
-            for (int i = 0; i < kXBoxes; ++i) {
-              const int box = rank * kXBoxes + i;
-              TmaLoad2dMulticast(x_map, ring.B(state.stage) + box * kBoxBytes, landing, kBoth,
-                                 tile.cluster.n0 + 64 * box, row);
+              for (int i = 0; i < kXBoxes; ++i) {
+                const int box = rank * kXBoxes + i;
+                TmaLoad2dMulticast(x_map, ring.B(state.stage) + box * kBoxBytes, landing, kBoth,
+                                   tile.n0 + 64 * box, row);
+              }
             }
+            if (valid < kBlockK) {  // every CTA of the cluster masks its own copy of the stage
+              MbarrierWait(landing, (landed_phases >> state.stage) & 1);
+              landed_phases ^= 1u << state.stage;
+              ZeroRowsPastEnd(ring.APointer(state.stage), ring.BPointer(state.stage), valid);
+              FenceProxyAsync();
+              __syncwarp();
+              if (issuer) MbarrierArrive(barriers.Full(state.stage));
+            }
+            state.Advance();
           }
-          if (valid < kBlockK) {  // every CTA of the cluster masks its own copy of the stage
-            MbarrierWait(landing, (landed_phases >> state.stage) & 1);
-            landed_phases ^= 1u << state.stage;
-            ZeroRowsPastEnd(ring.APointer(state.stage), ring.BPointer(state.stage), valid);
-            FenceProxyAsync();
-            __syncwarp();
-            if (issuer) MbarrierArrive(barriers.Full(state.stage));
-          }
-          state.Advance();
         }
       }
     }
@@ -1017,10 +1031,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     PipelineState<kWeightGradStages> state;
     for (int t = first_tile; t < total; t += tile_step) {
-      const WeightGradTile tile = UniformTile(FindWeightGradTile(schedule, t, offsets, rows));
-      const int k_blocks = (tile.row_end - tile.row_begin + kBlockK - 1) / kBlockK;
+      const WeightGradClusterTile tile = UniformTile(schedule.Find(t));
+      int k_blocks = 0;
+      for (int p = 0; p < parts.count; ++p) {
+        const RowRange range = PartRows(parts, p, tile.group);
+        k_blocks += (range.end - range.begin + kBlockK - 1) / kBlockK;
+      }
+      k_blocks = WarpUniform(k_blocks);
       if (k_blocks == 0 && accumulate) continue;  // no rows: dw_g stays as it is
-      const int row0 = tile.cluster.Row(rank) + 64 * consumer;
+      const int row0 = tile.Row(rank) + 64 * consumer;
       const bool active = row0 < n;
       const auto a_descriptor = [&](int stage, int slice) {
         return MNMajorDescriptor(ring.A(stage) + consumer * kBoxBytes, slice);
@@ -1034,10 +1053,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
       }
-      WriteTile<Out, kWeightGradStagingBytes>(
-          acc, dw_map, staging, 1 + consumer, accumulate, [&](int c) {
-            return BoxOrigin{tile.cluster.n0 + c, row0, tile.cluster.group};
-          });
+      WriteTile<Out, kWeightGradStagingBytes>(acc, dw_map, staging, 1 + consumer, accumulate,
+                                              [&](int c) {
+                                                return BoxOrigin{tile.n0 + c, row0, tile.group};
+                                              });
     }
     if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
   }
@@ -1259,17 +1278,49 @@ inline cudaError_t GroupedMatmulSwigluBackwardSm90(const bf16* dy, const bf16* w
   return cudaGetLastError();
 }
 
-// See the file comment; Out (dw's element type) is float or bf16. Asynchronous on `stream`.
+// One part of a weight gradient's token rows: dy (rows, n) and x (rows, k) bf16, offsets (groups +
+// 1) int32 in device memory.
+struct WeightGradRows {
+  const bf16* dy;
+  const bf16* x;
+  const int32_t* offsets;
+  int64_t rows;
+};
+
+// dw_g (+)= sum over the `count` parts of dy_p,g^T x_p,g (see the file comment), in one launch:
+// count <= kMaxWeightGradParts. Out (dw's element type) is float or bf16. Asynchronous on
+// `stream`.
 template <typename Out>
-cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int32_t* offsets,
-                                        int groups, int64_t rows, int64_t n, int64_t k,
-                                        bool accumulate, Out* dw, cudaStream_t stream) {
+cudaError_t GroupedMatmulWeightGradSm90(const WeightGradRows* rows_parts, int count, int groups,
+                                        int64_t n, int64_t k, bool accumulate, Out* dw,
+                                        cudaStream_t stream) {
   using namespace detail;
   static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>, "dw is f32 or bf16");
   constexpr uint64_t kOutBytes = sizeof(Out);
-  if (groups < 1 || !FitsInt(rows) || !FitsInt(n) || !FitsInt(k) || n % 8 != 0 || k % 8 != 0 ||
-      !Aligned16(dy) || !Aligned16(x) || !Aligned16(dw)) {
+  if (groups < 1 || count < 1 || count > kMaxWeightGradParts || !FitsInt(n) || !FitsInt(k) ||
+      n % 8 != 0 || k % 8 != 0 || !Aligned16(dw)) {
     return cudaErrorInvalidValue;
+  }
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  WeightGradParts parts = {};
+  int64_t rows = 0;  // of all parts
+  for (int i = 0; i < count; ++i) {
+    const WeightGradRows& part = rows_parts[i];
+    if (!FitsInt(part.rows) || !Aligned16(part.dy) || !Aligned16(part.x)) {
+      return cudaErrorInvalidValue;
+    }
+    if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
+    const int p = parts.count++;
+    const uint64_t ur = static_cast<uint64_t>(part.rows);
+    cudaError_t status = EncodeTensorMap<2>(&parts.dy[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, part.dy,
+                                            {un, ur}, {un * 2}, {64, kBlockK});
+    if (status != cudaSuccess) return status;
+    status = EncodeTensorMap<2>(&parts.x[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, part.x, {uk, ur},
+                                {uk * 2}, {64, kBlockK});
+    if (status != cudaSuccess) return status;
+    parts.offsets[p] = part.offsets;
+    parts.rows[p] = static_cast<int>(part.rows);
+    rows += part.rows;
   }
   if (n == 0 || k == 0) return cudaSuccess;
   if (rows == 0) {
@@ -1280,20 +1331,13 @@ cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int
   const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::Of(n, k, rows, groups);
   const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  CUtensorMap dy_map, x_map, dw_map;
-  const uint64_t ur = static_cast<uint64_t>(rows), un = static_cast<uint64_t>(n),
-                 uk = static_cast<uint64_t>(k);
-  cudaError_t status = EncodeTensorMap<2>(&dy_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dy, {un, ur},
-                                          {un * 2}, {64, kBlockK});
-  if (status != cudaSuccess) return status;
-  status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur}, {uk * 2},
-                              {64, kBlockK});
-  if (status != cudaSuccess) return status;
-  status = EncodeTensorMap<3>(&dw_map,
-                              std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                              dw, {uk, un, static_cast<uint64_t>(groups)},
-                              {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
+  CUtensorMap dw_map;
+  cudaError_t status =
+      EncodeTensorMap<3>(&dw_map,
+                         std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                         dw, {uk, un, static_cast<uint64_t>(groups)},
+                         {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
   if (status != cudaSuccess) return status;
   constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
   cudaLaunchConfig_t config = {};
@@ -1301,8 +1345,8 @@ cudaError_t GroupedMatmulWeightGradSm90(const bf16* dy, const bf16* x, const int
   status = PersistentClusterLaunch<kKernel>(kWeightGradSmemBytes, kWeightGradCluster, tiles, stream,
                                             &config, &cluster);
   if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, dy_map, x_map, dw_map, schedule, offsets, groups,
-                              static_cast<int>(rows), static_cast<int>(n), accumulate);
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
+                              static_cast<int>(n), accumulate);
   if (status != cudaSuccess) return status;
   return cudaGetLastError();
 }

@@ -157,26 +157,29 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
              problems);
 }
 
-void GroupedMatmulWeightGrad(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                             std::span<const int32_t> host_offsets, const Tensor& dw,
+void GroupedMatmulWeightGrad(std::span<const GroupedRows> parts, const Tensor& dw,
                              bool accumulate) {
-  if (TryGroupedMatmulWeightGradSm90(dy, x, offsets, dw, accumulate)) return;
-  CheckHostOffsetsGiven(host_offsets, dw, "GroupedMatmulWeightGrad");
+  if (TryGroupedMatmulWeightGradSm90(parts, dw, accumulate)) return;
   if (!accumulate) Fill(dw, 0.0f);  // then += below: cuBLAS's grouped GEMM skips empty groups
-  if (dw.numel() == 0 || x.dim(0) == 0) return;
+  if (dw.numel() == 0) return;
   const auto as_f32 = [](const Tensor& t) {
     if (t.dtype() == DType::kF32) return t;
     Tensor wide = Tensor::Empty(t.shape(), DType::kF32, t.device());
     Cast(t, wide);
     return wide;
   };
-  const Tensor dw32 = as_f32(dw);
-  if (x.dtype() == DType::kF32) {
-    WeightGrad(dy, x, host_offsets, dw32, CublasComputeType(DType::kF32));
-  } else {
-    WeightGrad(as_f32(dy), as_f32(x), host_offsets, dw32, CUBLAS_COMPUTE_32F_FAST_TF32);
+  for (const GroupedRows& part : parts) {  // each part rounded into a bf16 dw as its own call
+    CheckHostOffsetsGiven(part.host_offsets, dw, "GroupedMatmulWeightGrad");
+    if (part.x.dim(0) == 0) continue;
+    const Tensor dw32 = as_f32(dw);
+    if (part.x.dtype() == DType::kF32) {
+      WeightGrad(part.dy, part.x, part.host_offsets, dw32, CublasComputeType(DType::kF32));
+    } else {
+      WeightGrad(as_f32(part.dy), as_f32(part.x), part.host_offsets, dw32,
+                 CUBLAS_COMPUTE_32F_FAST_TF32);
+    }
+    if (dw.dtype() != DType::kF32) Cast(dw32, dw);
   }
-  if (dw.dtype() != DType::kF32) Cast(dw32, dw);
 }
 
 }  // namespace moe::cuda

@@ -4,7 +4,9 @@
 // otherwise it is compiled like the rest of the engine, its kernels are traps and take no call.
 #include "engine/kernels/cuda/grouped_matmul_sm90.h"
 
+#include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
@@ -67,23 +69,40 @@ bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const
 
 void FuseSwigluBackwardAtAnyK(bool any_k) { fuse_swiglu_backward_at_any_k.store(any_k); }
 
-bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw, bool accumulate) {
-  if (!Sm90GroupedGemmTakes(dw.device(), x.dtype(), dw.shape())) return false;
-  const cudaStream_t stream = StreamOf(dw);
-  const auto launch = [&](auto* out) {
-    return Launched(sm90::GroupedMatmulWeightGradSm90(
-        Ptr<bf16>(dy), Ptr<bf16>(x), Ptr<int32_t>(offsets), static_cast<int>(dw.dim(0)), x.dim(0),
-        dy.dim(1), x.dim(1), accumulate, out, stream));
-  };
-  switch (dw.dtype()) {
-    case DType::kF32:
-      return launch(Ptr<float>(dw));
-    case DType::kBF16:
-      return launch(Ptr<bf16>(dw));
-    default:
+bool TryGroupedMatmulWeightGradSm90(std::span<const ops::GroupedRows> parts, const Tensor& dw,
+                                    bool accumulate) {
+  if (dw.dtype() != DType::kF32 && dw.dtype() != DType::kBF16) return false;
+  std::vector<sm90::WeightGradRows> rows;
+  for (const ops::GroupedRows& part : parts) {
+    if (!Sm90GroupedGemmTakes(dw.device(), part.x.dtype(), dw.shape()) ||
+        !sm90::detail::FitsInt(part.x.dim(0)) || !Aligned16(part.dy.data()) ||
+        !Aligned16(part.x.data())) {
       return false;
+    }
+    rows.push_back(
+        {Ptr<bf16>(part.dy), Ptr<bf16>(part.x), Ptr<int32_t>(part.offsets), part.x.dim(0)});
   }
+  // Every launch gets the same shapes and checked parts: the first takes the call or declines
+  // having done nothing, and the rest do as it did.
+  const cudaStream_t stream = StreamOf(dw);
+  const int groups = static_cast<int>(dw.dim(0));
+  for (size_t first = 0; first < rows.size(); first += sm90::kMaxWeightGradParts) {
+    const int count =
+        static_cast<int>(std::min<size_t>(sm90::kMaxWeightGradParts, rows.size() - first));
+    const bool add = accumulate || first > 0;
+    const sm90::WeightGradRows* launch_parts = rows.data() + first;
+    const bool launched =
+        Launched(dw.dtype() == DType::kF32
+                     ? sm90::GroupedMatmulWeightGradSm90(launch_parts, count, groups, dw.dim(1),
+                                                         dw.dim(2), add, Ptr<float>(dw), stream)
+                     : sm90::GroupedMatmulWeightGradSm90(launch_parts, count, groups, dw.dim(1),
+                                                         dw.dim(2), add, Ptr<bf16>(dw), stream));
+    if (!launched) {
+      CHECK_EQ(first, 0u) << "the Hopper weight gradient declined a later launch of one call";
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace moe::cuda

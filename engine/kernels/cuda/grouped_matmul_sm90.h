@@ -4,7 +4,10 @@
 // device only, so nothing here waits for it. Runs on the device's compute stream.
 #pragma once
 
+#include <span>
+
 #include "engine/core/tensor.h"
+#include "engine/kernels/ops.h"
 
 namespace moe::cuda {
 
@@ -18,8 +21,10 @@ bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape)
 // The weight gradient's dw is f32 or bf16 (any other dtype: false).
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
                           bool transpose_w);
-bool TryGroupedMatmulWeightGradSm90(const Tensor& dy, const Tensor& x, const Tensor& offsets,
-                                    const Tensor& dw, bool accumulate);
+// The weight gradient takes every part or none, in launches of up to sm90::kMaxWeightGradParts
+// parts (the first = or +=, the rest +=).
+bool TryGroupedMatmulWeightGradSm90(std::span<const ops::GroupedRows> parts, const Tensor& dw,
+                                    bool accumulate);
 // ops::GroupedMatmulSwiglu's fc1 with SwiGLU (h = x w^T, a = swiglu(h) * scale) as one kernel;
 // also false where f (a's columns) is no multiple of 8, or rows or k is 0.
 bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
