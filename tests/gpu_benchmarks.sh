@@ -8,7 +8,8 @@
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
-# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8, and
+# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8 (at 8 also with
+# --moe_wgrad_micro_batches=4), and
 # (profile) every kernel of the fused Qwen3-30B-A3B block at 4096 tokens under ncu, summed by name
 # (tests/ncu_kernel_times.py), and
 # (attention) attention_bench (the Hopper kernels, then the mma.sync ones) beside PyTorch's SDPA
@@ -17,7 +18,8 @@
 # preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
 # moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
 # (the step section runs the preset with them too), and (wgrad) the fused MoE blocks at 16384
-# tokens with f32 and with bf16 weight gradients, and (probe) the grouped GEMM kernels' probe
+# tokens with f32 and with bf16 weight gradients, and the Qwen3 block at 4096 tokens adding its
+# bf16 weight gradients once per 1, 2, 4 and 8 micro-batches, and (probe) the grouped GEMM kernels' probe
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
 # compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
@@ -169,6 +171,8 @@ for gb in 1 8; do
   preset_gb_run $gb step_gb$gb
   preset_gb_run $gb step_gb${gb}_bf16_moments "$bf16_moments"
   preset_gb_run $gb step_gb${gb}_bf16_state "$bf16_state"
+  # Expert weight gradients once per 4 micro-batches (global batch 1 has one: nothing changes).
+  [ $gb = 8 ] && preset_gb_run $gb step_gb${gb}_bf16_state_wgrad4 "$bf16_state --moe_wgrad_micro_batches=4"
   ACCUM=$gb OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/peer_gb$gb.log" 2>&1
   echo "PyTorch eager, ACCUM=$gb (rc $?): $(tail -1 "$out/peer_gb$gb.log" | cut -c1-400)"
 done
@@ -230,6 +234,11 @@ echo "== the MoE blocks at 16384 tokens, fused, f32 vs bf16 weight gradients"
 for g in fp32 bf16; do
   timeout 280 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=16384 --paths=fused \
     --grads=$g 2>&1 | tee "$out/moe_bench_grads_$g.log"
+done
+echo "== the Qwen3 block at 4096 tokens, bf16 weight gradients once per N micro-batches"
+for n in 2 4 8; do
+  timeout 60 "$bin/moe_bench" --shapes=qwen3 --tokens=4096 --paths=fused --grads=bf16 \
+    --wgrad_micro_batches=$n 2>&1 | tee "$out/moe_bench_wgrad_once_per_$n.log"
 done
 fi
 

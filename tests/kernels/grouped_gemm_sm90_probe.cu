@@ -21,6 +21,8 @@
 //                 silu(gate) * up * scale[row] at h (rows, 2f) = [gate | up], dscale (rows)
 //   fc1 wgrad     dw1 (E, 2f, h) = or += dy^T · x   (TMA store and TMA reduce-add epilogues)
 //   fc2 wgrad     dw2 (E, h, f) = or += dy^T · a    (each with an f32 dw, then with a bf16 dw)
+//                 each wgrad also over the rows cut into three parts (micro-batches) at rows off
+//                 the 64-row K step, their offsets shifted and clamped: the same sum
 // Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
 // not finish within 20 s, e.g. a pipeline deadlock), against an f32 reference (the per-group
 // cuBLAS products; for +=, plus the initial dw values as dw holds them):
