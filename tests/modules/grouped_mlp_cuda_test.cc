@@ -46,6 +46,13 @@ std::vector<float> RoundedToBf16(std::vector<float> v) {
   return v;
 }
 
+// On the CPU: the parameters' f32 values rounded to bf16, the values the CUDA run holds.
+void RoundToBf16(ParameterSet& parameters) {
+  for (const auto& p : parameters.all()) {
+    ops::CopyFromHost(RoundedToBf16(ToFloats(p->value)).data(), p->value);
+  }
+}
+
 struct PathRun {
   std::vector<float> y, dx, dweights, fc1_grad, fc2_grad;
 };
@@ -59,11 +66,7 @@ PathRun RunPath(Device device, GroupedMlpKind kind, const std::vector<int32_t>& 
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   ParameterSet parameters(device, dtype, /*seed=*/11);
   std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, 0);
-  if (!device.is_cuda()) {
-    for (const auto& p : parameters.all()) {
-      ops::CopyFromHost(RoundedToBf16(ToFloats(p->value)).data(), p->value);
-    }
-  }
+  if (!device.is_cuda()) RoundToBf16(parameters);
   const int64_t rows = offsets.back(), hidden = config.hidden_size;
   SavedTensors saved;
   const Tensor y = mlp->Forward(saved, testing::FromFloats(x, {rows, hidden}, dtype, device),
@@ -132,11 +135,7 @@ MicroBatchesRun RunMicroBatches(Device device, int64_t wgrad_micro_batches,
   const DType dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
   ParameterSet parameters(device, dtype, /*seed=*/11);
   std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, 0);
-  if (!device.is_cuda()) {
-    for (const auto& p : parameters.all()) {
-      ops::CopyFromHost(RoundedToBf16(ToFloats(p->value)).data(), p->value);
-    }
-  }
+  if (!device.is_cuda()) RoundToBf16(parameters);
   Parameter& fc1 = parameters.Get("experts.fc1.weight");
   std::mt19937 rng(seed);
   parameters.ZeroGrads();
