@@ -49,15 +49,15 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
          run_.device.is_cuda() ? "bf16 (f32 master weights)" : "f32",
          DTypeName(t.optimizer_dtypes.grad), DTypeName(t.optimizer_dtypes.exp_avg),
          DTypeName(t.optimizer_dtypes.exp_avg_sq));
-  const std::string grouped_mlp = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused"
-                                  : m.moe_wgrad_micro_batches > 1
-                                      ? "fused, weight gradients once per " +
-                                            std::to_string(m.moe_wgrad_micro_batches) +
-                                            " micro-batches"
-                                      : "fused";
+  const std::string grouped_mlp =
+      m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused grouped MLP"
+      : m.moe_wgrad_micro_batches > 1
+          ? "fused grouped MLP, weight gradients once per " +
+                std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
+          : "fused grouped MLP";
   printf(
       "model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
-      "experts %lld top-%lld (%s grouped MLP), expert ffn %lld, seq %lld, vocab %lld\n",
+      "experts %lld top-%lld (%s), expert ffn %lld, seq %lld, vocab %lld\n",
       (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
       (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
       (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
