@@ -149,6 +149,34 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
   }
 }
 
+// Weight gradients once per N micro-batches: min(N, micro-batches) - 1 micro-batches' operands
+// per fused MoE layer, routed rows x (2 hidden + 3 ffn) elements each; none on the unfused path.
+TEST(MemoryEstimateTest, CountsTheWeightGradientOperandsHeld) {
+  MemoryEstimateOptions o;
+  o.model = testing::DefaultRunModel();
+  o.model.moe_grouped_mlp = GroupedMlpKind::kFused;
+  o.micro_batch_size = 8;
+  o.micro_batches = 8;
+  const double plain = EstimateTrainingMemory(o).activation_bytes;
+  const GptConfig& m = o.model;
+  const double per_micro_batch = 8.0 * m.seq_length * m.moe_router_topk *
+                                 (2 * m.hidden_size + 3 * m.moe_ffn_hidden_size) * 4 *
+                                 m.num_moe_layers();
+  for (const auto& [n, held] : {std::pair{2, 1}, {4, 3}, {8, 7}, {100, 7}}) {
+    o.model.moe_wgrad_micro_batches = n;
+    EXPECT_DOUBLE_EQ(EstimateTrainingMemory(o).activation_bytes - plain, held * per_micro_batch)
+        << n;
+  }
+  o.micro_batches = 1;
+  EXPECT_DOUBLE_EQ(EstimateTrainingMemory(o).activation_bytes, plain)
+      << "one micro-batch a step holds nothing";
+  o.micro_batches = 8;
+  o.model.moe_grouped_mlp = GroupedMlpKind::kUnfused;
+  const double unfused = EstimateTrainingMemory(o).activation_bytes;
+  o.model.moe_wgrad_micro_batches = 1;
+  EXPECT_DOUBLE_EQ(EstimateTrainingMemory(o).activation_bytes, unfused);
+}
+
 // Recompute lowers the activations by what the modules no longer keep, and not the workspace
 // (a recomputed layer holds everything again while its backward runs).
 TEST(MemoryEstimateTest, RecomputeLowersTheActivationsOnly) {
