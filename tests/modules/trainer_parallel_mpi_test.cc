@@ -7,7 +7,8 @@
 // optimizer (state sharded over the data group) in every layout with two replicas or more: like
 // plain data parallel (bit for bit on the CPU with clipping off), offloading changes no bit of it,
 // deterministic, one shard of the state per rank (device memory), checkpoints that resume bit for
-// bit and load across layouts both ways.
+// bit and load across layouts both ways. The fused layers' weight gradients once per several
+// micro-batches train as one pass per micro-batch does in every layout.
 //
 // One source, two binaries (tests/CMakeLists.txt): trainer_parallel_mpi_test on the CPU backend
 // over MPI (f32: relative 1e-5), and with MOE_TEST_ON_CUDA trainer_parallel_cuda_test, one GPU
@@ -97,11 +98,12 @@ struct TrainingRun {
 
 TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
                   const ProcessGroups* groups = nullptr, bool distributed_optimizer = false,
-                  float clip_grad = TrainerOptions().adamw.clip_grad) {
+                  float clip_grad = TrainerOptions().adamw.clip_grad,
+                  const GptConfig& config = TinyConfig()) {
   TrainerOptions options = TinyOptions(virtual_pipeline, offload, distributed_optimizer);
   options.adamw.clip_grad = clip_grad;
   StatusOr<std::unique_ptr<Trainer>> created =
-      Trainer::Create(TinyConfig(), options, TestDevice(), &source, groups);
+      Trainer::Create(config, options, TestDevice(), &source, groups);
   CHECK(created.ok()) << created.status().message();
   Trainer& trainer = **created;
   TrainingRun run;
@@ -251,6 +253,46 @@ TEST_F(TrainerParallelTest, EveryLayoutMatchesOneProcess) {
       if (groups.data->rank() == 0) ExpectWeightsNear(run.weights, reference.weights);
     }
   EXPECT_GE(layouts_run, 6);
+}
+
+// The fused layers' weight gradients once per 3 micro-batches in every pipeline x virtual x data
+// layout that fits the world (8 micro-batches a step on one replica: passes of 3, 3 and the
+// last's 2; 4 on each of two: 3 and 1): the executor marks each chunk's last backward, whose pass
+// adds before the data group reduces the layer's bucket. CPU: the bits of one pass per
+// micro-batch (the CPU adds the parts one by one); CUDA: within kTolerance.
+TEST_F(TrainerParallelTest, WeightGradsOncePerMicroBatchesInEveryLayout) {
+  GptConfig each = TinyConfig();
+  each.moe_grouped_mlp = GroupedMlpKind::kFused;
+  GptConfig grouped = each;
+  grouped.moe_wgrad_micro_batches = 3;
+  const float clip = TrainerOptions().adamw.clip_grad;
+  int layouts_run = 0;
+  for (const auto& [pipeline, virtual_chunks] :
+       {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 1}}) {
+    if (world_.size() % pipeline != 0) continue;
+    SCOPED_TRACE("pipeline " + std::to_string(pipeline) + " x virtual " +
+                 std::to_string(virtual_chunks));
+    const ProcessGroups groups = SplitProcessGroups(*comm_, pipeline);
+    const TrainingRun a = Train(*source_, virtual_chunks, false, &groups, false, clip, each);
+    const TrainingRun b = Train(*source_, virtual_chunks, false, &groups, false, clip, grouped);
+    ++layouts_run;
+    for (int step = 0; step < kSteps; ++step) {
+      if (kOnCuda) {
+        ExpectNear(b.steps[step].loss, a.steps[step].loss, "loss");
+        ExpectNear(b.steps[step].grad_norm, a.steps[step].grad_norm, "grad norm");
+      } else {
+        EXPECT_EQ(b.steps[step].loss, a.steps[step].loss);
+        EXPECT_EQ(b.steps[step].grad_norm, a.steps[step].grad_norm);
+      }
+    }
+    if (groups.data->rank() != 0) continue;
+    if (kOnCuda) {
+      ExpectWeightsNear(b.weights, a.weights);
+    } else {
+      EXPECT_EQ(b.weights, a.weights);
+    }
+  }
+  EXPECT_GE(layouts_run, 3);
 }
 
 void ExpectSameRows(const std::vector<OffloadGroupSummary>& got,
