@@ -1,7 +1,9 @@
 // The fused and the unfused grouped MLP on the CPU (f32): the same function and gradients to fp32
 // rounding on routings with empty experts, all rows on one expert and heavy imbalance; the
 // saved-tensor groups each registers for offloading; and a whole tiny model trains to the same
-// loss curve on either path.
+// loss curve on either path. The fused path's weight gradients once per several micro-batches:
+// the same bits as one pass per micro-batch (the module, the trainer, under offloading), the
+// gradients unwritten until the pass.
 #include "modules/grouped_mlp.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "modules/offload_groups.h"
 #include "modules/trainer.h"
+#include "tests/testing/copy_latency.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -216,9 +220,12 @@ TEST(GroupedMlpTest, FusedAddsWeightGradsOncePerMoeWgradMicroBatches) {
 }
 
 // The loss of each of `steps` steps of `config` on the CPU, global batch 8 of micro-batches of
-// micro_batch_size sequences.
-std::vector<double> TinyLossCurve(const GptConfig& config, int64_t micro_batch_size, int steps) {
+// micro_batch_size sequences; with `offload`, the bytes offloaded over the run go to *offloaded.
+std::vector<double> TinyLossCurve(const GptConfig& config, int64_t micro_batch_size, int steps,
+                                  std::optional<OffloadOptions> offload = std::nullopt,
+                                  int64_t* offloaded = nullptr) {
   TrainerOptions options;
+  options.offload = std::move(offload);
   options.micro_batch_size = micro_batch_size;
   options.global_batch_size = 8;
   options.train_steps = steps;
@@ -230,7 +237,11 @@ std::vector<double> TinyLossCurve(const GptConfig& config, int64_t micro_batch_s
   const std::unique_ptr<TokenSource> source = std::move(OpenTokenSource(data)).value();
   auto trainer = std::move(Trainer::Create(config, options, Device::CPU(), source.get())).value();
   std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) losses.push_back(trainer->TrainStep().loss);
+  for (int step = 0; step < steps; ++step) {
+    const StepStats stats = trainer->TrainStep();
+    losses.push_back(stats.loss);
+    if (offloaded != nullptr) *offloaded += stats.offload.offloaded_bytes;
+  }
   return losses;
 }
 
@@ -244,6 +255,24 @@ TEST(GroupedMlpTest, TinyModelTrainsBitIdenticallyWithWeightGradsOncePerMicroBat
     config.moe_wgrad_micro_batches = n;
     EXPECT_EQ(TinyLossCurve(config, 2, 4), each) << "once per " << n;
   }
+}
+
+// Offloading every group (copies slowed down, so reloads land late) while the layers hold earlier
+// micro-batches' reloaded operands for a later pass changes no bit.
+TEST(GroupedMlpTest, WeightGradsOncePerMicroBatchesUnderOffloadingChangeNoBit) {
+  GptConfig config = testing::TinyModel();
+  config.moe_grouped_mlp = GroupedMlpKind::kFused;
+  config.moe_wgrad_micro_batches = 3;
+  const testing::LatencyKnob slow_copies(std::chrono::microseconds(300));
+  OffloadOptions offload;
+  offload.groups = EligibleOffloadGroups(config.moe_grouped_mlp);
+  for (const std::string& g : RoutedOffloadGroups()) {
+    if (offload.groups.count(g)) offload.unpooled_groups.insert(g);
+  }
+  offload.min_tensor_bytes = 0;
+  int64_t offloaded = 0;
+  EXPECT_EQ(TinyLossCurve(config, 2, 4, offload, &offloaded), TinyLossCurve(config, 2, 4));
+  EXPECT_GT(offloaded, 0);
 }
 
 TEST(GroupedMlpTest, TinyModelTrainsToTheSameLossCurveOnEitherPath) {
