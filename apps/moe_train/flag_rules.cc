@@ -2,6 +2,9 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/offload_flags.h"
 #include "apps/moe_train/run_flags.h"
@@ -23,6 +26,12 @@ bool Cuda(const Context& c) { return c.cuda; }
 bool MoeLayers(const Context&) { return FLAGS_first_dense_layers < FLAGS_num_layers; }
 bool DenseLayers(const Context&) { return FLAGS_first_dense_layers > 0; }
 bool FusedMlp(const Context&) { return FLAGS_moe_grouped_mlp == "fused"; }
+// More than one micro-batch a step on each replica (data-parallel size = world / pipeline).
+bool SeveralMicroBatches(const Context& c) {
+  const int64_t data =
+      std::max<int64_t>(1, c.world_size / std::max<int64_t>(1, FLAGS_pipeline_parallel));
+  return FLAGS_global_batch_size > FLAGS_micro_batch_size * data;
+}
 bool Training(const Context&) { return FLAGS_dump_reference_case.empty(); }
 bool OneProcess(const Context& c) { return c.world_size == 1; }
 // --device=cuda:N names a GPU, which only means something in one process.
@@ -84,6 +93,10 @@ const std::vector<FlagRule>& FlagRules() {
       {"moe_wgrad_micro_batches", nullptr, kMoe, MoeLayers, "every layer is dense"},
       {"moe_wgrad_micro_batches", nullptr, "--moe_grouped_mlp=fused", FusedMlp,
        "the unfused path adds each micro-batch's weight gradients per expert"},
+      {"moe_wgrad_micro_batches", nullptr,
+       "several micro-batches a step (--global_batch_size > --micro_batch_size x data-parallel "
+       "size)",
+       SeveralMicroBatches, "with one, every backward is the step's last"},
       {"ffn_hidden_size", nullptr, kDense, DenseLayers,
        "every layer is MoE (its width is --moe_ffn_hidden_size)"},
       // A reference dump runs one forward and backward and exits: the loop's knobs are unused.
@@ -97,6 +110,7 @@ const std::vector<FlagRule>& FlagRules() {
       {"adam_beta1", nullptr, kTrainingRun, Training, kNotUsed},
       {"adam_beta2", nullptr, kTrainingRun, Training, kNotUsed},
       {"adam_eps", nullptr, kTrainingRun, Training, kNotUsed},
+      {"moe_wgrad_micro_batches", nullptr, kTrainingRun, Training, kNotUsed},
       {"exp_avg_dtype", nullptr, kTrainingRun, Training, kNotUsed},
       {"exp_avg_sq_dtype", nullptr, kTrainingRun, Training, kNotUsed},
       {"eval_interval", nullptr, kTrainingRun, Training, kNotUsed},

@@ -28,6 +28,8 @@ DECLARE_int64(num_layers);
 DECLARE_int64(first_dense_layers);
 DECLARE_string(moe_grouped_mlp);
 DECLARE_int64(pipeline_parallel);
+DECLARE_int64(micro_batch_size);
+DECLARE_int64(global_batch_size);
 DECLARE_string(data_format);
 DECLARE_int64(seed);
 DECLARE_string(device);

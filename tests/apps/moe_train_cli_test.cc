@@ -243,6 +243,15 @@ std::vector<Refusal> RuleCases() {
         "moe_z_loss_coeff=0.001", "moe_grouped_mlp=unfused"}) {
     cases.push_back({"--first_dense_layers=2 --" + flag, "--" + flag + moe});
   }
+  cases.push_back(
+      {"--first_dense_layers=2 --moe_wgrad_micro_batches=2", "--moe_wgrad_micro_batches=2" + moe});
+  cases.push_back({"--moe_grouped_mlp=unfused --moe_wgrad_micro_batches=2",
+                   "--moe_wgrad_micro_batches=2 needs --moe_grouped_mlp=fused: the unfused path "
+                   "adds each micro-batch's weight gradients per expert"});
+  cases.push_back({"--micro_batch_size=4 --global_batch_size=4 --moe_wgrad_micro_batches=2",
+                   "--moe_wgrad_micro_batches=2 needs several micro-batches a step "
+                   "(--global_batch_size > --micro_batch_size x data-parallel size): with one, "
+                   "every backward is the step's last"});
   cases.push_back({"--first_dense_layers=0 --ffn_hidden_size=512",
                    "--ffn_hidden_size=512 needs dense layers (--first_dense_layers > 0): every "
                    "layer is MoE (its width is --moe_ffn_hidden_size)"});
@@ -250,7 +259,7 @@ std::vector<Refusal> RuleCases() {
        {"train_steps=5", "global_batch_size=32", "lr=0.001", "min_lr=0.0001", "warmup_steps=2",
         "weight_decay=0", "clip_grad=0", "adam_beta2=0.99", "exp_avg_dtype=bf16", "eval_interval=5",
         "eval_steps=2", "save=$D/ckpt", "metrics_file=$D/m.jsonl", "log_interval=5",
-        "trace_file=$D/t.json", "offload_modules=core_attn"}) {
+        "trace_file=$D/t.json", "offload_modules=core_attn", "moe_wgrad_micro_batches=2"}) {
     cases.push_back({"--dump_reference_case=$D/ref --" + flag,
                      "--" + flag +
                          " needs a training run (not --dump_reference_case): it is "
@@ -303,6 +312,7 @@ std::vector<Refusal> RangeCases() {
       {"offload_fraction=1.5", "[0, 1]"},
       {"offload_pp_delta_bytes=-1", "[0, 1125899906842624]"},
       {"offload_prefetch_layers=-1", "[0, 1048576]"},
+      {"moe_wgrad_micro_batches=0", "[1, 1024]"},
       {"recompute_num_layers=-2", "[-1, 1048576]"},
   };
   std::vector<Refusal> cases;
