@@ -3,7 +3,9 @@
 column per file: builds or settings side by side. Layer, micro-batch and chunk numbers are dropped
 from the names ("layer 3 attention forward" -> "attention forward", "forward m2 c0" ->
 "forward"); a span's time is its device time, so the forward and backward actions include any
-wait on the host inside them.
+wait on the host inside them. Two "(edge)" rows give the time from each step's start to its
+first forward and from its optimizer's end to the step's end (where the device can only wait for
+the host: the breakdown's "other").
 
 usage: trace_span_times.py TRACE.json [TRACE.json ...]
 """
@@ -32,6 +34,17 @@ def span_times(path):
     for e in spans:
         if not STEP.fullmatch(e["name"]):
             sums[kind(e["name"])] += e.get("dur", 0) / 1e3
+    # The step's edges, where the device waits for the host ("other" in the breakdown): from the
+    # step's start to its first forward, and from the optimizer's end to the step's end.
+    for step in steps:
+        begin, end = step["ts"], step["ts"] + step["dur"]
+        inside = [e for e in spans if begin <= e["ts"] <= end and e is not step]
+        forwards = [e["ts"] for e in inside if e["name"].startswith("forward")]
+        optimizers = [e["ts"] + e["dur"] for e in inside if e["name"].startswith("optimizer")]
+        if forwards:
+            sums["(edge) step start to first forward"] += (min(forwards) - begin) / 1e3
+        if optimizers:
+            sums["(edge) optimizer end to step end"] += (end - max(optimizers)) / 1e3
     n = len(steps)
     return {k: v / n for k, v in sums.items()}, sum(e["dur"] for e in steps) / 1e3 / n
 
