@@ -71,11 +71,14 @@ void FuseSwigluBackwardAtAnyK(bool any_k) { fuse_swiglu_backward_at_any_k.store(
 
 bool TryGroupedMatmulWeightGradSm90(std::span<const ops::GroupedRows> parts, const Tensor& dw,
                                     bool accumulate) {
-  if (dw.dtype() != DType::kF32 && dw.dtype() != DType::kBF16) return false;
+  // The parts share one dtype (ops::GroupedMatmulWeightGrad checks it).
+  if ((dw.dtype() != DType::kF32 && dw.dtype() != DType::kBF16) ||
+      !Sm90GroupedGemmTakes(dw.device(), parts.front().x.dtype(), dw.shape())) {
+    return false;
+  }
   std::vector<sm90::WeightGradRows> rows;
   for (const ops::GroupedRows& part : parts) {
-    if (!Sm90GroupedGemmTakes(dw.device(), part.x.dtype(), dw.shape()) ||
-        !sm90::detail::FitsInt(part.x.dim(0)) || !Aligned16(part.dy.data()) ||
+    if (!sm90::detail::FitsInt(part.x.dim(0)) || !Aligned16(part.dy.data()) ||
         !Aligned16(part.x.data())) {
       return false;
     }
