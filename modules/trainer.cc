@@ -118,21 +118,11 @@ Microbatch Trainer::Upload(const std::vector<int32_t>& windows, int64_t rows) co
 
 int64_t Trainer::RankSamples() const { return options_.global_batch_size / GroupSize(data_); }
 
-int64_t Trainer::FirstSampleOfStep() const {
-  return sampler_.consumed_train_samples() + GroupRank(data_) * RankSamples();
-}
-
-std::vector<int32_t> Trainer::ReadWindows(int64_t first_sample) const {
+std::vector<int32_t> Trainer::StepWindows() const {
   std::vector<int32_t> windows(RankSamples() * sampler_.window_length());
-  sampler_.ReadSamples(Split::kTrain, first_sample, windows);
+  sampler_.ReadSamples(
+      Split::kTrain, sampler_.consumed_train_samples() + GroupRank(data_) * RankSamples(), windows);
   return windows;
-}
-
-std::vector<int32_t> Trainer::StepWindows() {
-  const int64_t first_sample = FirstSampleOfStep();
-  if (read_ahead_first_sample_ != first_sample) return ReadWindows(first_sample);
-  read_ahead_first_sample_ = -1;
-  return std::move(read_ahead_windows_);
 }
 
 PipelineStepOptions Trainer::StepOptions(bool training) const {
@@ -200,13 +190,6 @@ StepStats Trainer::TrainStep(bool trace) {
   const PipelineStepTotals totals =
       RunPipelineStep(train_actions_, chunks_, pipeline_, microbatch, step);
   sampler_.SkipTrainSamples(options_.global_batch_size);
-  // The device still runs this step's backward, and the host would wait for it at the gradient
-  // norm: the next step's samples are read meanwhile (about 2 ms for the 8-layer preset's 8
-  // synthetic sequences, which the device otherwise idled through at the next step's start).
-  if (reads_data && step_ + 1 < options_.train_steps) {
-    read_ahead_first_sample_ = FirstSampleOfStep();
-    read_ahead_windows_ = ReadWindows(read_ahead_first_sample_);
-  }
   if (gradient_sync) {
     timeline_->SetPhase(StepPhase::kDataParallelWait);
     gradient_sync->Finish();
