@@ -237,15 +237,18 @@ std::vector<OpCase> Cases() {
     });
   }
   // The weight gradient over parts of rows, each with its own offsets (micro-batches whose
-  // gradients one pass sums): parts ending off the 64-row K steps, groups with rows in one part
-  // only, an empty part, and more parts than one Hopper launch takes (sm90::kMaxWeightGradParts,
-  // so a second launch adds the rest).
-  for (const int parts : {2, 6}) {
+  // gradients one pass sums): parts ending off the 64-row K steps (and on 16-row slices: 32 and
+  // 48 rows, whose stages the Hopper kernel does not mask), groups with rows in one part only, an
+  // empty part, and more parts than one Hopper launch takes (sm90::kMaxWeightGradParts, so a
+  // second launch adds the rest).
+  for (const int parts : {2, 10}) {
     add("grouped_matmul_weight_grad_" + std::to_string(parts) + "_parts", [parts](OpRun& r) {
       const std::vector<std::vector<int32_t>> part_offsets = {
-          {0, 0, 1, 61, 61, 90, 100},    {0, 70, 70, 71, 200, 200, 203},
-          {0, 0, 0, 0, 0, 0, 0},         {0, 1, 2, 3, 4, 5, 6},
-          {0, 0, 0, 130, 130, 130, 130}, {0, 64, 64, 64, 128, 129, 300}};
+          {0, 0, 1, 61, 61, 90, 100},     {0, 70, 70, 71, 200, 200, 203},
+          {0, 0, 0, 0, 0, 0, 0},          {0, 1, 2, 3, 4, 5, 6},
+          {0, 0, 0, 130, 130, 130, 130},  {0, 64, 64, 64, 128, 129, 300},
+          {0, 32, 32, 80, 80, 80, 100},   {0, 0, 0, 0, 0, 0, 65},
+          {0, 33, 66, 99, 132, 165, 198}, {0, 0, 128, 128, 128, 128, 128}};
       constexpr int64_t kGroups = 6, kN = 40, kK = 72;
       const Tensor w = r.In({kGroups, kN, kK});  // only to say whether host offsets are needed
       std::vector<ops::GroupedRows> rows;

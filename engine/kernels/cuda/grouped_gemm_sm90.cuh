@@ -68,15 +68,17 @@
 //     past n, skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D
 //     map with the group as its outer dimension, so no read crosses into the next expert).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows in
-//     each part in turn, in 64-row steps (each part's last step masked as below). Clusters of 2
+//     each part in turn, in 64-row steps (each part's last step as below). Clusters of 2
 //     CTAs (kWeightGradCluster) take two tiles stacked along n, which share x's 256 columns: each
 //     CTA loads its own dy columns and half of x's, multicast into both (the same stage protocol as
 //     the forward's). Order (grouped_gemm_tiles.h, tested on the host): group-major, then bands of
-//     row pairs where the average group's dy outgrows L2. A K step past the group's end would read
-//     the next group's rows, so the producer lands such a stage on a separate mbarrier, zeroes the
-//     128-byte lines of the rows past the end in every box (both operands, so Inf/NaN in a
-//     neighbour cannot leak as 0 * Inf), fences (fence.proxy.async) and only then arrives on
-//     full[s]; each CTA masks its own copy of the stage.
+//     row pairs where the average group's dy outgrows L2. A part's last K step of a group holds
+//     rows past the group's end (the next group's): the consumers skip the stage's 16-row wgmma
+//     slices that hold none of the group's rows (PartSlices), and where the last slice they read
+//     is partly past the end, the producer lands the stage on a separate mbarrier, zeroes the
+//     128-byte lines of those rows in every box (both operands, so Inf/NaN in a neighbour cannot
+//     leak as 0 * Inf), fences (fence.proxy.async) and only then arrives on full[s]; each CTA
+//     masks its own copy of the stage.
 //
 // Key facts relied on (PTX ISA 8.x wgmma / cp.async.bulk.tensor; CUTLASS cute GMMA traits):
 //   - TMA with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box writes box row r at byte
@@ -133,7 +135,7 @@ constexpr int kForwardStages = 3;       // 3 x 48 KiB, beside the output staging
 constexpr int kForwardCluster = 2;      // forward CTAs sharing (multicasting) an operand tile
 constexpr int kWeightGradStages = 4;    // 4 x 48 KiB, beside the output staging
 constexpr int kWeightGradCluster = 2;   // weight-gradient CTAs sharing (multicasting) x's tile
-constexpr int kMaxWeightGradParts = 4;  // parts of rows one weight-gradient launch sums
+constexpr int kMaxWeightGradParts = 8;  // parts of rows one weight-gradient launch sums
 constexpr int kConsumers = 2;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
@@ -269,30 +271,53 @@ struct StageRing {
       1023 + kStages * kStageBytes + ((kStageBarrierBytes<kStages> + 1023) & ~1023);
 };
 
+// Every stage's K slices hold data (MultiplyStages' default).
+struct WholeStages {
+  __device__ int operator()() const { return kBlockK / kWgmmaK; }
+};
+
 // Consumer side of k_blocks stages: this warpgroup's 64 x 256 accumulators = A · B over them
 // when `active` (a_descriptor(stage, k_slice), b_descriptor(stage, k_slice) give the operands);
-// an inactive warpgroup (its rows lie outside C) only releases the stages. Keeps one wgmma
+// an inactive warpgroup (its rows lie outside C) only releases the stages. stage_slices(),
+// called once per stage in order, says how many of its 16-deep K slices hold data (1 to 4,
+// warpgroup-uniform); the slices after them hold zeros and are skipped. Keeps one wgmma
 // group in flight: a stage is released once the group after it has been issued and its own
 // group has completed. Every consumer warp arrives once per stage on empty.
 template <int kTransposeA, int kTransposeB, int kStages, int kCluster, typename ADescriptor,
-          typename BDescriptor>
+          typename BDescriptor, typename StageSlices = WholeStages>
 __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, bool active,
                                                const StageBarriers<kStages, kCluster>& barriers,
                                                PipelineState<kStages>& state,
-                                               ADescriptor a_descriptor, BDescriptor b_descriptor) {
+                                               ADescriptor a_descriptor, BDescriptor b_descriptor,
+                                               StageSlices stage_slices = {}) {
   const bool warp_leader = threadIdx.x % 32 == 0;
   int unreleased = -1;  // the stage whose wgmma group may still be reading it
   for (int kb = 0; kb < k_blocks; ++kb) {
+    const int slices = stage_slices();
     MbarrierWait(barriers.Full(state.stage), state.phase);
     if (active) {
-      FenceAccumulators(acc);
-      WgmmaFence();
+      // One straight wgmma sequence per slice count: ptxas fences every wgmma of a sequence
+      // with branches inside it.
+      const auto issue = [&]<int kSlices>() {
+        FenceAccumulators(acc);
+        WgmmaFence();
 #pragma unroll
-      for (int slice = 0; slice < kBlockK / kWgmmaK; ++slice) {
-        WgmmaSS<kTransposeA, kTransposeB>(acc, a_descriptor(state.stage, slice),
-                                          b_descriptor(state.stage, slice), kb > 0 || slice > 0);
+        for (int slice = 0; slice < kSlices; ++slice) {
+          WgmmaSS<kTransposeA, kTransposeB>(acc, a_descriptor(state.stage, slice),
+                                            b_descriptor(state.stage, slice), kb > 0 || slice > 0);
+        }
+        WgmmaCommitGroup();
+      };
+      static_assert(kBlockK / kWgmmaK == 4);
+      if (slices >= 4) {
+        issue.template operator()<4>();
+      } else if (slices == 3) {
+        issue.template operator()<3>();
+      } else if (slices == 2) {
+        issue.template operator()<2>();
+      } else {
+        issue.template operator()<1>();
       }
-      WgmmaCommitGroup();
       WgmmaWaitGroup<1>();
       FenceAccumulators(acc);
       if (unreleased >= 0 && warp_leader) barriers.Release(unreleased);
@@ -430,12 +455,39 @@ __device__ __forceinline__ RowRange PartRows(const WeightGradParts& parts, int p
   return {begin, end};
 }
 
-// Zeroes the 128-byte lines of rows [valid, 64) of the stage's six 64-row boxes (A: 2, B: 4),
-// the K rows past the group's end; the producer warp calls it (all lanes).
+// The 16-deep K slices with rows in each stage of a weight-gradient tile of `group`, called once
+// per stage in order (MultiplyStages' stage_slices): every part's stages are whole but its last,
+// which ends with the part's rows; the consumers skip the slices after that.
+struct PartSlices {
+  const WeightGradParts& parts;
+  int group;
+  int part = -1;
+  int rows_left = 0;  // in `part`, from the next stage on
+
+  __device__ int operator()() {
+    while (rows_left == 0) {
+      ++part;
+      const RowRange range = PartRows(parts, part, group);
+      rows_left = range.end - range.begin;
+    }
+    const int rows = min(kBlockK, rows_left);
+    rows_left -= rows;
+    return WarpUniform((rows + kWgmmaK - 1) / kWgmmaK);
+  }
+};
+
+// The rows of a stage holding `valid` K rows that the consumers read: its slices with rows.
+__device__ __forceinline__ int ReadRows(int valid) {
+  return (valid + kWgmmaK - 1) / kWgmmaK * kWgmmaK;
+}
+
+// Zeroes the 128-byte lines of rows [valid, ReadRows(valid)) of the stage's six 64-row boxes (A:
+// 2, B: 4): the K rows past the group's end that the consumers read (the slices after them they
+// skip); the producer warp calls it (all lanes).
 __device__ __forceinline__ void ZeroRowsPastEnd(uint8_t* a, uint8_t* b, int valid) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int line = valid + lane / 8; line < 64; line += 4) {
+  for (int line = valid + lane / 8; line < ReadRows(valid); line += 4) {
     const int offset = line * kSwizzleRowBytes + lane % 8 * 16;
 #pragma unroll
     for (int box = 0; box < kBlockM / 64; ++box) {
@@ -991,8 +1043,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int row = range.begin; row < range.end; row += kBlockK) {
             MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
             const int valid = min(kBlockK, range.end - row);
+            const bool masked = valid < ReadRows(valid);  // rows to zero before the consumers
             const uint32_t landing =
-                valid < kBlockK ? barriers.Landed(state.stage) : barriers.Full(state.stage);
+                masked ? barriers.Landed(state.stage) : barriers.Full(state.stage);
             if (issuer) {
               // Every CTA's stage receives kStageBytes: its own dy columns, its half of x's
               // columns and its peer's half.
@@ -1009,7 +1062,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    tile.n0 + 64 * box, row);
               }
             }
-            if (valid < kBlockK) {  // every CTA of the cluster masks its own copy of the stage
+            if (masked) {  // every CTA of the cluster masks its own copy of the stage
               MbarrierWait(landing, (landed_phases >> state.stage) & 1);
               landed_phases ^= 1u << state.stage;
               ZeroRowsPastEnd(ring.APointer(state.stage), ring.BPointer(state.stage), valid);
@@ -1047,7 +1100,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const auto b_descriptor = [&](int stage, int slice) {
         return MNMajorDescriptor(ring.B(stage), slice);
       };
-      MultiplyStages<1, 1>(acc, k_blocks, active, barriers, state, a_descriptor, b_descriptor);
+      MultiplyStages<1, 1>(acc, k_blocks, active, barriers, state, a_descriptor, b_descriptor,
+                           PartSlices(parts, tile.group));
       if (!active) continue;
       if (k_blocks == 0) {  // no rows, and dw_g =: zeros (no wgmma cleared the accumulators)
 #pragma unroll
