@@ -2,7 +2,6 @@
 
 #include <gflags/gflags.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "apps/moe_train/flag_table.h"
@@ -26,11 +25,9 @@ bool Cuda(const Context& c) { return c.cuda; }
 bool MoeLayers(const Context&) { return FLAGS_first_dense_layers < FLAGS_num_layers; }
 bool DenseLayers(const Context&) { return FLAGS_first_dense_layers > 0; }
 bool FusedMlp(const Context&) { return FLAGS_moe_grouped_mlp == "fused"; }
-// More than one micro-batch a step on each replica (data-parallel size = world / pipeline).
+// More than one micro-batch a step on each replica.
 bool SeveralMicroBatches(const Context& c) {
-  const int64_t data =
-      std::max<int64_t>(1, c.world_size / std::max<int64_t>(1, FLAGS_pipeline_parallel));
-  return FLAGS_global_batch_size > FLAGS_micro_batch_size * data;
+  return FLAGS_global_batch_size > FLAGS_micro_batch_size * DataParallelSize(c.world_size);
 }
 bool Training(const Context&) { return FLAGS_dump_reference_case.empty(); }
 bool OneProcess(const Context& c) { return c.world_size == 1; }

@@ -1,5 +1,6 @@
 #include "apps/moe_train/run_flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <filesystem>
@@ -165,6 +166,10 @@ Status CheckParallel(int world_size) {
 
 }  // namespace
 
+int64_t DataParallelSize(int world_size) {
+  return std::max<int64_t>(1, world_size / std::max<int64_t>(1, FLAGS_pipeline_parallel));
+}
+
 std::string TraceFilePath(int rank, int world_size) {
   if (world_size == 1) return FLAGS_trace_file;
   const std::filesystem::path path(FLAGS_trace_file);
@@ -280,7 +285,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   MOE_ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
   MOE_RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
-  run.data_parallel = world_size / run.pipeline_parallel;
+  run.data_parallel = static_cast<int>(DataParallelSize(world_size));
   t.virtual_pipeline = static_cast<int>(FLAGS_virtual_pipeline);
   t.first_stage_layers = static_cast<int>(FLAGS_first_stage_layers);
   t.last_stage_layers = static_cast<int>(FLAGS_last_stage_layers);

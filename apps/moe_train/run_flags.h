@@ -71,6 +71,10 @@ struct RunConfig {
 // its extension (trace.json -> trace.rank1.json).
 std::string TraceFilePath(int rank, int world_size);
 
+// The data-parallel size, world_size / --pipeline_parallel (at least 1, also before
+// ValidateFlags has refused a --pipeline_parallel that does not divide the world).
+int64_t DataParallelSize(int world_size);
+
 StatusOr<RunConfig> ValidateFlags(int world_size);
 
 }  // namespace moe
