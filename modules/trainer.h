@@ -206,10 +206,14 @@ class Trainer {
           RankActions train_actions);
   // Copies a (rows, seq + 1) window batch to the device as ids and targets (rows * seq).
   Microbatch Upload(const std::vector<int32_t>& windows, int64_t rows) const;
-  // This rank's share of a global batch (samples).
+  // This rank's share of a global batch (samples), and its first sample in the step about to run.
   int64_t RankSamples() const;
-  // This rank's training windows of the step about to run.
-  std::vector<int32_t> StepWindows() const;
+  int64_t FirstSampleOfStep() const;
+  // RankSamples() training windows from `first_sample` on.
+  std::vector<int32_t> ReadWindows(int64_t first_sample) const;
+  // The windows of the step about to run: those read ahead during the last step when they are
+  // its samples (not after a checkpoint load, say), else read now.
+  std::vector<int32_t> StepWindows();
   PipelineStepOptions StepOptions(bool training) const;
   bool whole_model() const;           // one chunk, first and last stage
   GptStage StageOf(int stage) const;  // of partition_
@@ -240,6 +244,9 @@ class Trainer {
   std::unique_ptr<WeightGather> weight_gather_;
   std::unique_ptr<StepTimeline> timeline_;
   int64_t step_ = 0;
+  // The next step's windows, read while the device ran the last step's AdamW; -1: none held.
+  int64_t read_ahead_first_sample_ = -1;
+  std::vector<int32_t> read_ahead_windows_;
 };
 
 }  // namespace moe

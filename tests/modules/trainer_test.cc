@@ -122,8 +122,9 @@ TEST(TrainerTest, ResumeIsBitIdentical) {
   }
 }
 
-// A checkpoint of an earlier step loaded into a trainer mid-run trains on the checkpoint's
-// samples, not on those of the step the trainer had reached.
+// A trainer reads each next step's samples while the device runs the current one's optimizer; a
+// checkpoint of an earlier step loaded into it mid-run trains on the checkpoint's samples, not on
+// those it read ahead.
 TEST(TrainerTest, LoadMidRunTrainsOnTheCheckpointsSamples) {
   auto source = Synthetic(64);
   const std::string root = ::testing::TempDir() + "/mid_run_" + std::to_string(testing::TestSeed());
@@ -135,7 +136,7 @@ TEST(TrainerTest, LoadMidRunTrainsOnTheCheckpointsSamples) {
   auto trainer = NewTrainer(source.get());
   trainer->TrainStep();
   ASSERT_TRUE(trainer->Save(root, {}).ok());
-  for (int step = 1; step < 3; ++step) trainer->TrainStep();
+  for (int step = 1; step < 3; ++step) trainer->TrainStep();  // holds step 4's samples now
   const Status loaded = trainer->Load(root);
   ASSERT_TRUE(loaded.ok()) << loaded.message();
   ASSERT_EQ(trainer->step(), 1);
