@@ -280,7 +280,7 @@ struct WholeStages {
 // when `active` (a_descriptor(stage, k_slice), b_descriptor(stage, k_slice) give the operands);
 // an inactive warpgroup (its rows lie outside C) only releases the stages. stage_slices(),
 // called once per stage in order, says how many of its 16-deep K slices hold data (1 to 4,
-// warpgroup-uniform); the slices after them hold zeros and are skipped. Keeps one wgmma
+// warpgroup-uniform); the slices after them are skipped (whatever they hold). Keeps one wgmma
 // group in flight: a stage is released once the group after it has been issued and its own
 // group has completed. Every consumer warp arrives once per stage on empty.
 template <int kTransposeA, int kTransposeB, int kStages, int kCluster, typename ADescriptor,
