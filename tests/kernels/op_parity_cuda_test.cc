@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <span>
@@ -60,6 +61,9 @@ class OpRun {
   Tensor OutGrad(const Shape& shape) { return PoisonedTensor(shape, dtype_, device_); }
   Tensor Ints(const std::vector<int32_t>& values, const Shape& shape) {
     return FromInts(values, shape, device_);
+  }
+  Tensor F32(const std::vector<float>& values, const Shape& shape) {
+    return FromFloats(values, shape, DType::kF32, device_);
   }
   std::vector<int32_t> RandomInts(int64_t n, int32_t bound) {
     std::uniform_int_distribution<int32_t> uniform(0, bound - 1);
@@ -433,6 +437,22 @@ std::vector<OpCase> Cases() {
         0, 0);
   }
   add(
+      "topk_ties_nan_signed_zero",  // the order's corners: indices only (NaN values differ as NaN)
+      [](OpRun& r) {
+        const int64_t rows = 40, cols = 100;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        const float inf = std::numeric_limits<float>::infinity();
+        const std::vector<float> palette = {1.0f, -1.0f, 0.0f, -0.0f, nan, -inf, inf, 1.0f, -nan};
+        std::vector<float> x(rows * cols);
+        std::vector<int32_t> picks =
+            r.RandomInts(rows * cols, static_cast<int32_t>(palette.size()));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = palette[picks[i]];
+        Tensor values = r.OutF32({rows, 8}), indices = r.OutI32({rows, 8});
+        ops::TopK(r.F32(x, {rows, cols}), values, indices);
+        r.Read("indices", indices);
+      },
+      0, 0);
+  add(
       "sort_gather",
       [](OpRun& r) {
         const int64_t n = 5000, keys = 128, h = 40;
@@ -443,11 +463,15 @@ std::vector<OpCase> Cases() {
         Tensor x = r.In({n, h});
         Tensor permuted = r.Out({n, h});
         ops::GatherRows(x, order, permuted);
+        const int64_t wide = 2100;  // rows of 525 words (the narrow ones: 5 or 10)
+        Tensor wide_x = r.In({n / 8, wide}), wide_permuted = r.Out({n - 3, wide});
+        ops::GatherRows(wide_x, r.Ints(r.RandomInts(n - 3, n / 8), {n - 3}), wide_permuted);
         Tensor pairs = r.Ints(r.RandomInts(2 * (n / 2), n), {n / 2, 2});
         Tensor summed = r.Out({n / 2, h});
         ops::GatherSumRows(x, pairs, summed);
         r.Read("order", order);
         r.Read("offsets", offsets);
+        r.Read("wide permuted", wide_permuted);
         r.Read("permuted", permuted);
         r.Read("summed", summed);
       },

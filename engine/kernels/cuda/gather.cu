@@ -2,22 +2,47 @@
 //   GatherRows: out[i] = x[index[i]], any dtype: rows are copied as raw words of the widest size
 //     (16, 8, 4, 2 or 1 bytes) that the row length and both base pointers allow.
 //   GatherSumRows: out[i] = sum_j x[index[i, j]], f32 or bf16, summed in fp32 in j order.
-// Grid-stride over (output row, word or 8-element chunk): neighbouring threads copy
-// neighbouring parts of a row, so accesses coalesce. Indices out of range trap (MOE_DEVICE_CHECK).
+// GatherRows: a block's threads split into groups of `lanes` (a power of two covering a row's
+// words, at most the block), each group copying rows kRowsInFlight at a time (all their loads
+// before their stores), the words of a row to neighbouring threads, so accesses coalesce; no
+// division per word. (One thread per word over a flat index, with a 64-bit division for each,
+// copied the preset's 32768 permuted rows of 4 KiB at 2.5 TB/s: 54.5 us on the H200.)
+// GatherSumRows: grid-stride over (output row, 8-element chunk).
+// Indices out of range trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
 namespace moe::cuda {
 namespace {
 
+constexpr int kGatherThreads = 256;
+constexpr int kRowsInFlight = 4;
+
 template <typename Word>
-__global__ void GatherRowsKernel(const Word* x, int64_t n, const int32_t* index, int64_t m,
-                                 int64_t row_words, Word* out) {
-  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < m * row_words;
-       idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t src = index[idx / row_words];
-    MOE_DEVICE_CHECK(src >= 0 && src < n);
-    out[idx] = x[src * row_words + idx % row_words];
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherRowsKernel(const Word* __restrict__ x, int64_t n, const int32_t* __restrict__ index,
+                     int64_t m, int row_words, int lanes, Word* __restrict__ out) {
+  const int lane = static_cast<int>(threadIdx.x) & (lanes - 1);
+  const int64_t groups = int64_t{gridDim.x} * (kGatherThreads / lanes);
+  const int64_t group = int64_t{blockIdx.x} * (kGatherThreads / lanes) + threadIdx.x / lanes;
+  for (int64_t first = group * kRowsInFlight; first < m; first += groups * kRowsInFlight) {
+    int64_t src[kRowsInFlight];
+#pragma unroll
+    for (int r = 0; r < kRowsInFlight; ++r) {
+      src[r] = first + r < m ? index[first + r] : 0;
+      MOE_DEVICE_CHECK(src[r] >= 0 && src[r] < n);
+    }
+    for (int w = lane; w < row_words; w += lanes) {
+      Word words[kRowsInFlight];
+#pragma unroll
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        if (first + r < m) words[r] = x[src[r] * row_words + w];
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsInFlight; ++r) {
+        if (first + r < m) out[(first + r) * row_words + w] = words[r];
+      }
+    }
   }
 }
 
@@ -43,10 +68,14 @@ __global__ void GatherSumRowsKernel(const T* x, int64_t n, const int32_t* index,
 template <typename Word>
 void LaunchGatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
   const int64_t row_words = x.dim(1) * static_cast<int64_t>(DTypeSize(x.dtype())) / sizeof(Word);
+  CHECK_LE(row_words, INT32_MAX) << "gather: row words must fit in i32";
+  int lanes = 1;
+  while (lanes < row_words && lanes < kGatherThreads) lanes *= 2;
   const int64_t m = index.dim(0);
-  constexpr int kThreads = 256;
-  GatherRowsKernel<Word><<<BlocksFor(m * row_words, kThreads), kThreads, 0, StreamOf(x)>>>(
-      Ptr<const Word>(x), x.dim(0), Ptr<const int32_t>(index), m, row_words, Ptr<Word>(out));
+  GatherRowsKernel<Word>
+      <<<BlocksFor(m, int64_t{kGatherThreads} / lanes * kRowsInFlight), kGatherThreads, 0,
+         StreamOf(x)>>>(Ptr<const Word>(x), x.dim(0), Ptr<const int32_t>(index), m,
+                        static_cast<int>(row_words), lanes, Ptr<Word>(out));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
