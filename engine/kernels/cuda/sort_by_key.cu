@@ -20,7 +20,9 @@ namespace {
 constexpr int64_t kChunkTarget = 256;
 constexpr int64_t kMaxCounters = int64_t{1} << 22;
 constexpr int kScanThreads = 1024;
-constexpr int64_t kScanTile = kScanThreads * 8;
+// One block-wide scan per tile: the MoE router's 128 x 128 counters are 16 tiles scanned at once
+// (in tiles of 8 x 1024 two blocks scanned 8 times each in turn: 8.3 us on the H200).
+constexpr int64_t kScanTile = kScanThreads;
 
 __global__ void CountKernel(const int32_t* keys, int64_t n, int64_t num_keys, int64_t chunk_size,
                             int64_t chunks, int32_t* counts) {
