@@ -18,11 +18,13 @@ namespace moe::cuda {
 namespace {
 
 // The element (v, column)'s rank in top-k order as an unsigned key: the float's bits made
-// order-preserving (negatives flipped, positives' sign bit set; every NaN above +inf, -0 as +0)
-// above the column's complement, so that a tie goes to the lower column.
+// order-preserving (negatives flipped, positives' sign bit set; every NaN just above +inf, -0
+// as +0) above the column's complement, so that a tie goes to the lower column. The largest key,
+// a NaN in column 0, stays below ~0 (TopKKernel's "above every key").
 __device__ __forceinline__ uint64_t OrderKey(float v, int column) {
+  constexpr uint32_t kNan = 0xff800001u;  // +inf's bits with the sign bit set, plus one
   uint32_t bits = __float_as_uint(v == 0.0f ? 0.0f : v);
-  bits = isnan(v) ? 0xffffffffu : (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+  bits = isnan(v) ? kNan : (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
   return uint64_t{bits} << 32 | ~static_cast<uint32_t>(column);
 }
 
