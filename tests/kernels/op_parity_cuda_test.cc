@@ -437,7 +437,7 @@ std::vector<OpCase> Cases() {
         0, 0);
   }
   add(
-      "topk_ties_nan_signed_zero",  // the order's corners: indices only (NaN values differ as NaN)
+      "topk_ties_nan_signed_zero",  // the order's corners; indices only (NaN != NaN in values)
       [](OpRun& r) {
         const int64_t rows = 40, cols = 100;
         const float nan = std::numeric_limits<float>::quiet_NaN();
