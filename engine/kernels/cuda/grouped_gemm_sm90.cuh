@@ -455,6 +455,11 @@ __device__ __forceinline__ RowRange PartRows(const WeightGradParts& parts, int p
   return {begin, end};
 }
 
+// The rows of a stage holding `valid` K rows that the consumers read: its slices with rows.
+__device__ __forceinline__ int ReadRows(int valid) {
+  return (valid + kWgmmaK - 1) / kWgmmaK * kWgmmaK;
+}
+
 // The 16-deep K slices with rows in each stage of a weight-gradient tile of `group`, called once
 // per stage in order (MultiplyStages' stage_slices): every part's stages are whole but its last,
 // which ends with the part's rows; the consumers skip the slices after that.
@@ -472,14 +477,9 @@ struct PartSlices {
     }
     const int rows = min(kBlockK, rows_left);
     rows_left -= rows;
-    return WarpUniform((rows + kWgmmaK - 1) / kWgmmaK);
+    return WarpUniform(ReadRows(rows) / kWgmmaK);
   }
 };
-
-// The rows of a stage holding `valid` K rows that the consumers read: its slices with rows.
-__device__ __forceinline__ int ReadRows(int valid) {
-  return (valid + kWgmmaK - 1) / kWgmmaK * kWgmmaK;
-}
 
 // Zeroes the 128-byte lines of rows [valid, ReadRows(valid)) of the stage's six 64-row boxes (A:
 // 2, B: 4): the K rows past the group's end that the consumers read (the slices after them they
