@@ -39,9 +39,12 @@ Tensor LmHeadLoss::Forward(SavedTensors& saved, const Tensor& x, const Tensor& t
     const Tensor x_rows = x.Rows(begin, end), target_rows = targets.Rows(begin, end);
     const Tensor lse_rows = lse.Rows(begin, end);
     LinearForwardInto(x_rows, weight_.value, logits);
-    ops::CrossEntropyForward(logits, target_rows, losses.Rows(begin, end), lse_rows);
-    if (!training) continue;
-    ops::CrossEntropyBackward(logits, target_rows, lse_rows, loss_grad, /*dlogits=*/logits);
+    if (!training) {
+      ops::CrossEntropyForward(logits, target_rows, losses.Rows(begin, end), lse_rows);
+      continue;
+    }
+    ops::CrossEntropyForwardBackward(logits, target_rows, loss_grad, losses.Rows(begin, end),
+                                     lse_rows, /*dlogits=*/logits);
     LinearBackward(/*dy=*/logits, x_rows, weight_, dx.Rows(begin, end), /*accumulate_dx=*/false);
   }
   Tensor loss_sum = Tensor::Empty({1}, DType::kF32, device);

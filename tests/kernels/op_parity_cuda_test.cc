@@ -420,6 +420,20 @@ std::vector<OpCase> Cases() {
     r.Read("dlogits", dlogits);
     ops::CrossEntropyBackward(logits, t, lse, 0.25f, /*dlogits=*/logits);  // in place (the head)
     r.Read("dlogits in place", logits);
+    // Both at once, in place, as a training head calls it: rows in registers (vocab 1000, 3000),
+    // and past what registers hold (40000: the two kernels).
+    for (const int64_t v : {int64_t{1000}, int64_t{3000}, int64_t{40000}}) {
+      const int64_t n = v > 10000 ? 3 : tokens;
+      std::vector<int32_t> both_targets = r.RandomInts(n, static_cast<int32_t>(v));
+      both_targets[1] = -1;
+      Tensor both = r.In({n, v}, 3.0f), both_losses = r.OutF32({n}), both_lse = r.OutF32({n});
+      ops::CrossEntropyForwardBackward(both, r.Ints(both_targets, {n}), 0.25f, both_losses,
+                                       both_lse, /*dlogits=*/both);
+      const std::string name = " (fused, vocab " + std::to_string(v) + ")";
+      r.Read("losses" + name, both_losses);
+      r.Read("lse" + name, both_lse);
+      r.Read("dlogits" + name, both);
+    }
   });
   for (int64_t cols : {64, 200, 300}) {  // the row in 4 or 8 registers per lane, or re-read
     add(

@@ -3,6 +3,7 @@
 //     (=), 0 where target < 0 (lse is still written).
 //   CrossEntropyBackward: dlogits = grad_scale * (exp(logit - lse) - onehot(target)) (=); rows
 //     with a negative target are 0. Targets at or above the vocabulary are CHECK failures.
+//   CrossEntropyForwardBackward: the two, one after the other.
 #include <algorithm>
 #include <cmath>
 
@@ -45,6 +46,12 @@ void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Ten
       drow[j] = grad_scale * (std::exp(row[j] - log_sum) - (j == target ? 1.0f : 0.0f));
     }
   }
+}
+
+void CrossEntropyForwardBackward(const Tensor& logits, const Tensor& targets, float grad_scale,
+                                 const Tensor& losses, const Tensor& lse, const Tensor& dlogits) {
+  CrossEntropyForward(logits, targets, losses, lse);
+  CrossEntropyBackward(logits, targets, lse, grad_scale, dlogits);
 }
 
 }  // namespace moe::cpu
