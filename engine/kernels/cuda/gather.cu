@@ -17,9 +17,8 @@ namespace moe::cuda {
 namespace {
 
 constexpr int kGatherThreads = 256;
-constexpr int kRowsInFlight = 4;
 
-template <typename Word>
+template <typename Word, int kRowsInFlight>
 __global__ void __launch_bounds__(kGatherThreads)
     GatherRowsKernel(const Word* __restrict__ x, int64_t n, const int32_t* __restrict__ index,
                      int64_t m, int row_words, int lanes, Word* __restrict__ out) {
@@ -73,11 +72,20 @@ void LaunchGatherRows(const Tensor& x, const Tensor& index, const Tensor& out) {
   int lanes = 1;
   while (lanes < row_words && lanes < kGatherThreads) lanes *= 2;
   const int64_t m = index.dim(0);
-  GatherRowsKernel<Word>
-      <<<BlocksFor(m, int64_t{kGatherThreads} / lanes * kRowsInFlight), kGatherThreads, 0,
-         StreamOf(x)>>>(Ptr<const Word>(x), x.dim(0), Ptr<const int32_t>(index), m,
-                        static_cast<int>(row_words), lanes, Ptr<Word>(out));
-  MOE_CUDA_CHECK_LAUNCH();
+  // Four rows in flight where a warp copies one row (wide rows: each thread's loads overlap);
+  // one where it copies several, which keeps enough blocks for short gathers of narrow rows.
+  const auto launch = [&]<int kRowsInFlight>(std::integral_constant<int, kRowsInFlight>) {
+    GatherRowsKernel<Word, kRowsInFlight>
+        <<<BlocksFor(m, int64_t{kGatherThreads} / lanes * kRowsInFlight), kGatherThreads, 0,
+           StreamOf(x)>>>(Ptr<const Word>(x), x.dim(0), Ptr<const int32_t>(index), m,
+                          static_cast<int>(row_words), lanes, Ptr<Word>(out));
+    MOE_CUDA_CHECK_LAUNCH();
+  };
+  if (lanes >= 32) {
+    launch(std::integral_constant<int, 4>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
 }
 
 }  // namespace
