@@ -305,26 +305,30 @@ std::vector<OpCase> Cases() {
       r.Read("dscale", dscale);
     });
   }
-  add("rmsnorm", [](OpRun& r) {
-    const int64_t rows = 67, h = 384;
-    Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
-    Tensor y = r.Out({rows, h}), rstd = r.OutF32({rows});
-    ops::RmsNormForward(x, w, 1e-5f, y, rstd);
-    Tensor dx = r.Out({rows, h}), dw = r.InF32({h});  // dweight accumulates
-    ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
-    Tensor dw_grad = r.InGrad({h});
-    ops::RmsNormBackward(dy, x, w, rstd, dx, dw_grad);
-    Tensor residual = r.In({rows, h}), dx_residual = r.Out({rows, h});
-    ops::RmsNormBackward(dy, x, w, rstd, dx_residual, dw_grad, residual);
-    ops::RmsNormBackward(dy, x, w, rstd, residual, dw_grad, residual);  // in place
-    r.Read("y", y);
-    r.Read("rstd", rstd);
-    r.Read("dx", dx);
-    r.Read("dx + residual", dx_residual);
-    r.Read("dx + residual in place", residual);
-    r.Read("dweight", dw);
-    r.Read("dweight_grad", dw_grad);
-  });
+  // Rows a block holds in registers (h 384; 2048 with several rows a block), and rows wider than
+  // a block's vectors (1030: element accesses, each row walked twice).
+  for (const auto& [rows, h] : {std::pair<int64_t, int64_t>{67, 384}, {1100, 2048}, {600, 1030}}) {
+    const std::string name = h == 384 ? "rmsnorm" : "rmsnorm_" + std::to_string(h);
+    add(name, [rows, h](OpRun& r) {
+      Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
+      Tensor y = r.Out({rows, h}), rstd = r.OutF32({rows});
+      ops::RmsNormForward(x, w, 1e-5f, y, rstd);
+      Tensor dx = r.Out({rows, h}), dw = r.InF32({h});  // dweight accumulates
+      ops::RmsNormBackward(dy, x, w, rstd, dx, dw);
+      Tensor dw_grad = r.InGrad({h});
+      ops::RmsNormBackward(dy, x, w, rstd, dx, dw_grad);
+      Tensor residual = r.In({rows, h}), dx_residual = r.Out({rows, h});
+      ops::RmsNormBackward(dy, x, w, rstd, dx_residual, dw_grad, residual);
+      ops::RmsNormBackward(dy, x, w, rstd, residual, dw_grad, residual);  // in place
+      r.Read("y", y);
+      r.Read("rstd", rstd);
+      r.Read("dx", dx);
+      r.Read("dx + residual", dx_residual);
+      r.Read("dx + residual in place", residual);
+      r.Read("dweight", dw);
+      r.Read("dweight_grad", dw_grad);
+    });
+  }
   for (int64_t cols : {128, 1000}) {
     add("softmax_" + std::to_string(cols), [cols](OpRun& r) {
       Tensor x = r.In({33, cols}, 2.0f), dy = r.In({33, cols});

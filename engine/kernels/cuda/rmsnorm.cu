@@ -5,8 +5,11 @@
 //   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=) + residual (where given, read
 //   before dx is written: may alias); dweight += sum_rows dy*x*rstd.
 // dweight is deterministic without float atomics: a fixed number of blocks (kPartialBlocks, or
-// fewer rows) each walk rows b, b + grid, ... and keep per-column sums in shared memory, written
-// to a (blocks, h) scratch; a second kernel adds each column's partials in a fixed order.
+// fewer rows) each walk rows b, b + grid, ... and keep per-column sums, written to a (blocks, h)
+// scratch; a second kernel adds each column's partials in a fixed order. Where a block's threads
+// hold a row in one vector each (h <= 1024 kVec), the backward loads dy, x and the residual once
+// into registers before the row's reduction and keeps its column sums there (one memory round
+// trip a row); wider rows are walked twice, their column sums in shared memory.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -14,6 +17,7 @@ namespace moe::cuda {
 namespace {
 
 constexpr int64_t kPartialBlocks = 512;
+constexpr int kMaxRowThreads = 1024;  // the widest row a block holds: kMaxRowThreads kVec
 
 template <int kVec, typename T, typename W>
 __global__ void RmsNormForwardKernel(const T* x, const W* weight, float eps, int64_t rows,
@@ -38,12 +42,53 @@ __global__ void RmsNormForwardKernel(const T* x, const W* weight, float eps, int
   }
 }
 
+// One element's share of the backward: dx given k = rstd^3 mean(w dy x) (r: the residual).
+__device__ __forceinline__ float RmsNormDx(float s, float w, float d, float v, float k, float r) {
+  return s * (w * d - v * k) + r;
+}
+
 // Writes dx for rows blockIdx.x, blockIdx.x + gridDim.x, ... and this block's column sums of
-// dy * x * rstd over those rows to partials[blockIdx.x] (h). Dynamic shared memory: h floats.
+// dy * x * rstd over those rows to partials[blockIdx.x] (h). Thread t holds columns
+// [t kVec, + kVec) of each row in registers (h <= blockDim.x * kVec).
 template <int kVec, typename T, typename W>
-__global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, const float* rstd,
-                                      const T* residual, int64_t rows, int64_t h, T* dx,
-                                      float* partials) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    RmsNormBackwardRowKernel(const T* dy, const T* x, const W* weight, const float* rstd,
+                             const T* residual, int64_t rows, int64_t h, T* dx, float* partials) {
+  const int64_t c = int64_t{threadIdx.x} * kVec;
+  const bool owns = c < h;
+  Floats<kVec> column_sums = {}, w = {};
+  if (owns) w = LoadFloats<kVec>(weight + c);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float s = rstd[row];
+    Floats<kVec> d = {}, v = {}, r = {};
+    float dot = 0.0f;  // sum_j w dy x
+    if (owns) {
+      d = LoadFloats<kVec>(dy + row * h + c);
+      v = LoadFloats<kVec>(x + row * h + c);
+      if (residual) r = LoadFloats<kVec>(residual + row * h + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dot += w.v[j] * d.v[j] * v.v[j];
+    }
+    const float k = BlockSum(dot) / static_cast<float>(h) * s * s;
+    if (owns) {
+      Floats<kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        out.v[j] = RmsNormDx(s, w.v[j], d.v[j], v.v[j], k, r.v[j]);
+        column_sums.v[j] += d.v[j] * v.v[j] * s;
+      }
+      StoreFloats(dx + row * h + c, out);
+    }
+  }
+  if (owns) StoreFloats(partials + blockIdx.x * h + c, column_sums);
+}
+
+// As RmsNormBackwardRowKernel for rows wider than a block's vectors: each row is read twice (the
+// reduction, then dx) and the column sums kept in dynamic shared memory (h floats).
+template <int kVec, typename T, typename W>
+__global__ void RmsNormBackwardWideKernel(const T* dy, const T* x, const W* weight,
+                                          const float* rstd, const T* residual, int64_t rows,
+                                          int64_t h, T* dx, float* partials) {
   extern __shared__ float column_sums[];  // each thread owns the columns it walks: no races
   for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
 #pragma unroll
@@ -68,7 +113,7 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const W* weight, 
       Floats<kVec> out;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        out.v[j] = s * (w.v[j] * d.v[j] - v.v[j] * k) + r.v[j];
+        out.v[j] = RmsNormDx(s, w.v[j], d.v[j], v.v[j], k, r.v[j]);
         column_sums[c + j] += d.v[j] * v.v[j] * s;
       }
       StoreFloats(dx + row * h + c, out);
@@ -127,19 +172,24 @@ void RmsNormBackward(const Tensor& dy, const Tensor& x, const Tensor& weight, co
   const cudaStream_t stream = StreamOf(x);
   const int64_t blocks = std::min(rows, kPartialBlocks);
   Tensor partials = Tensor::Empty({blocks, h}, DType::kF32, x.device());
-  const size_t shared_bytes = static_cast<size_t>(h) * sizeof(float);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     DispatchFloat(weight.dtype(), [&]<typename W>(TypeTag<W>) {
       DispatchVec(
           h, {dy.data(), x.data(), weight.data(), dx.data(), Ptr<const T>(residual)},
           [&]<int kVec>(VecTag<kVec>) {
-            const auto kernel = RmsNormBackwardKernel<kVec, T, W>;
+            const int64_t vectors = h / kVec;
+            const bool in_registers = vectors <= kMaxRowThreads;
+            const auto kernel = in_registers ? RmsNormBackwardRowKernel<kVec, T, W>
+                                             : RmsNormBackwardWideKernel<kVec, T, W>;
+            const size_t shared_bytes = in_registers ? 0 : static_cast<size_t>(h) * sizeof(float);
             if (shared_bytes > 48 * 1024) {  // beyond the default limit: opt in (up to 227 KiB)
               MOE_CUDA_CALL(cudaFuncSetAttribute(kernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(shared_bytes)));
             }
-            kernel<<<static_cast<int>(blocks), RowThreads(h / kVec), shared_bytes, stream>>>(
+            const int threads =
+                in_registers ? RowThreads(vectors, kMaxRowThreads) : RowThreads(vectors);
+            kernel<<<static_cast<int>(blocks), threads, shared_bytes, stream>>>(
                 Ptr<const T>(dy), Ptr<const T>(x), Ptr<const W>(weight), Ptr<const float>(rstd),
                 Ptr<const T>(residual), rows, h, Ptr<T>(dx), Ptr<float>(partials));
             MOE_CUDA_CHECK_LAUNCH();
