@@ -4,10 +4,9 @@
 //   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
 // Backward is the inverse rotation (sin negated). One block per token row: its threads first
 // compute the row's d/2 angles in double, like the CPU reference (a float angle loses ~1e-4 rad
-// at positions in the thousands), as {cos, sin} floats in shared memory, with each thread's first
-// kVec pairs already being loaded; then each thread rotates kVec consecutive pairs of a head (one
-// 16-byte access per half for bf16 when d/2 allows). Each pair is read before it is written, so y
-// may alias x.
+// at positions in the thousands), as {cos, sin} floats in shared memory; then each thread rotates
+// kVec consecutive pairs of a head (one 16-byte access per half for bf16 when d/2 allows). Each
+// pair is read before it is written, so y may alias x.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -22,20 +21,6 @@ __global__ void __launch_bounds__(kMaxThreads)
                T* y) {
   extern __shared__ float2 rotation[];  // [half]: {cos, direction * sin} of this row's angles
   const int64_t token = blockIdx.x;
-  const int chunks = half / kVec;  // per head
-  const int64_t row_at = token * heads * 2 * half;
-  // Item c is chunk c % chunks of head c / chunks: kVec pairs at [lo_at, +kVec), [hi_at, +kVec).
-  int c = threadIdx.x, i0 = 0;
-  int64_t lo_at = 0, hi_at = 0;
-  Floats<kVec> lo, hi;
-  const auto load = [&] {
-    i0 = c % chunks * kVec;
-    lo_at = row_at + int64_t{c / chunks} * 2 * half + i0;
-    hi_at = lo_at + half;
-    lo = LoadFloats<kVec>(x + lo_at);
-    hi = LoadFloats<kVec>(x + hi_at);
-  };
-  if (c < heads * chunks) load();  // in flight while the angles are computed
   const double pos = static_cast<double>(token % seq_len);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double sin_angle, cos_angle;
@@ -44,7 +29,12 @@ __global__ void __launch_bounds__(kMaxThreads)
         make_float2(static_cast<float>(cos_angle), direction * static_cast<float>(sin_angle));
   }
   __syncthreads();
-  while (c < heads * chunks) {
+  const int chunks = half / kVec;  // per head
+  const int64_t row_at = token * heads * 2 * half;
+  for (int c = threadIdx.x; c < heads * chunks; c += blockDim.x) {
+    const int head = c / chunks, i0 = c % chunks * kVec;
+    const int64_t lo_at = row_at + int64_t{head} * 2 * half + i0, hi_at = lo_at + half;
+    const Floats<kVec> lo = LoadFloats<kVec>(x + lo_at), hi = LoadFloats<kVec>(x + hi_at);
     Floats<kVec> y_lo, y_hi;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -54,8 +44,6 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     StoreFloats<kVec>(y + lo_at, y_lo);
     StoreFloats<kVec>(y + hi_at, y_hi);
-    c += blockDim.x;
-    if (c < heads * chunks) load();
   }
 }
 
