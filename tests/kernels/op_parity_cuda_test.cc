@@ -424,9 +424,9 @@ std::vector<OpCase> Cases() {
     r.Read("dlogits", dlogits);
     ops::CrossEntropyBackward(logits, t, lse, 0.25f, /*dlogits=*/logits);  // in place (the head)
     r.Read("dlogits in place", logits);
-    // Both at once, in place, as a training head calls it: rows in registers (vocab 1000, 3000),
-    // and past what registers hold (40000: the two kernels).
-    for (const int64_t v : {int64_t{1000}, int64_t{3000}, int64_t{40000}}) {
+    // Both at once, in place, as a training head calls it: 16-byte accesses (vocab 1000, 40000)
+    // and element accesses (3001).
+    for (const int64_t v : {int64_t{1000}, int64_t{3001}, int64_t{40000}}) {
       const int64_t n = v > 10000 ? 3 : tokens;
       std::vector<int32_t> both_targets = r.RandomInts(n, static_cast<int32_t>(v));
       both_targets[1] = -1;
@@ -657,6 +657,36 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kF32, {128, 1536, 2048}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {8, 36, 64}));
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
+}
+
+// A training head's fused cross-entropy (in place) has the bits of the forward and backward ops
+// run one after the other, in bf16 and f32, with 16-byte and element accesses.
+TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const Device gpu = Device::CUDA(0);
+  std::mt19937 rng(testing::TestSeed());
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const int64_t vocab : {int64_t{32000}, int64_t{3001}}) {
+      const int64_t tokens = 37;
+      std::vector<int32_t> targets(tokens);
+      for (int32_t& t : targets) t = static_cast<int32_t>(rng() % vocab);
+      targets[3] = -1;  // ignored
+      const Tensor t = FromInts(targets, {tokens}, gpu);
+      const Tensor logits = testing::RandomTensor({tokens, vocab}, dtype, gpu, rng, 4.0f);
+      const Tensor losses = PoisonedTensor({tokens}, DType::kF32, gpu);
+      const Tensor lse = PoisonedTensor({tokens}, DType::kF32, gpu);
+      const Tensor dlogits = PoisonedTensor({tokens, vocab}, dtype, gpu);
+      ops::CrossEntropyForward(logits, t, losses, lse);
+      ops::CrossEntropyBackward(logits, t, lse, 0.125f, dlogits);
+      const Tensor fused_losses = PoisonedTensor({tokens}, DType::kF32, gpu);
+      const Tensor fused_lse = PoisonedTensor({tokens}, DType::kF32, gpu);
+      ops::CrossEntropyForwardBackward(logits, t, 0.125f, fused_losses, fused_lse, logits);
+      const std::string where = std::string(DTypeName(dtype)) + ", vocab " + std::to_string(vocab);
+      EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << where;
+      EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << where;
+      EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << where;
+    }
+  }
 }
 
 // Grouped SwiGLU GEMMs (hidden k, SwiGLU width f) at row counts that end groups inside and on
