@@ -9,10 +9,10 @@ RmsNorm::RmsNorm(ParameterSet& parameters, const std::string& name, int64_t hidd
       weight_(parameters.Create({name + ".weight", {hidden}, Init::kOnes, 0, /*decay=*/false})),
       eps_(eps) {}
 
-Tensor RmsNorm::Forward(SavedTensors& saved, const Tensor& x) {
+Tensor RmsNorm::Forward(SavedTensors& saved, const Tensor& x, const Tensor& residual) {
   Tensor y = Tensor::Empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::Empty({x.dim(0)}, DType::kF32, x.device());
-  ops::RmsNormForward(x, weight_.value, eps_, y, rstd);
+  ops::RmsNormForward(x, weight_.value, eps_, y, rstd, residual);
   saved.Save(name_ + ".x", x);
   saved.Save(name_ + ".rstd", rstd);
   return y;

@@ -40,15 +40,14 @@ Tensor TransformerLayer::Forward(SavedTensors& saved, const Tensor& x, const Ten
   const size_t attn_norm_group = saved.OpenGroup(kAttnNormGroup, layer_);
   const Tensor normed = attn_norm_.Forward(saved, x);
   saved.CloseGroup(attn_norm_group);
-  Tensor h = attention_.Forward(saved, normed);
+  const Tensor h = attention_.Forward(saved, normed);
   DropNormOutput(saved, normed, attn_norm_output_keys_);
-  ops::Add(x, h, h);
-  saved.CommitGroup(attn_norm_group);
   span.emplace(x.device(), moe_mlp_ ? "moe forward" : "mlp forward", layer_);
 
   const size_t mlp_norm_group = saved.OpenGroup(kMlpNormGroup, layer_);
-  const Tensor mlp_in = mlp_norm_.Forward(saved, h);
+  const Tensor mlp_in = mlp_norm_.Forward(saved, h, /*residual=*/x);  // h += x first
   saved.CloseGroup(mlp_norm_group);
+  saved.CommitGroup(attn_norm_group);  // after the residual add has read x
   Tensor y =
       moe_mlp_ ? moe_mlp_->Forward(saved, mlp_in, aux_loss) : dense_mlp_->Forward(saved, mlp_in);
   DropNormOutput(saved, mlp_in, mlp_norm_output_keys_);

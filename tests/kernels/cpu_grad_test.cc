@@ -171,18 +171,22 @@ TEST_F(CpuGradTest, RopeBackwardIsTheInverseRotation) {
   Tensor x = Random(shape), dy = Random(shape), y = Poisoned(shape);
   const std::vector<float> r = ToFloats(dy);
   auto loss = [&] {
-    ops::RopeForward(x, seq, base, y);
+    const ops::RopeTensors forward[] = {{x, y}};
+    ops::RopeForward(forward, seq, base);
     return WeightedSum(y, r);
   };
   Tensor dx = Poisoned(shape);
-  ops::RopeBackward(dy, seq, base, dx);
+  const ops::RopeTensors backward[] = {{dy, dx}};
+  ops::RopeBackward(backward, seq, base);
   ExpectGradient("dx", x, ToFloats(dx), loss);
 
-  ops::RopeBackward(dy, seq, base, dy);  // in place
+  const ops::RopeTensors in_place[] = {{dy, dy}};
+  ops::RopeBackward(in_place, seq, base);
   EXPECT_EQ(ToFloats(dy), ToFloats(dx));
   loss();
   Tensor back = Poisoned(shape);
-  ops::RopeBackward(y, seq, base, back);
+  const ops::RopeTensors inverse[] = {{y, back}};
+  ops::RopeBackward(inverse, seq, base);
   EXPECT_LT(RelativeError(ToFloats(back), ToFloats(x)), 1e-6);
 }
 

@@ -273,6 +273,19 @@ TEST_F(CpuOpsTest, RmsNormForwardMatchesReference) {
   EXPECT_LT(RelativeError(ToFloats(rstd), want_rstd), kTolerance);
 }
 
+TEST_F(CpuOpsTest, RmsNormForwardWithResidualNormalisesTheSumItWritesToX) {
+  const int64_t rows = 5, h = 12;
+  Tensor x = Random({rows, h}), residual = Random({rows, h}), w = Random({h});
+  Tensor sum = Poisoned({rows, h}), y = Poisoned({rows, h}), rstd = Poisoned({rows});
+  ops::Add(x, residual, sum);
+  ops::RmsNormForward(sum, w, 1e-5f, y, rstd);
+  Tensor fused_y = Poisoned({rows, h}), fused_rstd = Poisoned({rows});
+  ops::RmsNormForward(x, w, 1e-5f, fused_y, fused_rstd, residual);
+  EXPECT_EQ(ToFloats(x), ToFloats(sum));
+  EXPECT_EQ(ToFloats(fused_y), ToFloats(y));
+  EXPECT_EQ(ToFloats(fused_rstd), ToFloats(rstd));
+}
+
 TEST_F(CpuOpsTest, SoftmaxForwardMatchesReference) {
   const int64_t rows = 5, cols = 9;
   Tensor x = Random({rows, cols}, 4.0f), y = Poisoned({rows, cols});
@@ -327,7 +340,8 @@ TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
   const int64_t batch = 2, seq = 5, heads = 3, d = 8;
   const float base = 10000.0f;
   Tensor x = Random({batch * seq, heads, d}), y = Poisoned({batch * seq, heads, d});
-  ops::RopeForward(x, seq, base, y);
+  const ops::RopeTensors one[] = {{x, y}};
+  ops::RopeForward(one, seq, base);
   const std::vector<float> hx = ToFloats(x);
   std::vector<float> want(hx.size());
   for (int64_t r = 0; r < batch * seq; ++r) {
@@ -344,8 +358,18 @@ TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
   }
   const std::vector<float> got = ToFloats(y);
   EXPECT_LT(RelativeError(got, want), kTolerance);
-  ops::RopeForward(x, seq, base, x);  // in place
+  // In place, beside a tensor of other heads in the same call (a layer's q and k).
+  Tensor k = Random({batch * seq, 1, d}), k_alone = Poisoned({batch * seq, 1, d});
+  const ops::RopeTensors k_only[] = {{k, k_alone}};
+  ops::RopeForward(k_only, seq, base);
+  const ops::RopeTensors both_in_place[] = {{x, x}, {k, k}};
+  ops::RopeForward(both_in_place, seq, base);
   EXPECT_EQ(ToFloats(x), got);
+  EXPECT_EQ(ToFloats(k), ToFloats(k_alone));
+  // One call's tensors share tokens and head_dim.
+  Tensor wide = Random({batch * seq, 1, 2 * d});
+  const ops::RopeTensors mismatched[] = {{x, x}, {wide, wide}};
+  EXPECT_DEATH(ops::RopeForward(mismatched, seq, base), "differ in tokens or head_dim");
 }
 
 // ---------------------------------------------------------------- attention

@@ -320,6 +320,8 @@ std::vector<OpCase> Cases() {
       Tensor residual = r.In({rows, h}), dx_residual = r.Out({rows, h});
       ops::RmsNormBackward(dy, x, w, rstd, dx_residual, dw_grad, residual);
       ops::RmsNormBackward(dy, x, w, rstd, residual, dw_grad, residual);  // in place
+      Tensor sum = r.In({rows, h}), y_of_sum = r.Out({rows, h}), rstd_of_sum = r.OutF32({rows});
+      ops::RmsNormForward(sum, w, 1e-5f, y_of_sum, rstd_of_sum, /*residual=*/r.In({rows, h}));
       r.Read("y", y);
       r.Read("rstd", rstd);
       r.Read("dx", dx);
@@ -327,6 +329,9 @@ std::vector<OpCase> Cases() {
       r.Read("dx + residual in place", residual);
       r.Read("dweight", dw);
       r.Read("dweight_grad", dw_grad);
+      r.Read("x + residual", sum);
+      r.Read("y of x + residual", y_of_sum);
+      r.Read("rstd of x + residual", rstd_of_sum);
     });
   }
   for (int64_t cols : {128, 1000}) {
@@ -361,20 +366,28 @@ std::vector<OpCase> Cases() {
       if (scaled) r.Read("dscale", dscale);
     });
   }
-  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8)
-    const int64_t batch = 2, seq = 300, heads = 3, d = 64;
-    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-    Tensor y = r.Out({batch * seq, heads, d}), dx = r.Out({batch * seq, heads, d});
-    ops::RopeForward(x, seq, 10000.0f, y);
-    ops::RopeBackward(dy, seq, 10000.0f, dx);
-    r.Read("y", y);
-    r.Read("dx", dx);
+  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8); q and k in one call
+    const int64_t batch = 2, seq = 300, heads = 3, kv_heads = 1, d = 64;
+    Tensor q = r.In({batch * seq, heads, d}), dq = r.In({batch * seq, heads, d});
+    Tensor k = r.In({batch * seq, kv_heads, d}), dk = r.In({batch * seq, kv_heads, d});
+    Tensor q_out = r.Out({batch * seq, heads, d}), dq_out = r.Out({batch * seq, heads, d});
+    Tensor k_out = r.Out({batch * seq, kv_heads, d}), dk_out = r.Out({batch * seq, kv_heads, d});
+    const ops::RopeTensors forward[] = {{q, q_out}, {k, k_out}};
+    const ops::RopeTensors backward[] = {{dq, dq_out}, {dk, dk_out}};
+    ops::RopeForward(forward, seq, 10000.0f);
+    ops::RopeBackward(backward, seq, 10000.0f);
+    r.Read("q", q_out);
+    r.Read("k", k_out);
+    r.Read("dq", dq_out);
+    r.Read("dk", dk_out);
   });
   add("rope_in_place_odd_half", [](OpRun& r) {  // element accesses; more pairs than threads
     const int64_t batch = 1, seq = 70, heads = 2, d = 2 * 333;
     Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-    ops::RopeForward(x, seq, 500000.0f, x);
-    ops::RopeBackward(dy, seq, 500000.0f, dy);
+    const ops::RopeTensors forward[] = {{x, x}};
+    const ops::RopeTensors backward[] = {{dy, dy}};
+    ops::RopeForward(forward, seq, 500000.0f);
+    ops::RopeBackward(backward, seq, 500000.0f);
     r.Read("y", x);
     r.Read("dx", dy);
   });
@@ -685,6 +698,34 @@ TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
       EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << where;
       EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << where;
       EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << where;
+    }
+  }
+}
+
+// RMSNorm's forward with a residual has the bits of Add and then the norm, in bf16 and f32, with
+// 16-byte and element accesses.
+TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const Device gpu = Device::CUDA(0);
+  std::mt19937 rng(testing::TestSeed());
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const int64_t h : {int64_t{2048}, int64_t{1030}}) {
+      const int64_t rows = 45;
+      const Tensor x = testing::RandomTensor({rows, h}, dtype, gpu, rng);
+      const Tensor residual = testing::RandomTensor({rows, h}, dtype, gpu, rng);
+      const Tensor weight = testing::RandomTensor({h}, dtype, gpu, rng);
+      const Tensor sum = PoisonedTensor({rows, h}, dtype, gpu);
+      const Tensor y = PoisonedTensor({rows, h}, dtype, gpu);
+      const Tensor rstd = PoisonedTensor({rows}, DType::kF32, gpu);
+      ops::Add(x, residual, sum);
+      ops::RmsNormForward(sum, weight, 1e-5f, y, rstd);
+      const Tensor fused_y = PoisonedTensor({rows, h}, dtype, gpu);
+      const Tensor fused_rstd = PoisonedTensor({rows}, DType::kF32, gpu);
+      ops::RmsNormForward(x, weight, 1e-5f, fused_y, fused_rstd, residual);  // x = x + residual
+      const std::string where = std::string(DTypeName(dtype)) + ", h " + std::to_string(h);
+      EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << where;
+      EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << where;
+      EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << where;
     }
   }
 }

@@ -1,5 +1,6 @@
 // CPU RMSNorm, f32 with double row sums.
-//   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved.
+//   RmsNormForward: x, y (rows, h); weight (h); rstd (rows) = 1 / sqrt(mean(x^2) + eps), saved;
+//     x += residual first where given.
 //   RmsNormBackward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=) + residual (if given);
 //     dweight += sum_rows dy * x * rstd (dweight f32, or bf16 rounded once per call).
 #include <algorithm>
@@ -11,12 +12,16 @@
 namespace moe::cpu {
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                    const Tensor& rstd) {
+                    const Tensor& rstd, const Tensor& residual) {
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   const float* w = weight.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x.data<float>() + r * h;
+    float* xr = x.data<float>() + r * h;
     float* yr = y.data<float>() + r * h;
+    if (residual.defined()) {
+      const float* res = residual.data<float>() + r * h;
+      for (int64_t j = 0; j < h; ++j) xr[j] += res[j];
+    }
     double sum_sq = 0;
     for (int64_t j = 0; j < h; ++j) sum_sq += static_cast<double>(xr[j]) * xr[j];
     const float s = static_cast<float>(1.0 / std::sqrt(sum_sq / h + eps));

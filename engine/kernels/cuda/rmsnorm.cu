@@ -1,7 +1,8 @@
 // CUDA RMSNorm (contracts: engine/kernels/op_declarations.inc). x, y, dy, dx f32 or bf16 (one
 // dtype); weight f32 or bf16; rstd f32; dweight f32 or bf16 (a gradient: rounded once per call);
 // fp32 arithmetic.
-//   Forward: rstd = 1 / sqrt(mean(x^2) + eps); y = x * rstd * weight. One block per row.
+//   Forward: rstd = 1 / sqrt(mean(x^2) + eps); y = x * rstd * weight. One block per row. With a
+//   residual, x = x + residual is stored first (rounded as stored) and normalised.
 //   Backward: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)) (=) + residual (where given, read
 //   before dx is written: may alias); dweight += sum_rows dy*x*rstd.
 // dweight is deterministic without float atomics: a fixed number of blocks (kPartialBlocks, or
@@ -20,13 +21,19 @@ constexpr int64_t kPartialBlocks = 512;
 constexpr int kMaxRowThreads = 1024;  // the widest row a block holds: kMaxRowThreads kVec
 
 template <int kVec, typename T, typename W>
-__global__ void RmsNormForwardKernel(const T* x, const W* weight, float eps, int64_t rows,
-                                     int64_t h, T* y, float* rstd) {
+__global__ void RmsNormForwardKernel(T* x, const T* residual, const W* weight, float eps,
+                                     int64_t rows, int64_t h, T* y, float* rstd) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * h;
+    T* xr = x + row * h;
     float sum_sq = 0.0f;
     for (int64_t c = threadIdx.x * kVec; c < h; c += blockDim.x * kVec) {
-      const Floats<kVec> v = LoadFloats<kVec>(xr + c);
+      Floats<kVec> v = LoadFloats<kVec>(xr + c);
+      if (residual) {  // x += residual, rounded as stored (the second loop reads it back)
+        const Floats<kVec> r = LoadFloats<kVec>(residual + row * h + c);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v.v[j] = ToFloat(FromFloat<T>(v.v[j] + r.v[j]));
+        StoreFloats(xr + c, v);
+      }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) sum_sq += v.v[j] * v.v[j];
     }
@@ -150,17 +157,19 @@ __global__ void AddPartialsKernel(const float* partials, int64_t num_partials, i
 }  // namespace
 
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
-                    const Tensor& rstd) {
+                    const Tensor& rstd, const Tensor& residual) {
   if (x.numel() == 0) return;
   const int64_t h = x.dim(-1), rows = x.numel() / h;
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     DispatchFloat(weight.dtype(), [&]<typename W>(TypeTag<W>) {
-      DispatchVec(h, {x.data(), weight.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
-        RmsNormForwardKernel<kVec, T, W>
-            <<<BlocksFor(rows, 1), RowThreads(h / kVec), 0, StreamOf(x)>>>(
-                Ptr<const T>(x), Ptr<const W>(weight), eps, rows, h, Ptr<T>(y), Ptr<float>(rstd));
-        MOE_CUDA_CHECK_LAUNCH();
-      });
+      DispatchVec(h, {x.data(), weight.data(), y.data(), Ptr<const T>(residual)},
+                  [&]<int kVec>(VecTag<kVec>) {
+                    RmsNormForwardKernel<kVec, T, W>
+                        <<<BlocksFor(rows, 1), RowThreads(h / kVec), 0, StreamOf(x)>>>(
+                            Ptr<T>(x), Ptr<const T>(residual), Ptr<const W>(weight), eps, rows, h,
+                            Ptr<T>(y), Ptr<float>(rstd));
+                    MOE_CUDA_CHECK_LAUNCH();
+                  });
     });
   });
 }
