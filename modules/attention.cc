@@ -43,8 +43,8 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
     saved.Save(name_ + ".x", x);
   }
-  const ops::RopeTensors qk[] = {{q, q}, {k, k}};
-  ops::RopeForward(qk, seq, config_.rope_base);
+  ops::RopeForward(q, seq, config_.rope_base, q);
+  ops::RopeForward(k, seq, config_.rope_base, k);
   q = q.View({batch, seq, heads, d});
   k = k.View({batch, seq, groups, d});
   Tensor out = Tensor::Empty(q.shape(), x.dtype(), x.device());
@@ -86,8 +86,8 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
   const int64_t tokens = dy.dim(0), seq = config_.seq_length;
   dq = dq.View({tokens, config_.num_attention_heads, config_.head_dim()});
   dk = dk.View({tokens, config_.num_query_groups, config_.head_dim()});
-  const ops::RopeTensors dqk[] = {{dq, dq}, {dk, dk}};
-  ops::RopeBackward(dqk, seq, config_.rope_base);
+  ops::RopeBackward(dq, seq, config_.rope_base, dq);
+  ops::RopeBackward(dk, seq, config_.rope_base, dk);
 
   const Tensor x = saved.Load(name_ + ".x");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());

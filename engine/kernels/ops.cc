@@ -407,37 +407,27 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
 
 // ---------------------------------------------------------------- rotary position embedding
 namespace {
-// The tensors' common device, after checking each and that they agree.
-Device CheckRope(std::span<const RopeTensors> tensors, int64_t seq_len) {
-  CHECK(!tensors.empty() && tensors.size() <= static_cast<size_t>(kMaxRopeTensors))
-      << "rope takes 1 to " << kMaxRopeTensors << " tensors, got " << tensors.size();
-  const Tensor& first = tensors[0].in;
-  for (const RopeTensors& t : tensors) {
-    CheckFloat(t.in, "rope input");
-    CHECK(t.in.ndim() == 3 && t.in.dim(2) % 2 == 0)
-        << "rope takes (tokens, heads, even head_dim): " << t.in.DebugString();
-    CHECK(seq_len > 0 && t.in.dim(0) % seq_len == 0)
-        << "rope: tokens " << t.in.dim(0) << " not a multiple of seq_len " << seq_len;
-    CHECK(t.in.dim(0) == first.dim(0) && t.in.dim(2) == first.dim(2))
-        << "rope: one call's tensors differ in tokens or head_dim: " << t.in.DebugString() << " vs "
-        << first.DebugString();
-    CheckSameDType(first, t.in, "rope");
-    CheckShape(t.out, t.in.shape(), "rope output");
-    CheckSameDType(t.in, t.out, "rope");
-    CommonDevice({&first, &t.in, &t.out});
-  }
-  return first.device();
+void CheckRope(const Tensor& x, int64_t seq_len, const Tensor& y) {
+  CheckFloat(x, "rope input");
+  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
+      << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
+  CHECK(seq_len > 0 && x.dim(0) % seq_len == 0)
+      << "rope: tokens " << x.dim(0) << " not a multiple of seq_len " << seq_len;
+  CheckShape(y, x.shape(), "rope output");
+  CheckSameDType(x, y, "rope");
 }
 }  // namespace
 
-void RopeForward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  const Device device = CheckRope(tensors, seq_len);
-  MOE_DISPATCH(device, RopeForward, tensors, seq_len, base);
+void RopeForward(const Tensor& x, int64_t seq_len, float base, const Tensor& y) {
+  const Device device = CommonDevice({&x, &y});
+  CheckRope(x, seq_len, y);
+  MOE_DISPATCH(device, RopeForward, x, seq_len, base, y);
 }
 
-void RopeBackward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  const Device device = CheckRope(tensors, seq_len);
-  MOE_DISPATCH(device, RopeBackward, tensors, seq_len, base);
+void RopeBackward(const Tensor& dy, int64_t seq_len, float base, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &dx});
+  CheckRope(dy, seq_len, dx);
+  MOE_DISPATCH(device, RopeBackward, dy, seq_len, base, dx);
 }
 
 // ---------------------------------------------------------------- attention

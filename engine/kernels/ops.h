@@ -39,12 +39,6 @@ struct AdamWTensors {
   bool weight_decay = true;
 };
 
-// One tensor of a RopeForward / RopeBackward call: its input and its output (which may alias it).
-struct RopeTensors {
-  Tensor in;
-  Tensor out;
-};
-
 // One part of a grouped weight gradient's token rows (GroupedMatmulWeightGrad): dy (rows, n), x
 // (rows, k), the group offsets (groups + 1) and, where needed, their host copy.
 struct GroupedRows {

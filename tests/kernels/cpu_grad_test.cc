@@ -171,22 +171,18 @@ TEST_F(CpuGradTest, RopeBackwardIsTheInverseRotation) {
   Tensor x = Random(shape), dy = Random(shape), y = Poisoned(shape);
   const std::vector<float> r = ToFloats(dy);
   auto loss = [&] {
-    const ops::RopeTensors forward[] = {{x, y}};
-    ops::RopeForward(forward, seq, base);
+    ops::RopeForward(x, seq, base, y);
     return WeightedSum(y, r);
   };
   Tensor dx = Poisoned(shape);
-  const ops::RopeTensors backward[] = {{dy, dx}};
-  ops::RopeBackward(backward, seq, base);
+  ops::RopeBackward(dy, seq, base, dx);
   ExpectGradient("dx", x, ToFloats(dx), loss);
 
-  const ops::RopeTensors in_place[] = {{dy, dy}};
-  ops::RopeBackward(in_place, seq, base);
+  ops::RopeBackward(dy, seq, base, dy);  // in place
   EXPECT_EQ(ToFloats(dy), ToFloats(dx));
   loss();
   Tensor back = Poisoned(shape);
-  const ops::RopeTensors inverse[] = {{y, back}};
-  ops::RopeBackward(inverse, seq, base);
+  ops::RopeBackward(y, seq, base, back);
   EXPECT_LT(RelativeError(ToFloats(back), ToFloats(x)), 1e-6);
 }
 

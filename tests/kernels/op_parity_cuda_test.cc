@@ -366,28 +366,20 @@ std::vector<OpCase> Cases() {
       if (scaled) r.Read("dscale", dscale);
     });
   }
-  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8); q and k in one call
-    const int64_t batch = 2, seq = 300, heads = 3, kv_heads = 1, d = 64;
-    Tensor q = r.In({batch * seq, heads, d}), dq = r.In({batch * seq, heads, d});
-    Tensor k = r.In({batch * seq, kv_heads, d}), dk = r.In({batch * seq, kv_heads, d});
-    Tensor q_out = r.Out({batch * seq, heads, d}), dq_out = r.Out({batch * seq, heads, d});
-    Tensor k_out = r.Out({batch * seq, kv_heads, d}), dk_out = r.Out({batch * seq, kv_heads, d});
-    const ops::RopeTensors forward[] = {{q, q_out}, {k, k_out}};
-    const ops::RopeTensors backward[] = {{dq, dq_out}, {dk, dk_out}};
-    ops::RopeForward(forward, seq, 10000.0f);
-    ops::RopeBackward(backward, seq, 10000.0f);
-    r.Read("q", q_out);
-    r.Read("k", k_out);
-    r.Read("dq", dq_out);
-    r.Read("dk", dk_out);
+  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8)
+    const int64_t batch = 2, seq = 300, heads = 3, d = 64;
+    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
+    Tensor y = r.Out({batch * seq, heads, d}), dx = r.Out({batch * seq, heads, d});
+    ops::RopeForward(x, seq, 10000.0f, y);
+    ops::RopeBackward(dy, seq, 10000.0f, dx);
+    r.Read("y", y);
+    r.Read("dx", dx);
   });
   add("rope_in_place_odd_half", [](OpRun& r) {  // element accesses; more pairs than threads
     const int64_t batch = 1, seq = 70, heads = 2, d = 2 * 333;
     Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-    const ops::RopeTensors forward[] = {{x, x}};
-    const ops::RopeTensors backward[] = {{dy, dy}};
-    ops::RopeForward(forward, seq, 500000.0f);
-    ops::RopeBackward(backward, seq, 500000.0f);
+    ops::RopeForward(x, seq, 500000.0f, x);
+    ops::RopeBackward(dy, seq, 500000.0f, dy);
     r.Read("y", x);
     r.Read("dx", dy);
   });

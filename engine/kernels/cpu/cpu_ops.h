@@ -8,6 +8,5 @@ namespace moe::cpu {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
 using ops::GroupedRows;
-using ops::RopeTensors;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cpu

@@ -1,6 +1,5 @@
-// CPU rotary position embedding, f32, each tensor of a call in turn. x, y (batch * seq, heads, d);
-// the position of row r is r % seq_len. For i < d/2 the pair (x_i, x_{i+d/2}) rotates by angle pos
-// * base^(-2i/d):
+// CPU rotary position embedding, f32. x, y (batch * seq, heads, d); the position of row r is
+// r % seq_len. For i < d/2 the pair (x_i, x_{i+d/2}) rotates by angle pos * base^(-2i/d):
 //   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
 // Backward applies the inverse rotation (angle negated). Angles are computed in double. Output
 // may alias input: each pair is read before it is written.
@@ -41,12 +40,12 @@ void Rotate(const Tensor& x, int64_t seq_len, float base, float direction, const
 
 }  // namespace
 
-void RopeForward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  for (const RopeTensors& t : tensors) Rotate(t.in, seq_len, base, 1.0f, t.out);
+void RopeForward(const Tensor& x, int64_t seq_len, float base, const Tensor& y) {
+  Rotate(x, seq_len, base, 1.0f, y);
 }
 
-void RopeBackward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  for (const RopeTensors& t : tensors) Rotate(t.in, seq_len, base, -1.0f, t.out);
+void RopeBackward(const Tensor& dy, int64_t seq_len, float base, const Tensor& dx) {
+  Rotate(dy, seq_len, base, -1.0f, dx);
 }
 
 }  // namespace moe::cpu

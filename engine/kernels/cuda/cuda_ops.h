@@ -9,6 +9,5 @@ namespace moe::cuda {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
 using ops::GroupedRows;
-using ops::RopeTensors;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cuda

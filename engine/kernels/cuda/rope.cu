@@ -1,14 +1,12 @@
-// CUDA rotary position embedding (contracts: engine/kernels/op_declarations.inc). Each tensor
-// in, out (batch * seq, heads, d), f32 or bf16; position of row r is r % seq_len; rotate-half pairs
+// CUDA rotary position embedding (contracts: engine/kernels/op_declarations.inc). x, y
+// (batch * seq, heads, d), f32 or bf16; position of row r is r % seq_len; rotate-half pairs
 // (i, i + d/2), i < d/2, turn by angle pos * base^(-2i/d):
 //   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
-// Backward is the inverse rotation (sin negated). One kernel for all of a call's tensors, one
-// block per token row: its threads first compute the row's d/2 angles in double, like the CPU
-// reference (a float angle loses ~1e-4 rad at positions in the thousands), as {cos, sin} floats
-// in shared memory; then each thread rotates kVec consecutive pairs of a head of one of the
-// tensors (one 16-byte access per half for bf16 when d/2 allows). Each pair is read before it is
-// written, so out may alias in. (The 8-layer preset's q and k, 4096 tokens, 16 and 4 heads of 128,
-// bf16, took 11.5 + 8.2 us as two launches under ncu on the H200.)
+// Backward is the inverse rotation (sin negated). One block per token row: its threads first
+// compute the row's d/2 angles in double, like the CPU reference (a float angle loses ~1e-4 rad
+// at positions in the thousands), as {cos, sin} floats in shared memory; then each thread rotates
+// kVec consecutive pairs of a head (one 16-byte access per half for bf16 when d/2 allows). Each
+// pair is read before it is written, so y may alias x.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -17,18 +15,10 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-// A call's tensors as the kernel sees them.
-template <typename T>
-struct RopeRows {
-  const T* in[kMaxRopeTensors];
-  T* out[kMaxRopeTensors];
-  int heads[kMaxRopeTensors];
-  int total_heads;  // over the tensors
-};
-
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kMaxThreads)
-    RopeKernel(RopeRows<T> rows, int half, int64_t seq_len, double base, float direction) {
+    RopeKernel(const T* x, int heads, int half, int64_t seq_len, double base, float direction,
+               T* y) {
   extern __shared__ float2 rotation[];  // [half]: {cos, direction * sin} of this row's angles
   const int64_t token = blockIdx.x;
   const double pos = static_cast<double>(token % seq_len);
@@ -40,13 +30,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   __syncthreads();
   const int chunks = half / kVec;  // per head
-  for (int c = threadIdx.x; c < rows.total_heads * chunks; c += blockDim.x) {
-    int t = 0, item = c / chunks;  // item: a head of one tensor, counted over the tensors
-    while (item >= rows.heads[t]) item -= rows.heads[t++];
-    const int i0 = c % chunks * kVec;
-    const int64_t lo_at = (token * rows.heads[t] + item) * 2 * half + i0, hi_at = lo_at + half;
-    const Floats<kVec> lo = LoadFloats<kVec>(rows.in[t] + lo_at);
-    const Floats<kVec> hi = LoadFloats<kVec>(rows.in[t] + hi_at);
+  const int64_t row_at = token * heads * 2 * half;
+  for (int c = threadIdx.x; c < heads * chunks; c += blockDim.x) {
+    const int head = c / chunks, i0 = c % chunks * kVec;
+    const int64_t lo_at = row_at + int64_t{head} * 2 * half + i0, hi_at = lo_at + half;
+    const Floats<kVec> lo = LoadFloats<kVec>(x + lo_at), hi = LoadFloats<kVec>(x + hi_at);
     Floats<kVec> y_lo, y_hi;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -54,54 +42,40 @@ __global__ void __launch_bounds__(kMaxThreads)
       y_lo.v[j] = lo.v[j] * r.x - hi.v[j] * r.y;
       y_hi.v[j] = hi.v[j] * r.x + lo.v[j] * r.y;
     }
-    StoreFloats<kVec>(rows.out[t] + lo_at, y_lo);
-    StoreFloats<kVec>(rows.out[t] + hi_at, y_hi);
+    StoreFloats<kVec>(y + lo_at, y_lo);
+    StoreFloats<kVec>(y + hi_at, y_hi);
   }
 }
 
-// Rotates every pair of every tensor by `direction` (+1 forward, -1 inverse) times its angle.
-void Rotate(std::span<const RopeTensors> tensors, int64_t seq_len, float base, float direction) {
-  const Tensor& first = tensors[0].in;
-  if (first.numel() == 0) return;
-  const int64_t tokens = first.dim(0), half = first.dim(2) / 2;
-  int64_t pairs = 0;  // a token's, over the tensors
-  for (const RopeTensors& t : tensors) pairs += t.in.dim(1) * half;
-  CHECK(tokens < (int64_t{1} << 31) && pairs < (int64_t{1} << 31)) << first.DebugString();
+// Rotates every pair by `direction` (+1 forward, -1 inverse) times its angle.
+void Rotate(const Tensor& x, int64_t seq_len, float base, float direction, const Tensor& y) {
+  if (x.numel() == 0) return;
+  const int64_t tokens = x.dim(0), heads = x.dim(1), half = x.dim(2) / 2;
+  CHECK(tokens < (int64_t{1} << 31) && heads * half < (int64_t{1} << 31)) << x.DebugString();
   constexpr int64_t kMaxAngleBytes = 48 * 1024;  // a block's angles, in default shared memory
   CHECK_LE(half * int64_t{sizeof(float2)}, kMaxAngleBytes)
       << "rope: head_dim " << 2 * half << " exceeds " << kMaxAngleBytes / sizeof(float2) * 2;
-  const cudaStream_t stream = StreamOf(first);
-  DispatchFloat(first.dtype(), [&]<typename T>(TypeTag<T>) {
-    RopeRows<T> rows = {};  // unused entries: null pointers, which DispatchVec takes as aligned
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      rows.in[t] = Ptr<const T>(tensors[t].in);
-      rows.out[t] = Ptr<T>(tensors[t].out);
-      rows.heads[t] = static_cast<int>(tensors[t].in.dim(1));
-      rows.total_heads += rows.heads[t];
-    }
-    static_assert(kMaxRopeTensors == 4);
-    DispatchVec(half,
-                {rows.in[0], rows.out[0], rows.in[1], rows.out[1], rows.in[2], rows.out[2],
-                 rows.in[3], rows.out[3]},
-                [&]<int kVec>(VecTag<kVec>) {
-                  const int threads =
-                      RowThreads(std::max(rows.total_heads * half / kVec, half), kMaxThreads);
-                  RopeKernel<T, kVec>
-                      <<<static_cast<unsigned>(tokens), threads, half * sizeof(float2), stream>>>(
-                          rows, static_cast<int>(half), seq_len, base, direction);
-                  MOE_CUDA_CHECK_LAUNCH();
-                });
+  const cudaStream_t stream = StreamOf(x);
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    DispatchVec(half, {x.data(), y.data()}, [&]<int kVec>(VecTag<kVec>) {
+      const int threads = RowThreads(std::max(heads * half / kVec, half), kMaxThreads);
+      RopeKernel<T, kVec>
+          <<<static_cast<unsigned>(tokens), threads, half * sizeof(float2), stream>>>(
+              Ptr<const T>(x), static_cast<int>(heads), static_cast<int>(half), seq_len, base,
+              direction, Ptr<T>(y));
+      MOE_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
 }  // namespace
 
-void RopeForward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  Rotate(tensors, seq_len, base, 1.0f);
+void RopeForward(const Tensor& x, int64_t seq_len, float base, const Tensor& y) {
+  Rotate(x, seq_len, base, 1.0f, y);
 }
 
-void RopeBackward(std::span<const RopeTensors> tensors, int64_t seq_len, float base) {
-  Rotate(tensors, seq_len, base, -1.0f);
+void RopeBackward(const Tensor& dy, int64_t seq_len, float base, const Tensor& dx) {
+  Rotate(dy, seq_len, base, -1.0f, dx);
 }
 
 }  // namespace moe::cuda
