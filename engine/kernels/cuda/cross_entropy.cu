@@ -5,11 +5,12 @@
 //   Backward: dlogits = grad_scale * (exp(logit - lse) - onehot(target)) (=), 0 where ignored.
 //   ForwardBackward: both in one kernel, the row's second read (for dlogits, which may alias the
 //   logits) straight after its first, while the row is still in L2: the logits cross DRAM once
-//   instead of twice. Same arithmetic as the two kernels, so the same bits (the adds and
-//   multiplies around expf are _rn intrinsics, which the compiler never contracts into an FMA
-//   with expf's last multiply; plain operators were contracted differently in the two kernels:
-//   f32 dlogits 1 ulp apart on the H200). (The preset's head, 4096 x 32000 bf16 logits in place,
-//   under ncu on the H200: 209 us, against 100 + 134 for the two kernels.)
+//   instead of twice. Same arithmetic as the two kernels, so the same bits: the adds and
+//   multiplies around expf and logf are _rn intrinsics, which the compiler never contracts into an
+//   FMA with their last multiply (plain operators were contracted differently in the two kernels,
+//   and in the two operand orders of a reduction's lanes: f32 dlogits 1 ulp apart on the H200).
+//   (The preset's head, 4096 x 32000 bf16 logits in place, under ncu on the H200: 209-214 us,
+//   against 100 + 133 for the two kernels.)
 // One block per row (grid-stride over rows). Targets >= vocab trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
@@ -23,11 +24,15 @@ struct MaxSum {
   float sum;
 };
 
+// Commutative to the bit (the _rn intrinsics are never contracted into an FMA, which would round
+// one product and not the other): the shuffles of a block reduction combine (a, b) in one lane and
+// (b, a) in its partner, and every thread uses the total.
 struct CombineMaxSum {
   __device__ MaxSum operator()(MaxSum a, MaxSum b) const {
     if (a.max == -INFINITY && b.max == -INFINITY) return a;  // nothing but -inf so far
     const float max = fmaxf(a.max, b.max);  // a NaN max still makes the sum NaN below
-    return {max, a.sum * expf(a.max - max) + b.sum * expf(b.max - max)};
+    return {max,
+            __fadd_rn(__fmul_rn(a.sum, expf(a.max - max)), __fmul_rn(b.sum, expf(b.max - max)))};
   }
 };
 
@@ -50,7 +55,7 @@ __device__ float RowLogSumExp(const T* xr, int64_t vocab) {
     }
   }
   const MaxSum total = BlockReduce(acc, CombineMaxSum{}, MaxSum{-INFINITY, 0.0f});
-  return total.max + logf(total.sum);
+  return __fadd_rn(total.max, logf(total.sum));
 }
 
 // dr[c] = grad_scale * (exp(xr[c] - row_lse) - onehot(target)), 0 where target < 0. Each thread
