@@ -669,7 +669,8 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
 TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
   const Device gpu = Device::CUDA(0);
-  std::mt19937 rng(testing::TestSeed());
+  const uint32_t seed = testing::TestSeed();
+  std::mt19937 rng(seed);
   for (const DType dtype : {DType::kBF16, DType::kF32}) {
     for (const int64_t vocab : {int64_t{32000}, int64_t{3001}}) {
       const int64_t tokens = 37;
@@ -686,7 +687,8 @@ TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
       const Tensor fused_losses = PoisonedTensor({tokens}, DType::kF32, gpu);
       const Tensor fused_lse = PoisonedTensor({tokens}, DType::kF32, gpu);
       ops::CrossEntropyForwardBackward(logits, t, 0.125f, fused_losses, fused_lse, logits);
-      const std::string where = std::string(DTypeName(dtype)) + ", vocab " + std::to_string(vocab);
+      const std::string where = std::string(DTypeName(dtype)) + ", vocab " + std::to_string(vocab) +
+                                ", MOE_TEST_SEED=" + std::to_string(seed);
       EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << where;
       EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << where;
       EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << where;
@@ -699,7 +701,8 @@ TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
 TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
   ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
   const Device gpu = Device::CUDA(0);
-  std::mt19937 rng(testing::TestSeed());
+  const uint32_t seed = testing::TestSeed();
+  std::mt19937 rng(seed);
   for (const DType dtype : {DType::kBF16, DType::kF32}) {
     for (const int64_t h : {int64_t{2048}, int64_t{1030}}) {
       const int64_t rows = 45;
@@ -714,7 +717,8 @@ TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
       const Tensor fused_y = PoisonedTensor({rows, h}, dtype, gpu);
       const Tensor fused_rstd = PoisonedTensor({rows}, DType::kF32, gpu);
       ops::RmsNormForward(x, weight, 1e-5f, fused_y, fused_rstd, residual);  // x = x + residual
-      const std::string where = std::string(DTypeName(dtype)) + ", h " + std::to_string(h);
+      const std::string where = std::string(DTypeName(dtype)) + ", h " + std::to_string(h) +
+                                ", MOE_TEST_SEED=" + std::to_string(seed);
       EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << where;
       EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << where;
       EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << where;
