@@ -8,8 +8,8 @@
 // head's backward, with d(loss_sum) scaled by loss_grad: dlogits in place of the logits (by the
 // call that writes the losses, CrossEntropyForwardBackward), dx_c = dlogits W (=) into its rows
 // of dx (tokens, hidden), and W.grad (f32) = or += dlogits^T x_c (BeginGradWrite: the step's
-// first write stores). So a training forward leaves the head's weight
-// gradient written and its forward time includes the head's backward.
+// first write stores). So a training forward leaves the head's weight gradient written and its
+// forward time includes the head's backward.
 // Saves (training only, no group): dx under "lm_head.dx". Backward returns it (nothing else is
 // computed or read). A forward-only pass computes the loss in the same chunks, saves nothing and
 // touches no gradient.

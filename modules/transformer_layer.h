@@ -1,7 +1,8 @@
 // Pre-norm transformer layer:
 //   h = x + attention(attn_norm(x));  y = h + mlp(mlp_norm(h)),  mlp dense or MoE.
-// x, y (tokens, hidden). The norms' offload groups (attn_norm, mlp_norm) hold the norm's saved
-// tensors and commit after their residual add.
+// x, y (tokens, hidden). The first residual add runs in mlp_norm's kernel (RmsNorm::Forward with
+// a residual: h is written and normalised in one pass). The norms' offload groups (attn_norm,
+// mlp_norm) hold the norm's saved tensors and commit after their residual add.
 // With config.recompute_in(layer).layernorm, the norms' outputs are not kept by the modules that
 // saved them (the attention's and the MLP's inputs): forward drops them (SavedTensors::Drop) and
 // backward recomputes each from its norm's saved input just before the module's backward reads it.
