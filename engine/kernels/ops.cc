@@ -494,21 +494,20 @@ void EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtab
 
 // ---------------------------------------------------------------- loss
 namespace {
-// The checks of a cross-entropy call's logits and targets, and of its (tokens) f32 `rows` outputs
-// (losses, lse) by their names.
-void CheckCrossEntropy(const Tensor& logits, const Tensor& targets,
-                       std::initializer_list<std::pair<const Tensor*, const char*>> rows) {
+void CheckLogitsAndTargets(const Tensor& logits, const Tensor& targets) {
   CheckFloat(logits, "cross-entropy logits");
   CHECK_EQ(logits.ndim(), 2) << "cross-entropy logits (tokens, vocab)";
   CheckShape(targets, {logits.dim(0)}, "cross-entropy targets");
   CheckDType(targets, DType::kI32, "cross-entropy targets");
-  for (const auto& [tensor, name] : rows) {
-    CheckShape(*tensor, {logits.dim(0)}, name);
-    CheckDType(*tensor, DType::kF32, name);
-  }
 }
 
-void CheckCrossEntropyGrad(const Tensor& logits, const Tensor& dlogits) {
+// A (tokens) f32 tensor of one value per row of logits (losses, lse).
+void CheckPerToken(const Tensor& t, const Tensor& logits, const char* name) {
+  CheckShape(t, {logits.dim(0)}, name);
+  CheckDType(t, DType::kF32, name);
+}
+
+void CheckLogitsGrad(const Tensor& logits, const Tensor& dlogits) {
   CheckShape(dlogits, logits.shape(), "cross-entropy dlogits");
   CheckSameDType(logits, dlogits, "cross-entropy dlogits");
 }
@@ -517,25 +516,28 @@ void CheckCrossEntropyGrad(const Tensor& logits, const Tensor& dlogits) {
 void CrossEntropyForward(const Tensor& logits, const Tensor& targets, const Tensor& losses,
                          const Tensor& lse) {
   const Device device = CommonDevice({&logits, &targets, &losses, &lse});
-  CheckCrossEntropy(logits, targets,
-                    {{&losses, "cross-entropy losses"}, {&lse, "cross-entropy lse"}});
+  CheckLogitsAndTargets(logits, targets);
+  CheckPerToken(losses, logits, "cross-entropy losses");
+  CheckPerToken(lse, logits, "cross-entropy lse");
   MOE_DISPATCH(device, CrossEntropyForward, logits, targets, losses, lse);
 }
 
 void CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                           float grad_scale, const Tensor& dlogits) {
   const Device device = CommonDevice({&logits, &targets, &lse, &dlogits});
-  CheckCrossEntropy(logits, targets, {{&lse, "cross-entropy lse"}});
-  CheckCrossEntropyGrad(logits, dlogits);
+  CheckLogitsAndTargets(logits, targets);
+  CheckPerToken(lse, logits, "cross-entropy lse");
+  CheckLogitsGrad(logits, dlogits);
   MOE_DISPATCH(device, CrossEntropyBackward, logits, targets, lse, grad_scale, dlogits);
 }
 
 void CrossEntropyForwardBackward(const Tensor& logits, const Tensor& targets, float grad_scale,
                                  const Tensor& losses, const Tensor& lse, const Tensor& dlogits) {
   const Device device = CommonDevice({&logits, &targets, &losses, &lse, &dlogits});
-  CheckCrossEntropy(logits, targets,
-                    {{&losses, "cross-entropy losses"}, {&lse, "cross-entropy lse"}});
-  CheckCrossEntropyGrad(logits, dlogits);
+  CheckLogitsAndTargets(logits, targets);
+  CheckPerToken(losses, logits, "cross-entropy losses");
+  CheckPerToken(lse, logits, "cross-entropy lse");
+  CheckLogitsGrad(logits, dlogits);
   MOE_DISPATCH(device, CrossEntropyForwardBackward, logits, targets, grad_scale, losses, lse,
                dlogits);
 }

@@ -664,6 +664,11 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
 }
 
+// Names a case of the bit-identity tests below, with the seed that reruns it.
+std::string BitsCase(DType dtype, const std::string& size, uint32_t seed) {
+  return std::string(DTypeName(dtype)) + ", " + size + ", MOE_TEST_SEED=" + std::to_string(seed);
+}
+
 // A training head's fused cross-entropy (in place) has the bits of the forward and backward ops
 // run one after the other, in bf16 and f32, with 16-byte and element accesses.
 TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
@@ -687,8 +692,7 @@ TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
       const Tensor fused_losses = PoisonedTensor({tokens}, DType::kF32, gpu);
       const Tensor fused_lse = PoisonedTensor({tokens}, DType::kF32, gpu);
       ops::CrossEntropyForwardBackward(logits, t, 0.125f, fused_losses, fused_lse, logits);
-      const std::string where = std::string(DTypeName(dtype)) + ", vocab " + std::to_string(vocab) +
-                                ", MOE_TEST_SEED=" + std::to_string(seed);
+      const std::string where = BitsCase(dtype, "vocab " + std::to_string(vocab), seed);
       EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << where;
       EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << where;
       EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << where;
@@ -717,8 +721,7 @@ TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
       const Tensor fused_y = PoisonedTensor({rows, h}, dtype, gpu);
       const Tensor fused_rstd = PoisonedTensor({rows}, DType::kF32, gpu);
       ops::RmsNormForward(x, weight, 1e-5f, fused_y, fused_rstd, residual);  // x = x + residual
-      const std::string where = std::string(DTypeName(dtype)) + ", h " + std::to_string(h) +
-                                ", MOE_TEST_SEED=" + std::to_string(seed);
+      const std::string where = BitsCase(dtype, "h " + std::to_string(h), seed);
       EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << where;
       EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << where;
       EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << where;
