@@ -19,14 +19,11 @@ Routing Router::Forward(SavedTensors& saved, const Tensor& x) {
   Tensor logits = Tensor::Empty({tokens, experts}, DType::kF32, device);
   LinearForwardInto(x, weight_.value, logits);
   Tensor probs = Tensor::Empty({tokens, experts}, DType::kF32, device);
-  ops::SoftmaxForward(logits, probs);
-
   Routing routing;
   Tensor top_values = Tensor::Empty({tokens, k}, DType::kF32, device);
-  routing.experts = Tensor::Empty({tokens, k}, DType::kI32, device);
-  ops::TopK(probs, top_values, routing.experts);
   routing.weights = Tensor::Empty({tokens, k}, DType::kF32, device);
-  ops::NormalizeRowsForward(top_values, routing.weights);
+  routing.experts = Tensor::Empty({tokens, k}, DType::kI32, device);
+  ops::RouterGateForward(logits, probs, top_values, routing.weights, routing.experts);
 
   routing.order = Tensor::Empty({tokens * k}, DType::kI32, device);
   routing.offsets = Tensor::Empty({experts + 1}, DType::kI32, device);
@@ -57,23 +54,20 @@ void Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_gra
   const Tensor offsets = saved.Load(name_ + ".offsets");
   const Device device = dweights.device();
 
-  Tensor dtop = Tensor::Empty(top_values.shape(), DType::kF32, device);
-  ops::NormalizeRowsBackward(dweights, top_values, dtop);
-  Tensor dprobs = Tensor::Empty(probs.shape(), DType::kF32, device);
-  ops::TopKBackward(dtop, experts, dprobs);
-  ops::LoadBalancingLossBackward(offsets, config_.moe_router_topk,
-                                 aux_grad * config_.moe_aux_loss_coeff, dprobs);
-  Tensor dlogits = Tensor::Empty(probs.shape(), DType::kF32, device);
-  ops::SoftmaxBackward(dprobs, probs, dlogits);
-  if (config_.moe_z_loss_coeff != 0.0f) {
-    ops::ZLossBackward(saved.Load(name_ + ".logits"), aux_grad * config_.moe_z_loss_coeff, dlogits);
-  }
-
+  // The z-loss adds its gradient in f32 before the matmuls' cast; without it the gate writes
+  // the compute dtype directly.
+  const bool z_loss = config_.moe_z_loss_coeff != 0.0f;
   const Tensor x = saved.Load(name_ + ".x");
+  Tensor dlogits = Tensor::Empty(probs.shape(), z_loss ? DType::kF32 : x.dtype(), device);
+  ops::RouterGateBackward(dweights, top_values, experts, probs, offsets,
+                          aux_grad * config_.moe_aux_loss_coeff, dlogits);
   Tensor dlogits_compute = dlogits;
-  if (x.dtype() != DType::kF32) {  // the matmuls run in the compute dtype
-    dlogits_compute = Tensor::Empty(dlogits.shape(), x.dtype(), device);
-    ops::Cast(dlogits, dlogits_compute);
+  if (z_loss) {
+    ops::ZLossBackward(saved.Load(name_ + ".logits"), aux_grad * config_.moe_z_loss_coeff, dlogits);
+    if (x.dtype() != DType::kF32) {  // the matmuls run in the compute dtype
+      dlogits_compute = Tensor::Empty(dlogits.shape(), x.dtype(), device);
+      ops::Cast(dlogits, dlogits_compute);
+    }
   }
   LinearBackward(dlogits_compute, x, weight_, dx, /*accumulate_dx=*/true);
 }

@@ -13,6 +13,7 @@
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/grouped_matmul_sm90.h"
+#include "engine/kernels/cuda/router_gate.h"
 #define MOE_CUDA_OR_FAIL(call) cuda::call
 #else
 #define MOE_CUDA_OR_FAIL(call) LOG(FATAL) << "this build has no CUDA support"
@@ -709,6 +710,62 @@ void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
   CheckShape(dlogits, logits.shape(), "z-loss dlogits");
   CheckDType(dlogits, DType::kF32, "z-loss dlogits");
   MOE_DISPATCH(device, ZLossBackward, logits, grad, dlogits);
+}
+
+void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
+                       const Tensor& weights, const Tensor& indices) {
+  const Device device = CommonDevice({&logits, &probs, &values, &weights, &indices});
+  CheckRouterMatrix(logits, "router logits");
+  CheckShape(probs, logits.shape(), "router probs");
+  CheckDType(probs, DType::kF32, "router probs");
+  CheckRouterMatrix(values, "router top-k values");
+  CHECK(values.dim(0) == logits.dim(0) && values.dim(1) >= 1 && values.dim(1) <= logits.dim(1))
+      << "router top-k values " << values.DebugString() << " for " << logits.DebugString();
+  CheckShape(weights, values.shape(), "router weights");
+  CheckDType(weights, DType::kF32, "router weights");
+  CheckShape(indices, values.shape(), "router top-k indices");
+  CheckDType(indices, DType::kI32, "router top-k indices");
+#if MOE_WITH_CUDA
+  if (device.is_cuda() && cuda::TryRouterGateForward(logits, probs, values, weights, indices)) {
+    return;
+  }
+#endif
+  SoftmaxForward(logits, probs);
+  TopK(probs, values, indices);
+  NormalizeRowsForward(values, weights);
+}
+
+void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
+                        const Tensor& probs, const Tensor& offsets, float balance_grad,
+                        const Tensor& dlogits) {
+  const Device device = CommonDevice({&dweights, &values, &indices, &probs, &offsets, &dlogits});
+  CheckRouterMatrix(probs, "router probs");
+  CheckRouterMatrix(values, "router top-k values");
+  CHECK(values.dim(0) == probs.dim(0) && values.dim(1) >= 1 && values.dim(1) <= probs.dim(1))
+      << "router top-k values " << values.DebugString() << " for " << probs.DebugString();
+  CheckShape(dweights, values.shape(), "router dweights");
+  CheckDType(dweights, DType::kF32, "router dweights");
+  CheckShape(indices, values.shape(), "router top-k indices");
+  CheckDType(indices, DType::kI32, "router top-k indices");
+  CheckShape(offsets, {probs.dim(1) + 1}, "router offsets");
+  CheckDType(offsets, DType::kI32, "router offsets");
+  CheckShape(dlogits, probs.shape(), "router dlogits");
+  CheckFloat(dlogits, "router dlogits");
+#if MOE_WITH_CUDA
+  if (device.is_cuda() && cuda::TryRouterGateBackward(dweights, values, indices, probs, offsets,
+                                                      balance_grad, dlogits)) {
+    return;
+  }
+#endif
+  Tensor dvalues = Tensor::Empty(values.shape(), DType::kF32, device);
+  NormalizeRowsBackward(dweights, values, dvalues);
+  Tensor dprobs = Tensor::Empty(probs.shape(), DType::kF32, device);
+  TopKBackward(dvalues, indices, dprobs);
+  LoadBalancingLossBackward(offsets, values.dim(1), balance_grad, dprobs);
+  const bool f32 = dlogits.dtype() == DType::kF32;
+  const Tensor dlogits_f32 = f32 ? dlogits : Tensor::Empty(probs.shape(), DType::kF32, device);
+  SoftmaxBackward(dprobs, probs, dlogits_f32);
+  if (!f32) Cast(dlogits_f32, dlogits);
 }
 
 void InvertPermutation(const Tensor& order, int64_t topk, const Tensor& source_rows,

@@ -13,24 +13,13 @@
 //   column (0 if none), in j order, as the CPU reference adds them. Indices out of range trap.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/topk_order.cuh"
 
 namespace moe::cuda {
 namespace {
 
-// The element (v, column)'s rank in top-k order as an unsigned key: the float's bits made
-// order-preserving (negatives flipped, positives' sign bit set; every NaN just above +inf, -0
-// as +0) above the column's complement, so that a tie goes to the lower column. The largest key,
-// a NaN in column 0, stays below ~0 (TopKKernel's "above every key").
-__device__ __forceinline__ uint64_t OrderKey(float v, int column) {
-  constexpr uint32_t kNan = 0xff800001u;  // +inf's bits with the sign bit set, plus one
-  uint32_t bits = __float_as_uint(v == 0.0f ? 0.0f : v);
-  bits = isnan(v) ? kNan : (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
-  return uint64_t{bits} << 32 | ~static_cast<uint32_t>(column);
-}
-
 // kCached > 0: each lane holds the keys of its columns in registers (cols <= 32 * kCached);
-// kCached == 0: each pass reads the row again (any cols). A key of 0 stands for "none": no
-// element's key is 0, as a column's complement is never 0.
+// kCached == 0: each pass reads the row again (any cols).
 template <int kCached>
 __global__ void TopKKernel(const float* x, int64_t rows, int cols, int k, float* values,
                            int32_t* indices) {
@@ -45,27 +34,20 @@ __global__ void TopKKernel(const float* x, int64_t rows, int cols, int k, float*
       const int c = lane + 32 * q;
       cached[q] = c < cols ? OrderKey(xr[c], c) : 0;
     }
-    uint64_t last = ~uint64_t{0};  // the previous pick's key: above every element's at first
+    uint64_t last = ~uint64_t{0};
     for (int j = 0; j < k; ++j) {
       uint64_t best = 0;
       if constexpr (kCached > 0) {
-#pragma unroll
-        for (int q = 0; q < kCached; ++q) {
-          if (cached[q] < last && cached[q] > best) best = cached[q];
-        }
+        best = NextPick(cached, last);
       } else {
         for (int c = lane; c < cols; c += 32) {
           const uint64_t key = OrderKey(xr[c], c);
           if (key < last && key > best) best = key;
         }
-      }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) {
-        const uint64_t other = __shfl_xor_sync(0xffffffffu, best, offset);
-        if (other > best) best = other;
+        best = WarpMaxKey(best);
       }
       if (lane == 0) {
-        const int column = static_cast<int>(~static_cast<uint32_t>(best));
+        const int column = KeyColumn(best);
         values[row * k + j] = xr[column];
         indices[row * k + j] = column;
       }
