@@ -39,27 +39,14 @@ __global__ void NormalizeRowsBackwardKernel(const float* dy, const float* x, flo
   }
 }
 
-// weighted[e] = count_e * sum_t probs[t, e]. One block per 32 experts, a lane per expert: warp w
-// sums rows w, w + 32, ... (each row's 32 columns one coalesced load), then lane e of warp 0 adds
-// the 32 warps' sums in warp order. (A block per expert reading its column, 4 bytes of every
-// 512-byte row: 10.9 us for the preset's 4096 x 128 probabilities.)
-constexpr int kColumnSumWarps = 32;
-__global__ void __launch_bounds__(32 * kColumnSumWarps)
-    WeightedColumnSumsKernel(const float* probs, const int32_t* offsets, int64_t tokens,
-                             int64_t experts, float* weighted) {
-  __shared__ double warp_sums[kColumnSumWarps][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t e = int64_t{blockIdx.x} * 32 + lane;
+// One block per expert e: weighted[e] = count_e * sum_t probs[t, e].
+__global__ void WeightedColumnSumsKernel(const float* probs, const int32_t* offsets, int64_t tokens,
+                                         int64_t experts, float* weighted) {
+  const int64_t e = blockIdx.x;
   double column = 0;
-  if (e < experts) {
-    for (int64_t t = warp; t < tokens; t += kColumnSumWarps) column += probs[t * experts + e];
-  }
-  warp_sums[warp][lane] = column;
-  __syncthreads();
-  if (warp != 0 || e >= experts) return;
-  column = 0;
-  for (int w = 0; w < kColumnSumWarps; ++w) column += warp_sums[w][lane];
-  weighted[e] = static_cast<float>((offsets[e + 1] - offsets[e]) * column);
+  for (int64_t t = threadIdx.x; t < tokens; t += blockDim.x) column += probs[t * experts + e];
+  column = BlockSum(column);
+  if (threadIdx.x == 0) weighted[e] = static_cast<float>((offsets[e + 1] - offsets[e]) * column);
 }
 
 // out[0] = scale * sum of values[0, n), in one block.
@@ -127,9 +114,8 @@ void LoadBalancingLossForward(const Tensor& probs, const Tensor& offsets, int64_
                               const Tensor& loss) {
   const int64_t tokens = probs.dim(0), experts = probs.dim(1);
   Tensor weighted = Tensor::Empty({experts}, DType::kF32, probs.device());
-  WeightedColumnSumsKernel<<<static_cast<int>((experts + 31) / 32), 32 * kColumnSumWarps, 0,
-                             StreamOf(probs)>>>(probs.data<float>(), offsets.data<int32_t>(),
-                                                tokens, experts, weighted.data<float>());
+  WeightedColumnSumsKernel<<<static_cast<int>(experts), kThreads, 0, StreamOf(probs)>>>(
+      probs.data<float>(), offsets.data<int32_t>(), tokens, experts, weighted.data<float>());
   MOE_CUDA_CHECK_LAUNCH();
   const double scale = static_cast<double>(experts) / (static_cast<double>(tokens) * tokens * topk);
   ScaledSumKernel<<<1, kThreads, 0, StreamOf(probs)>>>(weighted.data<float>(), experts, scale,

@@ -10,10 +10,7 @@
 //      equal keys (__match_any_sync) take consecutive positions in lane order and the lowest of
 //      them advances the (key, chunk) cursor. Input order is kept within and across chunks.
 // Chunks hold about kChunkTarget keys, fewer chunks when num_keys is large so counts stays within
-// kMaxCounters entries (~16 MiB). Where n and num_keys are small (the MoE router's choices), one
-// block runs all three steps, a chunk per warp, with its counters in shared memory: one launch
-// instead of a memset and six kernels (about 45 us of small kernels a layer and micro-batch on the
-// 8-layer preset). Keys out of range trap (MOE_DEVICE_CHECK).
+// kMaxCounters entries (~16 MiB). Keys out of range trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -26,12 +23,6 @@ constexpr int kScanThreads = 1024;
 // One block-wide scan per tile: the MoE router's 128 x 128 counters are 16 tiles scanned at once
 // (in tiles of 8 x 1024 two blocks scanned 8 times each in turn: 8.3 us on the H200).
 constexpr int64_t kScanTile = kScanThreads;
-// The one-block sort (OneBlockSortKernel): the router's 4096 x 8 choices of 128 experts in one
-// launch.
-constexpr int kOneBlockThreads = 1024;
-constexpr int kOneBlockWarps = kOneBlockThreads / 32;
-constexpr int kOneBlockMaxKeys = 256;  // (key, warp) counters: 32 KiB of shared memory
-constexpr int64_t kOneBlockMaxN = int64_t{1} << 16;
 
 __global__ void CountKernel(const int32_t* keys, int64_t n, int64_t num_keys, int64_t chunk_size,
                             int64_t chunks, int32_t* counts) {
@@ -121,56 +112,6 @@ __global__ void ScatterKernel(const int32_t* keys, int64_t n, int64_t chunk_size
   }
 }
 
-// The whole sort in one block where it fits (n <= kOneBlockMaxN, num_keys <= kOneBlockMaxKeys):
-// the same three steps with a chunk per warp and the counters in shared memory, one launch
-// instead of seven. chunk_size is a multiple of 32.
-__global__ void __launch_bounds__(kOneBlockThreads)
-    OneBlockSortKernel(const int32_t* keys, int n, int num_keys, int chunk_size, int32_t* order,
-                       int32_t* offsets) {
-  __shared__ int32_t cursors[kOneBlockMaxKeys * kOneBlockWarps];  // (key, warp)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int counters = num_keys * kOneBlockWarps;
-  for (int i = threadIdx.x; i < counters; i += kOneBlockThreads) cursors[i] = 0;
-  __syncthreads();
-  const int begin = warp * chunk_size, end = min(n, begin + chunk_size);
-  for (int i = begin + lane; i < end; i += 32) {
-    const int32_t key = keys[i];
-    MOE_DEVICE_CHECK(key >= 0 && key < num_keys);
-    atomicAdd(&cursors[key * kOneBlockWarps + warp], 1);
-  }
-  __syncthreads();
-  // Each thread scans a run of `per` consecutive counters after a block scan of the runs' sums.
-  const int per = (counters + kOneBlockThreads - 1) / kOneBlockThreads;
-  const int run = min(counters, static_cast<int>(threadIdx.x) * per);
-  const int run_end = min(counters, run + per);
-  int32_t sum = 0;
-  for (int i = run; i < run_end; ++i) sum += cursors[i];
-  int32_t total;
-  int32_t start = BlockExclusiveScan(sum, &total);
-  __syncthreads();  // every run's sum is read before the runs are overwritten
-  for (int i = run; i < run_end; ++i) {
-    const int32_t count = cursors[i];
-    cursors[i] = start;
-    start += count;
-  }
-  __syncthreads();
-  for (int key = threadIdx.x; key <= num_keys; key += kOneBlockThreads) {
-    offsets[key] = key < num_keys ? cursors[key * kOneBlockWarps] : n;
-  }
-  __syncthreads();  // offsets are read before warp 0's cursors move
-  for (int base = begin; base < end; base += 32) {
-    const int i = base + lane;
-    const bool valid = i < end;
-    const int32_t key = valid ? keys[i] : -1;
-    const unsigned peers = __match_any_sync(0xffffffffu, key);
-    int32_t* cursor = &cursors[(valid ? key : 0) * kOneBlockWarps + warp];
-    if (valid) order[*cursor + __popc(peers & ((1u << lane) - 1))] = i;
-    __syncwarp();  // every peer has read the cursor
-    if (valid && lane == __ffs(peers) - 1) *cursor += __popc(peers);
-    __syncwarp();  // the update is visible to the next step
-  }
-}
-
 }  // namespace
 
 void SortByKey(const Tensor& keys, int64_t num_keys, const Tensor& order, const Tensor& offsets) {
@@ -181,14 +122,6 @@ void SortByKey(const Tensor& keys, int64_t num_keys, const Tensor& order, const 
     return;
   }
   const cudaStream_t stream = StreamOf(keys);
-  if (n <= kOneBlockMaxN && num_keys <= kOneBlockMaxKeys) {
-    const int64_t chunk_size = (n + kOneBlockThreads - 1) / kOneBlockThreads * 32;
-    OneBlockSortKernel<<<1, kOneBlockThreads, 0, stream>>>(
-        Ptr<const int32_t>(keys), static_cast<int>(n), static_cast<int>(num_keys),
-        static_cast<int>(chunk_size), Ptr<int32_t>(order), Ptr<int32_t>(offsets));
-    MOE_CUDA_CHECK_LAUNCH();
-    return;
-  }
   const int64_t chunks = std::max<int64_t>(
       1, std::min((n + kChunkTarget - 1) / kChunkTarget, kMaxCounters / num_keys));
   const int64_t chunk_size = (n + chunks - 1) / chunks;
