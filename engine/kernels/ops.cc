@@ -654,6 +654,16 @@ void CheckRouterMatrix(const Tensor& t, const char* what) {
   CHECK_EQ(t.ndim(), 2) << what << " must be (rows, cols): " << t.DebugString();
   CheckDType(t, DType::kF32, what);
 }
+
+// A router's top-k values (tokens, k) f32 and indices (tokens, k) i32 over its probabilities or
+// logits (tokens, experts), 1 <= k <= experts.
+void CheckRouterTopK(const Tensor& values, const Tensor& indices, const Tensor& probs) {
+  CheckRouterMatrix(values, "router top-k values");
+  CHECK(values.dim(0) == probs.dim(0) && values.dim(1) >= 1 && values.dim(1) <= probs.dim(1))
+      << "router top-k values " << values.DebugString() << " for " << probs.DebugString();
+  CheckShape(indices, values.shape(), "router top-k indices");
+  CheckDType(indices, DType::kI32, "router top-k indices");
+}
 }  // namespace
 
 void NormalizeRowsForward(const Tensor& x, const Tensor& y) {
@@ -718,13 +728,9 @@ void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& 
   CheckRouterMatrix(logits, "router logits");
   CheckShape(probs, logits.shape(), "router probs");
   CheckDType(probs, DType::kF32, "router probs");
-  CheckRouterMatrix(values, "router top-k values");
-  CHECK(values.dim(0) == logits.dim(0) && values.dim(1) >= 1 && values.dim(1) <= logits.dim(1))
-      << "router top-k values " << values.DebugString() << " for " << logits.DebugString();
+  CheckRouterTopK(values, indices, logits);
   CheckShape(weights, values.shape(), "router weights");
   CheckDType(weights, DType::kF32, "router weights");
-  CheckShape(indices, values.shape(), "router top-k indices");
-  CheckDType(indices, DType::kI32, "router top-k indices");
 #if MOE_WITH_CUDA
   if (device.is_cuda() && cuda::TryRouterGateForward(logits, probs, values, weights, indices)) {
     return;
@@ -740,13 +746,9 @@ void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tens
                         const Tensor& dlogits) {
   const Device device = CommonDevice({&dweights, &values, &indices, &probs, &offsets, &dlogits});
   CheckRouterMatrix(probs, "router probs");
-  CheckRouterMatrix(values, "router top-k values");
-  CHECK(values.dim(0) == probs.dim(0) && values.dim(1) >= 1 && values.dim(1) <= probs.dim(1))
-      << "router top-k values " << values.DebugString() << " for " << probs.DebugString();
+  CheckRouterTopK(values, indices, probs);
   CheckShape(dweights, values.shape(), "router dweights");
   CheckDType(dweights, DType::kF32, "router dweights");
-  CheckShape(indices, values.shape(), "router top-k indices");
-  CheckDType(indices, DType::kI32, "router top-k indices");
   CheckShape(offsets, {probs.dim(1) + 1}, "router offsets");
   CheckDType(offsets, DType::kI32, "router offsets");
   CheckShape(dlogits, probs.shape(), "router dlogits");
