@@ -31,6 +31,15 @@ SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
            Init::kNormal,
            config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
 
+const Tensor& SelfAttention::RopeTableOn(Device device) {
+  if (!rope_table_.defined()) {
+    rope_table_ =
+        Tensor::Empty({config_.seq_length, config_.head_dim() / 2, 2}, DType::kF32, device);
+    ops::RopeTable(config_.rope_base, rope_table_);
+  }
+  return rope_table_;
+}
+
 Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
   const int64_t tokens = x.dim(0), seq = config_.seq_length, batch = tokens / seq;
   const int64_t heads = config_.num_attention_heads, groups = config_.num_query_groups;
@@ -43,8 +52,9 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
     saved.Save(name_ + ".x", x);
   }
-  ops::RopeForward(q, seq, config_.rope_base, q);
-  ops::RopeForward(k, seq, config_.rope_base, k);
+  const Tensor& rope_table = RopeTableOn(x.device());
+  ops::RopeForward(q, rope_table, q);
+  ops::RopeForward(k, rope_table, k);
   q = q.View({batch, seq, heads, d});
   k = k.View({batch, seq, groups, d});
   Tensor out = Tensor::Empty(q.shape(), x.dtype(), x.device());
@@ -83,11 +93,12 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
   Tensor dv = Tensor::Empty(v.shape(), v.dtype(), v.device());
   ops::AttentionBackward(dout.View(q.shape()), q, k, v, out.View(q.shape()), lse, dq, dk, dv);
 
-  const int64_t tokens = dy.dim(0), seq = config_.seq_length;
+  const int64_t tokens = dy.dim(0);
   dq = dq.View({tokens, config_.num_attention_heads, config_.head_dim()});
   dk = dk.View({tokens, config_.num_query_groups, config_.head_dim()});
-  ops::RopeBackward(dq, seq, config_.rope_base, dq);
-  ops::RopeBackward(dk, seq, config_.rope_base, dk);
+  const Tensor& rope_table = RopeTableOn(dq.device());
+  ops::RopeBackward(dq, rope_table, dq);
+  ops::RopeBackward(dk, rope_table, dk);
 
   const Tensor x = saved.Load(name_ + ".x");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());

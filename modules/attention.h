@@ -7,6 +7,9 @@
 //   which core attention's backward also reads).
 // With config.recompute_in(layer).core_attn, lse and out are not saved: backward runs the attention
 // forward again from q, k, v first (the same kernel, so the same bits).
+// RoPE reads a (seq_length, head_dim/2, 2) f32 table of {cos, sin} (ops::RopeTable), made on
+// the first Forward or Backward on its tensors' device and kept for the module's life (16 KiB
+// per layer for seq 64 and head_dim 64, 2 MiB for 4096 and 128).
 // Backward: dx =; every weight grad +=.
 #pragma once
 
@@ -26,6 +29,9 @@ class SelfAttention {
   Tensor Backward(SavedTensors& saved, const Tensor& dy);
 
  private:
+  // The RoPE table on `device`, made on the first call.
+  const Tensor& RopeTableOn(Device device);
+
   std::string name_;
   const GptConfig& config_;
   int layer_;
@@ -33,6 +39,7 @@ class SelfAttention {
   Parameter& k_proj_;
   Parameter& v_proj_;
   Parameter& o_proj_;
+  Tensor rope_table_;
 };
 
 }  // namespace moe

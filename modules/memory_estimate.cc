@@ -29,6 +29,8 @@ double LayerParameters(const GptConfig& m, bool moe_layer) {
   return attention + h * D(m.num_experts) + D(m.num_experts) * 3 * h * D(m.moe_ffn_hidden_size);
 }
 
+double RopeTableBytes(const GptConfig& m) { return D(m.seq_length) * D(m.head_dim() / 2) * 2 * 4; }
+
 std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_size,
                                         bool moe_layer, bool cuda, const RecomputeModules& r) {
   const double b = ComputeBytes(cuda);

@@ -86,7 +86,7 @@ class RankModel {
             const RankActions& actions, int rank)
       : request_(request), actions_(actions) {
     const GptConfig& m = request.run.model;
-    double parameters = 0, moe_layers = 0;
+    double parameters = 0, moe_layers = 0, tables = 0;
     for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
       const int stage = StageIndex(rank, chunk, partition.pipeline_size());
       Chunk c;
@@ -96,6 +96,7 @@ class RankModel {
       for (int l = c.range.begin; l < c.range.end; ++l) {
         layers_.push_back(l);
         parameters += LayerParameters(m, m.is_moe_layer(l));
+        tables += Rounded(RopeTableBytes(m));
         moe_layers += m.is_moe_layer(l) ? 1 : 0;
       }
       if (c.first) {
@@ -117,7 +118,8 @@ class RankModel {
       chunks_.push_back(c);
     }
     state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards,
-                                                       request.run.dtypes);
+                                                       request.run.dtypes) +
+                   tables;
     pending_weight_grad_bytes_ = Rounded(PendingWeightGradBytes(
         m, request.run.micro_batch_size, request.run.micro_batches, moe_layers, request.run.cuda));
   }
@@ -436,7 +438,7 @@ class RankModel {
   const RankActions& actions_;
   std::vector<Chunk> chunks_;
   std::vector<int> layers_;
-  double state_bytes_ = 0;
+  double state_bytes_ = 0;  // weights, gradients, optimizer state; the layers' RoPE tables
   double pending_weight_grad_bytes_ = 0;  // held through the step (memory_estimate.h)
   mutable std::map<std::pair<bool, int>, std::vector<SavedTensorSize>> saves_cache_;
 };

@@ -408,27 +408,42 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
 
 // ---------------------------------------------------------------- rotary position embedding
 namespace {
-void CheckRope(const Tensor& x, int64_t seq_len, const Tensor& y) {
+void CheckRopeTable(const Tensor& table) {
+  CheckDType(table, DType::kF32, "rope table");
+  CHECK(table.ndim() == 3 && table.dim(0) > 0 && table.dim(1) > 0 && table.dim(2) == 2)
+      << "rope table must be (seq, head_dim / 2, 2): " << table.DebugString();
+}
+
+void CheckRope(const Tensor& x, const Tensor& table, const Tensor& y) {
   CheckFloat(x, "rope input");
   CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
       << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
-  CHECK(seq_len > 0 && x.dim(0) % seq_len == 0)
-      << "rope: tokens " << x.dim(0) << " not a multiple of seq_len " << seq_len;
+  CheckRopeTable(table);
+  CHECK(table.dim(1) == x.dim(2) / 2)
+      << "rope table " << table.DebugString() << " is not for head_dim " << x.dim(2);
+  CHECK(x.dim(0) % table.dim(0) == 0)
+      << "rope: tokens " << x.dim(0) << " not a multiple of seq " << table.dim(0);
   CheckShape(y, x.shape(), "rope output");
   CheckSameDType(x, y, "rope");
 }
 }  // namespace
 
-void RopeForward(const Tensor& x, int64_t seq_len, float base, const Tensor& y) {
-  const Device device = CommonDevice({&x, &y});
-  CheckRope(x, seq_len, y);
-  MOE_DISPATCH(device, RopeForward, x, seq_len, base, y);
+void RopeTable(float base, const Tensor& table) {
+  const Device device = CommonDevice({&table});
+  CheckRopeTable(table);
+  MOE_DISPATCH(device, RopeTable, base, table);
 }
 
-void RopeBackward(const Tensor& dy, int64_t seq_len, float base, const Tensor& dx) {
-  const Device device = CommonDevice({&dy, &dx});
-  CheckRope(dy, seq_len, dx);
-  MOE_DISPATCH(device, RopeBackward, dy, seq_len, base, dx);
+void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
+  const Device device = CommonDevice({&x, &table, &y});
+  CheckRope(x, table, y);
+  MOE_DISPATCH(device, RopeForward, x, table, y);
+}
+
+void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &table, &dx});
+  CheckRope(dy, table, dx);
+  MOE_DISPATCH(device, RopeBackward, dy, table, dx);
 }
 
 // ---------------------------------------------------------------- attention

@@ -336,11 +336,37 @@ TEST_F(CpuOpsTest, SwigluForwardWithAndWithoutScale) {
 
 // ---------------------------------------------------------------- rope
 
+// Positions in the thousands, where an angle computed in float would be ~1e-5 rad off; the
+// reference computes base^(-2i/d) as exp(-2i/d log base) in long double.
+TEST_F(CpuOpsTest, RopeTableHoldsCosAndSinOfAnglesComputedInDouble) {
+  const int64_t seq = 4096, d = 16, half = d / 2;
+  const float base = 10000.0f;
+  Tensor table = Poisoned({seq, half, 2});
+  ops::RopeTable(base, table);
+  const std::vector<float> got = ToFloats(table);
+  double worst = 0;
+  for (int64_t pos = 0; pos < seq; ++pos) {
+    for (int64_t i = 0; i < half; ++i) {
+      const long double angle =
+          pos * std::exp(-2.0L * i / d * std::log(static_cast<long double>(base)));
+      const float* pair = &got[(pos * half + i) * 2];
+      worst = std::max({worst, std::abs(pair[0] - static_cast<double>(std::cos(angle))),
+                        std::abs(pair[1] - static_cast<double>(std::sin(angle)))});
+    }
+  }
+  // Values in [-1, 1] rounded once from double: within one float ulp of 1 of the exact ones.
+  EXPECT_LE(worst, 0x1p-24);
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 2 * half),
+            std::vector<float>({1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0}));  // position 0
+}
+
 TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
   const int64_t batch = 2, seq = 5, heads = 3, d = 8;
   const float base = 10000.0f;
   Tensor x = Random({batch * seq, heads, d}), y = Poisoned({batch * seq, heads, d});
-  ops::RopeForward(x, seq, base, y);
+  Tensor table = Poisoned({seq, d / 2, 2});
+  ops::RopeTable(base, table);
+  ops::RopeForward(x, table, y);
   const std::vector<float> hx = ToFloats(x);
   std::vector<float> want(hx.size());
   for (int64_t r = 0; r < batch * seq; ++r) {
@@ -357,7 +383,7 @@ TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
   }
   const std::vector<float> got = ToFloats(y);
   EXPECT_LT(RelativeError(got, want), kTolerance);
-  ops::RopeForward(x, seq, base, x);  // in place
+  ops::RopeForward(x, table, x);  // in place
   EXPECT_EQ(ToFloats(x), got);
 }
 

@@ -368,23 +368,34 @@ std::vector<OpCase> Cases() {
       if (scaled) r.Read("dscale", dscale);
     });
   }
-  add("rope", [](OpRun& r) {  // 16-byte accesses (d / 2 a multiple of 8)
-    const int64_t batch = 2, seq = 300, heads = 3, d = 64;
-    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-    Tensor y = r.Out({batch * seq, heads, d}), dx = r.Out({batch * seq, heads, d});
-    ops::RopeForward(x, seq, 10000.0f, y);
-    ops::RopeBackward(dy, seq, 10000.0f, dx);
-    r.Read("y", y);
-    r.Read("dx", dx);
-  });
-  add("rope_in_place_odd_half", [](OpRun& r) {  // element accesses; more pairs than threads
-    const int64_t batch = 1, seq = 70, heads = 2, d = 2 * 333;
-    Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-    ops::RopeForward(x, seq, 500000.0f, x);
-    ops::RopeBackward(dy, seq, 500000.0f, dy);
-    r.Read("y", x);
-    r.Read("dx", dy);
-  });
+  // Each device's table from its own RopeTable: the same floats but for the last bit of a few
+  // (std::cos and CUDA's sincos may round differently in double).
+  add(
+      "rope_table",
+      [](OpRun& r) {
+        Tensor table = r.OutF32({3000, 40, 2});
+        ops::RopeTable(10000.0f, table);
+        r.Read("table", table);
+      },
+      0x1p-23, 0x1p-23);
+  // d / 2 a multiple of 8 (16-byte accesses) and odd (element accesses), in place and not.
+  for (const int64_t d : {64, 2 * 333}) {
+    for (const bool in_place : {false, true}) {
+      const std::string name =
+          std::string("rope_") + (d == 64 ? "d64" : "odd_half") + (in_place ? "_in_place" : "");
+      add(name, [d, in_place](OpRun& r) {
+        const int64_t batch = 2, seq = 300, heads = 3;
+        Tensor table = r.OutF32({seq, d / 2, 2});
+        ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
+        Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
+        Tensor y = in_place ? x : r.Out(x.shape()), dx = in_place ? dy : r.Out(dy.shape());
+        ops::RopeForward(x, table, y);
+        ops::RopeBackward(dy, table, dx);
+        r.Read("y", y);
+        r.Read("dx", dx);
+      });
+    }
+  }
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
   // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.
   // Each runs with the Hopper kernels where they run, and again with the mma.sync kernels alone
