@@ -507,8 +507,8 @@ std::vector<OpCase> Cases() {
         ops::GatherSumRows(x, pairs, summed);
         r.Read("order", order);
         r.Read("offsets", offsets);
-        // The sort's other paths: more keys than the scatter stages (3000 elements of 1000 keys),
-        // more counters than one block scans (70000 of 128).
+        // A sort with more keys than the scatter stages (3000 elements of 1000 keys), and one of
+        // more than one scan tile's chunks (70000 of 128).
         for (const auto& [count, buckets] :
              {std::pair<int64_t, int32_t>{3000, 1000}, {70000, 128}}) {
           Tensor more_order = r.OutI32({count}), more_offsets = r.OutI32({buckets + 1});
