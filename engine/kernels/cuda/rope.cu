@@ -9,9 +9,10 @@
 // (token, head, chunk) items, each kVec consecutive pairs of a head (one 16-byte access per half
 // for bf16 when d/2 allows) with their {cos, sin} from the table (16-byte loads too; every head
 // of a token reads the same table row, from L1 or L2). Flat items fill every block whatever the
-// heads and d (a block per token row has 32 threads for 4 KV heads of 128), so the kernel should
-// be bandwidth-bound (not yet timed on a GPU). Each pair is read before it is written, so y may
-// alias x.
+// heads and d (a block per token row has 32 threads for 4 KV heads of 128). (The preset's q and
+// k, 4096 tokens of 16 and 4 heads of 128, bf16, under ncu on the H200: 9.8-10.6 and 4.3-4.8 us;
+// angles in double in every call, a block per token row: 11.0-12.7 and 8.0-8.5 us.) Each pair is
+// read before it is written, so y may alias x.
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 

@@ -9,8 +9,9 @@
 //   keeps the gradients of its own columns, adds the load-balancing term of its columns (computed
 //   once per warp in double, as LoadBalancingLossBackward does), then the softmax backward with
 //   the row's dot product by a butterfly, stored once in dlogits' dtype.
-// On the 8-layer preset's router (4096 x 128, top-8) the ops these replace take 16 us forward
-// (softmax, top-k, normalize) and 28 us backward (five kernels), per layer and micro-batch.
+// On the 8-layer preset's router (4096 x 128, top-8), under ncu on the H200, per layer and
+// micro-batch: 7.8-8.0 us forward against 15.7-15.8 for softmax, top-k and renormalisation;
+// 10.5-10.7 us backward against 21.4-21.8 for four kernels, and the cast of dlogits they needed.
 #include "engine/kernels/cuda/router_gate.h"
 
 #include "engine/kernels/cuda/cuda_common.cuh"
