@@ -9,7 +9,7 @@
 namespace moe {
 
 SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
-                             const GptConfig& config, int layer)
+                             const GptConfig& config, int layer, RotaryTable& rotary_table)
     : name_(name),
       config_(config),
       layer_(layer),
@@ -29,15 +29,15 @@ SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
           {name + ".o_proj.weight",
            {config.hidden_size, config.hidden_size},
            Init::kNormal,
-           config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
+           config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})),
+      rotary_table_(rotary_table) {}
 
-const Tensor& SelfAttention::RopeTableOn(Device device) {
-  if (!rope_table_.defined()) {
-    rope_table_ =
-        Tensor::Empty({config_.seq_length, config_.head_dim() / 2, 2}, DType::kF32, device);
-    ops::RopeTable(config_.rope_base, rope_table_);
+const Tensor& RotaryTable::On(Device device) {
+  if (!table_.defined()) {
+    table_ = Tensor::Empty({config_.seq_length, config_.head_dim() / 2, 2}, DType::kF32, device);
+    ops::RopeTable(config_.rope_base, table_);
   }
-  return rope_table_;
+  return table_;
 }
 
 Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
@@ -52,7 +52,7 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
     v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
     saved.Save(name_ + ".x", x);
   }
-  const Tensor& rope_table = RopeTableOn(x.device());
+  const Tensor& rope_table = rotary_table_.On(x.device());
   ops::RopeForward(q, rope_table, q);
   ops::RopeForward(k, rope_table, k);
   q = q.View({batch, seq, heads, d});
@@ -96,7 +96,7 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
   const int64_t tokens = dy.dim(0);
   dq = dq.View({tokens, config_.num_attention_heads, config_.head_dim()});
   dk = dk.View({tokens, config_.num_query_groups, config_.head_dim()});
-  const Tensor& rope_table = RopeTableOn(dq.device());
+  const Tensor& rope_table = rotary_table_.On(dq.device());
   ops::RopeBackward(dq, rope_table, dq);
   ops::RopeBackward(dk, rope_table, dk);
 

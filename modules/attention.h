@@ -7,9 +7,7 @@
 //   which core attention's backward also reads).
 // With config.recompute_in(layer).core_attn, lse and out are not saved: backward runs the attention
 // forward again from q, k, v first (the same kernel, so the same bits).
-// RoPE reads a (seq_length, head_dim/2, 2) f32 table of {cos, sin} (ops::RopeTable), made on
-// the first Forward or Backward on its tensors' device and kept for the module's life (16 KiB
-// per layer for seq 64 and head_dim 64, 2 MiB for 4096 and 128).
+// RoPE reads the model's RotaryTable (below), which every layer's attention shares.
 // Backward: dx =; every weight grad +=.
 #pragma once
 
@@ -21,17 +19,27 @@
 
 namespace moe {
 
+// RoPE's (seq_length, head_dim/2, 2) f32 table of {cos, sin} (ops::RopeTable): a function of the
+// config alone, so one per model (chunk), made on the first call on the device that asks and kept
+// (16 KiB for seq 64 and head_dim 64, 2 MiB for 4096 and 128).
+class RotaryTable {
+ public:
+  explicit RotaryTable(const GptConfig& config) : config_(config) {}
+  const Tensor& On(Device device);
+
+ private:
+  const GptConfig& config_;
+  Tensor table_;
+};
+
 class SelfAttention {
  public:
   SelfAttention(ParameterSet& parameters, const std::string& name, const GptConfig& config,
-                int layer);
+                int layer, RotaryTable& rotary_table);
   Tensor Forward(SavedTensors& saved, const Tensor& x);
   Tensor Backward(SavedTensors& saved, const Tensor& dy);
 
  private:
-  // The RoPE table on `device`, made on the first call.
-  const Tensor& RopeTableOn(Device device);
-
   std::string name_;
   const GptConfig& config_;
   int layer_;
@@ -39,7 +47,7 @@ class SelfAttention {
   Parameter& k_proj_;
   Parameter& v_proj_;
   Parameter& o_proj_;
-  Tensor rope_table_;
+  RotaryTable& rotary_table_;
 };
 
 }  // namespace moe

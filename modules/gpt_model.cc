@@ -23,7 +23,8 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
                                      config.init_std});
   }
   for (int64_t layer = stage.layer_begin; layer < stage.layer_end; ++layer) {
-    layers_.push_back(std::make_unique<TransformerLayer>(parameters, config_, layer));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(parameters, config_, layer, rotary_table_));
   }
   if (stage.last) {
     final_norm_ =

@@ -86,7 +86,8 @@ class GptModel {
  private:
   GptConfig config_;
   GptStage stage_;
-  Parameter* embedding_ = nullptr;  // first stage
+  Parameter* embedding_ = nullptr;     // first stage
+  RotaryTable rotary_table_{config_};  // the layers' RoPE table
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   std::unique_ptr<RmsNorm> final_norm_;  // last stage
   std::unique_ptr<LmHeadLoss> head_;     // last stage

@@ -34,8 +34,8 @@
 // - Pending weight-gradient operands (PendingWeightGradBytes), counted with the activations:
 //   every MoE layer of the rank holds them from its backward of one micro-batch to a later one.
 // - No margin, and no offloading: with --offload_modules the activations are an upper bound.
-// - Not counted: each layer's RoPE table (RopeTableBytes; 2 MiB at sequence 4096 and head dim
-//   128), which the memory planner counts.
+// - Not counted: each model chunk's RoPE table (RopeTableBytes; 2 MiB at sequence 4096 and head
+//   dim 128), which the memory planner counts.
 // The counted bytes were 1.03-1.25x the allocator's measured peak on CPU runs
 // of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
 // they lie within [1, 2]x). It is meant to refuse runs that cannot fit, not to predict peaks to
@@ -84,8 +84,8 @@ double ComputeBytes(bool cuda);
 double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDTypes& dtypes);
 // Parameters of one transformer layer (dense or MoE).
 double LayerParameters(const GptConfig& model, bool moe_layer);
-// What one layer keeps on the device beside its parameters for the whole run: attention's RoPE
-// table, seq_length x head_dim/2 {cos, sin} f32 pairs (modules/attention.h).
+// What a model chunk keeps on the device beside its parameters for the whole run: its layers'
+// shared RoPE table, seq_length x head_dim/2 {cos, sin} f32 pairs (modules/attention.h).
 double RopeTableBytes(const GptConfig& model);
 // One device tensor that forward saves for backward: its bytes and the offload group that holds
 // it (offload_groups.h; "" when none). What a layer saves depends on what it recomputes.

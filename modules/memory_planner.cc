@@ -96,9 +96,9 @@ class RankModel {
       for (int l = c.range.begin; l < c.range.end; ++l) {
         layers_.push_back(l);
         parameters += LayerParameters(m, m.is_moe_layer(l));
-        tables += Rounded(RopeTableBytes(m));
         moe_layers += m.is_moe_layer(l) ? 1 : 0;
       }
+      if (c.range.begin < c.range.end) tables += Rounded(RopeTableBytes(m));  // the chunk's
       if (c.first) {
         parameters += D(m.vocab_size) * D(m.hidden_size);
         c.embedding_saves = SumRounded(EmbeddingSaves(m, request.run.micro_batch_size));
@@ -438,7 +438,7 @@ class RankModel {
   const RankActions& actions_;
   std::vector<Chunk> chunks_;
   std::vector<int> layers_;
-  double state_bytes_ = 0;  // weights, gradients, optimizer state; the layers' RoPE tables
+  double state_bytes_ = 0;  // weights, gradients, optimizer state; the chunks' RoPE tables
   double pending_weight_grad_bytes_ = 0;  // held through the step (memory_estimate.h)
   mutable std::map<std::pair<bool, int>, std::vector<SavedTensorSize>> saves_cache_;
 };

@@ -4,8 +4,8 @@
 //
 // What it knows (all per micro-batch, from modules/memory_estimate.h, tensor by tensor, rounded
 // as the caching allocator rounds): what each layer saves under each recompute choice and which
-// offload group holds it; the rank's weights, gradients and optimizer state, and its layers'
-// RoPE tables; the head's saves.
+// offload group holds it; the rank's weights, gradients and optimizer state, and its model
+// chunks' RoPE tables; the head's saves.
 // The schedule (engine/pipeline/schedule.h) says which (micro-batch, chunk) passes a rank holds
 // when each backward starts.
 //

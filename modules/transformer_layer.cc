@@ -9,11 +9,12 @@
 namespace moe {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
 
-TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer)
+TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer,
+                                   RotaryTable& rotary_table)
     : config_(config),
       layer_(layer),
       attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_eps),
-      attention_(parameters, LayerName(layer) + ".attention", config, layer),
+      attention_(parameters, LayerName(layer) + ".attention", config, layer, rotary_table),
       mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_eps) {
   if (config.is_moe_layer(layer)) {
     moe_mlp_ = std::make_unique<MoeLayer>(parameters, LayerName(layer) + ".moe", config, layer);

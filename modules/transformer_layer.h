@@ -27,7 +27,9 @@ std::string LayerName(int layer);
 
 class TransformerLayer {
  public:
-  TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer);
+  // rotary_table: the model's, shared by its layers' attention.
+  TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer,
+                   RotaryTable& rotary_table);
   // aux_loss (1) f32 accumulates the MoE aux loss.
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
   Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step = true);

@@ -104,7 +104,8 @@ TEST_F(ModuleGradTest, RmsNorm) {
 }
 
 TEST_F(ModuleGradTest, SelfAttention) {
-  SelfAttention attention(parameters_, "attn", config_, 0);
+  RotaryTable rotary_table(config_);
+  SelfAttention attention(parameters_, "attn", config_, 0, rotary_table);
   Check(
       parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
       [&](SavedTensors& s, const Tensor& x) { return attention.Forward(s, x); },
@@ -144,7 +145,8 @@ TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {
 
 TEST_F(ModuleGradTest, TransformerLayerWithMoe) {
   config_.moe_router_topk = config_.num_experts;  // all experts: routing has no discontinuity
-  TransformerLayer layer(parameters_, config_, 1);
+  RotaryTable rotary_table(config_);
+  TransformerLayer layer(parameters_, config_, 1, rotary_table);
   Check(
       parameters_, Random({2 * config_.seq_length, config_.hidden_size}),
       [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
