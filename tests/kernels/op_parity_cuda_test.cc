@@ -10,10 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <random>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "engine/core/cuda_check.h"
@@ -721,69 +724,76 @@ TEST(GroupedMatmulPathTest, HopperKernelsTakeBf16ExpertLayersOnComputeCapability
   EXPECT_TRUE(ops::GroupedMatmulNeedsHostOffsets(gpu, DType::kBF16, {2048, 64, 64}));
 }
 
-// Names a case of the bit-identity tests below, with the seed that reruns it.
-std::string BitsCase(DType dtype, const std::string& size, uint32_t seed) {
-  return std::string(DTypeName(dtype)) + ", " + size + ", MOE_TEST_SEED=" + std::to_string(seed);
+// One case of the bit-identity tests below: on cuda:0, in `dtype`, at one size, with the
+// generator every case draws from in turn and the case's name (with the seed that reruns it).
+struct BitsCase {
+  Device gpu;
+  DType dtype;
+  int64_t size;
+  std::mt19937& rng;
+  std::string where;
+};
+
+// Runs body(BitsCase) for bf16 and f32 at each of `sizes` ("<size_name> <size>" in the name), from
+// one generator seeded by TestSeed().
+void ForEachBitsCase(const char* size_name, std::initializer_list<int64_t> sizes,
+                     const std::function<void(const BitsCase&)>& body) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  const uint32_t seed = testing::TestSeed();
+  std::mt19937 rng(seed);
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const int64_t size : sizes) {
+      body({Device::CUDA(0), dtype, size, rng,
+            std::string(DTypeName(dtype)) + ", " + size_name + " " + std::to_string(size) +
+                ", MOE_TEST_SEED=" + std::to_string(seed)});
+    }
+  }
 }
 
 // A training head's fused cross-entropy (in place) has the bits of the forward and backward ops
 // run one after the other, in bf16 and f32, with 16-byte and element accesses.
 TEST(CrossEntropyForwardBackwardTest, HasTheBitsOfTheTwoOps) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  const Device gpu = Device::CUDA(0);
-  const uint32_t seed = testing::TestSeed();
-  std::mt19937 rng(seed);
-  for (const DType dtype : {DType::kBF16, DType::kF32}) {
-    for (const int64_t vocab : {int64_t{32000}, int64_t{3001}}) {
-      const int64_t tokens = 37;
-      std::vector<int32_t> targets(tokens);
-      for (int32_t& t : targets) t = static_cast<int32_t>(rng() % vocab);
-      targets[3] = -1;  // ignored
-      const Tensor t = FromInts(targets, {tokens}, gpu);
-      const Tensor logits = testing::RandomTensor({tokens, vocab}, dtype, gpu, rng, 4.0f);
-      const Tensor losses = PoisonedTensor({tokens}, DType::kF32, gpu);
-      const Tensor lse = PoisonedTensor({tokens}, DType::kF32, gpu);
-      const Tensor dlogits = PoisonedTensor({tokens, vocab}, dtype, gpu);
-      ops::CrossEntropyForward(logits, t, losses, lse);
-      ops::CrossEntropyBackward(logits, t, lse, 0.125f, dlogits);
-      const Tensor fused_losses = PoisonedTensor({tokens}, DType::kF32, gpu);
-      const Tensor fused_lse = PoisonedTensor({tokens}, DType::kF32, gpu);
-      ops::CrossEntropyForwardBackward(logits, t, 0.125f, fused_losses, fused_lse, logits);
-      const std::string where = BitsCase(dtype, "vocab " + std::to_string(vocab), seed);
-      EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << where;
-      EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << where;
-      EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << where;
-    }
-  }
+  ForEachBitsCase("vocab", {32000, 3001}, [](const BitsCase& c) {
+    const int64_t tokens = 37, vocab = c.size;
+    std::vector<int32_t> targets(tokens);
+    for (int32_t& t : targets) t = static_cast<int32_t>(c.rng() % vocab);
+    targets[3] = -1;  // ignored
+    const Tensor t = FromInts(targets, {tokens}, c.gpu);
+    const Tensor logits = testing::RandomTensor({tokens, vocab}, c.dtype, c.gpu, c.rng, 4.0f);
+    const Tensor losses = PoisonedTensor({tokens}, DType::kF32, c.gpu);
+    const Tensor lse = PoisonedTensor({tokens}, DType::kF32, c.gpu);
+    const Tensor dlogits = PoisonedTensor({tokens, vocab}, c.dtype, c.gpu);
+    ops::CrossEntropyForward(logits, t, losses, lse);
+    ops::CrossEntropyBackward(logits, t, lse, 0.125f, dlogits);
+    const Tensor fused_losses = PoisonedTensor({tokens}, DType::kF32, c.gpu);
+    const Tensor fused_lse = PoisonedTensor({tokens}, DType::kF32, c.gpu);
+    ops::CrossEntropyForwardBackward(logits, t, 0.125f, fused_losses, fused_lse, logits);
+    EXPECT_EQ(testing::FloatBits(fused_losses), testing::FloatBits(losses)) << c.where;
+    EXPECT_EQ(testing::FloatBits(fused_lse), testing::FloatBits(lse)) << c.where;
+    EXPECT_EQ(testing::FloatBits(logits), testing::FloatBits(dlogits)) << c.where;
+  });
 }
 
 // RMSNorm's forward with a residual has the bits of Add and then the norm, in bf16 and f32, with
 // 16-byte and element accesses.
 TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  const Device gpu = Device::CUDA(0);
-  const uint32_t seed = testing::TestSeed();
-  std::mt19937 rng(seed);
-  for (const DType dtype : {DType::kBF16, DType::kF32}) {
-    for (const int64_t h : {int64_t{2048}, int64_t{1030}}) {
-      const int64_t rows = 45;
-      const Tensor x = testing::RandomTensor({rows, h}, dtype, gpu, rng);
-      const Tensor residual = testing::RandomTensor({rows, h}, dtype, gpu, rng);
-      const Tensor weight = testing::RandomTensor({h}, dtype, gpu, rng);
-      const Tensor sum = PoisonedTensor({rows, h}, dtype, gpu);
-      const Tensor y = PoisonedTensor({rows, h}, dtype, gpu);
-      const Tensor rstd = PoisonedTensor({rows}, DType::kF32, gpu);
-      ops::Add(x, residual, sum);
-      ops::RmsNormForward(sum, weight, 1e-5f, y, rstd);
-      const Tensor fused_y = PoisonedTensor({rows, h}, dtype, gpu);
-      const Tensor fused_rstd = PoisonedTensor({rows}, DType::kF32, gpu);
-      ops::RmsNormForward(x, weight, 1e-5f, fused_y, fused_rstd, residual);  // x = x + residual
-      const std::string where = BitsCase(dtype, "h " + std::to_string(h), seed);
-      EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << where;
-      EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << where;
-      EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << where;
-    }
-  }
+  ForEachBitsCase("h", {2048, 1030}, [](const BitsCase& c) {
+    const int64_t rows = 45, h = c.size;
+    const Tensor x = testing::RandomTensor({rows, h}, c.dtype, c.gpu, c.rng);
+    const Tensor residual = testing::RandomTensor({rows, h}, c.dtype, c.gpu, c.rng);
+    const Tensor weight = testing::RandomTensor({h}, c.dtype, c.gpu, c.rng);
+    const Tensor sum = PoisonedTensor({rows, h}, c.dtype, c.gpu);
+    const Tensor y = PoisonedTensor({rows, h}, c.dtype, c.gpu);
+    const Tensor rstd = PoisonedTensor({rows}, DType::kF32, c.gpu);
+    ops::Add(x, residual, sum);
+    ops::RmsNormForward(sum, weight, 1e-5f, y, rstd);
+    const Tensor fused_y = PoisonedTensor({rows, h}, c.dtype, c.gpu);
+    const Tensor fused_rstd = PoisonedTensor({rows}, DType::kF32, c.gpu);
+    ops::RmsNormForward(x, weight, 1e-5f, fused_y, fused_rstd, residual);  // x = x + residual
+    EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << c.where;
+    EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << c.where;
+    EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << c.where;
+  });
 }
 
 // Grouped SwiGLU GEMMs (hidden k, SwiGLU width f) at row counts that end groups inside and on

@@ -5,6 +5,7 @@
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/load_balancing.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -63,9 +64,7 @@ __global__ void LoadBalancingLossBackwardKernel(const int32_t* offsets, int64_t 
   const int64_t n = tokens * experts;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const int64_t e = i % experts;
-    const double g = static_cast<double>(grad) * experts * (offsets[e + 1] - offsets[e]) /
-                     (static_cast<double>(tokens) * tokens * topk);
-    dprobs[i] += static_cast<float>(g);
+    dprobs[i] += LoadBalancingGrad(grad, experts, offsets[e + 1] - offsets[e], tokens, topk);
   }
 }
 

@@ -7,14 +7,15 @@
 //   value / sum. The same formulas as the three ops; the softmax's sum in another order.
 //   Backward: every lane walks the row's k picks (NormalizeRowsBackward's sums in pick order) and
 //   keeps the gradients of its own columns, adds the load-balancing term of its columns (computed
-//   once per warp in double, as LoadBalancingLossBackward does), then the softmax backward with
-//   the row's dot product by a butterfly, stored once in dlogits' dtype.
+//   once per warp, load_balancing.cuh), then the softmax backward with the row's dot product by
+//   a butterfly, stored once in dlogits' dtype.
 // On the 8-layer preset's router (4096 x 128, top-8), under ncu on the H200, per layer and
 // micro-batch: 7.8-8.0 us forward against 15.7-15.8 for softmax, top-k and renormalisation;
 // 10.5-10.7 us backward against 21.4-21.8 for four kernels, and the cast of dlogits they needed.
 #include "engine/kernels/cuda/router_gate.h"
 
 #include "engine/kernels/cuda/cuda_common.cuh"
+#include "engine/kernels/cuda/load_balancing.cuh"
 #include "engine/kernels/cuda/topk_order.cuh"
 
 namespace moe::cuda {
@@ -108,10 +109,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 #pragma unroll
   for (int q = 0; q < kCached; ++q) {
     const int c = lane + 32 * q;
-    balance[q] = c < cols ? static_cast<float>(static_cast<double>(balance_grad) * cols *
-                                               (offsets[c + 1] - offsets[c]) /
-                                               (static_cast<double>(rows) * rows * k))
-                          : 0.0f;
+    balance[q] = c < cols
+                     ? LoadBalancingGrad(balance_grad, cols, offsets[c + 1] - offsets[c], rows, k)
+                     : 0.0f;
   }
   for (int64_t row = FirstRow(); row < rows; row += RowStride()) {
     const float* v = values + row * k;
