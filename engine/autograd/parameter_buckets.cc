@@ -13,8 +13,11 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
 
 }  // namespace
 
-std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels, int shards,
+std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels,
+                                      std::span<const bool> joins_previous, int shards,
                                       int64_t target_bytes) {
+  CHECK_EQ(numels.size(), joins_previous.size());
+  CHECK(numels.empty() || !joins_previous.front()) << "the first parameter continues no stack";
   CHECK_GE(shards, 1);
   CHECK_GE(target_bytes, 1);
   std::vector<BucketLayout> buckets;
@@ -23,10 +26,14 @@ std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels, int shard
     size_t begin = end;
     int64_t bytes = 0;
     while (begin > 0) {
-      const int64_t next = numels[begin - 1] * int64_t{sizeof(float)};
+      // The parameter before `begin` with the rest of its stack: [first, begin).
+      size_t first = begin - 1;
+      while (joins_previous[first]) --first;
+      int64_t next = 0;
+      for (size_t i = first; i < begin; ++i) next += numels[i] * int64_t{sizeof(float)};
       if (begin < end && bytes + next > target_bytes) break;  // starts the next bucket
       bytes += next;
-      --begin;
+      begin = first;
     }
     BucketLayout bucket;
     bucket.begin = begin;
@@ -35,8 +42,9 @@ std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels, int shard
     int64_t next = 0;
     for (size_t i = begin; i < end; ++i) {
       CHECK_GE(numels[i], 0);
+      if (!joins_previous[i]) next = RoundUp(next, kBucketAlignment);
       bucket.offsets.push_back(next);
-      next = RoundUp(next + numels[i], kBucketAlignment);
+      next += numels[i];
     }
     bucket.numel = RoundUp(std::max<int64_t>(next, 1), shards * kBucketAlignment);
     buckets.push_back(std::move(bucket));

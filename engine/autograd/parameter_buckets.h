@@ -6,15 +6,18 @@
 // which backward finishes gradients (the head's first, the embedding's last): a parameter joins
 // the open bucket while the bucket's f32 gradients stay within `target_bytes`, else it opens the
 // next, so small parameters (norms, routers, a layer's projections) coalesce and a parameter
+// larger than the target is a bucket of its own. A stack (parameters that one GEMM uses as one
+// matrix, ParameterStack) joins or opens a bucket as a whole: a bucket never splits it, and one
 // larger than the target is a bucket of its own.
 // The result lists buckets in that order (bucket 0 holds the last parameters).
 //
-// Inside a bucket the parameters keep creation order. Each starts at a multiple of
-// kBucketAlignment elements and the bucket's length is padded to a multiple of
-// shards x kBucketAlignment, so every parameter view and every rank's part is 16-byte aligned (the
-// vectorised kernels and NCCL want that) and the buffer splits into `shards` equal parts: rank r
-// owns elements [r * numel / shards, (r + 1) * numel / shards) of each bucket (its shard).
-// Padding is never a parameter's.
+// Inside a bucket the parameters keep creation order. Each parameter, or each stack as a whole,
+// starts at a multiple of kBucketAlignment elements (a stack's later members start right after the
+// member before them, no padding between) and the bucket's length is padded to a multiple of
+// shards x kBucketAlignment, so every parameter and stack view and every rank's part is 16-byte
+// aligned (the vectorised kernels and NCCL want that) and the buffer splits into `shards` equal
+// parts: rank r owns elements [r * numel / shards, (r + 1) * numel / shards) of each bucket (its
+// shard). Padding is never a parameter's.
 #pragma once
 
 #include <cstddef>
@@ -39,8 +42,10 @@ struct BucketLayout {
 };
 
 // Buckets for parameters of `numels` elements each (creation order), in backward order (above).
-// shards >= 1, target_bytes >= 1.
-std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels, int shards,
+// joins_previous[i]: parameter i continues the stack of parameter i - 1 (false for the first
+// parameter, and for every parameter outside a stack). shards >= 1, target_bytes >= 1.
+std::vector<BucketLayout> PlanBuckets(std::span<const int64_t> numels,
+                                      std::span<const bool> joins_previous, int shards,
                                       int64_t target_bytes);
 
 // The part of one parameter inside the element range [begin, end) of its bucket: elements

@@ -15,7 +15,7 @@ namespace {
 
 // Fills `out` with the initial values of parameter `name`: chunk c of 2^20 elements is drawn from
 // its own stream (seed, name, c), so chunks can be generated in any order on any thread.
-void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>& out) {
+void InitialValues(const ParameterSpec& spec, uint64_t seed, std::span<float> out) {
   if (spec.init != Init::kNormal) {
     std::fill(out.begin(), out.end(), spec.init == Init::kOnes ? 1.0f : 0.0f);
     return;
@@ -44,6 +44,13 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, std::vector<float>&
 // place in a bucket buffer.
 Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
   return buffer.Rows(offset, offset + moe::NumElements(shape)).View(shape);
+}
+
+// The matrix that a stack of `specs` forms: their rows, their columns.
+Shape StackShape(std::span<const ParameterSpec> specs) {
+  int64_t rows = 0;
+  for (const ParameterSpec& spec : specs) rows += spec.shape[0];
+  return {rows, specs.front().shape[1]};
 }
 
 }  // namespace
@@ -80,38 +87,96 @@ ParameterSet ParameterSet::Deferred(Device device, DType compute_dtype, uint64_t
 }
 
 Parameter& ParameterSet::Create(const ParameterSpec& spec) {
-  for (const auto& p : parameters_) CHECK(p->name != spec.name) << "parameter twice: " << spec.name;
-  auto p = std::make_unique<Parameter>();
-  p->name = spec.name;
-  p->weight_decay = spec.weight_decay;
-  specs_.push_back(spec);
-  if (storage_ != Storage::kPerParameter) {
-    CHECK(buckets_.empty()) << "parameter " << spec.name << " created after AllocateBuckets";
-    parameters_.push_back(std::move(p));
-    return *parameters_.back();
-  }
-
-  std::vector<float> host(moe::NumElements(spec.shape));
-  InitialValues(spec, seed_, host);
-  p->master = Tensor::Empty(spec.shape, DType::kF32, device_);
-  ops::CopyFromHost(host.data(), p->master);
-  if (compute_dtype_ == DType::kF32) {
-    p->value = p->master;
-  } else {
-    p->value = Tensor::Empty(spec.shape, compute_dtype_, device_);
-    ops::Cast(p->master, p->value);
-    if (!optimizer_state_) p->master = Tensor();
-  }
-  p->value.set_is_parameter(true);
-  p->grad = Tensor::Empty(spec.shape, dtypes_.grad, device_);  // pending zero
-  if (optimizer_state_) {
-    p->exp_avg = Tensor::Empty(spec.shape, dtypes_.exp_avg, device_);
-    p->exp_avg_sq = Tensor::Empty(spec.shape, dtypes_.exp_avg_sq, device_);
-    ops::Fill(p->exp_avg, 0.0f);
-    ops::Fill(p->exp_avg_sq, 0.0f);
-  }
-  parameters_.push_back(std::move(p));
+  Add({&spec, 1}, /*stack=*/nullptr);
   return *parameters_.back();
+}
+
+ParameterStack& ParameterSet::CreateStack(std::span<const ParameterSpec> specs) {
+  CHECK(!specs.empty()) << "a stack of no parameters";
+  for (const ParameterSpec& spec : specs) {
+    CHECK_EQ(spec.shape.size(), 2u) << "stack member " << spec.name << " is not 2-D";
+    CHECK_EQ(spec.shape[1], specs.front().shape[1])
+        << "stack member " << spec.name << ": columns differ from " << specs.front().name << "'s";
+    CHECK_EQ(spec.weight_decay, specs.front().weight_decay)
+        << "stack member " << spec.name << ": weight decay differs from " << specs.front().name
+        << "'s";
+  }
+  ParameterStack& stack = *stacks_.emplace_back(std::make_unique<ParameterStack>());
+  Add(specs, &stack);
+  if (storage_ == Storage::kPerParameter) {
+    const Shape shape = StackShape(specs);
+    stack.value = plain_slices_.back().value.View(shape);
+    stack.grad = plain_slices_.back().grad.View(shape);
+  }
+  return stack;
+}
+
+void ParameterSet::Add(std::span<const ParameterSpec> specs, ParameterStack* stack) {
+  CHECK(buckets_.empty()) << "parameter " << specs.front().name << " created after AllocateBuckets";
+  const size_t first = parameters_.size();
+  for (const ParameterSpec& spec : specs) {
+    for (const auto& p : parameters_) {
+      CHECK(p->name != spec.name) << "parameter twice: " << spec.name;
+    }
+    auto p = std::make_unique<Parameter>();
+    p->name = spec.name;
+    p->weight_decay = spec.weight_decay;
+    if (stack != nullptr) stack->members.push_back(p.get());
+    parameters_.push_back(std::move(p));
+    specs_.push_back(spec);
+    stack_of_.push_back(stack);
+  }
+  if (storage_ != Storage::kPerParameter) return;
+
+  // One buffer of each kind for all of `specs`, each parameter's tensors views of its elements.
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  for (const ParameterSpec& spec : specs) {
+    offsets.push_back(numel);
+    numel += moe::NumElements(spec.shape);
+  }
+  std::vector<float> host(numel);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const size_t n = moe::NumElements(specs[i].shape);
+    InitialValues(specs[i], seed_, std::span(host).subspan(offsets[i], n));
+  }
+  OwnedSlice buffers{parameters_[first].get(), static_cast<int>(specs.size())};
+  buffers.master = Tensor::Empty({numel}, DType::kF32, device_);
+  ops::CopyFromHost(host.data(), buffers.master);
+  if (compute_dtype_ == DType::kF32) {
+    buffers.value = buffers.master;
+  } else {
+    buffers.value = Tensor::Empty({numel}, compute_dtype_, device_);
+    ops::Cast(buffers.master, buffers.value);
+    if (!optimizer_state_) buffers.master = Tensor();
+  }
+  buffers.value.set_is_parameter(true);
+  buffers.grad = Tensor::Empty({numel}, dtypes_.grad, device_);  // pending zero
+  if (optimizer_state_) {
+    buffers.exp_avg = Tensor::Empty({numel}, dtypes_.exp_avg, device_);
+    buffers.exp_avg_sq = Tensor::Empty({numel}, dtypes_.exp_avg_sq, device_);
+    ops::Fill(buffers.exp_avg, 0.0f);
+    ops::Fill(buffers.exp_avg_sq, 0.0f);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto view = [&](const Tensor& buffer) {
+      return buffer.defined() ? ParameterView(buffer, offsets[i], specs[i].shape) : Tensor();
+    };
+    Parameter& p = *parameters_[first + i];
+    p.value = view(buffers.value);
+    p.master = view(buffers.master);
+    p.grad = view(buffers.grad);
+    p.exp_avg = view(buffers.exp_avg);
+    p.exp_avg_sq = view(buffers.exp_avg_sq);
+  }
+  plain_slices_.push_back(std::move(buffers));
+}
+
+size_t ParameterSet::StackEnd(size_t first) const {
+  const ParameterStack* stack = stack_of_[first];
+  if (stack == nullptr) return first + 1;
+  CHECK(stack->members.front() == parameters_[first].get()) << parameters_[first]->name;
+  return first + stack->members.size();
 }
 
 Parameter& ParameterSet::Get(const std::string& name) {
@@ -137,6 +202,16 @@ bool BeginGradWrite(Parameter& p) {
   return accumulate;
 }
 
+bool BeginGradWrite(ParameterStack& stack) {
+  const bool accumulate = !stack.members.front()->grad_pending_zero;
+  for (Parameter* p : stack.members) {
+    CHECK_EQ(BeginGradWrite(*p), accumulate)
+        << "stack member " << p->name << "'s gradient and " << stack.members.front()->name
+        << "'s differ in being pending zero";
+  }
+  return accumulate;
+}
+
 const Tensor& MaterializedGrad(Parameter& p) {
   if (!BeginGradWrite(p)) ops::Fill(p.grad, 0.0f);
   return p.grad;
@@ -152,10 +227,16 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
   CHECK(storage_ == Storage::kDeferred) << "AllocateBuckets of a set that is not deferred";
   CHECK(buckets_.empty()) << "AllocateBuckets twice";
   CHECK(shard >= 0 && shard < shards) << "shard " << shard << " of " << shards;
+  const size_t n = specs_.size();
   std::vector<int64_t> numels;
-  for (const ParameterSpec& spec : specs_) numels.push_back(moe::NumElements(spec.shape));
+  const auto joins_previous = std::make_unique<bool[]>(n);
+  for (size_t i = 0; i < n; ++i) {
+    numels.push_back(moe::NumElements(specs_[i].shape));
+    joins_previous[i] = i > 0 && stack_of_[i] != nullptr && stack_of_[i] == stack_of_[i - 1];
+  }
   const bool value_is_master = compute_dtype_ == DType::kF32;
-  for (BucketLayout& layout : PlanBuckets(numels, shards, bucket_bytes)) {
+  for (BucketLayout& layout :
+       PlanBuckets(numels, {joins_previous.get(), n}, shards, bucket_bytes)) {
     ParameterBucket b;
     b.layout = std::move(layout);
     b.shard = shard;
@@ -200,6 +281,15 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
       ops::Copy(initial.Rows(mine.first, mine.last),
                 b.master.Rows(at, at + mine.last - mine.first));
     }
+    for (size_t i = b.layout.begin; i < b.layout.end; i = StackEnd(i)) {
+      ParameterStack* stack = stack_of_[i];
+      if (stack == nullptr) continue;
+      const Shape shape = StackShape(std::span(specs_).subspan(i, stack->members.size()));
+      const int64_t offset = b.layout.offsets[i - b.layout.begin];
+      stack->value = ParameterView(b.value, offset, shape);
+      stack->value.set_is_parameter(true);
+      stack->grad = ParameterView(b.grad, offset, shape);
+    }
     buckets_.push_back(std::move(b));
   }
 }
@@ -242,25 +332,27 @@ void ParameterSet::AssignBucketState(size_t b, const WholeBucketState& whole) {
 
 std::vector<OwnedSlice> ParameterSet::OwnedSlices() const {
   CHECK(optimizer_state_) << "a set without optimizer state updates nothing";
+  if (buckets_.empty()) return plain_slices_;
   std::vector<OwnedSlice> slices;
-  const auto flat = [](const Tensor& t) { return t.View({t.numel()}); };
-  if (buckets_.empty()) {
-    for (const auto& p : parameters_) {
-      slices.push_back({p.get(), flat(p->master), flat(p->grad), flat(p->exp_avg),
-                        flat(p->exp_avg_sq), flat(p->value)});
-    }
-    return slices;
-  }
   for (const ParameterBucket& b : buckets_) {
-    for (size_t i = b.layout.begin; i < b.layout.end; ++i) {
-      const int64_t offset = b.layout.offsets[i - b.layout.begin];
-      const ParameterRange mine =
-          IntersectParameter(offset, parameters_[i]->value.numel(), b.owned_begin(), b.owned_end());
-      if (mine.empty()) continue;
-      const int64_t begin = offset + mine.first, end = offset + mine.last;
+    // Where parameter i begins and ends in the bucket.
+    const auto begin_of = [&](size_t i) { return b.layout.offsets[i - b.layout.begin]; };
+    const auto end_of = [&](size_t i) { return begin_of(i) + moe::NumElements(specs_[i].shape); };
+    for (size_t i = b.layout.begin; i < b.layout.end; i = StackEnd(i)) {
+      // The owned part of the stack (or lone parameter) [i, stack_end): bucket elements
+      // [begin, end), which hold (parts of) parameters [first, last).
+      const size_t stack_end = StackEnd(i);
+      const int64_t begin = std::max(begin_of(i), b.owned_begin());
+      const int64_t end = std::min(end_of(stack_end - 1), b.owned_end());
+      if (begin >= end) continue;
+      size_t first = i;
+      while (end_of(first) <= begin) ++first;
+      size_t last = first + 1;
+      while (last < stack_end && begin_of(last) < end) ++last;
       const int64_t state_begin = begin - b.owned_begin(), state_end = end - b.owned_begin();
-      slices.push_back({parameters_[i].get(), b.master.Rows(state_begin, state_end),
-                        b.grad.Rows(begin, end), b.exp_avg.Rows(state_begin, state_end),
+      slices.push_back({parameters_[first].get(), static_cast<int>(last - first),
+                        b.master.Rows(state_begin, state_end), b.grad.Rows(begin, end),
+                        b.exp_avg.Rows(state_begin, state_end),
                         b.exp_avg_sq.Rows(state_begin, state_end), b.value.Rows(begin, end)});
     }
   }

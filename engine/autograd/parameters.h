@@ -17,7 +17,13 @@
 // nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
 // Without optimizer state (benchmarks, evaluation) only value and grad exist.
 //
-// Storage. A plain set allocates each parameter's tensors in Create. A deferred set (the
+// Stacks (CreateStack): 2-D parameters with equal columns laid out back to back as the row blocks
+// of one matrix of each kind, so that one GEMM can use them as one weight; each stays a Parameter
+// of its own (name, initial values, checkpoint entry), and the optimizer updates a stack as one
+// unit (OwnedSlices).
+//
+// Storage. A plain set allocates each parameter's (or stack's) tensors in Create (CreateStack),
+// one buffer per kind of which the parameters' tensors are views. A deferred set (the
 // trainer's) only records them in Create; AllocateBuckets then lays the parameters out in
 // buckets (parameter_buckets.h): per bucket one value buffer and one gradient buffer of which
 // the parameters' value and grad are views, and the optimizer state of the part of the bucket
@@ -31,6 +37,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +84,21 @@ bool BeginGradWrite(Parameter& p);
 // (gradient all-reduce, norm, optimizer, dumps).
 const Tensor& MaterializedGrad(Parameter& p);
 
+// A stack: 2-D parameters with the same number of columns whose rows lie back to back, in
+// creation order, in one matrix of each kind (value, grad, and master and moments where the set
+// holds them), so that one GEMM can use them as one weight (say the Q, K and V projections).
+// Each member stays a Parameter of its own: its name, initial values and checkpoint entry are
+// those it would have if created alone.
+struct ParameterStack {
+  std::vector<Parameter*> members;  // row order = creation order
+  Tensor value;  // (rows of all members, cols): the members' values as one matrix
+  Tensor grad;   // likewise their gradients
+};
+
+// Starts a backward op's write of the whole stack's grad: BeginGradWrite of every member (they
+// must agree, CHECKed) and returns it.
+bool BeginGradWrite(ParameterStack& stack);
+
 enum class Init { kNormal, kOnes, kZeros };
 
 struct ParameterSpec {
@@ -100,10 +122,14 @@ struct ParameterBucket {
   int64_t owned_end() const { return owned_begin() + layout.shard_numel(); }
 };
 
-// What this rank's optimizer updates of one parameter: all of it, or under a sharded state the
-// elements inside its bucket's owned part. Every tensor is a 1-D view of the same elements.
+// What this rank's optimizer updates of one parameter, or of one stack as a whole: all of it, or
+// under a sharded state the elements inside its bucket's owned part. Every tensor is a 1-D view of
+// the same elements.
 struct OwnedSlice {
-  Parameter* parameter = nullptr;
+  Parameter* parameter = nullptr;  // the first parameter with elements in the slice
+  // How many consecutive parameters (creation order) have elements in it: more than one only for
+  // a stack's members.
+  int parameters = 1;
   Tensor master, grad, exp_avg, exp_avg_sq;
   Tensor value;  // the compute copy of the same elements (on the CPU the master itself)
 };
@@ -135,6 +161,11 @@ class ParameterSet {
                                OptimizerDTypes dtypes = {});
 
   Parameter& Create(const ParameterSpec& spec);
+  // Creates `specs` (>= 1; each 2-D, equal columns, equal weight_decay; CHECKed) as consecutive
+  // parameters laid out as one stack (above). The reference stays valid for the set's lifetime.
+  // Plain sets allocate the stack at once; a deferred set sets value and grad in AllocateBuckets;
+  // a SpecsOnly set leaves them undefined.
+  ParameterStack& CreateStack(std::span<const ParameterSpec> specs);
   const std::vector<std::unique_ptr<Parameter>>& all() const { return parameters_; }
   const std::vector<ParameterSpec>& specs() const { return specs_; }  // in creation order
   Parameter& Get(const std::string& name);
@@ -145,8 +176,9 @@ class ParameterSet {
   // value = master (after loading master weights from a checkpoint). Not under a sharded state.
   void SyncValuesFromMasters();
 
-  // Deferred sets, once every parameter is created: allocates and initialises the buckets of
-  // PlanBuckets(numels, shards, bucket_bytes), this rank owning part `shard` of each.
+  // Deferred sets, once every parameter is created: allocates and initialises the buckets that
+  // PlanBuckets plans for the parameters and their stacks (shards, bucket_bytes), this rank owning
+  // part `shard` of each, and sets the stacks' value and grad.
   void AllocateBuckets(int shards, int shard, int64_t bucket_bytes);
   // In backward order; empty for a plain set.
   const std::vector<ParameterBucket>& buckets() const { return buckets_; }
@@ -160,8 +192,9 @@ class ParameterSet {
   // Bucket b's state = this rank's part of `whole`, and its values = the whole masters (all of
   // the bucket, in the compute dtype).
   void AssignBucketState(size_t b, const WholeBucketState& whole);
-  // What this rank updates: every parameter in creation order, or for a bucketed set bucket by
-  // bucket (backward order), each bucket's parameters in creation order, empty parts left out.
+  // What this rank updates: every parameter (a stack as one slice) in creation order, or for a
+  // bucketed set bucket by bucket (backward order), each bucket's parameters in creation order,
+  // empty parts left out.
   std::vector<OwnedSlice> OwnedSlices() const;
 
   Device device() const { return device_; }
@@ -179,6 +212,15 @@ class ParameterSet {
   std::vector<std::unique_ptr<Parameter>> parameters_;
   std::vector<ParameterSpec> specs_;
   std::vector<ParameterBucket> buckets_;
+  std::vector<std::unique_ptr<ParameterStack>> stacks_;
+  std::vector<ParameterStack*> stack_of_;  // by creation index; nullptr: created alone
+  std::vector<OwnedSlice> plain_slices_;   // a plain set's OwnedSlices: one per Create(Stack)
+
+  // Records `specs` as the next parameters, the members of `stack` (nullptr: one parameter created
+  // alone), and in a plain set allocates them (see the top).
+  void Add(std::span<const ParameterSpec> specs, ParameterStack* stack);
+  // The end of the parameters laid out as one with parameter `first`: its stack's, or first + 1.
+  size_t StackEnd(size_t first) const;
 };
 
 }  // namespace moe

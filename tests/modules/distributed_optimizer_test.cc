@@ -2,9 +2,9 @@
 // and with MOE_TEST_ON_CUDA on one GPU, bf16 values): with one data rank the flag is the
 // degenerate case, its one shard the whole state, and training is bit-identical to plain; and
 // the update of every shard of a sharded, bucketed state (each rank's OwnedSlices, here all in
-// one process) writes exactly the masters, moments and values that the whole update writes
-// (elementwise arithmetic on aligned slices; the rest, reduce-scatter and all-gather, is
-// trainer_parallel_mpi_test's).
+// one process; a stack of parameters among them, updated as one slice) writes exactly the
+// masters, moments and values that the whole update writes (elementwise arithmetic on aligned
+// slices; the rest, reduce-scatter and all-gather, is trainer_parallel_mpi_test's).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,6 +12,7 @@
 
 #include "engine/optim/adamw.h"
 #include "modules/trainer.h"
+#include "tests/testing/owned_slices.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/test_device.h"
 #include "tests/testing/tiny_model.h"
@@ -69,13 +70,24 @@ TEST(DistributedOptimizerTest, WithOneDataRankTrainsBitIdenticallyToPlain) {
   EXPECT_EQ(flagged.values, plain.values);
 }
 
-// Parameters of awkward sizes over a few buckets.
+// Parameters of awkward sizes over a few buckets, the last three a stack (e.k starts 287
+// elements into it, not 16-byte aligned).
 std::vector<ParameterSpec> Specs() {
   return {{"a.weight", {37, 19}},
           {"a.norm", {19}, Init::kOnes, 0.02f, /*weight_decay=*/false},
           {"b.weight", {3, 500}},
           {"c.weight", {1000}},
-          {"d.norm", {7}, Init::kOnes, 0.02f, /*weight_decay=*/false}};
+          {"d.norm", {7}, Init::kOnes, 0.02f, /*weight_decay=*/false},
+          {"e.q", {41, 7}},
+          {"e.k", {20, 7}},
+          {"e.v", {20, 7}}};
+}
+constexpr size_t kStackBegin = 5;
+
+void CreateParameters(ParameterSet& set) {
+  const std::vector<ParameterSpec> specs = Specs();
+  for (size_t i = 0; i < kStackBegin; ++i) set.Create(specs[i]);
+  set.CreateStack(std::span(specs).subspan(kStackBegin));
 }
 
 // Gradient element i of parameter `name`, the same in every set.
@@ -98,14 +110,14 @@ void SetGrads(ParameterSet& set) {
 
 void ExpectShardsUpdateAsTheWhole(const OptimizerDTypes& optimizer_dtypes) {
   constexpr int kShards = 3;
-  constexpr int64_t kBucketBytes = 1200 * 4;  // {a.weight, a.norm}, {b}, {c, d}
+  constexpr int64_t kBucketBytes = 1200 * 4;  // {a.weight, a.norm}, {b}, {c}, {d, e}
   ops::AdamWConfig config;
   config.lr = 1e-2f;
   config.weight_decay = 0.1f;
   config.step = 1;
   ParameterSet whole =
       ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
-  for (const ParameterSpec& spec : Specs()) whole.Create(spec);
+  CreateParameters(whole);
   whole.AllocateBuckets(1, 0, kBucketBytes);
   SetGrads(whole);
   ops::AdamWUpdate(AdamWUpdateEntries(whole.OwnedSlices()), config);
@@ -114,31 +126,30 @@ void ExpectShardsUpdateAsTheWhole(const OptimizerDTypes& optimizer_dtypes) {
   for (int shard = 0; shard < kShards; ++shard) {
     ParameterSet set =
         ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
-    for (const ParameterSpec& spec : Specs()) set.Create(spec);
+    CreateParameters(set);
     set.AllocateBuckets(kShards, shard, kBucketBytes);
-    ASSERT_EQ(set.buckets().size(), 3u);
+    ASSERT_EQ(set.buckets().size(), 4u);
     SetGrads(set);
     const std::vector<OwnedSlice> slices = set.OwnedSlices();
     ops::AdamWUpdate(AdamWUpdateEntries(slices), config);
     for (const OwnedSlice& s : slices) {
-      const Parameter& mine = *s.parameter;
-      const Parameter& want = whole.Get(mine.name);
-      const int64_t first = (static_cast<const uint8_t*>(s.value.data()) -
-                             static_cast<const uint8_t*>(mine.value.data())) /
-                            static_cast<int64_t>(DTypeSize(mine.value.dtype()));
-      const int64_t n = s.value.numel();
-      const auto part = [&](const Tensor& t) {
-        const std::vector<uint32_t> bits = testing::FloatBits(t);
-        return std::vector<uint32_t>(bits.begin() + first, bits.begin() + first + n);
-      };
-      EXPECT_EQ(testing::FloatBits(s.master), part(want.master)) << mine.name;
       EXPECT_EQ(s.exp_avg.dtype(), optimizer_dtypes.exp_avg);
-      EXPECT_EQ(testing::FloatBits(s.exp_avg), part(want.exp_avg)) << mine.name;
-      EXPECT_EQ(testing::FloatBits(s.exp_avg_sq), part(want.exp_avg_sq)) << mine.name;
-      EXPECT_EQ(testing::FloatBits(s.value), part(want.value)) << mine.name;
-      std::vector<int>& counts = covered[mine.name];
-      counts.resize(want.value.numel(), 0);
-      for (int64_t i = first; i < first + n; ++i) ++counts[i];
+      for (const testing::SlicePart& part : testing::SliceParts(set, s)) {
+        const std::string& name = part.parameter->name;
+        const Parameter& want = whole.Get(name);
+        // Elements [first, first + part.count) of t's bits.
+        const auto bits = [&](const Tensor& t, int64_t first) {
+          const std::vector<uint32_t> all = testing::FloatBits(t);
+          return std::vector<uint32_t>(all.begin() + first, all.begin() + first + part.count);
+        };
+        EXPECT_EQ(bits(s.master, part.at), bits(want.master, part.first)) << name;
+        EXPECT_EQ(bits(s.exp_avg, part.at), bits(want.exp_avg, part.first)) << name;
+        EXPECT_EQ(bits(s.exp_avg_sq, part.at), bits(want.exp_avg_sq, part.first)) << name;
+        EXPECT_EQ(bits(s.value, part.at), bits(want.value, part.first)) << name;
+        std::vector<int>& counts = covered[name];
+        counts.resize(want.value.numel(), 0);
+        for (int64_t i = part.first; i < part.first + part.count; ++i) ++counts[i];
+      }
     }
   }
   ASSERT_EQ(covered.size(), Specs().size());
