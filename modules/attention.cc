@@ -13,18 +13,19 @@ SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
     : name_(name),
       config_(config),
       layer_(layer),
-      q_proj_(parameters.Create({name + ".q_proj.weight",
-                                 {config.hidden_size, config.hidden_size},
-                                 Init::kNormal,
-                                 config.init_std})),
-      k_proj_(parameters.Create({name + ".k_proj.weight",
-                                 {config.kv_dim(), config.hidden_size},
-                                 Init::kNormal,
-                                 config.init_std})),
-      v_proj_(parameters.Create({name + ".v_proj.weight",
-                                 {config.kv_dim(), config.hidden_size},
-                                 Init::kNormal,
-                                 config.init_std})),
+      qkv_proj_(parameters.CreateStack(
+          std::vector<ParameterSpec>{{name + ".q_proj.weight",
+                                      {config.hidden_size, config.hidden_size},
+                                      Init::kNormal,
+                                      config.init_std},
+                                     {name + ".k_proj.weight",
+                                      {config.kv_dim(), config.hidden_size},
+                                      Init::kNormal,
+                                      config.init_std},
+                                     {name + ".v_proj.weight",
+                                      {config.kv_dim(), config.hidden_size},
+                                      Init::kNormal,
+                                      config.init_std}})),
       o_proj_(parameters.Create(
           {name + ".o_proj.weight",
            {config.hidden_size, config.hidden_size},
@@ -44,19 +45,19 @@ Tensor SelfAttention::Forward(SavedTensors& saved, const Tensor& x) {
   const int64_t tokens = x.dim(0), seq = config_.seq_length, batch = tokens / seq;
   const int64_t heads = config_.num_attention_heads, groups = config_.num_query_groups;
   const int64_t d = config_.head_dim();
-  Tensor q, k, v;
+  Tensor q = Tensor::Empty({tokens, heads, d}, x.dtype(), x.device());
+  Tensor k = Tensor::Empty({tokens, groups, d}, x.dtype(), x.device());
+  Tensor v = Tensor::Empty({tokens, groups, d}, x.dtype(), x.device());
   {
     ScopedSaveGroup group(saved, kQkvLinearGroup, layer_);
-    q = LinearForward(x, q_proj_).View({tokens, heads, d});
-    k = LinearForward(x, k_proj_).View({tokens, groups, d});
-    v = LinearForward(x, v_proj_).View({batch, seq, groups, d});
+    const Tensor qkv = Tensor::Empty({tokens, qkv_proj_.value.dim(0)}, x.dtype(), x.device());
+    LinearForwardInto(x, qkv_proj_.value, qkv);
+    ops::RopeQkvForward(qkv, rotary_table_.On(x.device()), q, k, v);
     saved.Save(name_ + ".x", x);
   }
-  const Tensor& rope_table = rotary_table_.On(x.device());
-  ops::RopeForward(q, rope_table, q);
-  ops::RopeForward(k, rope_table, k);
   q = q.View({batch, seq, heads, d});
   k = k.View({batch, seq, groups, d});
+  v = v.View({batch, seq, groups, d});
   Tensor out = Tensor::Empty(q.shape(), x.dtype(), x.device());
   {
     ScopedSaveGroup group(saved, kCoreAttnGroup, layer_);
@@ -86,25 +87,25 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
     ops::AttentionForward(q, k, v, out, lse);
     out = out.View({dy.dim(0), config_.hidden_size});
   }
-  const Tensor dout = LinearBackward(dy, out, o_proj_);
+  Tensor dout = LinearBackward(dy, out, o_proj_);
 
   Tensor dq = Tensor::Empty(q.shape(), q.dtype(), q.device());
   Tensor dk = Tensor::Empty(k.shape(), k.dtype(), k.device());
   Tensor dv = Tensor::Empty(v.shape(), v.dtype(), v.device());
   ops::AttentionBackward(dout.View(q.shape()), q, k, v, out.View(q.shape()), lse, dq, dk, dv);
+  dout = Tensor();
 
-  const int64_t tokens = dy.dim(0);
-  dq = dq.View({tokens, config_.num_attention_heads, config_.head_dim()});
-  dk = dk.View({tokens, config_.num_query_groups, config_.head_dim()});
-  const Tensor& rope_table = rotary_table_.On(dq.device());
-  ops::RopeBackward(dq, rope_table, dq);
-  ops::RopeBackward(dk, rope_table, dk);
+  const int64_t tokens = dy.dim(0), heads = config_.num_attention_heads;
+  const int64_t groups = config_.num_query_groups, d = config_.head_dim();
+  Tensor dqkv = Tensor::Empty({tokens, qkv_proj_.value.dim(0)}, dq.dtype(), dq.device());
+  ops::RopeQkvBackward(dq.View({tokens, heads, d}), dk.View({tokens, groups, d}),
+                       dv.View({tokens, groups, d}), rotary_table_.On(dq.device()), dqkv);
+  dq = dk = dv = Tensor();
 
   const Tensor x = saved.Load(name_ + ".x");
   Tensor dx = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  LinearBackward(dq.View({tokens, config_.hidden_size}), x, q_proj_, dx, false);
-  LinearBackward(dk.View({tokens, config_.kv_dim()}), x, k_proj_, dx, true);
-  LinearBackward(dv.View({tokens, config_.kv_dim()}), x, v_proj_, dx, true);
+  LinearBackward(dqkv, x, qkv_proj_.value, qkv_proj_.grad, dx, /*accumulate_dx=*/false,
+                 BeginGradWrite(qkv_proj_));
   return dx;
 }
 

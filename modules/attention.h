@@ -1,7 +1,9 @@
 // Causal self-attention with RoPE and grouped KV heads.
 //   x (tokens = batch * seq, hidden) -> y (tokens, hidden).
 //   Weights (PyTorch layout): q_proj (hidden, hidden), k_proj and v_proj (kv_dim, hidden),
-//   o_proj (hidden, hidden); o_proj initialised with std / sqrt(2 * num_layers).
+//   o_proj (hidden, hidden); o_proj initialised with std / sqrt(2 * num_layers). q_proj, k_proj
+//   and v_proj are one parameter stack: one GEMM each way computes all three projections, and
+//   ops::RopeQkvForward / RopeQkvBackward move the heads between the packed product and q, k, v.
 // Saved tensors, each in its offload group for `layer`:
 //   qkv_linear: x;   core_attn: q, k (after RoPE), v, lse;   attn_proj: out (the input of o_proj,
 //   which core attention's backward also reads).
@@ -43,9 +45,7 @@ class SelfAttention {
   std::string name_;
   const GptConfig& config_;
   int layer_;
-  Parameter& q_proj_;
-  Parameter& k_proj_;
-  Parameter& v_proj_;
+  ParameterStack& qkv_proj_;  // q_proj, k_proj, v_proj rows
   Parameter& o_proj_;
   RotaryTable& rotary_table_;
 };

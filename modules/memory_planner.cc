@@ -316,16 +316,18 @@ class RankModel {
            6 * tokens * D(m.moe_router_topk) * h * D(m.moe_ffn_hidden_size);
   }
   // What a layer's backward allocates beside its saves, at its largest: the MLP's gradients of
-  // its rows and of the tokens, or the attention's (output, q, k, v, input). The unfused grouped
-  // MLP holds its rows' output, activation, fc1 output and input gradients at once, and recomputes
-  // its activation (it never saves it); the fused one has the activation's gradient only inside
+  // its rows and of the tokens, or the attention's: q, k and v's with their packed copy (the
+  // output's gradient, as large as q's, is freed before the copy; the copy outlives q, k and v's
+  // to meet the input's, as large as q's). The unfused grouped MLP holds its rows' output,
+  // activation, fc1 output and input gradients at once, and recomputes its activation (it never
+  // saves it); the fused one has the activation's gradient only inside
   // ops::GroupedMatmulSwigluBackward, if at all (output + activation + fc1 output), then output +
   // fc1 output + input.
   double BackwardWorkspace(int layer) const {
     const GptConfig& m = request_.run.model;
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
     const double b = ComputeBytes(request_.run.cuda), kv = D(m.num_query_groups) * D(m.head_dim());
-    const double attention = tokens * (3 * h + 2 * kv) * b;
+    const double attention = tokens * 2 * (h + 2 * kv) * b;
     if (!m.is_moe_layer(layer)) {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
     }

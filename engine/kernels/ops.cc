@@ -414,17 +414,24 @@ void CheckRopeTable(const Tensor& table) {
       << "rope table must be (seq, head_dim / 2, 2): " << table.DebugString();
 }
 
-void CheckRope(const Tensor& x, const Tensor& table, const Tensor& y) {
-  CheckFloat(x, "rope input");
-  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
-      << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
+// qkv (tokens, (heads + 2 kv_heads) head_dim) against q (tokens, heads, head_dim) and k, v (tokens,
+// kv_heads, head_dim), as RopeQkvForward takes them and RopeQkvBackward their gradients.
+void CheckRopeQkv(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
+                  const Tensor& v) {
+  CheckFloat(qkv, "rope qkv");
+  CHECK(q.ndim() == 3 && q.dim(2) % 2 == 0)
+      << "rope q takes (tokens, heads, even head_dim): " << q.DebugString();
+  const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  CHECK(k.ndim() == 3 && k.dim(0) == tokens && k.dim(2) == d)
+      << "rope k " << k.DebugString() << " does not go with q " << q.DebugString();
+  CheckShape(v, k.shape(), "rope v");
+  CheckShape(qkv, {tokens, (heads + 2 * k.dim(1)) * d}, "rope qkv");
   CheckRopeTable(table);
-  CHECK(table.dim(1) == x.dim(2) / 2)
-      << "rope table " << table.DebugString() << " is not for head_dim " << x.dim(2);
-  CHECK(x.dim(0) % table.dim(0) == 0)
-      << "rope: tokens " << x.dim(0) << " not a multiple of seq " << table.dim(0);
-  CheckShape(y, x.shape(), "rope output");
-  CheckSameDType(x, y, "rope");
+  CHECK(table.dim(1) == d / 2) << "rope table " << table.DebugString() << " is not for head_dim "
+                               << d;
+  CHECK(tokens % table.dim(0) == 0)
+      << "rope: tokens " << tokens << " not a multiple of seq " << table.dim(0);
+  for (const Tensor* t : {&q, &k, &v}) CheckSameDType(qkv, *t, "rope qkv");
 }
 }  // namespace
 
@@ -434,16 +441,18 @@ void RopeTable(float base, const Tensor& table) {
   MOE_DISPATCH(device, RopeTable, base, table);
 }
 
-void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
-  const Device device = CommonDevice({&x, &table, &y});
-  CheckRope(x, table, y);
-  MOE_DISPATCH(device, RopeForward, x, table, y);
+void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
+                    const Tensor& v) {
+  const Device device = CommonDevice({&qkv, &table, &q, &k, &v});
+  CheckRopeQkv(qkv, table, q, k, v);
+  MOE_DISPATCH(device, RopeQkvForward, qkv, table, q, k, v);
 }
 
-void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
-  const Device device = CommonDevice({&dy, &table, &dx});
-  CheckRope(dy, table, dx);
-  MOE_DISPATCH(device, RopeBackward, dy, table, dx);
+void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
+                     const Tensor& dqkv) {
+  const Device device = CommonDevice({&dq, &dk, &dv, &table, &dqkv});
+  CheckRopeQkv(dqkv, table, dq, dk, dv);
+  MOE_DISPATCH(device, RopeQkvBackward, dq, dk, dv, table, dqkv);
 }
 
 // ---------------------------------------------------------------- attention

@@ -164,28 +164,29 @@ TEST_F(CpuGradTest, SwigluWithAndWithoutScale) {
   }
 }
 
-TEST_F(CpuGradTest, RopeBackwardIsTheInverseRotation) {
-  const int64_t seq = 4, tokens = 2 * seq, heads = 2, d = 8;
+TEST_F(CpuGradTest, RopeQkvBackwardIsTheGradientAndTheInverse) {
+  const int64_t seq = 4, tokens = 2 * seq, heads = 2, kv_heads = 1, d = 8;
   const float base = 100.0f;  // large angles within a short sequence
-  const Shape shape = {tokens, heads, d};
-  Tensor x = Random(shape), dy = Random(shape), y = Poisoned(shape);
+  const Shape qkv_shape = {tokens, (heads + 2 * kv_heads) * d};
+  const Shape q_shape = {tokens, heads, d}, kv_shape = {tokens, kv_heads, d};
+  Tensor qkv = Random(qkv_shape), q = Poisoned(q_shape), k = Poisoned(kv_shape),
+         v = Poisoned(kv_shape);
+  Tensor dq = Random(q_shape), dk = Random(kv_shape), dv = Random(kv_shape);
   Tensor table = Poisoned({seq, d / 2, 2});
   ops::RopeTable(base, table);
-  const std::vector<float> r = ToFloats(dy);
+  const std::vector<float> rq = ToFloats(dq), rk = ToFloats(dk), rv = ToFloats(dv);
   auto loss = [&] {
-    ops::RopeForward(x, table, y);
-    return WeightedSum(y, r);
+    ops::RopeQkvForward(qkv, table, q, k, v);
+    return WeightedSum(q, rq) + WeightedSum(k, rk) + WeightedSum(v, rv);
   };
-  Tensor dx = Poisoned(shape);
-  ops::RopeBackward(dy, table, dx);
-  ExpectGradient("dx", x, ToFloats(dx), loss);
+  Tensor dqkv = Poisoned(qkv_shape);
+  ops::RopeQkvBackward(dq, dk, dv, table, dqkv);
+  ExpectGradient("dqkv", qkv, ToFloats(dqkv), loss);
 
-  ops::RopeBackward(dy, table, dy);  // in place
-  EXPECT_EQ(ToFloats(dy), ToFloats(dx));
   loss();
-  Tensor back = Poisoned(shape);
-  ops::RopeBackward(y, table, back);
-  EXPECT_LT(RelativeError(ToFloats(back), ToFloats(x)), 1e-6);
+  Tensor back = Poisoned(qkv_shape);
+  ops::RopeQkvBackward(q, k, v, table, back);
+  EXPECT_LT(RelativeError(ToFloats(back), ToFloats(qkv)), 1e-6);
 }
 
 TEST_F(CpuGradTest, AttentionWithGroupedKvHeads) {

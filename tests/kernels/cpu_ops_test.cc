@@ -360,31 +360,36 @@ TEST_F(CpuOpsTest, RopeTableHoldsCosAndSinOfAnglesComputedInDouble) {
             std::vector<float>({1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0}));  // position 0
 }
 
-TEST_F(CpuOpsTest, RopeForwardMatchesFormulaAndMayAlias) {
-  const int64_t batch = 2, seq = 5, heads = 3, d = 8;
+TEST_F(CpuOpsTest, RopeQkvForwardRotatesQAndKAndCopiesV) {
+  const int64_t batch = 2, seq = 5, heads = 3, kv_heads = 2, d = 8, slots = heads + 2 * kv_heads;
   const float base = 10000.0f;
-  Tensor x = Random({batch * seq, heads, d}), y = Poisoned({batch * seq, heads, d});
+  Tensor qkv = Random({batch * seq, slots * d});
+  Tensor q = Poisoned({batch * seq, heads, d}), k = Poisoned({batch * seq, kv_heads, d});
+  Tensor v = Poisoned({batch * seq, kv_heads, d});
   Tensor table = Poisoned({seq, d / 2, 2});
   ops::RopeTable(base, table);
-  ops::RopeForward(x, table, y);
-  const std::vector<float> hx = ToFloats(x);
-  std::vector<float> want(hx.size());
+  ops::RopeQkvForward(qkv, table, q, k, v);
+  const std::vector<float> in = ToFloats(qkv);
+  std::vector<float> want_q(q.numel()), want_k(k.numel()), want_v(v.numel());
   for (int64_t r = 0; r < batch * seq; ++r) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* in = &hx[(r * heads + h) * d];
-      float* out = &want[(r * heads + h) * d];
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const float* x = &in[(r * slots + slot) * d];
+      if (slot >= heads + kv_heads) {
+        std::copy(x, x + d, &want_v[(r * kv_heads + slot - heads - kv_heads) * d]);
+        continue;
+      }
+      float* y = slot < heads ? &want_q[(r * heads + slot) * d]
+                              : &want_k[(r * kv_heads + slot - heads) * d];
       for (int64_t i = 0; i < d / 2; ++i) {
         const double angle = (r % seq) * std::pow(base, -2.0 * i / d);
-        out[i] = static_cast<float>(in[i] * std::cos(angle) - in[i + d / 2] * std::sin(angle));
-        out[i + d / 2] =
-            static_cast<float>(in[i + d / 2] * std::cos(angle) + in[i] * std::sin(angle));
+        y[i] = static_cast<float>(x[i] * std::cos(angle) - x[i + d / 2] * std::sin(angle));
+        y[i + d / 2] = static_cast<float>(x[i + d / 2] * std::cos(angle) + x[i] * std::sin(angle));
       }
     }
   }
-  const std::vector<float> got = ToFloats(y);
-  EXPECT_LT(RelativeError(got, want), kTolerance);
-  ops::RopeForward(x, table, x);  // in place
-  EXPECT_EQ(ToFloats(x), got);
+  EXPECT_LT(RelativeError(ToFloats(q), want_q), kTolerance);
+  EXPECT_LT(RelativeError(ToFloats(k), want_k), kTolerance);
+  EXPECT_EQ(ToFloats(v), want_v);
 }
 
 // ---------------------------------------------------------------- attention

@@ -381,23 +381,24 @@ std::vector<OpCase> Cases() {
         r.Read("table", table);
       },
       0x1p-23, 0x1p-23);
-  // d / 2 a multiple of 8 (16-byte accesses) and odd (element accesses), in place and not.
+  // d / 2 a multiple of 8 (16-byte accesses) and odd (element accesses); 1 and 3 KV heads.
   for (const int64_t d : {64, 2 * 333}) {
-    for (const bool in_place : {false, true}) {
-      const std::string name =
-          std::string("rope_") + (d == 64 ? "d64" : "odd_half") + (in_place ? "_in_place" : "");
-      add(name, [d, in_place](OpRun& r) {
-        const int64_t batch = 2, seq = 300, heads = 3;
-        Tensor table = r.OutF32({seq, d / 2, 2});
-        ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
-        Tensor x = r.In({batch * seq, heads, d}), dy = r.In({batch * seq, heads, d});
-        Tensor y = in_place ? x : r.Out(x.shape()), dx = in_place ? dy : r.Out(dy.shape());
-        ops::RopeForward(x, table, y);
-        ops::RopeBackward(dy, table, dx);
-        r.Read("y", y);
-        r.Read("dx", dx);
-      });
-    }
+    const int64_t kv_heads = d == 64 ? 1 : 3;
+    add(std::string("rope_qkv_") + (d == 64 ? "d64" : "odd_half"), [d, kv_heads](OpRun& r) {
+      const int64_t batch = 2, seq = 300, heads = 6, tokens = batch * seq;
+      const Shape qkv_shape = {tokens, (heads + 2 * kv_heads) * d};
+      const Shape q_shape = {tokens, heads, d}, kv_shape = {tokens, kv_heads, d};
+      Tensor table = r.OutF32({seq, d / 2, 2});
+      ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
+      Tensor qkv = r.In(qkv_shape), q = r.Out(q_shape), k = r.Out(kv_shape), v = r.Out(kv_shape);
+      Tensor dq = r.In(q_shape), dk = r.In(kv_shape), dv = r.In(kv_shape), dqkv = r.Out(qkv_shape);
+      ops::RopeQkvForward(qkv, table, q, k, v);
+      ops::RopeQkvBackward(dq, dk, dv, table, dqkv);
+      r.Read("q", q);
+      r.Read("k", k);
+      r.Read("v", v);
+      r.Read("dqkv", dqkv);
+    });
   }
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
   // of 8 blocks with 2 query heads each); sequences that are and are not multiples of a tile.

@@ -1,9 +1,11 @@
 // CPU rotary position embedding, f32. RopeTable: table (seq, d/2, 2) = {cos, sin} of angle
-// pos * base^(-2i/d), computed in double and rounded to float. x, y (batch * seq, heads, d); the
-// position of row r is r % seq. For i < d/2 the pair (x_i, x_{i+d/2}) rotates by its angle:
-//   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
-// Backward applies the inverse rotation (sin negated). Output may alias input: each pair is read
-// before it is written.
+// pos * base^(-2i/d), computed in double and rounded to float. RopeQkvForward moves each token's
+// heads from the packed qkv (q's heads, k's, v's) into q, k and v; RopeQkvBackward moves them
+// back. The position of token row r is r % seq. For i < d/2 the pair (x_i, x_{i+d/2}) of a q or
+// k head rotates by its angle:
+//   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin;
+// backward applies the inverse rotation (sin negated). v's heads are copied.
+#include <algorithm>
 #include <cmath>
 
 #include "engine/kernels/cpu/cpu_ops.h"
@@ -11,22 +13,32 @@
 namespace moe::cpu {
 namespace {
 
-// Rotates every pair by `direction` (+1 forward, -1 inverse) times its angle.
-void Rotate(const Tensor& x, const Tensor& table, float direction, const Tensor& y) {
-  const int64_t tokens = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
-  const int64_t seq = table.dim(0);
-  const float* px = x.data<float>();
+// Moves every head between the packed qkv and q, k, v (into qkv when to_packed), rotating q's and
+// k's pairs by `direction` (+1 forward, -1 inverse) times their angle.
+void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& table, float direction, bool to_packed) {
+  const int64_t tokens = q.dim(0), heads = q.dim(1), kv_heads = k.dim(1), d = q.dim(2);
+  const int64_t half = d / 2, slots = heads + 2 * kv_heads, seq = table.dim(0);
   const float* pt = table.data<float>();
-  float* py = y.data<float>();
   for (int64_t t = 0; t < tokens; ++t) {
     const float* rotation = pt + (t % seq) * half * 2;
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t row = (t * heads + h) * d;
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      float* packed = qkv.data<float>() + (t * slots + slot) * d;
+      float* split = slot < heads ? q.data<float>() + (t * heads + slot) * d
+                     : slot < heads + kv_heads
+                         ? k.data<float>() + (t * kv_heads + slot - heads) * d
+                         : v.data<float>() + (t * kv_heads + slot - heads - kv_heads) * d;
+      const float* from = to_packed ? split : packed;
+      float* to = to_packed ? packed : split;
+      if (slot >= heads + kv_heads) {
+        std::copy(from, from + d, to);
+        continue;
+      }
       for (int64_t i = 0; i < half; ++i) {
         const float c = rotation[2 * i], s = direction * rotation[2 * i + 1];
-        const float lo = px[row + i], hi = px[row + i + half];
-        py[row + i] = lo * c - hi * s;
-        py[row + i + half] = hi * c + lo * s;
+        const float lo = from[i], hi = from[i + half];
+        to[i] = lo * c - hi * s;
+        to[i + half] = hi * c + lo * s;
       }
     }
   }
@@ -46,12 +58,14 @@ void RopeTable(float base, const Tensor& table) {
   }
 }
 
-void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
-  Rotate(x, table, 1.0f, y);
+void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
+                    const Tensor& v) {
+  MoveHeads(qkv, q, k, v, table, 1.0f, /*to_packed=*/false);
 }
 
-void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
-  Rotate(dy, table, -1.0f, dx);
+void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
+                     const Tensor& dqkv) {
+  MoveHeads(dqkv, dq, dk, dv, table, -1.0f, /*to_packed=*/true);
 }
 
 }  // namespace moe::cpu

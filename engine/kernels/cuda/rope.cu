@@ -1,18 +1,19 @@
-// CUDA rotary position embedding (contracts: engine/kernels/op_declarations.inc). x, y
-// (batch * seq, heads, d), f32 or bf16; position of row r is r % seq, seq = table.dim(0);
-// rotate-half pairs (i, i + d/2), i < d/2, turn by angle pos * base^(-2i/d):
-//   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin.
-// Backward is the inverse rotation (sin negated).
+// CUDA rotary position embedding (contracts: engine/kernels/op_declarations.inc). qkv (batch *
+// seq, (heads + 2 kv_heads) d) against q (batch * seq, heads, d) and k, v (batch * seq, kv_heads,
+// d), f32 or bf16; position of row r is r % seq, seq = table.dim(0); rotate-half pairs (i, i +
+// d/2), i < d/2, of q's and k's heads turn by angle pos * base^(-2i/d):
+//   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin;
+// v's heads are copied. Forward moves heads out of qkv, backward into it with the inverse
+// rotation (sin negated).
 // RopeTable computes the (seq, d/2) {cos, sin} pairs once, one thread each, in double like the
 // CPU reference (a float angle loses ~1e-4 rad at positions in the thousands); it runs once per
-// module, so its speed does not matter. The rotation only streams: a grid-stride loop over
+// model chunk, so its speed does not matter. The move only streams: a grid-stride loop over
 // (token, head, chunk) items, each kVec consecutive pairs of a head (one 16-byte access per half
 // for bf16 when d/2 allows) with their {cos, sin} from the table (16-byte loads too; every head
 // of a token reads the same table row, from L1 or L2). Flat items fill every block whatever the
-// heads and d (a block per token row has 32 threads for 4 KV heads of 128). (The preset's q and
-// k, 4096 tokens of 16 and 4 heads of 128, bf16, under ncu on the H200: 9.8-10.6 and 4.3-4.8 us;
-// angles in double in every call, a block per token row: 11.0-12.7 and 8.0-8.5 us.) Each pair is
-// read before it is written, so y may alias x.
+// heads and d. (Rotating q and k in place, before the projections were one GEMM, took 9.8-10.6
+// and 4.3-4.8 us at the preset's 4096 tokens of 16 and 4 heads of 128, bf16, under ncu on the
+// H200.)
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 
@@ -33,20 +34,49 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// items = tokens * heads * (half / kVec); table (positions, half) {cos, sin} pairs.
-template <typename T, int kVec>
+// q, k and v as the kernel moves heads between them and the packed qkv.
+template <typename T>
+struct SplitHeads {
+  T* q;
+  T* k;
+  T* v;
+  uint32_t heads, kv_heads;
+
+  // Token t's head `slot` of heads + 2 kv_heads: q's, then k's, then v's; d elements each.
+  __device__ T* Head(uint32_t t, uint32_t slot, uint32_t d) const {
+    if (slot < heads) return q + (int64_t{t} * heads + slot) * d;
+    slot -= heads;
+    if (slot < kv_heads) return k + (int64_t{t} * kv_heads + slot) * d;
+    return v + (int64_t{t} * kv_heads + slot - kv_heads) * d;
+  }
+};
+
+// items = tokens * (heads + 2 kv_heads) * (half / kVec); table (positions, half) {cos, sin}
+// pairs. Moves kVec pairs of one head from qkv to split (kToPacked: back), rotating q's and k's by
+// `direction` times their angle.
+template <typename T, int kVec, bool kToPacked>
 __global__ void __launch_bounds__(kThreads)
-    RopeKernel(const T* x, const float* table, uint32_t items, uint32_t heads, uint32_t half,
-               uint32_t positions, float direction, T* y) {
+    RopeQkvKernel(T* qkv, SplitHeads<T> split, const float* table, uint32_t items, uint32_t half,
+                  uint32_t positions, float direction) {
   const uint32_t chunks = half / kVec;  // per head
+  const uint32_t slots = split.heads + 2 * split.kv_heads, d = 2 * half;
   for (uint32_t item = blockIdx.x * blockDim.x + threadIdx.x; item < items;
        item += gridDim.x * blockDim.x) {
-    const uint32_t head_row = item / chunks;  // token * heads + head
+    const uint32_t head_row = item / chunks;  // token * slots + slot
     const uint32_t i0 = (item - head_row * chunks) * kVec;
-    const uint32_t pos = head_row / heads % positions;
-    const int64_t lo_at = int64_t{head_row} * 2 * half + i0, hi_at = lo_at + half;
-    const Floats<kVec> lo = LoadFloats<kVec>(x + lo_at), hi = LoadFloats<kVec>(x + hi_at);
-    const Floats<2 * kVec> rotation = LoadFloats<2 * kVec>(table + (pos * half + i0) * 2);
+    const uint32_t token = head_row / slots, slot = head_row - token * slots;
+    T* packed = qkv + int64_t{head_row} * d + i0;
+    T* separate = split.Head(token, slot, d) + i0;
+    const T* from = kToPacked ? separate : packed;
+    T* to = kToPacked ? packed : separate;
+    const Floats<kVec> lo = LoadFloats<kVec>(from), hi = LoadFloats<kVec>(from + half);
+    if (slot >= split.heads + split.kv_heads) {  // v: copied
+      StoreFloats<kVec>(to, lo);
+      StoreFloats<kVec>(to + half, hi);
+      continue;
+    }
+    const Floats<2 * kVec> rotation =
+        LoadFloats<2 * kVec>(table + (token % positions * half + i0) * 2);
     Floats<kVec> y_lo, y_hi;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -54,29 +84,35 @@ __global__ void __launch_bounds__(kThreads)
       y_lo.v[j] = lo.v[j] * c - hi.v[j] * s;
       y_hi.v[j] = hi.v[j] * c + lo.v[j] * s;
     }
-    StoreFloats<kVec>(y + lo_at, y_lo);
-    StoreFloats<kVec>(y + hi_at, y_hi);
+    StoreFloats<kVec>(to, y_lo);
+    StoreFloats<kVec>(to + half, y_hi);
   }
 }
 
-// Rotates every pair by `direction` (+1 forward, -1 inverse) times its angle.
-void Rotate(const Tensor& x, const Tensor& table, float direction, const Tensor& y) {
-  if (x.numel() == 0) return;
-  const int64_t heads = x.dim(1), half = x.dim(2) / 2;
-  CHECK_LT(x.numel() / 2, int64_t{1} << 31)
-      << "rope: too many pairs for 32-bit items " << x.DebugString();
+// Moves every head between qkv and q, k, v (to_packed: into qkv), rotating q's and k's pairs by
+// `direction` (+1 forward, -1 inverse) times their angle.
+void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& table, float direction, bool to_packed) {
+  if (qkv.numel() == 0) return;
+  const int64_t half = q.dim(2) / 2;
+  CHECK_LT(qkv.numel() / 2, int64_t{1} << 31)
+      << "rope: too many pairs for 32-bit items " << qkv.DebugString();
   CHECK_LT(table.numel(), int64_t{1} << 31) << table.DebugString();
   CHECK(reinterpret_cast<uintptr_t>(table.data()) % sizeof(float2) == 0) << table.DebugString();
-  const cudaStream_t stream = StreamOf(x);
-  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    DispatchVec(half, {x.data(), y.data(), table.data()}, [&]<int kVec>(VecTag<kVec>) {
-      const int64_t items = x.numel() / 2 / kVec;
-      RopeKernel<T, kVec><<<BlocksFor(items, kThreads), kThreads, 0, stream>>>(
-          Ptr<const T>(x), Ptr<const float>(table), static_cast<uint32_t>(items),
-          static_cast<uint32_t>(heads), static_cast<uint32_t>(half),
-          static_cast<uint32_t>(table.dim(0)), direction, Ptr<T>(y));
-      MOE_CUDA_CHECK_LAUNCH();
-    });
+  const cudaStream_t stream = StreamOf(qkv);
+  DispatchFloat(qkv.dtype(), [&]<typename T>(TypeTag<T>) {
+    const SplitHeads<T> split{Ptr<T>(q), Ptr<T>(k), Ptr<T>(v), static_cast<uint32_t>(q.dim(1)),
+                              static_cast<uint32_t>(k.dim(1))};
+    DispatchVec(half, {qkv.data(), q.data(), k.data(), v.data(), table.data()},
+                [&]<int kVec>(VecTag<kVec>) {
+                  const int64_t items = qkv.numel() / 2 / kVec;
+                  const auto kernel =
+                      to_packed ? RopeQkvKernel<T, kVec, true> : RopeQkvKernel<T, kVec, false>;
+                  kernel<<<BlocksFor(items, kThreads), kThreads, 0, stream>>>(
+                      Ptr<T>(qkv), split, Ptr<const float>(table), static_cast<uint32_t>(items),
+                      static_cast<uint32_t>(half), static_cast<uint32_t>(table.dim(0)), direction);
+                  MOE_CUDA_CHECK_LAUNCH();
+                });
   });
 }
 
@@ -90,12 +126,14 @@ void RopeTable(float base, const Tensor& table) {
   MOE_CUDA_CHECK_LAUNCH();
 }
 
-void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
-  Rotate(x, table, 1.0f, y);
+void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
+                    const Tensor& v) {
+  MoveHeads(qkv, q, k, v, table, 1.0f, /*to_packed=*/false);
 }
 
-void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
-  Rotate(dy, table, -1.0f, dx);
+void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
+                     const Tensor& dqkv) {
+  MoveHeads(dqkv, dq, dk, dv, table, -1.0f, /*to_packed=*/true);
 }
 
 }  // namespace moe::cuda
