@@ -41,6 +41,7 @@
 //     sums (in double) of the formula's products (f32 summation-order noise); guard rows after dh;
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
+// PROBE_OURS_ONLY=1 in the environment times only our kernels (no cuBLAS baselines).
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
@@ -374,6 +375,16 @@ double MedianMs(const std::function<void()>& run, const char* what) {
   return (ms[kTimedRuns / 2 - 1] + ms[kTimedRuns / 2]) / 2;
 }
 
+// The time of a cuBLAS baseline, as MedianMs; NaN (not run) also with PROBE_OURS_ONLY=1 in the
+// environment (for comparing builds of our kernels, where the baselines only cost time).
+double BaselineMs(const std::function<void()>& run, const char* what) {
+  static const bool ours_only = [] {
+    const char* value = std::getenv("PROBE_OURS_ONLY");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return ours_only ? std::nan("") : MedianMs(run, what);
+}
+
 // ---------------------------------------------------------------- cases
 
 struct Model {
@@ -650,15 +661,15 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   PrintTime("sm90 grouped (ours)", MedianMs(ours, name), flops);
   if (!grouped.m.empty()) {
     grouped.Upload(pa, pb, pc);
-    PrintTime(
-        "cublasGemmGroupedBatchedEx bf16",
-        MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
-                 name),
-        flops);
+    PrintTime("cublasGemmGroupedBatchedEx bf16",
+              BaselineMs(
+                  [&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
+                  name),
+              flops);
   }
   PrintTime(
       "dense cublasGemmEx, same FLOPs",
-      MedianMs(
+      BaselineMs(
           [&] {
             MOE_CHECK_CUBLAS(cublasGemmEx(
                 cublas.handle, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k,
@@ -907,14 +918,14 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
   }
   if (!grouped.m.empty()) {
     grouped.Upload(pa, pb, pc);
-    PrintTime(
-        "cublasGemmGroupedBatchedEx bf16 -> bf16",
-        MedianMs([&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
-                 name),
-        flops, dw_traffic(sizeof(bf16), true));
+    PrintTime("cublasGemmGroupedBatchedEx bf16 -> bf16",
+              BaselineMs(
+                  [&] { grouped.Run(cublas.handle, CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F); },
+                  name),
+              flops, dw_traffic(sizeof(bf16), true));
     grouped.Upload(pa32, pb32, pc32);
     PrintTime("engine's cuBLAS path: widen + TF32 grouped f32",
-              MedianMs(
+              BaselineMs(
                   [&] {
                     Widen<<<kGrid, kBlock>>>(dy.data, dy32.data, dy.count);
                     Widen<<<kGrid, kBlock>>>(x.data, x32.data, x.count);
@@ -925,7 +936,7 @@ void ProbeWeightGrad(Tally& tally, Cublas& cublas, const Operands& ops, const ch
               flops, dw_traffic(sizeof(float), true));
   }
   PrintTime("dense cublasGemmEx bf16 -> f32, same FLOPs",
-            MedianMs(
+            BaselineMs(
                 [&] {
                   MOE_CHECK_CUBLAS(cublasGemmEx(cublas.handle, CUBLAS_OP_N, CUBLAS_OP_T, k, n, rows,
                                                 &one, x.data, CUDA_R_16BF, k, dy.data, CUDA_R_16BF,
@@ -968,16 +979,16 @@ void PrintKernelAttributes() {
   } kernels[] = {
       {"GroupedMatmulKernel<transpose_w>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<true, Epilogue::kStore>),
-       kForwardSmemBytes, sm90::kForwardCluster},
+       ForwardPipeline<true, Epilogue::kStore>::kSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<!transpose_w>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<false, Epilogue::kStore>),
-       kForwardSmemBytes, sm90::kForwardCluster},
+       ForwardPipeline<false, Epilogue::kStore>::kSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<transpose_w, SwiGLU>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<true, Epilogue::kSwiglu>),
-       kForwardSmemBytes, sm90::kForwardCluster},
+       ForwardPipeline<true, Epilogue::kSwiglu>::kSmemBytes, sm90::kForwardCluster},
       {"GroupedMatmulKernel<!transpose_w, SwiGLU bwd>",
        reinterpret_cast<const void*>(GroupedMatmulKernel<false, Epilogue::kSwigluBackward>),
-       kForwardSmemBytes, sm90::kForwardCluster},
+       ForwardPipeline<false, Epilogue::kSwigluBackward>::kSmemBytes, sm90::kForwardCluster},
       {"GroupedWeightGradKernel<float>",
        reinterpret_cast<const void*>(GroupedWeightGradKernel<float>), kWeightGradSmemBytes,
        sm90::kWeightGradCluster},
@@ -990,11 +1001,11 @@ void PrintKernelAttributes() {
     MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, k.kernel));
     int clusters = 0;  // the persistent grid's size
     MOE_CHECK_CUDA(ResidentClusters(k.kernel, k.smem_bytes, k.cluster, &clusters));
-    std::printf("  %-46s %3d registers, %zu bytes local, %d resident clusters of %d\n", k.name,
-                attributes.numRegs, attributes.localSizeBytes, clusters, k.cluster);
+    std::printf(
+        "  %-46s %3d registers, %zu bytes local, %d resident clusters of %d, %d bytes of dynamic "
+        "shared memory\n",
+        k.name, attributes.numRegs, attributes.localSizeBytes, clusters, k.cluster, k.smem_bytes);
   }
-  std::printf("  dynamic shared memory: forward %d, weight gradient %d bytes\n", kForwardSmemBytes,
-              kWeightGradSmemBytes);
 }
 
 }  // namespace

@@ -36,9 +36,9 @@
 // Design (one CTA per SM, persistent, in clusters of 2; static round-robin per cluster over a
 // linear tile order):
 //   - CTA = 3 warpgroups: warpgroup 0 produces (one warp issues TMA into a ring of shared
-//     stages, 3 deep for the forward, 4 for the weight gradient, setmaxnreg 40), warpgroups 1
-//     and 2 consume (setmaxnreg 232): each owns 64 rows of the 128 x 256 C tile and issues
-//     m64n256k16 wgmmas, 128 f32 accumulators a thread.
+//     stages, 3 deep for the forward (4 for fc2's: ForwardPipeline), 4 for the weight gradient,
+//     setmaxnreg 40), warpgroups 1 and 2 consume (setmaxnreg 232): each owns 64 rows of the 128 x
+//     256 C tile and issues m64n256k16 wgmmas, 128 f32 accumulators a thread.
 //   - Stage = A 128 x 64 + B 256 x 64 bf16 (48 KiB); full[s] (TMA bytes landed) and empty[s]
 //     (the 8 consumer warps of each CTA of the cluster done reading) mbarriers; the producer
 //     runs ahead across tiles, so the next tile's loads overlap this tile's epilogue.
@@ -49,6 +49,13 @@
 //     writes without waiting for them (WriteTile; the forward stages all of it, so its writes
 //     drain during the next tile's mainloop); the forward's rows at a group's end, which TMA
 //     cannot stop short of, are copied from the staging by the threads (WriteRows).
+//   - L2 policies (TMA .L2::cache_hint): outputs (y, dw) evict_first, as nothing here reads them
+//     again; the forward's w tiles and the weight gradient's operands evict_last (other row tiles
+//     or column tiles of the group read them again); the forward's x rows normal. In the probe
+//     (random routing, one H200, 2026-12-03; ms, without -> with): the weight gradients with an
+//     f32 dw (=) at DeepSeek-V3-like fc1 10.59-10.72 -> 9.42 and fc2 5.93-5.95 -> 5.54 (4096
+//     tokens), 17.55 -> 16.85 and 8.83 -> 8.44 (16384), Qwen3-30B-A3B fc1 0.603-0.607 -> 0.590;
+//     fc2's data gradient at Qwen3 0.267 -> 0.222, fc1 0.415 -> 0.403 (w evict_last).
 //   - Forward: clusters of 2 CTAs (kForwardCluster) that load a shared operand once and multicast
 //     it (TMA .multicast::cluster) into both: a row pair (two 128-row tiles of one group over the
 //     same 256 columns) shares w's tile, each CTA loading half; a group's odd last row tile runs
@@ -161,9 +168,10 @@ constexpr int kCoreGroupBytes = 8 * kSwizzleRowBytes;           // SBO: the next
 // goes on. Before a round refills the staging it waits until the previous round's writes have
 // read it.
 //   - Forward (y, bf16): the whole result, one round, so a tile's writes drain during the next
-//     tile's mainloop (3 stages instead of 4 make room). From registers (st.global per thread)
-//     they made the Mixtral fc1 forward 10% and the Qwen3 fc2 forward 45% slower than with no
-//     writes at all (2.82 vs 2.57 ms, 0.256 vs 0.177 ms, H200, 2026-12-02).
+//     tile's mainloop (3 stages instead of 4 make room); fc2's forward: one box, 4 rounds, beside
+//     4 stages (ForwardPipeline). From registers (st.global per thread) they made the Mixtral
+//     fc1 forward 10% and the Qwen3 fc2 forward 45% slower than with no writes at all (2.82 vs
+//     2.57 ms, 0.256 vs 0.177 ms, H200, 2026-12-02).
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
 //     whole bf16 result beside 3 stages, measured the same day: faster for dw = (Mixtral fc1
 //     2.95 -> 2.84 ms), slower for += (3.25 -> 3.49) and for f32.)
@@ -407,9 +415,9 @@ struct ForwardLoads {
   // x rows [row, row + 64) into `a`.
   __device__ void XBox(uint32_t a, uint16_t mask, int row) const {
     if (mask != 0) {
-      TmaLoad2dMulticast(x_map, a, full, mask, k0, row);
+      TmaLoad2dMulticast(x_map, a, full, mask, k0, row, L2EvictNormal());
     } else {
-      TmaLoad2d(x_map, a, full, k0, row);
+      TmaLoad2d(x_map, a, full, k0, row, L2EvictNormal());
     }
   }
 
@@ -430,9 +438,9 @@ struct ForwardLoads {
  private:
   __device__ void Box3d(uint32_t dst, uint16_t mask, int c0, int c1, int c2) const {
     if (mask != 0) {
-      TmaLoad3dMulticast(w_map, dst, full, mask, c0, c1, c2);
+      TmaLoad3dMulticast(w_map, dst, full, mask, c0, c1, c2, L2EvictLast());
     } else {
-      TmaLoad3d(w_map, dst, full, c0, c1, c2);
+      TmaLoad3d(w_map, dst, full, c0, c1, c2, L2EvictLast());
     }
   }
 };
@@ -572,7 +580,8 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
 #pragma unroll
       for (int box = 0; box < kBoxes; ++box) {
         const BoxOrigin at = box_at(round * kRoundColumns + box * kWriteColumns<Out>);
-        TmaWrite3d(accumulate, out_map, staging + box * kBoxBytes, at.c0, at.c1, at.c2);
+        TmaWrite3d(accumulate, out_map, staging + box * kBoxBytes, at.c0, at.c1, at.c2,
+                   L2EvictFirst());
       }
       BulkCommitGroup();
     }
@@ -590,21 +599,26 @@ __device__ __forceinline__ int StagedPieceOffset(int row, int piece) {
 // This warpgroup's accumulators as bf16, rows r < valid_rows (< 64: a group's last rows, which
 // the next group's follow, where TMA would write all 64): the 8 columns from tile column c of row
 // r to piece_at(r, c) (a bf16 pointer, or nullptr: past the tensor's columns), staged through
-// `staging` (kForwardStagingBytes) and copied in 16-byte pieces.
-template <typename PieceAt>
+// `staging` (kStagingBytes: in rounds of as many columns as it holds) and copied in 16-byte pieces.
+template <int kStagingBytes, typename PieceAt>
 __device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
                                           int barrier_id, int valid_rows, PieceAt piece_at) {
-  constexpr int kPiecesPerRow = kBlockN / 8;
-  AwaitStaging(barrier_id);
-  StageColumns<bf16, kBlockN>(acc, SmemAddress(staging), 0);
-  NamedBarrierSync(barrier_id, kWarpgroupThreads);
-  for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
-       piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
-    const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
-    bf16* const out = piece_at(r, 8 * c);
-    if (out == nullptr) continue;
-    *reinterpret_cast<uint4*>(out) =
-        *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, c));
+  constexpr int kRoundColumns = kStagingBytes / kBoxBytes * kWriteColumns<bf16>;
+  constexpr int kPiecesPerRow = kRoundColumns / 8;
+  static_assert(kBlockN % kRoundColumns == 0);
+#pragma unroll
+  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
+    AwaitStaging(barrier_id);  // also: every thread is done copying the previous round
+    StageColumns<bf16, kRoundColumns>(acc, SmemAddress(staging), round);
+    NamedBarrierSync(barrier_id, kWarpgroupThreads);
+    for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+         piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
+      const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
+      bf16* const out = piece_at(r, round * kRoundColumns + 8 * c);
+      if (out == nullptr) continue;
+      *reinterpret_cast<uint4*>(out) =
+          *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, c));
+    }
   }
 }
 
@@ -808,6 +822,26 @@ struct ConsumerTile {
 
 // ---------------------------------------------------------------- kernels
 
+// The forward kernel's shared memory: kStages operand stages and each consumer's output staging,
+// beside the offsets and the hand-over barriers. A plain product with transpose_w (fc2's forward)
+// gets 4 stages and one box of staging (its result written in 4 rounds); the others keep 3 stages
+// beside a staging that holds the whole result (the hand-over epilogues need it). In the probe
+// (random routing, 4096 tokens, one H200, 2026-12-03; ms, 3 vs 4 stages): fc2's forward 0.222 ->
+// 0.210 at Qwen3-30B-A3B, 1.391-1.425 -> 1.364 at Mixtral-8x7B, 2.477-2.504 -> 2.275 at
+// DeepSeek-V3-like. Without transpose_w (the data gradients) 4 stages helped fc1's at Qwen3 (0.398
+// -> 0.376) but slowed fc2's (0.267 -> 0.276 at Qwen3, 2.33 -> 2.51 at DeepSeek-V3-like), so that
+// kernel keeps 3.
+template <bool kTransposeW, Epilogue kEpilogue>
+struct ForwardPipeline {
+  static constexpr bool kFourStages = kTransposeW && kEpilogue == Epilogue::kStore;
+  static constexpr int kStages = kFourStages ? 4 : kForwardStages;
+  static constexpr int kStagingBytes = kFourStages ? kBoxBytes : kForwardStagingBytes;
+  static constexpr int kSmemBytes = StageRing<kStages>::kBytesBeforeExtra +
+                                    kConsumers * kStagingBytes + 2 * (kMaxGroups + 1) * 4 +
+                                    ActivationBarriers::kBytes;
+  static_assert(kSmemBytes <= 227 * 1024);
+};
+
 // y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
 // as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
 // else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
@@ -831,10 +865,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                         int groups, int rows, int n, int k, bf16* y, SwigluOperands swiglu) {
 #if MOE_SM90A_KERNELS
   static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
+  using Pipeline = ForwardPipeline<kTransposeW, kEpilogue>;
+  constexpr int kStages = Pipeline::kStages;
+  constexpr int kStagingBytes = Pipeline::kStagingBytes;
   extern __shared__ uint8_t smem_raw[];
-  const StageRing<kForwardStages> ring(smem_raw);
-  const auto barriers = ring.Barriers<kForwardCluster>();
-  int* const offsets = reinterpret_cast<int*>(ring.Extra() + kConsumers * kForwardStagingBytes);
+  const StageRing<kStages> ring(smem_raw);
+  const auto barriers = ring.template Barriers<kForwardCluster>();
+  int* const offsets = reinterpret_cast<int*>(ring.Extra() + kConsumers * kStagingBytes);
   int* const tile_prefix = offsets + kMaxGroups + 1;
   const ActivationBarriers activation{SmemAddress(tile_prefix + kMaxGroups + 1)};
   constexpr bool kSwiglu = kEpilogue == Epilogue::kSwiglu;
@@ -863,7 +900,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       PrefetchTensorMap(x_map);
       PrefetchTensorMap(w_map);
       constexpr uint16_t kBoth = (1u << kForwardCluster) - 1;
-      PipelineState<kForwardStages> state;
+      PipelineState<kStages> state;
       for (int t = first_tile; t < total; t += tile_step) {
         const ClusterTile tile = schedule.Find(t);
         for (int kb = 0; kb < k_blocks; ++kb) {
@@ -909,7 +946,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!part.active) continue;
           MbarrierWait(activation.Staged(consumer), (staged_phases >> consumer) & 1);
           staged_phases ^= 1u << consumer;
-          const uint8_t* const staged = ring.Extra() + consumer * kForwardStagingBytes;
+          const uint8_t* const staged = ring.Extra() + consumer * kStagingBytes;
           if constexpr (kSwiglu) {
             WriteActivation(staged, thread, swiglu.scale, swiglu.act, f, part.first_row,
                             part.valid_rows, part.column / 2);
@@ -924,12 +961,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     IncreaseMaxRegisters<ConsumerRegisters(kEpilogue)>();
     const int consumer = warpgroup - 1;
-    uint8_t* const staging_generic = ring.Extra() + consumer * kForwardStagingBytes;
+    uint8_t* const staging_generic = ring.Extra() + consumer * kStagingBytes;
     const uint32_t staging = SmemAddress(staging_generic);
     Accumulators acc;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-    PipelineState<kForwardStages> state;
+    PipelineState<kStages> state;
     uint32_t read_phase = 0;
     bool read_pending = false;  // kHandOver: the activation warps may still read the staging
     for (int t = first_tile; t < total; t += tile_step) {
@@ -954,11 +991,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kEpilogue == Epilogue::kStore) {
         if (valid_rows == 64) {
-          WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
+          WriteTile<bf16, kStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
             return BoxOrigin{column + c, first_row, 0};
           });
         } else {
-          WriteRows(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+          WriteRows<kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
             const int64_t row = first_row + r;
             return column + c < n ? y + row * n + column + c : nullptr;
           });
@@ -969,11 +1006,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int gate = column / 2;
         constexpr int kHalf = kBlockN / 2;
         if (valid_rows == 64) {
-          WriteTile<bf16, kForwardStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
+          WriteTile<bf16, kStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
             return BoxOrigin{gate + c % kHalf, c / kHalf, first_row};
           });
         } else {
-          WriteRows(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+          WriteRows<kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
             const int64_t row = first_row + r;
             return gate + c % kHalf < f ? y + row * n + c / kHalf * f + gate + c % kHalf : nullptr;
           });
@@ -1053,13 +1090,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int box = 0; box < kBlockM / 64; ++box) {
                 TmaLoad2d(dy_map, ring.A(state.stage) + box * kBoxBytes, landing,
-                          tile.Row(rank) + 64 * box, row);
+                          tile.Row(rank) + 64 * box, row, L2EvictLast());
               }
 #pragma unroll
               for (int i = 0; i < kXBoxes; ++i) {
                 const int box = rank * kXBoxes + i;
                 TmaLoad2dMulticast(x_map, ring.B(state.stage) + box * kBoxBytes, landing, kBoth,
-                                   tile.n0 + 64 * box, row);
+                                   tile.n0 + 64 * box, row, L2EvictLast());
               }
             }
             if (masked) {  // every CTA of the cluster masks its own copy of the stage
@@ -1124,12 +1161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host
 
-constexpr int kForwardSmemBytes = StageRing<kForwardStages>::kBytesBeforeExtra +
-                                  kConsumers * kForwardStagingBytes + 2 * (kMaxGroups + 1) * 4 +
-                                  ActivationBarriers::kBytes;
 constexpr int kWeightGradSmemBytes =
     StageRing<kWeightGradStages>::kBytesBeforeExtra + kConsumers * kWeightGradStagingBytes;
-static_assert(kForwardSmemBytes <= 227 * 1024);
 static_assert(kWeightGradSmemBytes <= 227 * 1024);
 
 inline bool FitsInt(int64_t v) { return v >= 0 && v < (int64_t{1} << 31); }
@@ -1239,8 +1272,8 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
   constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kEpilogue>;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kForwardSmemBytes, kForwardCluster, tiles, stream,
-                                            &config, &cluster);
+  status = PersistentClusterLaunch<kKernel>(ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes,
+                                            kForwardCluster, tiles, stream, &config, &cluster);
   if (status != cudaSuccess) return status;
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,

@@ -1,9 +1,10 @@
 // Hopper (sm_90a) building blocks shared by the wgmma kernels (grouped_gemm_sm90.cuh,
 // attention_sm90.cu): PTX wrappers for mbarriers (also a cluster peer's), TMA
-// (cp.async.bulk.tensor, also multicast to a cluster), cluster ids and barrier, wgmma issue and
-// waits, setmaxnreg and named barriers; shared-memory matrix descriptors for 128-byte-swizzled
-// operands; the stage/phase walk of an mbarrier ring; and the host's tensor-map encoding.
-// Self-contained (CUDA headers only), so the kernels' probes build with one nvcc command.
+// (cp.async.bulk.tensor, also multicast to a cluster, with L2 eviction policies), cluster ids and
+// barrier, wgmma issue and waits, setmaxnreg and named barriers; shared-memory matrix descriptors
+// for 128-byte-swizzled operands; the stage/phase walk of an mbarrier ring; and the host's
+// tensor-map encoding. Self-contained (CUDA headers only), so the kernels' probes build with one
+// nvcc command.
 //
 // Facts these rely on are written where they are used: grouped_gemm_sm90.cuh's file comment
 // has the swizzle, descriptor and mbarrier-phase rules.
@@ -111,26 +112,46 @@ __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap& map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(MapAddress(map)) : "memory");
 }
 
-// TMA: the box at coordinates (c0 innermost, c1[, c2]) of `map` into shared `dst`; its bytes
-// complete_tx on `bar`.
+// L2 eviction priorities for the lines a TMA access touches (createpolicy, fraction 1), passed as
+// its .L2::cache_hint operand: evict_first for data read or written once (a GEMM's output), so
+// that it does not push out operands that other tiles read again (evict_last).
+__device__ __forceinline__ uint64_t L2EvictFirst() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t L2EvictNormal() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t L2EvictLast() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// TMA: the box at coordinates (c0 innermost, c1[, c2]) of `map` into shared `dst` with L2 policy
+// `policy`; its bytes complete_tx on `bar`.
 __device__ __forceinline__ void TmaLoad2d(const CUtensorMap& map, uint32_t dst, uint32_t bar,
-                                          int c0, int c1) {
+                                          int c0, int c1, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1)
+      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
       : "memory");
 }
 
 __device__ __forceinline__ void TmaLoad3d(const CUtensorMap& map, uint32_t dst, uint32_t bar,
-                                          int c0, int c1, int c2) {
+                                          int c0, int c1, int c2, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
       : "memory");
 }
 
+// Without a policy (attention's 4-D boxes).
 __device__ __forceinline__ void TmaLoad4d(const CUtensorMap& map, uint32_t dst, uint32_t bar,
                                           int c0, int c1, int c2, int c3) {
   asm volatile(
@@ -142,24 +163,24 @@ __device__ __forceinline__ void TmaLoad4d(const CUtensorMap& map, uint32_t dst, 
 
 // TMA multicast (thread-block clusters): the box lands at shared offset `dst` in every CTA of
 // the cluster whose bit is set in `cta_mask`, and its bytes complete_tx on the mbarrier at offset
-// `bar` in each of them.
+// `bar` in each of them; L2 policy `policy`.
 __device__ __forceinline__ void TmaLoad2dMulticast(const CUtensorMap& map, uint32_t dst,
-                                                   uint32_t bar, uint16_t cta_mask, int c0,
-                                                   int c1) {
+                                                   uint32_t bar, uint16_t cta_mask, int c0, int c1,
+                                                   uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
       : "memory");
 }
 
 __device__ __forceinline__ void TmaLoad3dMulticast(const CUtensorMap& map, uint32_t dst,
                                                    uint32_t bar, uint16_t cta_mask, int c0, int c1,
-                                                   int c2) {
+                                                   int c2, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
-      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(dst),
+      "l"(MapAddress(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask), "l"(policy)
       : "memory");
 }
 
@@ -175,12 +196,12 @@ __device__ __forceinline__ void TmaStore4d(const CUtensorMap& map, uint32_t src,
 }
 
 // TMA: global box (c0, c1, c2) of `map` = shared `src`, or += (element-wise, in L2) when
-// `reduce_add`; joins the thread's current bulk group.
+// `reduce_add`, with L2 policy `policy`; joins the thread's current bulk group.
 __device__ __forceinline__ void TmaWrite3d(bool reduce_add, const CUtensorMap& map, uint32_t src,
-                                           int c0, int c1, int c2) {
+                                           int c0, int c1, int c2, uint64_t policy) {
 #define MOE_TMA_WRITE_3D(instruction)                                                              \
-  asm volatile(instruction " [%0, {%2, %3, %4}], [%1];" ::"l"(MapAddress(map)), "r"(src), "r"(c0), \
-               "r"(c1), "r"(c2)                                                                    \
+  asm volatile(instruction ".L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;" ::"l"(MapAddress(map)), \
+               "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(policy)                                    \
                : "memory")
   if (reduce_add) {
     MOE_TMA_WRITE_3D("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group");
