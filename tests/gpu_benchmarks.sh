@@ -23,10 +23,11 @@
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
 # compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
-# alternately in one call, phase by phase from their traces.
+# alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
+# probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately.
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe ab;
+#   sweep step profile attention moments grads wgrad probe ab gemm_versus;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -286,4 +287,28 @@ for round in 1 2; do
 done
 python3 tests/trace_span_times.py "$out"/ab_base_1.json "$out"/ab_tree_1.json "$out"/ab_base_2.json \
   "$out"/ab_tree_2.json
+fi
+
+if [[ $sections == *gemm_versus* ]]; then
+echo "== the grouped GEMM probe: a base revision's kernels against the tree's, alternating"
+# .device-deps/gemm_base holds the base revision's kernels and probe, e.g.
+#   git archive REV engine/kernels/cuda tests/kernels/grouped_gemm_sm90_probe.cu |
+#     tar -x -C .device-deps/gemm_base
+# Each probe checks its kernels, then times only them (PROBE_OURS_ONLY=1); the cases (the probe's
+# filters, ":"-separated in GEMM_VERSUS_CASES) run base, tree, base, tree.
+nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas \
+  -o /tmp/probe_tree > "$out/probe_tree_build.log" 2>&1 & tree_build=$!
+(cd .device-deps/gemm_base && nvcc -O3 -std=c++20 -arch=sm_90a -I. \
+  tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/probe_base) \
+  > "$out/probe_base_build.log" 2>&1 & base_build=$!
+wait $tree_build && wait $base_build || { tail -5 "$out"/probe_*_build.log; exit 1; }
+IFS=: read -r -a versus_cases <<< "${GEMM_VERSUS_CASES:-mixtral:qwen3 random:deepseek}"
+for case in "${versus_cases[@]}"; do
+  for build in base tree base tree; do
+    PROBE_OURS_ONLY=1 timeout 60 /tmp/probe_$build "$case" > /tmp/probe_versus.log 2>&1
+    echo "-- $case, $build (rc $?): $(grep -c FAIL /tmp/probe_versus.log) failed"
+    grep -E '^  [a-z]|ours' /tmp/probe_versus.log | sed 's/  */ /g'
+    cat /tmp/probe_versus.log >> "$out/probe_versus.log"
+  done
+done
 fi

@@ -2,17 +2,20 @@
 // real layer shapes, forward and forward + backward, for the fused and the unfused grouped MLP.
 // Before timing it checks the two paths against each other on the same weights and inputs
 // (outputs, input gradients, router and expert weight gradients). Prints a table and writes
-// JSON (--json_out). TFLOP/s counts only the expert GEMMs: 6 * rows * hidden * ffn forward
-// (fc1 to 2 * ffn, fc2 back), three times that forward + backward; rows = tokens * topk.
-// Forward + backward is timed twice: as a step's first micro-batch (gradients zeroed before it,
-// so backward stores them: "fwd+bwd") and as a later micro-batch adding to them ("+= grads").
+// JSON (--json_out); logs (stderr) where each path's wall time went. TFLOP/s counts only the expert
+// GEMMs: 6 * rows * hidden * ffn forward (fc1 to 2 * ffn, fc2 back), three times that forward +
+// backward; rows = tokens * topk. Forward + backward is timed twice: as a step's first micro-batch
+// (gradients zeroed before it, so backward stores them: "fwd+bwd") and as a later micro-batch
+// adding to them ("+= grads").
 // --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
 // --grads=bf16 keeps the weight gradients in bf16 (moe_train's --main_grads_dtype).
 // --wgrad_micro_batches=N (> 1) also times the fused path as a step's later micro-batches whose
 // weight gradients are added once per N (moe_train's --moe_wgrad_micro_batches): N forward +
 // backward passes, the weight gradients in the last, per micro-batch ("+= per N").
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -109,10 +112,25 @@ struct PathResult {
   Outputs outputs;
 };
 
+// Wall seconds since the last call (the first: since construction), for the progress log.
+class PhaseClock {
+ public:
+  double Lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    return seconds;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
 PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Device device,
                    DType dtype, DType grad_dtype) {
   PathResult result;
   result.path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
+  PhaseClock clock;
   GptConfig config = LayerConfig(shape, kind);
   const int grouped = kind == GroupedMlpKind::kFused ? FLAGS_wgrad_micro_batches : 1;
   config.moe_wgrad_micro_batches = grouped;
@@ -131,6 +149,7 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
     return std::make_pair(y, layer.Backward(saved, dy, 1.0f, last_of_step));
   };
 
+  const double setup_seconds = clock.Lap();
   {  // outputs for the cross-path check (grads from exactly one backward)
     auto [y, dx] = forward_backward(true, true);
     result.outputs.values["y"] = HostFloats(y);
@@ -141,6 +160,7 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
       result.outputs.values[p->name] = HostFloats(grad.Rows(0, rows));
     }
   }
+  const double check_seconds = clock.Lap();
   for (int i = 0; i < FLAGS_warmup; ++i) forward_backward(true, i % 2 == 0);
   result.forward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(false, false); });
   result.accumulating_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(true, false); });
@@ -157,6 +177,11 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
   allocator.ResetPeakStats();
   result.forward_backward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(true, true); });
   result.peak_mib = (allocator.stats().peak_allocated_bytes - base) / 1048576.0;
+  // Where a run's wall time goes: the weights are drawn on the host (at the DeepSeek-V3-like
+  // shape, 11 G of them), which can take longer than the timed passes.
+  LOG(INFO) << std::fixed << std::setprecision(1) << shape.name << " " << tokens << " "
+            << result.path << ": weights and inputs " << setup_seconds << " s, check pass "
+            << check_seconds << " s, warm-up and timed passes " << clock.Lap() << " s";
   return result;
 }
 
