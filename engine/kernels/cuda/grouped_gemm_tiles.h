@@ -14,8 +14,9 @@
 // (consecutive: the clusters resident together read one weight tile from L2), the row pairs of
 // the second, then the column pair over both, which reads the same two weight tiles while L2
 // still holds them. (With every column pair at the group's end instead, a group whose weights
-// outgrow L2 read them all from DRAM twice: at Mixtral-8x7B's fc1, 235 MB an expert, each expert
-// with a ninth, partly filled row tile.)
+// outgrow L2 reads them from DRAM a second time for its last row tile: Mixtral-8x7B's fc1, 235 MB
+// an expert, where random routing leaves about every other expert a ninth, partly filled row
+// tile. Inferred from the order, not measured yet.)
 //
 // Weight gradient: dw_g (n, k) = dy_g^T x_g is cut into kBlockM x kBlockN tiles, and a cluster tile
 // is two of them stacked along M (dw rows m0 + kBlockM r, columns n0): the CTAs share x_g's kBlockN
