@@ -45,6 +45,10 @@ preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; 
     ${3:-} > "$out/$2.log" 2>&1
   echo "global batch $1 ${3:-} (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
 }
+build_probe() {  # source tree, binary, log: the grouped GEMM probe from that tree's kernels
+  (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu \
+    -lcublas -o "$2") > "$3" 2>&1
+}
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 bf16_state="--main_grads_dtype=bf16 $bf16_moments"
 moe_100m_curve() {  # label, flags: moe_100m for 500 steps; its metrics file holds the loss curve
@@ -246,8 +250,7 @@ fi
 if [[ $sections == *probe* ]]; then
 echo "== the grouped GEMM probe: checks against cuBLAS, times"
 probe=/tmp/grouped_gemm_sm90_probe
-nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o $probe \
-  > "$out/probe_build.log" 2>&1 || { tail -20 "$out/probe_build.log"; exit 1; }
+build_probe . $probe "$out/probe_build.log" || { tail -20 "$out/probe_build.log"; exit 1; }
 timeout 200 $probe > "$out/probe.log" 2>&1
 echo "probe (rc $?): $(grep -c FAIL "$out/probe.log") failed; $(grep 'passed, ' "$out/probe.log")"
 for case in tiny tails; do
@@ -296,11 +299,8 @@ echo "== the grouped GEMM probe: a base revision's kernels against the tree's, a
 #     tar -x -C .device-deps/gemm_base
 # Each probe checks its kernels, then times only them (PROBE_OURS_ONLY=1); the cases (the probe's
 # filters, ":"-separated in GEMM_VERSUS_CASES) run base, tree, base, tree.
-nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas \
-  -o /tmp/probe_tree > "$out/probe_tree_build.log" 2>&1 & tree_build=$!
-(cd .device-deps/gemm_base && nvcc -O3 -std=c++20 -arch=sm_90a -I. \
-  tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/probe_base) \
-  > "$out/probe_base_build.log" 2>&1 & base_build=$!
+build_probe . /tmp/probe_tree "$out/probe_tree_build.log" & tree_build=$!
+build_probe .device-deps/gemm_base /tmp/probe_base "$out/probe_base_build.log" & base_build=$!
 wait $tree_build && wait $base_build || { tail -5 "$out"/probe_*_build.log; exit 1; }
 IFS=: read -r -a versus_cases <<< "${GEMM_VERSUS_CASES:-mixtral:qwen3 random:deepseek}"
 for case in "${versus_cases[@]}"; do

@@ -104,13 +104,16 @@ constexpr float kDscaleFloor = 1e-6f;       // absolute
 constexpr float kInitialMagnitude = 1.0f;   // FillUniform's values lie in [-1, 1)
 constexpr uint16_t kSentinelBits = 0x7FC1;  // a bf16 NaN
 constexpr double kTimeoutSeconds = 20.0;
+// Whether the environment sets `name` to 1.
+bool EnvironmentFlag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string(value) == "1";
+}
+
 // PROBE_CHECKS_ONLY=1 in the environment: no timing (under compute-sanitizer the timed runs would
 // take minutes and outlast the timeout).
 bool ChecksOnly() {
-  static const bool checks_only = [] {
-    const char* value = std::getenv("PROBE_CHECKS_ONLY");
-    return value != nullptr && std::string(value) == "1";
-  }();
+  static const bool checks_only = EnvironmentFlag("PROBE_CHECKS_ONLY");
   return checks_only;
 }
 
@@ -378,10 +381,7 @@ double MedianMs(const std::function<void()>& run, const char* what) {
 // The time of a cuBLAS baseline, as MedianMs; NaN (not run) also with PROBE_OURS_ONLY=1 in the
 // environment (for comparing builds of our kernels, where the baselines only cost time).
 double BaselineMs(const std::function<void()>& run, const char* what) {
-  static const bool ours_only = [] {
-    const char* value = std::getenv("PROBE_OURS_ONLY");
-    return value != nullptr && std::string(value) == "1";
-  }();
+  static const bool ours_only = EnvironmentFlag("PROBE_OURS_ONLY");
   return ours_only ? std::nan("") : MedianMs(run, what);
 }
 
