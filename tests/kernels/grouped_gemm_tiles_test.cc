@@ -2,8 +2,7 @@
 // host. Forward: over group sizes that hit every case (empty groups, one row, a tile's edges, odd
 // and even row-tile counts) and column counts (one column tile, odd and even counts, a tail), the
 // cluster tiles cover every kBlockM x kBlockN tile of y that holds rows exactly once, by a tile
-// that lies inside its group's rows, and only a column pair's tile past n is left idle; a column
-// pair follows the row pairs of its two column tiles (their weight tiles still in L2). Weight
+// that lies inside its group's rows, and only a column pair's tile past n is left idle. Weight
 // gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs or
 // leave a partial band, and tails, the cluster tiles cover every tile of every group's dw exactly
 // once, and only the second tile of a group's last pair, past n when the row tiles are odd, idles;
@@ -89,35 +88,6 @@ TEST(GroupedGemmTilesTest, HandPickedGroups) {
   }
   ExpectEveryTileOnce({32768}, 1536);   // every row on one expert
   ExpectEveryTileOnce({0, 0, 5}, 256);  // one group with rows, after empty ones
-}
-
-// Each column pair (a group's odd last row tile over column tiles c and c + 1) comes right after
-// the row pairs of c and c + 1, which read the same weight tiles, and the group's row pairs of
-// other columns come before or after them all.
-TEST(GroupedGemmTilesTest, ColumnPairsFollowTheirColumnsRowPairs) {
-  for (const int rows : {128, 129, 385, 1100}) {
-    for (const int n_tiles : {1, 2, 3, 112}) {
-      SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(n_tiles) + " column tiles");
-      const std::vector<int> offsets = {0, rows}, tile_prefix = {0, ClusterTiles(rows, n_tiles)};
-      const ClusterTileSchedule schedule{offsets.data(), tile_prefix.data(), 1, n_tiles};
-      const int row_pairs = (rows + kBlockM - 1) / kBlockM / 2;
-      int column_pairs = 0;
-      for (int t = 0; t < schedule.Total(); ++t) {
-        const ClusterTile tile = schedule.Find(t);
-        if (tile.row_pair) continue;
-        ++column_pairs;
-        const int first = tile.n0 / kBlockN, columns = n_tiles - first < 2 ? 1 : 2;
-        ASSERT_GE(t, row_pairs * columns);
-        for (int before = t - row_pairs * columns; before < t; ++before) {
-          const ClusterTile row_pair = schedule.Find(before);
-          EXPECT_TRUE(row_pair.row_pair) << "tile " << before;
-          EXPECT_GE(row_pair.n0, tile.n0) << "tile " << before;
-          EXPECT_LT(row_pair.n0, tile.n0 + columns * kBlockN) << "tile " << before;
-        }
-      }
-      EXPECT_EQ(column_pairs, (rows + kBlockM - 1) / kBlockM % 2 * ((n_tiles + 1) / 2));
-    }
-  }
 }
 
 TEST(GroupedGemmTilesTest, RandomGroups) {
