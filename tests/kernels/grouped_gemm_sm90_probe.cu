@@ -11,7 +11,8 @@
 // expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B with one
 // expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like) and a
 // small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
-// TMA boxes). Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
+// TMA boxes), and one whose plain products split their last tiles along k (on 132 SMs).
+// Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
 //   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
 //   fc1 + SwiGLU  the same y, and a (rows, f) = silu(gate) * up * scale[row] of y's halves
 //   fc2 forward   y (rows, h)  = a (rows, f) · w2_g^T,  w2 (E, h, f)    transpose_w
@@ -42,6 +43,7 @@
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
 // PROBE_OURS_ONLY=1 in the environment times only our kernels (no cuBLAS baselines).
+// PROBE_NO_SPLIT=1 in the environment gives the forward kernels no workspace: every tile whole.
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
@@ -617,15 +619,48 @@ void ForwardReference(Cublas& cublas, const Case& c, const bf16* x, const bf16* 
   }
 }
 
+// The plain products' workspace for their split tail tiles, for device 0's SMs (allocated once).
+moe::cuda::sm90::SplitWorkspace ProbeSplitWorkspace() {
+  namespace sm90 = moe::cuda::sm90;
+  static const sm90::SplitWorkspace workspace = [] {
+    if (EnvironmentFlag("PROBE_NO_SPLIT")) return sm90::SplitWorkspace{};
+    int sm_count = 0;
+    MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+    const int slots = sm90::SplitSlots(sm_count);
+    void* bytes = nullptr;
+    MOE_CHECK_CUDA(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
+    return sm90::SplitWorkspaceAt(bytes, slots);
+  }();
+  return workspace;
+}
+
+// How the plain products split this case's last wave of cluster tiles (TailSplit) over n_tiles
+// column tiles and k, on one cluster per two SMs (the kernels' persistent grid on an H100/H200).
+std::string TailSplitNote(const Case& c, int64_t n_tiles, int64_t k) {
+  namespace sm90 = moe::cuda::sm90;
+  int tiles = 0;
+  for (int g = 0; g < c.groups(); ++g) tiles += sm90::ClusterTiles(c.Count(g), n_tiles);
+  int sm_count = 0;
+  MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  const sm90::TailSplit plan = sm90::TailSplit::Of(
+      tiles, sm_count / sm90::kForwardCluster,
+      static_cast<int>((k + sm90::kBlockK - 1) / sm90::kBlockK), sm90::SplitSlots(sm_count));
+  if (plan.tail == 0) return "";
+  return ", the last " + std::to_string(plan.tail) + " of " + std::to_string(tiles) +
+         " cluster tiles in " + std::to_string(plan.pieces) + " pieces";
+}
+
 // y (rows, n) = x (rows, k) · op(w_g), w (groups, n, k) if transpose_w else (groups, k, n).
 void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char* name, int64_t n,
                   int64_t k, bool transpose_w, uint64_t seed) {
   const Case& c = ops.c;
   const int64_t rows = c.rows();
   const int groups = c.groups();
-  std::printf("  %s: y (%lld, %lld) = x (%lld, %lld) . w_g%s, %d groups\n", name,
-              static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
-              static_cast<long long>(k), transpose_w ? "^T" : "", groups);
+  std::printf(
+      "  %s: y (%lld, %lld) = x (%lld, %lld) . w_g%s, %d groups%s\n", name,
+      static_cast<long long>(rows), static_cast<long long>(n), static_cast<long long>(rows),
+      static_cast<long long>(k), transpose_w ? "^T" : "", groups,
+      TailSplitNote(c, (n + moe::cuda::sm90::kBlockN - 1) / moe::cuda::sm90::kBlockN, k).c_str());
   DeviceArray<bf16> x(rows * k), w(static_cast<size_t>(groups) * n * k);
   DeviceArray<bf16> y((rows + kGuardRows) * n), reference(rows * n);
   FillUniform<<<kGrid, kBlock>>>(x.data, x.count, seed);
@@ -649,7 +684,8 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
   }
   const auto ours = [&] {
     MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(x.data, w.data, ops.offsets.data, groups,
-                                                      rows, n, k, transpose_w, y.data, nullptr));
+                                                      rows, n, k, transpose_w, y.data,
+                                                      ProbeSplitWorkspace(), nullptr));
   };
   ours();
   SyncOrTimeout(name);
@@ -720,7 +756,8 @@ void ProbeSwiglu(Tally& tally, Cublas& cublas, const Operands& ops, int64_t f, i
             MedianMs(
                 [&] {
                   MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(
-                      x.data, w.data, ops.offsets.data, groups, rows, n, k, true, y.data, nullptr));
+                      x.data, w.data, ops.offsets.data, groups, rows, n, k, true, y.data,
+                      ProbeSplitWorkspace(), nullptr));
                 },
                 "fc1 forward"),
             flops);
@@ -751,9 +788,11 @@ void ProbeSwigluBackward(Tally& tally, const Operands& ops, int64_t f, int64_t k
   FillBits<<<kGrid, kBlock>>>(reinterpret_cast<uint16_t*>(dscale.data), dscale.count * 2,
                               kSentinelBits);  // f32 NaN too
   MOE_CHECK_CUDA(cudaGetLastError());
+  // da with every tile whole, as the SwiGLU gradient's kernel computes it (no split tail).
   const auto dgrad = [&] {
     MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulSm90(dy.data, w.data, ops.offsets.data, groups,
-                                                      rows, f, k, false, da.data, nullptr));
+                                                      rows, f, k, false, da.data,
+                                                      moe::cuda::sm90::SplitWorkspace{}, nullptr));
   };
   dgrad();
   SwigluBackwardReference<<<kGrid, kBlock>>>(da.data, h.data, scale.data, rows, f,
@@ -1029,6 +1068,7 @@ int main(int argc, char** argv) {
   const Model mixtral{"mixtral-8x7b", 4096, 8, 2, 14336, tokens};
   const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, tokens};
   const Model tails{"tails", 1000, 6, 2, 344, 777};  // h, 2f, f multiples of 8, not of 64
+  const Model split{"split", 2048, 7, 1, 1024, 4372};
   const std::vector<Case> cases = {
       {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},
       // Groups ending in tiles of exactly 64 rows (alone, and as a row pair's second tile: TMA
@@ -1039,6 +1079,10 @@ int main(int argc, char** argv) {
       {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},
       {"deepseek random routing", deepseek, RandomRouting(deepseek, {}, 3)},
       {"tails random routing, expert 2 empty", tails, RandomRouting(tails, {2}, 4)},
+      // 17 row pairs and one odd row tile (the last group's, 44 rows). On 66 clusters (132 SMs)
+      // the plain products split their last cluster tiles along k (TailSplit): over 8 column
+      // tiles the last 8 of 140, the odd tile's column pairs among them, over 4 the last 4 of 70.
+      {"split tail, fixed routing", split, FixedRouting({256, 512, 0, 1000, 1280, 1024, 300})},
   };
   Cublas cublas;
   Tally tally;

@@ -9,6 +9,7 @@
 // bands are chosen only where a group's dy outgrows L2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -25,6 +26,8 @@ using cuda::sm90::ClusterTiles;
 using cuda::sm90::ClusterTileSchedule;
 using cuda::sm90::kBlockM;
 using cuda::sm90::kBlockN;
+using cuda::sm90::TailSplit;
+using cuda::sm90::TileUnit;
 using cuda::sm90::WeightGradClusterSchedule;
 using cuda::sm90::WeightGradClusterTile;
 
@@ -99,6 +102,81 @@ TEST(GroupedGemmTilesTest, RandomGroups) {
     const int n = 8 * columns(random) * (random() % 2 == 0 ? 1 : 16);
     SCOPED_TRACE(trial);
     ExpectEveryTileOnce(group_rows, n);
+  }
+}
+
+// Checks the tail split of `tiles` cluster tiles of k_blocks on `clusters` clusters taken
+// round-robin: every (tile, k-block) computed exactly once; the split tiles are the last tail ones,
+// each piece 0 after its writer pieces on other clusters and with kMinPieceKBlocks k-blocks or
+// more; each cluster holds at most one piece; the writers fit the slots and use each once.
+void ExpectEveryKBlockOnce(int tiles, int clusters, int k_blocks, int slots) {
+  const TailSplit plan = TailSplit::Of(tiles, clusters, k_blocks, slots);
+  ASSERT_EQ(plan.whole + plan.tail, tiles);
+  std::map<int, std::vector<int>> covered;  // tile -> count per k-block
+  std::map<int, int> pieces_of_cluster, fixup_unit;
+  std::vector<int> slot_uses(std::max(slots, 0), 0);
+  for (int u = 0; u < plan.Units(); ++u) {
+    const TileUnit unit = plan.Find(u);
+    SCOPED_TRACE("unit " + std::to_string(u));
+    ASSERT_GE(unit.tile, 0);
+    ASSERT_LT(unit.tile, tiles);
+    ASSERT_LE(0, unit.k_begin);
+    ASSERT_LT(unit.k_begin, unit.k_end);
+    ASSERT_LE(unit.k_end, k_blocks);
+    std::vector<int>& count = covered[unit.tile];
+    count.resize(k_blocks);
+    for (int kb = unit.k_begin; kb < unit.k_end; ++kb) ++count[kb];
+    if (unit.pieces == 1) {
+      EXPECT_LT(unit.tile, plan.whole);
+      EXPECT_EQ(unit.piece, 0);
+      continue;
+    }
+    EXPECT_GE(unit.tile, plan.whole);
+    EXPECT_GE(unit.k_end - unit.k_begin, cuda::sm90::kMinPieceKBlocks);
+    EXPECT_EQ(++pieces_of_cluster[u % clusters], 1) << "two pieces on one cluster";
+    if (unit.WritesPartial()) {
+      ASSERT_LT(unit.slot, slots);
+      ++slot_uses[unit.slot];
+      EXPECT_FALSE(fixup_unit.count(unit.tile)) << "a writer after its piece 0";
+    } else {
+      EXPECT_TRUE(unit.AddsPartials());
+      fixup_unit[unit.tile] = u;
+      EXPECT_EQ(unit.slot, (unit.tile - plan.whole) * (unit.pieces - 1));
+    }
+  }
+  EXPECT_EQ(static_cast<int>(covered.size()), tiles);
+  for (const auto& [tile, count] : covered) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      EXPECT_EQ(count[kb], 1) << "tile " << tile << " k-block " << kb;
+    }
+  }
+  for (int slot = 0; slot < plan.Writers(); ++slot) EXPECT_EQ(slot_uses[slot], 1) << slot;
+}
+
+TEST(GroupedGemmTilesTest, TailSplitEveryKBlockOnce) {
+  // Mixtral-8x7B's fc2 at 4096 tokens, random routing: 544 cluster tiles on 66 clusters, 16 left
+  // over, each in 4 pieces of its 224 k-blocks.
+  const TailSplit mixtral = TailSplit::Of(544, 66, 224, 66);
+  EXPECT_EQ(mixtral.whole, 528);
+  EXPECT_EQ(mixtral.tail, 16);
+  EXPECT_EQ(mixtral.pieces, 4);
+  // No split: no tail, a tail over half the clusters, too few k-blocks, too few slots.
+  EXPECT_EQ(TailSplit::Of(528, 66, 224, 66).tail, 0);
+  EXPECT_EQ(TailSplit::Of(500, 66, 224, 66).tail, 0);  // 38 left over
+  EXPECT_EQ(TailSplit::Of(530, 66, 15, 66).tail, 0);   // one piece of kMinPieceKBlocks
+  EXPECT_EQ(TailSplit::Of(530, 66, 224, 0).tail, 0);
+  EXPECT_EQ(TailSplit::Of(530, 66, 16, 66).pieces, 2);  // pieces bounded by the k-blocks
+  for (int tiles : {1, 2, 5, 66, 67, 70, 140, 544, 1000}) {
+    for (int clusters : {1, 2, 7, 66}) {
+      for (int k_blocks : {1, 8, 16, 17, 32, 224}) {
+        for (int slots : {0, 3, 66}) {
+          SCOPED_TRACE(std::to_string(tiles) + " tiles, " + std::to_string(clusters) +
+                       " clusters, " + std::to_string(k_blocks) + " k-blocks, " +
+                       std::to_string(slots) + " slots");
+          ExpectEveryKBlockOnce(tiles, clusters, k_blocks, slots);
+        }
+      }
+    }
   }
 }
 

@@ -74,6 +74,14 @@
 //     `rows`) but never stored; a consumer whose 64 rows all lie past the end, or whose columns lie
 //     past n, skips its wgmmas. K tails and N tails: TMA zero-fills outside the tensors (w is a 3-D
 //     map with the group as its outer dimension, so no read crosses into the next expert).
+//   - The forward's last, partial wave (grouped_gemm_tiles.h's TailSplit, tested on the host): the
+//     last T mod C of T cluster tiles on C clusters run split along K in pieces, one per otherwise
+//     idle cluster; pieces 1.. write their f32 accumulators to the caller's SplitWorkspace
+//     (thread-major, coalesced, through L2) and raise a flag (st.release.gpu after bar.sync);
+//     piece 0 waits for each flag (ld.acquire.gpu, then bar.sync), adds the partials in piece
+//     order (run-to-run identical) and runs the tile's epilogue. The writer pieces run first, in
+//     the first round, so piece 0, in the last, finds them done. Plain products only (y = x ·
+//     op(w)): the SwiGLU kernels keep every tile whole (slower with it, see GroupedMatmulKernel).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows in
 //     each part in turn, in 64-row steps (each part's last step as below). Clusters of 2
 //     CTAs (kWeightGradCluster) take two tiles stacked along n, which share x's 256 columns: each
@@ -200,6 +208,31 @@ struct WeightGradParts {
   int rows[kMaxWeightGradParts];
   int count;  // 1 <= count <= kMaxWeightGradParts, each part with rows
 };
+
+// The plain products' (GroupedMatmulSm90's) workspace for their split tail tiles
+// (grouped_gemm_tiles.h, TailSplit): per slot, each CTA rank's and consumer warpgroup's partial
+// accumulators (thread-major: value i of thread j at i * kWarpgroupThreads + j), and a flag each
+// that they are written, 0 before a launch (the launcher clears them). slots 0: no split.
+// SplitSlots(SMs) slots suffice on a device of that many SMs (a split's writer pieces number fewer
+// than the clusters).
+struct SplitWorkspace {
+  float* partials;  // slots x kSplitSlotParts x kSplitPartFloats
+  int* flags;       // slots x kSplitSlotParts
+  int slots;
+};
+constexpr int kSplitSlotParts = kForwardCluster * kConsumers;
+constexpr int kSplitPartFloats = kAccumulators * kWarpgroupThreads;
+inline int SplitSlots(int sm_count) { return sm_count / kForwardCluster; }
+inline int64_t SplitWorkspaceBytes(int slots) {
+  return int64_t{slots} * kSplitSlotParts * (int64_t{kSplitPartFloats} * 4 + 4);
+}
+// The workspace of `slots` slots laid out in `bytes` (SplitWorkspaceBytes(slots), 4-byte aligned).
+inline SplitWorkspace SplitWorkspaceAt(void* bytes, int slots) {
+  float* const partials = static_cast<float*>(bytes);
+  return {partials,
+          reinterpret_cast<int*>(partials + int64_t{slots} * kSplitSlotParts * kSplitPartFloats),
+          slots};
+}
 
 namespace detail {
 
@@ -567,7 +600,9 @@ template <typename Out, int kStagingBytes, typename BoxAt>
 __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
                                           uint32_t staging, int barrier_id, bool accumulate,
                                           BoxAt box_at) {
-  constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
+  constexpr int kTileBoxes = kBlockN / kWriteColumns<Out>;
+  constexpr int kStagingBoxes = kStagingBytes / kBoxBytes;
+  constexpr int kBoxes = kStagingBoxes < kTileBoxes ? kStagingBoxes : kTileBoxes;  // per round
   constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
   static_assert(kBlockN % kRoundColumns == 0);
 #pragma unroll
@@ -820,6 +855,50 @@ struct ConsumerTile {
         active(first_row < tile.row_end && column < n) {}
 };
 
+// ---------------------------------------------------------------- forward: split tiles
+
+// This consumer warpgroup's part (CTA rank, consumer) of a split slot.
+__device__ __forceinline__ int SplitPart(int slot, int rank, int consumer) {
+  return (slot * kForwardCluster + rank) * kConsumers + consumer;
+}
+
+// A writer piece's accumulators to its slot, then its flag (release); the warpgroup calls it.
+__device__ __forceinline__ void StorePartial(const Accumulators& acc, const SplitWorkspace& split,
+                                             int slot, int rank, int consumer, int barrier_id) {
+  const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+  const int part = SplitPart(slot, rank, consumer);
+  float* const out = split.partials + int64_t{part} * kSplitPartFloats + thread;
+#pragma unroll
+  for (int i = 0; i < kAccumulators; ++i) __stcg(out + i * kWarpgroupThreads, acc[i]);
+  NamedBarrierSync(barrier_id, kWarpgroupThreads);  // every thread's stores before the flag
+  if (thread == 0) {
+    __threadfence();
+    StoreRelease(split.flags + part, 1);
+  }
+}
+
+// Piece 0's accumulators += the partials of the pieces - 1 writer slots from first_slot, in slot
+// order (each waited for by its flag); the warpgroup calls it.
+__device__ __forceinline__ void AddPartials(Accumulators& acc, const SplitWorkspace& split,
+                                            int first_slot, int pieces, int rank, int consumer,
+                                            int barrier_id) {
+  const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
+  for (int slot = first_slot; slot < first_slot + pieces - 1; ++slot) {
+    const int part = SplitPart(slot, rank, consumer);
+    if (thread == 0) WaitFlagAcquire(split.flags + part);
+    NamedBarrierSync(barrier_id, kWarpgroupThreads);
+    const float* const in = split.partials + int64_t{part} * kSplitPartFloats + thread;
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] += __ldcg(in + i * kWarpgroupThreads);
+  }
+}
+
+// `unit` in registers the compiler knows to be warp-uniform.
+__device__ __forceinline__ TileUnit UniformUnit(const TileUnit& unit) {
+  return {WarpUniform(unit.tile),  WarpUniform(unit.piece), WarpUniform(unit.k_begin),
+          WarpUniform(unit.k_end), WarpUniform(unit.slot),  WarpUniform(unit.pieces)};
+}
+
 // ---------------------------------------------------------------- kernels
 
 // The forward kernel's shared memory: kStages operand stages and each consumer's output staging,
@@ -862,7 +941,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
                         const __grid_constant__ CUtensorMap w_map,
                         const __grid_constant__ CUtensorMap y_map, const int32_t* device_offsets,
-                        int groups, int rows, int n, int k, bf16* y, SwigluOperands swiglu) {
+                        int groups, int rows, int n, int k, bf16* y, SwigluOperands swiglu,
+                        SplitWorkspace split) {
 #if MOE_SM90A_KERNELS
   static_assert(kForwardCluster == 2, "a cluster tile is a pair of tiles");
   using Pipeline = ForwardPipeline<kTransposeW, kEpilogue>;
@@ -888,11 +968,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   BuildClusterTileSchedule(device_offsets, groups, rows, n_tiles, offsets, tile_prefix);
   ClusterSync();  // every CTA's barriers are initialised before any multicast reaches them
   const ClusterTileSchedule schedule{offsets, tile_prefix, groups, n_tiles};
-  const int total = WarpUniform(schedule.Total());
   const int k_blocks = (k + kBlockK - 1) / kBlockK;
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
   const int rank = ClusterRank();
-  const int first_tile = ClusterIndex(), tile_step = ClusterCount();
+  const int first_unit = ClusterIndex(), unit_step = ClusterCount();
+  // Only the plain products split their tail. The hand-over kernels keep every tile whole: with
+  // the split (their activation warps at their register limit) the SwiGLU gradient's was 1-4%
+  // slower at every shape and fc1 + SwiGLU 1% slower at Qwen3-30B-A3B, where nothing split
+  // (probe, H200, 2026-12-04).
+  constexpr bool kSplitsTail = kEpilogue == Epilogue::kStore;
+  static_assert(!(kSplitsTail && kHandOver));
+  const int total = WarpUniform(schedule.Total());
+  const TailSplit plan = kSplitsTail ? TailSplit::Of(total, unit_step, k_blocks, split.slots)
+                                     : TailSplit{total, 0, 1, k_blocks};
+  const int units = WarpUniform(plan.Units());
 
   if (warpgroup == 0) {
     DecreaseMaxRegisters<ProducerRegisters(kEpilogue)>();
@@ -901,9 +990,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       PrefetchTensorMap(w_map);
       constexpr uint16_t kBoth = (1u << kForwardCluster) - 1;
       PipelineState<kStages> state;
-      for (int t = first_tile; t < total; t += tile_step) {
-        const ClusterTile tile = schedule.Find(t);
-        for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int u = first_unit; u < units; u += unit_step) {
+        const TileUnit unit = plan.Find(u);
+        const ClusterTile tile = schedule.Find(unit.tile);
+        for (int kb = unit.k_begin; kb < unit.k_end; ++kb) {
           MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
           const uint32_t full = barriers.Full(state.stage);
           // Every CTA's stage receives kStageBytes: its own loads and its peer's multicast.
@@ -929,7 +1019,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (kHandOver && threadIdx.x >= kWarpgroupThreads - kActivationThreads) {
       const int thread = static_cast<int>(threadIdx.x) - (kWarpgroupThreads - kActivationThreads);
       uint32_t staged_phases = 0;  // bit c: parity of staged[c]'s next phase
-      for (int t = first_tile; t < total; t += tile_step) {
+      for (int t = first_unit; t < units; t += unit_step) {  // no split: unit t is tile t
         const ClusterTile tile = UniformTile(schedule.Find(t));
         if constexpr (!kSwiglu) {
 #pragma unroll 1
@@ -969,8 +1059,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     PipelineState<kStages> state;
     uint32_t read_phase = 0;
     bool read_pending = false;  // kHandOver: the activation warps may still read the staging
-    for (int t = first_tile; t < total; t += tile_step) {
-      const ClusterTile tile = UniformTile(schedule.Find(t));
+    for (int u = first_unit; u < units; u += unit_step) {
+      const TileUnit unit = UniformUnit(plan.Find(u));
+      const ClusterTile tile = UniformTile(schedule.Find(unit.tile));
       const ConsumerTile part(tile, rank, consumer, n);
       const int first_row = part.first_row, column = part.column, valid_rows = part.valid_rows;
       const bool active = part.active;
@@ -981,10 +1072,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         return kTransposeW ? KMajorDescriptor(ring.B(stage), slice)
                            : MNMajorDescriptor(ring.B(stage), slice);
       };
-      MultiplyStages<0, kTransposeW ? 0 : 1>(acc, k_blocks, active, barriers, state, a_descriptor,
-                                             b_descriptor);
+      MultiplyStages<0, kTransposeW ? 0 : 1>(acc, unit.k_end - unit.k_begin, active, barriers,
+                                             state, a_descriptor, b_descriptor);
       if (!active) continue;
       const int barrier = 1 + consumer;
+      if (unit.WritesPartial()) {
+        StorePartial(acc, split, unit.slot, rank, consumer, barrier);
+        continue;
+      }
+      if (unit.AddsPartials())
+        AddPartials(acc, split, unit.slot, unit.pieces, rank, consumer, barrier);
       if (read_pending) {
         MbarrierWait(activation.Read(consumer), read_phase);
         read_phase ^= 1;
@@ -1242,7 +1339,8 @@ inline bool ForwardArgumentsValid(const bf16* x, const bf16* w, const bf16* y, i
 template <bool kTransposeW, Epilogue kEpilogue>
 cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* offsets, int groups,
                                 int64_t rows, int64_t n, int64_t k, bf16* y,
-                                const SwigluOperands& swiglu, cudaStream_t stream) {
+                                const SwigluOperands& swiglu, const SplitWorkspace& split,
+                                cudaStream_t stream) {
   CUtensorMap x_map, w_map, y_map = {};
   const uint64_t g = static_cast<uint64_t>(groups), ur = static_cast<uint64_t>(rows);
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k), uf = un / 2;
@@ -1275,9 +1373,13 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
   status = PersistentClusterLaunch<kKernel>(ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes,
                                             kForwardCluster, tiles, stream, &config, &cluster);
   if (status != cudaSuccess) return status;
+  if (split.slots > 0) {
+    status = cudaMemsetAsync(split.flags, 0, sizeof(int) * split.slots * kSplitSlotParts, stream);
+    if (status != cudaSuccess) return status;
+  }
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
-                              swiglu);
+                              swiglu, split);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 
@@ -1298,16 +1400,17 @@ __global__ void SumDscalePartialsKernel(const float* partials, int64_t tiles, in
 // tensor-map encoding or the launch.
 inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t* offsets,
                                      int groups, int64_t rows, int64_t n, int64_t k,
-                                     bool transpose_w, bf16* y, cudaStream_t stream) {
+                                     bool transpose_w, bf16* y, const SplitWorkspace& split,
+                                     cudaStream_t stream) {
   using namespace detail;
   if (!ForwardArgumentsValid(x, w, y, groups, rows, n, k)) return cudaErrorInvalidValue;
   if (rows == 0 || n == 0) return cudaSuccess;
   if (k == 0) return cudaMemsetAsync(y, 0, static_cast<size_t>(rows * n) * sizeof(bf16), stream);
   const SwigluOperands none = {};
   return transpose_w ? LaunchGroupedMatmul<true, Epilogue::kStore>(x, w, offsets, groups, rows, n,
-                                                                   k, y, none, stream)
+                                                                   k, y, none, split, stream)
                      : LaunchGroupedMatmul<false, Epilogue::kStore>(x, w, offsets, groups, rows, n,
-                                                                    k, y, none, stream);
+                                                                    k, y, none, split, stream);
 }
 
 // See the file comment: y = x · w_g^T per group as GroupedMatmulSm90 with transpose_w, w (groups,
@@ -1327,7 +1430,7 @@ inline cudaError_t GroupedMatmulSwigluSm90(const bf16* x, const bf16* w, const i
   }
   const SwigluOperands swiglu = {scale, act, nullptr, nullptr, nullptr};
   return LaunchGroupedMatmul<true, Epilogue::kSwiglu>(x, w, offsets, groups, rows, 2 * f, k, y,
-                                                      swiglu, stream);
+                                                      swiglu, SplitWorkspace{}, stream);
 }
 
 // The column tiles of the fc2 data gradient da (rows, f): the rows of
@@ -1356,7 +1459,7 @@ inline cudaError_t GroupedMatmulSwigluBackwardSm90(const bf16* dy, const bf16* w
   const SwigluOperands swiglu = {scale, nullptr, h, dh,
                                  dscale != nullptr ? dscale_partials : nullptr};
   const cudaError_t status = LaunchGroupedMatmul<false, Epilogue::kSwigluBackward>(
-      dy, w, offsets, groups, rows, f, k, nullptr, swiglu, stream);
+      dy, w, offsets, groups, rows, f, k, nullptr, swiglu, SplitWorkspace{}, stream);
   if (status != cudaSuccess || dscale == nullptr) return status;
   constexpr int kSumThreads = 256;
   const int64_t blocks = std::min<int64_t>((rows + kSumThreads - 1) / kSumThreads, 4096);

@@ -94,6 +94,63 @@ struct ClusterTileSchedule {
   }
 };
 
+// The forward's last, partial wave of cluster tiles split along K (a stream-K tail). With T
+// cluster tiles on C clusters taken round-robin, the last R = T mod C tiles leave C - R clusters
+// idle for a whole tile's time (Mixtral-8x7B's fc2 at 4096 tokens: 544 tiles, 8 rounds and 16
+// tiles on 66 clusters). Each of those R tiles is cut into S = C / R pieces of its k-blocks (at
+// least kMinPieceKBlocks each): pieces 1 .. S - 1 write their partial accumulators to a workspace
+// and count themselves done; piece 0 adds them to its own and runs the tile's epilogue. Units in
+// order: the writer pieces first (so that they are done long before piece 0 waits for them, on
+// every cluster that holds one), then the whole tiles, then the pieces 0. S = 1 (no split) where R
+// = 0, where C / R < 2, or where the writer pieces would outnumber the workspace's slots.
+constexpr int kMinPieceKBlocks = 8;
+
+struct TileUnit {
+  int tile;            // cluster tile (ClusterTileSchedule::Find)
+  int piece;           // 0: the tile's epilogue (after the other pieces' partials, if any)
+  int k_begin, k_end;  // k-blocks [k_begin, k_end)
+  int slot;            // piece > 0: its workspace slot; piece 0: the tile's first slot
+  int pieces;          // of this tile: 1 (whole) or S
+
+  MOE_HOST_DEVICE bool WritesPartial() const { return piece > 0; }
+  MOE_HOST_DEVICE bool AddsPartials() const { return piece == 0 && pieces > 1; }
+};
+
+struct TailSplit {
+  int whole;     // tiles run whole: [0, whole)
+  int tail;      // split tiles: [whole, whole + tail)
+  int pieces;    // per split tile (>= 2 when tail > 0)
+  int k_blocks;  // of every tile
+
+  // T tiles of k_blocks each on `clusters` clusters, with `slots` workspace slots.
+  MOE_HOST_DEVICE static TailSplit Of(int tiles, int clusters, int k_blocks, int slots) {
+    const int tail = tiles % clusters;
+    int pieces = tail > 0 ? clusters / tail : 1;
+    if (pieces > k_blocks / kMinPieceKBlocks) pieces = k_blocks / kMinPieceKBlocks;
+    if (pieces < 2 || tail * (pieces - 1) > slots) return {tiles, 0, 1, k_blocks};
+    return {tiles - tail, tail, pieces, k_blocks};
+  }
+  MOE_HOST_DEVICE int Writers() const { return tail * (pieces - 1); }
+  MOE_HOST_DEVICE int Units() const { return whole + tail * pieces; }
+
+  // Unit u of Units(), in the order above.
+  MOE_HOST_DEVICE TileUnit Find(int u) const {
+    const int writers = Writers();
+    if (u < writers) {
+      const int j = u / (pieces - 1), piece = 1 + u % (pieces - 1);
+      return {whole + j, piece, KBegin(piece), KBegin(piece + 1), u, pieces};
+    }
+    if (u < writers + whole) return {u - writers, 0, 0, k_blocks, 0, 1};
+    const int j = u - writers - whole;
+    return {whole + j, 0, 0, KBegin(1), j * (pieces - 1), pieces};
+  }
+
+ private:
+  MOE_HOST_DEVICE int KBegin(int piece) const {
+    return static_cast<int>(static_cast<int64_t>(piece) * k_blocks / pieces);
+  }
+};
+
 constexpr int kWeightGradBandPairs = 8;
 // Bands above this many bytes of the average group's dy_g (rows_g x n bf16).
 constexpr int64_t kWeightGradBandDyBytes = int64_t{16} << 20;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
@@ -25,6 +27,25 @@ bool Launched(cudaError_t status) {
 
 std::atomic<bool> fuse_swiglu_backward_at_any_k{false};
 
+// GroupedMatmulSm90's workspace for its split tail tiles on `device`: allocated on first use
+// and kept for the life of the process, like the cuBLAS handle's workspace (outside the caching
+// allocator, so a peak it reports does not move with it). Every launch that uses it runs on the
+// device's compute stream, one after another, and clears its flags first.
+sm90::SplitWorkspace SplitWorkspaceOf(Device device) {
+  static std::mutex mutex;
+  static auto* workspaces = new std::map<int, sm90::SplitWorkspace>();  // never freed
+  DeviceContext::Get(device);                                           // makes the device current
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = workspaces->find(device.index);
+  if (it != workspaces->end()) return it->second;
+  int sm_count = 0;
+  MOE_CUDA_CALL(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device.index));
+  const int slots = sm90::SplitSlots(sm_count);
+  void* bytes = nullptr;
+  MOE_CUDA_CALL(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
+  return workspaces->emplace(device.index, sm90::SplitWorkspaceAt(bytes, slots)).first->second;
+}
+
 }  // namespace
 
 bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape) {
@@ -36,19 +57,17 @@ bool Sm90GroupedGemmTakes(Device device, DType dtype, const Shape& weight_shape)
 bool TryGroupedMatmulSm90(const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& y,
                           bool transpose_w) {
   if (!Sm90GroupedGemmTakes(x.device(), x.dtype(), w.shape())) return false;
-  const cudaStream_t stream = StreamOf(y);
-  return Launched(sm90::GroupedMatmulSm90(Ptr<bf16>(x), Ptr<bf16>(w), Ptr<int32_t>(offsets),
-                                          static_cast<int>(w.dim(0)), x.dim(0), y.dim(1), x.dim(1),
-                                          transpose_w, Ptr<bf16>(y), stream));
+  return Launched(sm90::GroupedMatmulSm90(
+      Ptr<bf16>(x), Ptr<bf16>(w), Ptr<int32_t>(offsets), static_cast<int>(w.dim(0)), x.dim(0),
+      y.dim(1), x.dim(1), transpose_w, Ptr<bf16>(y), SplitWorkspaceOf(y.device()), StreamOf(y)));
 }
 
 bool TryGroupedMatmulSwigluSm90(const Tensor& x, const Tensor& w, const Tensor& offsets,
                                 const Tensor& scale, const Tensor& h, const Tensor& a) {
   if (!Sm90GroupedGemmTakes(x.device(), x.dtype(), w.shape())) return false;
-  const cudaStream_t stream = StreamOf(h);
   return Launched(sm90::GroupedMatmulSwigluSm90(
       Ptr<bf16>(x), Ptr<bf16>(w), Ptr<int32_t>(offsets), static_cast<int>(w.dim(0)), x.dim(0),
-      a.dim(1), x.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(a), stream));
+      a.dim(1), x.dim(1), Ptr<float>(scale), Ptr<bf16>(h), Ptr<bf16>(a), StreamOf(h)));
 }
 
 bool TryGroupedMatmulSwigluBackwardSm90(const Tensor& dy, const Tensor& w, const Tensor& offsets,

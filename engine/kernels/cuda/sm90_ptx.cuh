@@ -237,6 +237,21 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// flag = value, after (release) every memory access this thread made before, at GPU scope.
+__device__ __forceinline__ void StoreRelease(int* flag, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
+// Waits until flag != 0, its later memory accesses ordered after (acquire) at GPU scope.
+__device__ __forceinline__ void WaitFlagAcquire(const int* flag) {
+  int value = 0;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+    if (value != 0) return;
+    __nanosleep(128);
+  }
+}
+
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
