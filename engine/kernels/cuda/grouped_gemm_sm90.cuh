@@ -600,9 +600,7 @@ template <typename Out, int kStagingBytes, typename BoxAt>
 __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
                                           uint32_t staging, int barrier_id, bool accumulate,
                                           BoxAt box_at) {
-  constexpr int kTileBoxes = kBlockN / kWriteColumns<Out>;
-  constexpr int kStagingBoxes = kStagingBytes / kBoxBytes;
-  constexpr int kBoxes = kStagingBoxes < kTileBoxes ? kStagingBoxes : kTileBoxes;  // per round
+  constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
   constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
   static_assert(kBlockN % kRoundColumns == 0);
 #pragma unroll
@@ -923,7 +921,8 @@ struct ForwardPipeline {
 
 // y = x · op(w) per group (see the file comment), in clusters of kForwardCluster CTAs. x_map: x
 // as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW,
-// else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
+// else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1). split: the
+// last wave's workspace (TailSplit; Epilogue::kStore only).
 // Epilogue::kSwiglu (fc1 with SwiGLU: w's n = 2 f rows are [gate | up]; kTransposeW): also
 // swiglu.act = silu(gate) * up * scale[row] (rows, f). A tile then holds 128 gate columns and their
 // 128 up columns (the schedule's column c is gate column c / 2); y_map is y as (f, 2, rows) (the
@@ -1080,8 +1079,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         StorePartial(acc, split, unit.slot, rank, consumer, barrier);
         continue;
       }
-      if (unit.AddsPartials())
+      if (unit.AddsPartials()) {
         AddPartials(acc, split, unit.slot, unit.pieces, rank, consumer, barrier);
+      }
       if (read_pending) {
         MbarrierWait(activation.Read(consumer), read_phase);
         read_phase ^= 1;
@@ -1396,8 +1396,9 @@ __global__ void SumDscalePartialsKernel(const float* partials, int64_t tiles, in
 
 }  // namespace detail
 
-// See the file comment. Asynchronous on `stream`; returns the first error of argument checks,
-// tensor-map encoding or the launch.
+// See the file comment. `split`: the workspace of a split last wave (SplitWorkspace; slots 0:
+// every tile whole), used by one launch at a time. Asynchronous on `stream`; returns the first
+// error of argument checks, tensor-map encoding or the launch.
 inline cudaError_t GroupedMatmulSm90(const bf16* x, const bf16* w, const int32_t* offsets,
                                      int groups, int64_t rows, int64_t n, int64_t k,
                                      bool transpose_w, bf16* y, const SplitWorkspace& split,

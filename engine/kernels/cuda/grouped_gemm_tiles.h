@@ -94,12 +94,13 @@ struct ClusterTileSchedule {
   }
 };
 
-// The forward's last, partial wave of cluster tiles split along K (a stream-K tail). With T
-// cluster tiles on C clusters taken round-robin, the last R = T mod C tiles leave C - R clusters
-// idle for a whole tile's time (Mixtral-8x7B's fc2 at 4096 tokens: 544 tiles, 8 rounds and 16
-// tiles on 66 clusters). Each of those R tiles is cut into S = C / R pieces of its k-blocks (at
-// least kMinPieceKBlocks each): pieces 1 .. S - 1 write their partial accumulators to a workspace
-// and count themselves done; piece 0 adds them to its own and runs the tile's epilogue. Units in
+// The last, partial wave of a plain product's cluster tiles split along K (a stream-K tail; the
+// SwiGLU kernels keep every tile whole). With T cluster tiles on C clusters taken round-robin, the
+// last R = T mod C tiles leave C - R clusters idle for a whole tile's time (Mixtral-8x7B's fc2 at
+// 4096 tokens: 544 tiles, 8 rounds and 16 tiles on 66 clusters). Each of those R tiles is cut
+// into S = C / R pieces of its k-blocks (at least kMinPieceKBlocks each): pieces 1 .. S - 1 write
+// their partial accumulators to a workspace and flag them written; piece 0 adds them to its own
+// and runs the tile's epilogue. Units in
 // order: the writer pieces first (so that they are done long before piece 0 waits for them, on
 // every cluster that holds one), then the whole tiles, then the pieces 0. S = 1 (no split) where R
 // = 0, where C / R < 2, or where the writer pieces would outnumber the workspace's slots.

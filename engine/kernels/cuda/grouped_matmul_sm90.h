@@ -1,7 +1,9 @@
 // The Hopper grouped GEMMs (grouped_gemm_sm90.cuh) behind the CUDA GroupedMatmul and
 // GroupedMatmulWeightGrad (grouped_matmul.cu, which falls back to cuBLAS where they decline).
 // Operands and contracts as in engine/kernels/op_declarations.inc; `offsets` is read on the
-// device only, so nothing here waits for it. Runs on the device's compute stream.
+// device only, so nothing here waits for it. Runs on the device's compute stream. The plain
+// products (TryGroupedMatmulSm90) keep a workspace per device for their split last wave (16.5 MiB
+// on 132 SMs), allocated on first use outside the caching allocator, as cuBLAS's workspace is.
 #pragma once
 
 #include <span>
