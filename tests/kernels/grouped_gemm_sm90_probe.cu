@@ -43,7 +43,7 @@
 //   - wgrad =: every empty group's dw_g ends as zeros; wgrad +=: every empty group's dw_g is
 //     bit-identical to its initial values.
 // PROBE_OURS_ONLY=1 in the environment times only our kernels (no cuBLAS baselines).
-// PROBE_NO_SPLIT=1 in the environment gives the forward kernels no workspace: every tile whole.
+// PROBE_NO_SPLIT=1 in the environment gives the plain products no workspace: every tile whole.
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one

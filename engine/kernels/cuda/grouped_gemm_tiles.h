@@ -100,10 +100,10 @@ struct ClusterTileSchedule {
 // 4096 tokens: 544 tiles, 8 rounds and 16 tiles on 66 clusters). Each of those R tiles is cut
 // into S = C / R pieces of its k-blocks (at least kMinPieceKBlocks each): pieces 1 .. S - 1 write
 // their partial accumulators to a workspace and flag them written; piece 0 adds them to its own
-// and runs the tile's epilogue. Units in
-// order: the writer pieces first (so that they are done long before piece 0 waits for them, on
-// every cluster that holds one), then the whole tiles, then the pieces 0. S = 1 (no split) where R
-// = 0, where C / R < 2, or where the writer pieces would outnumber the workspace's slots.
+// and runs the tile's epilogue. Units in order: the writer pieces first (so that they are done
+// long before piece 0 waits for them, on every cluster that holds one), then the whole tiles, then
+// the pieces 0. S = 1 (no split) where R = 0, where C / R < 2, or where the writer pieces would
+// outnumber the workspace's slots.
 constexpr int kMinPieceKBlocks = 8;
 
 struct TileUnit {
