@@ -619,17 +619,27 @@ void ForwardReference(Cublas& cublas, const Case& c, const bf16* x, const bf16* 
   }
 }
 
+// Device 0's SMs.
+int SmCount() {
+  static const int sm_count = [] {
+    int count = 0;
+    MOE_CHECK_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, 0));
+    return count;
+  }();
+  return sm_count;
+}
+
 // The plain products' workspace for their split tail tiles, for device 0's SMs (allocated once).
 moe::cuda::sm90::SplitWorkspace ProbeSplitWorkspace() {
   namespace sm90 = moe::cuda::sm90;
   static const sm90::SplitWorkspace workspace = [] {
-    if (EnvironmentFlag("PROBE_NO_SPLIT")) return sm90::SplitWorkspace{};
-    int sm_count = 0;
-    MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-    const int slots = sm90::SplitSlots(sm_count);
+    sm90::SplitWorkspace made{};
+    if (EnvironmentFlag("PROBE_NO_SPLIT")) return made;
+    const int slots = sm90::SplitSlots(SmCount());
     void* bytes = nullptr;
     MOE_CHECK_CUDA(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
-    return sm90::SplitWorkspaceAt(bytes, slots);
+    MOE_CHECK_CUDA(sm90::MakeSplitWorkspace(bytes, slots, &made));
+    return made;
   }();
   return workspace;
 }
@@ -640,11 +650,9 @@ std::string TailSplitNote(const Case& c, int64_t n_tiles, int64_t k) {
   namespace sm90 = moe::cuda::sm90;
   int tiles = 0;
   for (int g = 0; g < c.groups(); ++g) tiles += sm90::ClusterTiles(c.Count(g), n_tiles);
-  int sm_count = 0;
-  MOE_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
   const sm90::TailSplit plan = sm90::TailSplit::Of(
-      tiles, sm_count / sm90::kForwardCluster,
-      static_cast<int>((k + sm90::kBlockK - 1) / sm90::kBlockK), sm90::SplitSlots(sm_count));
+      tiles, SmCount() / sm90::kForwardCluster,
+      static_cast<int>((k + sm90::kBlockK - 1) / sm90::kBlockK), sm90::SplitSlots(SmCount()));
   if (plan.tail == 0) return "";
   return ", the last " + std::to_string(plan.tail) + " of " + std::to_string(tiles) +
          " cluster tiles in " + std::to_string(plan.pieces) + " pieces";

@@ -13,10 +13,11 @@
 namespace moe::cpu {
 namespace {
 
-// Moves every head between the packed qkv and q, k, v (into qkv when to_packed), rotating q's and
-// k's pairs by `direction` (+1 forward, -1 inverse) times their angle.
+// Moves every head between the packed qkv and q, k, v, rotating q's and k's pairs by their angle
+// (to_packed: into qkv, by minus their angle: the gradient's inverse rotation).
 void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& table, float direction, bool to_packed) {
+               const Tensor& table, bool to_packed) {
+  const float direction = to_packed ? -1.0f : 1.0f;
   const int64_t tokens = q.dim(0), heads = q.dim(1), kv_heads = k.dim(1), d = q.dim(2);
   const int64_t half = d / 2, slots = heads + 2 * kv_heads, seq = table.dim(0);
   const float* pt = table.data<float>();
@@ -60,12 +61,12 @@ void RopeTable(float base, const Tensor& table) {
 
 void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
                     const Tensor& v) {
-  MoveHeads(qkv, q, k, v, table, 1.0f, /*to_packed=*/false);
+  MoveHeads(qkv, q, k, v, table, /*to_packed=*/false);
 }
 
 void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
                      const Tensor& dqkv) {
-  MoveHeads(dqkv, dq, dk, dv, table, -1.0f, /*to_packed=*/true);
+  MoveHeads(dqkv, dq, dk, dv, table, /*to_packed=*/true);
 }
 
 }  // namespace moe::cpu

@@ -78,10 +78,11 @@
 //     last T mod C of T cluster tiles on C clusters run split along K in pieces, one per otherwise
 //     idle cluster; pieces 1.. write their f32 accumulators to the caller's SplitWorkspace
 //     (thread-major, coalesced, through L2) and raise a flag (st.release.gpu after bar.sync);
-//     piece 0 waits for each flag (ld.acquire.gpu, then bar.sync), adds the partials in piece
-//     order (run-to-run identical) and runs the tile's epilogue. The writer pieces run first, in
-//     the first round, so piece 0, in the last, finds them done. Plain products only (y = x ·
-//     op(w)): the SwiGLU kernels keep every tile whole (slower with it, see GroupedMatmulKernel).
+//     piece 0 waits for each flag (ld.acquire.gpu, then bar.sync) and clears it for the next
+//     launch, adds the partials in piece order (run-to-run identical) and runs the tile's epilogue.
+//     The writer pieces run first, in the first round, so piece 0, in the last, finds them done.
+//     Plain products only (y = x · op(w)): the SwiGLU kernels keep every tile whole (slower with
+//     it, see GroupedMatmulKernel).
 //   - Weight-gradient tiles: (group, 128 rows of n, 256 columns of k); K = the group's rows in
 //     each part in turn, in 64-row steps (each part's last step as below). Clusters of 2
 //     CTAs (kWeightGradCluster) take two tiles stacked along n, which share x's 256 columns: each
@@ -212,7 +213,8 @@ struct WeightGradParts {
 // The plain products' (GroupedMatmulSm90's) workspace for their split tail tiles
 // (grouped_gemm_tiles.h, TailSplit): per slot, each CTA rank's and consumer warpgroup's partial
 // accumulators (thread-major: value i of thread j at i * kWarpgroupThreads + j), and a flag each
-// that they are written, 0 before a launch (the launcher clears them). slots 0: no split.
+// that they are written: 0 before a launch, and every launch leaves them 0 (its reader of a flag
+// clears it), so only a new workspace is cleared (MakeSplitWorkspace). slots 0: no split.
 // SplitSlots(SMs) slots suffice on a device of that many SMs (a split's writer pieces number fewer
 // than the clusters).
 struct SplitWorkspace {
@@ -226,12 +228,14 @@ inline int SplitSlots(int sm_count) { return sm_count / kForwardCluster; }
 inline int64_t SplitWorkspaceBytes(int slots) {
   return int64_t{slots} * kSplitSlotParts * (int64_t{kSplitPartFloats} * 4 + 4);
 }
-// The workspace of `slots` slots laid out in `bytes` (SplitWorkspaceBytes(slots), 4-byte aligned).
-inline SplitWorkspace SplitWorkspaceAt(void* bytes, int slots) {
+// The workspace of `slots` slots laid out in `bytes` (SplitWorkspaceBytes(slots) of device memory,
+// 4-byte aligned) into *workspace, its flags cleared (cudaMemset: ready for its first launch).
+inline cudaError_t MakeSplitWorkspace(void* bytes, int slots, SplitWorkspace* workspace) {
   float* const partials = static_cast<float*>(bytes);
-  return {partials,
-          reinterpret_cast<int*>(partials + int64_t{slots} * kSplitSlotParts * kSplitPartFloats),
-          slots};
+  int* const flags =
+      reinterpret_cast<int*>(partials + int64_t{slots} * kSplitSlotParts * kSplitPartFloats);
+  *workspace = {partials, flags, slots};
+  return cudaMemset(flags, 0, sizeof(int) * slots * kSplitSlotParts);
 }
 
 namespace detail {
@@ -587,6 +591,25 @@ __device__ __forceinline__ void AwaitStaging(int barrier_id) {
   NamedBarrierSync(barrier_id, kWarpgroupThreads);
 }
 
+// This warpgroup's 64 x kBlockN accumulators as Out, staged through its kStagingBytes of `staging`
+// (shared address) in rounds of kStagedColumns<Out, kStagingBytes> columns: each round waits
+// until the staging is free (AwaitStaging), stages its columns and calls written(round), which
+// writes them out.
+template <typename Out, int kStagingBytes>
+constexpr int kStagedColumns = kStagingBytes / kBoxBytes* kWriteColumns<Out>;
+template <typename Out, int kStagingBytes, typename Written>
+__device__ __forceinline__ void StageRounds(const Accumulators& acc, uint32_t staging,
+                                            int barrier_id, Written written) {
+  constexpr int kRoundColumns = kStagedColumns<Out, kStagingBytes>;
+  static_assert(kBlockN % kRoundColumns == 0);
+#pragma unroll
+  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
+    AwaitStaging(barrier_id);  // also: every thread is done with the previous round
+    StageColumns<Out, kRoundColumns>(acc, staging, round);
+    written(round);
+  }
+}
+
 // The tensor-map coordinates (innermost first) of an output box.
 struct BoxOrigin {
   int c0, c1, c2;
@@ -601,12 +624,8 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
                                           uint32_t staging, int barrier_id, bool accumulate,
                                           BoxAt box_at) {
   constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
-  constexpr int kRoundColumns = kBoxes * kWriteColumns<Out>;
-  static_assert(kBlockN % kRoundColumns == 0);
-#pragma unroll
-  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
-    AwaitStaging(barrier_id);
-    StageColumns<Out, kRoundColumns>(acc, staging, round);
+  constexpr int kRoundColumns = kStagedColumns<Out, kStagingBytes>;
+  StageRounds<Out, kStagingBytes>(acc, staging, barrier_id, [&](int round) {
     FenceProxyAsync();
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     if (threadIdx.x % kWarpgroupThreads == 0) {
@@ -618,7 +637,7 @@ __device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtenso
       }
       BulkCommitGroup();
     }
-  }
+  });
 }
 
 // The byte offset in a staged bf16 tile (StageColumns) of row `row`'s 16-byte piece `piece` (its
@@ -636,13 +655,9 @@ __device__ __forceinline__ int StagedPieceOffset(int row, int piece) {
 template <int kStagingBytes, typename PieceAt>
 __device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
                                           int barrier_id, int valid_rows, PieceAt piece_at) {
-  constexpr int kRoundColumns = kStagingBytes / kBoxBytes * kWriteColumns<bf16>;
+  constexpr int kRoundColumns = kStagedColumns<bf16, kStagingBytes>;
   constexpr int kPiecesPerRow = kRoundColumns / 8;
-  static_assert(kBlockN % kRoundColumns == 0);
-#pragma unroll
-  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
-    AwaitStaging(barrier_id);  // also: every thread is done copying the previous round
-    StageColumns<bf16, kRoundColumns>(acc, SmemAddress(staging), round);
+  StageRounds<bf16, kStagingBytes>(acc, SmemAddress(staging), barrier_id, [&](int round) {
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
          piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
@@ -652,7 +667,7 @@ __device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t
       *reinterpret_cast<uint4*>(out) =
           *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, c));
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------- forward: SwiGLU and its gradient
@@ -876,14 +891,14 @@ __device__ __forceinline__ void StorePartial(const Accumulators& acc, const Spli
 }
 
 // Piece 0's accumulators += the partials of the pieces - 1 writer slots from first_slot, in slot
-// order (each waited for by its flag); the warpgroup calls it.
+// order (each waited for by its flag, which it clears); the warpgroup calls it.
 __device__ __forceinline__ void AddPartials(Accumulators& acc, const SplitWorkspace& split,
                                             int first_slot, int pieces, int rank, int consumer,
                                             int barrier_id) {
   const int thread = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
   for (int slot = first_slot; slot < first_slot + pieces - 1; ++slot) {
     const int part = SplitPart(slot, rank, consumer);
-    if (thread == 0) WaitFlagAcquire(split.flags + part);
+    if (thread == 0) TakeFlagAcquire(split.flags + part);
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     const float* const in = split.partials + int64_t{part} * kSplitPartFloats + thread;
 #pragma unroll
@@ -979,7 +994,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!(kSplitsTail && kHandOver));
   const int total = WarpUniform(schedule.Total());
   const TailSplit plan = kSplitsTail ? TailSplit::Of(total, unit_step, k_blocks, split.slots)
-                                     : TailSplit{total, 0, 1, k_blocks};
+                                     : TailSplit::Whole(total, k_blocks);
   const int units = WarpUniform(plan.Units());
 
   if (warpgroup == 0) {
@@ -1373,10 +1388,6 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
   status = PersistentClusterLaunch<kKernel>(ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes,
                                             kForwardCluster, tiles, stream, &config, &cluster);
   if (status != cudaSuccess) return status;
-  if (split.slots > 0) {
-    status = cudaMemsetAsync(split.flags, 0, sizeof(int) * split.slots * kSplitSlotParts, stream);
-    if (status != cudaSuccess) return status;
-  }
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
                               swiglu, split);

@@ -128,8 +128,12 @@ struct TailSplit {
     const int tail = tiles % clusters;
     int pieces = tail > 0 ? clusters / tail : 1;
     if (pieces > k_blocks / kMinPieceKBlocks) pieces = k_blocks / kMinPieceKBlocks;
-    if (pieces < 2 || tail * (pieces - 1) > slots) return {tiles, 0, 1, k_blocks};
+    if (pieces < 2 || tail * (pieces - 1) > slots) return Whole(tiles, k_blocks);
     return {tiles - tail, tail, pieces, k_blocks};
+  }
+  // Every tile whole.
+  MOE_HOST_DEVICE static TailSplit Whole(int tiles, int k_blocks) {
+    return {tiles, 0, 1, k_blocks};
   }
   MOE_HOST_DEVICE int Writers() const { return tail * (pieces - 1); }
   MOE_HOST_DEVICE int Units() const { return whole + tail * pieces; }

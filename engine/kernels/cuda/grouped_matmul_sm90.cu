@@ -6,12 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
+#include "engine/kernels/cuda/per_device.h"
 #include "engine/kernels/cuda/sm90_device.h"
 
 namespace moe::cuda {
@@ -30,20 +29,17 @@ std::atomic<bool> fuse_swiglu_backward_at_any_k{false};
 // GroupedMatmulSm90's workspace for its split tail tiles on `device`: allocated on first use
 // and kept for the life of the process, like the cuBLAS handle's workspace (outside the caching
 // allocator, so a peak it reports does not move with it). Every launch that uses it runs on the
-// device's compute stream, one after another, and clears its flags first.
+// device's compute stream, one after another.
 sm90::SplitWorkspace SplitWorkspaceOf(Device device) {
-  static std::mutex mutex;
-  static auto* workspaces = new std::map<int, sm90::SplitWorkspace>();  // never freed
-  DeviceContext::Get(device);                                           // makes the device current
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto it = workspaces->find(device.index);
-  if (it != workspaces->end()) return it->second;
-  int sm_count = 0;
-  MOE_CUDA_CALL(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device.index));
-  const int slots = sm90::SplitSlots(sm_count);
-  void* bytes = nullptr;
-  MOE_CUDA_CALL(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
-  return workspaces->emplace(device.index, sm90::SplitWorkspaceAt(bytes, slots)).first->second;
+  DeviceContext::Get(device);  // makes the device current
+  return OncePerDevice<sm90::SplitWorkspace>(device.index, [&](sm90::SplitWorkspace& workspace) {
+    int sm_count = 0;
+    MOE_CUDA_CALL(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device.index));
+    const int slots = sm90::SplitSlots(sm_count);
+    void* bytes = nullptr;
+    MOE_CUDA_CALL(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
+    MOE_CUDA_CALL(sm90::MakeSplitWorkspace(bytes, slots, &workspace));
+  });
 }
 
 }  // namespace

@@ -6,11 +6,11 @@
 // (the offload copies: one layer's activations take milliseconds to leave the device). A mutex
 // serialises readers of one device, who share its buffer.
 #include <cstring>
-#include <map>
 #include <mutex>
 
 #include "engine/kernels/cuda/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/per_device.h"
 
 namespace moe::cuda {
 namespace {
@@ -27,16 +27,11 @@ struct ReadBuffer {
 };
 
 ReadBuffer& ReadBufferOf(Device device) {
-  static std::mutex mutex;
-  static auto* buffers = new std::map<int, ReadBuffer>();  // never freed, like the contexts
-  DeviceContext::Get(device);                              // makes the device current
-  std::lock_guard<std::mutex> lock(mutex);
-  ReadBuffer& buffer = (*buffers)[device.index];
-  if (buffer.host == nullptr) {
+  DeviceContext::Get(device);  // makes the device current
+  return OncePerDevice<ReadBuffer>(device.index, [](ReadBuffer& buffer) {
     MOE_CUDA_CALL(cudaHostAlloc(&buffer.host, kSmallReadBytes, cudaHostAllocMapped));
     MOE_CUDA_CALL(cudaHostGetDevicePointer(&buffer.mapped, buffer.host, 0));
-  }
-  return buffer;
+  });
 }
 
 }  // namespace

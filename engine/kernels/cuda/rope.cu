@@ -52,12 +52,13 @@ struct SplitHeads {
 };
 
 // items = tokens * (heads + 2 kv_heads) * (half / kVec); table (positions, half) {cos, sin}
-// pairs. Moves kVec pairs of one head from qkv to split (kToPacked: back), rotating q's and k's by
-// `direction` times their angle.
+// pairs. Moves kVec pairs of one head from qkv to split, rotating q's and k's by their angle
+// (kToPacked: back, by minus their angle: the gradient's inverse rotation).
 template <typename T, int kVec, bool kToPacked>
 __global__ void __launch_bounds__(kThreads)
     RopeQkvKernel(T* qkv, SplitHeads<T> split, const float* table, uint32_t items, uint32_t half,
-                  uint32_t positions, float direction) {
+                  uint32_t positions) {
+  constexpr float kDirection = kToPacked ? -1.0f : 1.0f;
   const uint32_t chunks = half / kVec;  // per head
   const uint32_t slots = split.heads + 2 * split.kv_heads, d = 2 * half;
   for (uint32_t item = blockIdx.x * blockDim.x + threadIdx.x; item < items;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     Floats<kVec> y_lo, y_hi;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const float c = rotation.v[2 * j], s = direction * rotation.v[2 * j + 1];
+      const float c = rotation.v[2 * j], s = kDirection * rotation.v[2 * j + 1];
       y_lo.v[j] = lo.v[j] * c - hi.v[j] * s;
       y_hi.v[j] = hi.v[j] * c + lo.v[j] * s;
     }
@@ -89,10 +90,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Moves every head between qkv and q, k, v (to_packed: into qkv), rotating q's and k's pairs by
-// `direction` (+1 forward, -1 inverse) times their angle.
+// Moves every head between qkv and q, k, v, rotating q's and k's pairs by their angle (to_packed:
+// into qkv, by minus their angle).
 void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& table, float direction, bool to_packed) {
+               const Tensor& table, bool to_packed) {
   if (qkv.numel() == 0) return;
   const int64_t half = q.dim(2) / 2;
   CHECK_LT(qkv.numel() / 2, int64_t{1} << 31)
@@ -110,7 +111,7 @@ void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor
                       to_packed ? RopeQkvKernel<T, kVec, true> : RopeQkvKernel<T, kVec, false>;
                   kernel<<<BlocksFor(items, kThreads), kThreads, 0, stream>>>(
                       Ptr<T>(qkv), split, Ptr<const float>(table), static_cast<uint32_t>(items),
-                      static_cast<uint32_t>(half), static_cast<uint32_t>(table.dim(0)), direction);
+                      static_cast<uint32_t>(half), static_cast<uint32_t>(table.dim(0)));
                   MOE_CUDA_CHECK_LAUNCH();
                 });
   });
@@ -128,12 +129,12 @@ void RopeTable(float base, const Tensor& table) {
 
 void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
                     const Tensor& v) {
-  MoveHeads(qkv, q, k, v, table, 1.0f, /*to_packed=*/false);
+  MoveHeads(qkv, q, k, v, table, /*to_packed=*/false);
 }
 
 void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
                      const Tensor& dqkv) {
-  MoveHeads(dqkv, dq, dk, dv, table, -1.0f, /*to_packed=*/true);
+  MoveHeads(dqkv, dq, dk, dv, table, /*to_packed=*/true);
 }
 
 }  // namespace moe::cuda

@@ -242,14 +242,16 @@ __device__ __forceinline__ void StoreRelease(int* flag, int value) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
 
-// Waits until flag != 0, its later memory accesses ordered after (acquire) at GPU scope.
-__device__ __forceinline__ void WaitFlagAcquire(const int* flag) {
+// Waits until *flag != 0, its later memory accesses ordered after (acquire) at GPU scope, then sets
+// it back to 0 for the next kernel that raises it (nothing after this wait reads it again).
+__device__ __forceinline__ void TakeFlagAcquire(int* flag) {
   int value = 0;
   while (true) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
-    if (value != 0) return;
+    if (value != 0) break;
     __nanosleep(128);
   }
+  asm volatile("st.relaxed.gpu.global.b32 [%0], 0;" ::"l"(flag) : "memory");
 }
 
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
