@@ -1,8 +1,9 @@
 // moe_bench: times one MoE block (router, permutation, grouped expert MLP, unpermutation) on
 // real layer shapes, forward and forward + backward, for the fused and the unfused grouped MLP.
-// Before timing it checks the two paths against each other on the same weights and inputs
-// (outputs, input gradients, router and expert weight gradients). Prints a table and writes
-// JSON (--json_out); logs (stderr) where each path's wall time went. TFLOP/s counts only the expert
+// Each path's weights are drawn once per shape and timed at every token count. Before timing it
+// checks the two paths against each other on the same weights and inputs (outputs, input
+// gradients, router and expert weight gradients). Prints a table and writes JSON (--json_out);
+// logs (stderr) where each path's wall time went. TFLOP/s counts only the expert
 // GEMMs: 6 * rows * hidden * ffn forward (fc1 to 2 * ffn, fc2 back), three times that forward +
 // backward; rows = tokens * topk. Forward + backward is timed twice: as a step's first micro-batch
 // (gradients zeroed before it, so backward stores them: "fwd+bwd") and as a later micro-batch
@@ -126,17 +127,13 @@ class PhaseClock {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
-PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Device device,
-                   DType dtype, DType grad_dtype) {
+// `path`'s block (`layer`, its weights in `parameters`) at `tokens` tokens: the outputs for the
+// cross-path check, then the timed passes.
+PathResult TimePath(const Shape& shape, int64_t tokens, const std::string& path, int grouped,
+                    ParameterSet& parameters, MoeLayer& layer, Device device, DType dtype) {
   PathResult result;
-  result.path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
+  result.path = path;
   PhaseClock clock;
-  GptConfig config = LayerConfig(shape, kind);
-  const int grouped = kind == GroupedMlpKind::kFused ? FLAGS_wgrad_micro_batches : 1;
-  config.moe_wgrad_micro_batches = grouped;
-  ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false,
-                          OptimizerDTypes{.grad = grad_dtype});
-  MoeLayer layer(parameters, "moe", config, 0);
   const Tensor x = RandomInput(shape, tokens, dtype, device, 11);
   const Tensor dy = RandomInput(shape, tokens, dtype, device, 13);
   Tensor aux = Tensor::Empty({1}, DType::kF32, device);
@@ -177,12 +174,32 @@ PathResult RunPath(const Shape& shape, int64_t tokens, GroupedMlpKind kind, Devi
   allocator.ResetPeakStats();
   result.forward_backward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(true, true); });
   result.peak_mib = (allocator.stats().peak_allocated_bytes - base) / 1048576.0;
-  // Where a run's wall time goes: the weights are drawn on the host (at the DeepSeek-V3-like
-  // shape, 11 G of them), which can take longer than the timed passes.
-  LOG(INFO) << std::fixed << std::setprecision(1) << shape.name << " " << tokens << " "
-            << result.path << ": weights and inputs " << setup_seconds << " s, check pass "
-            << check_seconds << " s, warm-up and timed passes " << clock.Lap() << " s";
+  LOG(INFO) << std::fixed << std::setprecision(1) << shape.name << " " << tokens << " " << path
+            << ": inputs " << setup_seconds << " s, check pass " << check_seconds
+            << " s, warm-up and timed passes " << clock.Lap() << " s";
   return result;
+}
+
+// One path's block at `shape`, timed at each of `token_counts` (results in that order): its
+// weights are drawn once (at the DeepSeek-V3-like shape, 11 G of them on the host, which takes
+// longer than the timed passes).
+std::vector<PathResult> RunPath(const Shape& shape, const std::vector<int64_t>& token_counts,
+                                GroupedMlpKind kind, Device device, DType dtype, DType grad_dtype) {
+  const std::string path = kind == GroupedMlpKind::kFused ? "fused" : "unfused";
+  PhaseClock clock;
+  GptConfig config = LayerConfig(shape, kind);
+  const int grouped = kind == GroupedMlpKind::kFused ? FLAGS_wgrad_micro_batches : 1;
+  config.moe_wgrad_micro_batches = grouped;
+  ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false,
+                          OptimizerDTypes{.grad = grad_dtype});
+  MoeLayer layer(parameters, "moe", config, 0);
+  LOG(INFO) << std::fixed << std::setprecision(1) << shape.name << " " << path << ": weights "
+            << clock.Lap() << " s";
+  std::vector<PathResult> results;
+  for (const int64_t tokens : token_counts) {
+    results.push_back(TimePath(shape, tokens, path, grouped, parameters, layer, device, dtype));
+  }
+  return results;
 }
 
 int Run() {
@@ -213,13 +230,18 @@ int Run() {
   for (const std::string& name : *shapes) {
     const auto shape = std::find_if(kShapes.begin(), kShapes.end(),
                                     [&](const Shape& s) { return s.name == name; });
-    for (const int64_t tokens : *token_counts) {
+    std::vector<std::vector<PathResult>> by_path;  // [path][token count]
+    for (const std::string& path : *paths) {
+      by_path.push_back(
+          RunPath(*shape, *token_counts,
+                  path == "unfused" ? GroupedMlpKind::kUnfused : GroupedMlpKind::kFused, device,
+                  dtype, *grad_dtype));
+    }
+    for (size_t t = 0; t < token_counts->size(); ++t) {
+      const int64_t tokens = (*token_counts)[t];
       std::vector<PathResult> path_results;
-      for (const std::string& path : *paths) {
-        path_results.push_back(RunPath(
-            *shape, tokens, path == "unfused" ? GroupedMlpKind::kUnfused : GroupedMlpKind::kFused,
-            device, dtype, *grad_dtype));
-      }
+      for (std::vector<PathResult>& results : by_path)
+        path_results.push_back(std::move(results[t]));
       const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
       for (const PathResult& r : path_results) {
         double worst = 0;
