@@ -240,8 +240,9 @@ int Run() {
     for (size_t t = 0; t < token_counts->size(); ++t) {
       const int64_t tokens = (*token_counts)[t];
       std::vector<PathResult> path_results;
-      for (std::vector<PathResult>& results : by_path)
+      for (std::vector<PathResult>& results : by_path) {
         path_results.push_back(std::move(results[t]));
+      }
       const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
       for (const PathResult& r : path_results) {
         double worst = 0;

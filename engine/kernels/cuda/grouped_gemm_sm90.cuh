@@ -591,12 +591,14 @@ __device__ __forceinline__ void AwaitStaging(int barrier_id) {
   NamedBarrierSync(barrier_id, kWarpgroupThreads);
 }
 
+// The columns of Out that kStagingBytes of staging hold: a round of StageRounds.
+template <typename Out, int kStagingBytes>
+constexpr int kStagedColumns = (kStagingBytes / kBoxBytes) * kWriteColumns<Out>;
+
 // This warpgroup's 64 x kBlockN accumulators as Out, staged through its kStagingBytes of `staging`
 // (shared address) in rounds of kStagedColumns<Out, kStagingBytes> columns: each round waits
 // until the staging is free (AwaitStaging), stages its columns and calls written(round), which
 // writes them out.
-template <typename Out, int kStagingBytes>
-constexpr int kStagedColumns = kStagingBytes / kBoxBytes* kWriteColumns<Out>;
 template <typename Out, int kStagingBytes, typename Written>
 __device__ __forceinline__ void StageRounds(const Accumulators& acc, uint32_t staging,
                                             int barrier_id, Written written) {
