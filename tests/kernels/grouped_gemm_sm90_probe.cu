@@ -634,11 +634,7 @@ moe::cuda::sm90::SplitWorkspace ProbeSplitWorkspace() {
   namespace sm90 = moe::cuda::sm90;
   static const sm90::SplitWorkspace workspace = [] {
     sm90::SplitWorkspace made{};
-    if (EnvironmentFlag("PROBE_NO_SPLIT")) return made;
-    const int slots = sm90::SplitSlots(SmCount());
-    void* bytes = nullptr;
-    MOE_CHECK_CUDA(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
-    MOE_CHECK_CUDA(sm90::MakeSplitWorkspace(bytes, slots, &made));
+    if (!EnvironmentFlag("PROBE_NO_SPLIT")) MOE_CHECK_CUDA(sm90::AllocateSplitWorkspace(0, &made));
     return made;
   }();
   return workspace;

@@ -214,7 +214,7 @@ struct WeightGradParts {
 // (grouped_gemm_tiles.h, TailSplit): per slot, each CTA rank's and consumer warpgroup's partial
 // accumulators (thread-major: value i of thread j at i * kWarpgroupThreads + j), and a flag each
 // that they are written: 0 before a launch, and every launch leaves them 0 (its reader of a flag
-// clears it), so only a new workspace is cleared (MakeSplitWorkspace). slots 0: no split.
+// clears it), so only a new workspace is cleared (AllocateSplitWorkspace). slots 0: no split.
 // SplitSlots(SMs) slots suffice on a device of that many SMs (a split's writer pieces number fewer
 // than the clusters).
 struct SplitWorkspace {
@@ -225,17 +225,21 @@ struct SplitWorkspace {
 constexpr int kSplitSlotParts = kForwardCluster * kConsumers;
 constexpr int kSplitPartFloats = kAccumulators * kWarpgroupThreads;
 inline int SplitSlots(int sm_count) { return sm_count / kForwardCluster; }
-inline int64_t SplitWorkspaceBytes(int slots) {
-  return int64_t{slots} * kSplitSlotParts * (int64_t{kSplitPartFloats} * 4 + 4);
-}
-// The workspace of `slots` slots laid out in `bytes` (SplitWorkspaceBytes(slots) of device memory,
-// 4-byte aligned) into *workspace, its flags cleared (cudaMemset: ready for its first launch).
-inline cudaError_t MakeSplitWorkspace(void* bytes, int slots, SplitWorkspace* workspace) {
+// A workspace for the SMs of `device` (the current device) in new device memory (cudaMalloc; the
+// caller keeps it), its flags cleared (cudaMemset: ready for its first launch).
+inline cudaError_t AllocateSplitWorkspace(int device, SplitWorkspace* workspace) {
+  int sm_count = 0;
+  cudaError_t status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (status != cudaSuccess) return status;
+  const int slots = SplitSlots(sm_count);
+  const int64_t partial_floats = int64_t{slots} * kSplitSlotParts * kSplitPartFloats;
+  const size_t flag_bytes = sizeof(int) * slots * kSplitSlotParts;
+  void* bytes = nullptr;
+  status = cudaMalloc(&bytes, partial_floats * sizeof(float) + flag_bytes);
+  if (status != cudaSuccess) return status;
   float* const partials = static_cast<float*>(bytes);
-  int* const flags =
-      reinterpret_cast<int*>(partials + int64_t{slots} * kSplitSlotParts * kSplitPartFloats);
-  *workspace = {partials, flags, slots};
-  return cudaMemset(flags, 0, sizeof(int) * slots * kSplitSlotParts);
+  *workspace = {partials, reinterpret_cast<int*>(partials + partial_floats), slots};
+  return cudaMemset(workspace->flags, 0, flag_bytes);
 }
 
 namespace detail {

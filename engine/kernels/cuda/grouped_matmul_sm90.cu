@@ -33,12 +33,7 @@ std::atomic<bool> fuse_swiglu_backward_at_any_k{false};
 sm90::SplitWorkspace SplitWorkspaceOf(Device device) {
   DeviceContext::Get(device);  // makes the device current
   return OncePerDevice<sm90::SplitWorkspace>(device.index, [&](sm90::SplitWorkspace& workspace) {
-    int sm_count = 0;
-    MOE_CUDA_CALL(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device.index));
-    const int slots = sm90::SplitSlots(sm_count);
-    void* bytes = nullptr;
-    MOE_CUDA_CALL(cudaMalloc(&bytes, sm90::SplitWorkspaceBytes(slots)));
-    MOE_CUDA_CALL(sm90::MakeSplitWorkspace(bytes, slots, &workspace));
+    MOE_CUDA_CALL(sm90::AllocateSplitWorkspace(device.index, &workspace));
   });
 }
 
