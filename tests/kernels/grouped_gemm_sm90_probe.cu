@@ -9,9 +9,11 @@
 // Cases: a tiny one (k 64 or 128, about one 128 x 256 tile per group: the first to debug), a
 // tiny one whose groups end in tiles of at most 64 rows (the forward's epilogue paths), MoE
 // expert layers of three models at 4096 tokens with random top-k routing (Qwen3-30B-A3B with one
-// expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like) and a
-// small shape whose sizes are no multiples of the tiles (rows, k, n tails; fully out-of-bounds
-// TMA boxes), and one whose plain products split their last tiles along k (on 132 SMs).
+// expert left empty, the same with every row on one expert, Mixtral, DeepSeek-V3-like), Mixtral
+// with 1024, 1088 and 1152 rows on every expert (what a partly filled last row tile costs), the
+// DeepSeek-V3-like shape with 512, 576 and 640, a small shape whose sizes are no multiples of the
+// tiles (rows, k, n tails; fully out-of-bounds TMA boxes), and one whose plain products split
+// their last tiles along k (on 132 SMs).
 // Operations per case, with hidden h, expert ffn f, rows = tokens * top-k:
 //   fc1 forward   y (rows, 2f) = x (rows, h) · w1_g^T,  w1 (E, 2f, h)   transpose_w
 //   fc1 + SwiGLU  the same y, and a (rows, f) = silu(gate) * up * scale[row] of y's halves
@@ -48,10 +50,11 @@
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
 // warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours (wgrad: each dw type and
-// epilogue; a fused SwiGLU: also the GEMM alone), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16
-// out, as it has no bf16 -> f32 form), the engine's cuBLAS wgrad path (widen to f32, TF32 grouped
-// GEMM), and one dense cublasGemmEx of the same FLOPs (one weight matrix: far less weight or dw
-// traffic than the grouped problem).
+// epilogue; a fused SwiGLU: also the GEMM alone), per-group cublasGemmEx (the plain products: what
+// the unfused path runs), cublasGemmGroupedBatchedEx bf16 (for wgrad bf16 out, as it has no bf16
+// -> f32 form), the engine's cuBLAS wgrad path (widen to f32, TF32 grouped GEMM), and one dense
+// cublasGemmEx of the same FLOPs (one weight matrix: far less weight or dw traffic than the
+// grouped problem).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -408,7 +411,7 @@ struct Case {
   }
 };
 
-// Groups of the given row counts (summing to tokens * top_k).
+// Groups of the given row counts.
 std::vector<int32_t> FixedRouting(const std::vector<int32_t>& counts) {
   std::vector<int32_t> offsets(counts.size() + 1, 0);
   for (size_t e = 0; e < counts.size(); ++e) offsets[e + 1] = offsets[e] + counts[e];
@@ -432,6 +435,11 @@ std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty
     }
   }
   return FixedRouting(counts);
+}
+
+// rows_per_group rows in every group.
+std::vector<int32_t> EvenRouting(const Model& m, int rows_per_group) {
+  return FixedRouting(std::vector<int32_t>(m.experts, rows_per_group));
 }
 
 std::vector<int32_t> OneExpertRouting(const Model& m, int expert) {
@@ -699,6 +707,12 @@ void ProbeForward(Tally& tally, Cublas& cublas, const Operands& ops, const char*
 
   const double flops = 2.0 * rows * n * k;
   PrintTime("sm90 grouped (ours)", MedianMs(ours, name), flops);
+  PrintTime(
+      "per-group cublasGemmEx (unfused path)",
+      BaselineMs(
+          [&] { ForwardReference(cublas, c, x.data, w.data, n, k, transpose_w, reference.data); },
+          name),
+      flops);
   if (!grouped.m.empty()) {
     grouped.Upload(pa, pb, pc);
     PrintTime("cublasGemmGroupedBatchedEx bf16",
@@ -1081,7 +1095,16 @@ int main(int argc, char** argv) {
       {"qwen3 random routing, expert 5 empty", qwen3, RandomRouting(qwen3, {5}, 1)},
       {"qwen3 every row on expert 7", qwen3, OneExpertRouting(qwen3, 7)},
       {"mixtral random routing", mixtral, RandomRouting(mixtral, {}, 2)},
+      // What an expert's partly filled last row tile costs: 8, 8.5 and 9 row tiles per group (at
+      // 1088 rows each group's last tile holds 64, one consumer's rows; the other idles).
+      {"mixtral even 1024 rows", mixtral, EvenRouting(mixtral, 1024)},
+      {"mixtral even 1088 rows", mixtral, EvenRouting(mixtral, 1088)},
+      {"mixtral even 1152 rows", mixtral, EvenRouting(mixtral, 1152)},
       {"deepseek random routing", deepseek, RandomRouting(deepseek, {}, 3)},
+      // The same at the DeepSeek-V3-like shape at 16384 tokens (512 rows per expert on average).
+      {"deepseek even 512 rows", deepseek, EvenRouting(deepseek, 512)},
+      {"deepseek even 576 rows", deepseek, EvenRouting(deepseek, 576)},
+      {"deepseek even 640 rows", deepseek, EvenRouting(deepseek, 640)},
       {"tails random routing, expert 2 empty", tails, RandomRouting(tails, {2}, 4)},
       // 17 row pairs and one odd row tile (the last group's, 44 rows). On 66 clusters (132 SMs)
       // the plain products split their last cluster tiles along k (TailSplit): over 8 column
