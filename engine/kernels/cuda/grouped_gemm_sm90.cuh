@@ -1013,21 +1013,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int u = first_unit; u < units; u += unit_step) {
         const TileUnit unit = plan.Find(u);
         const ClusterTile tile = schedule.Find(unit.tile);
+        // x's second box of this CTA's tile is loaded only where it holds rows of the group (a
+        // short last row tile's lie past it; its consumer idles).
+        const bool second_box = tile.Row(rank) + 64 < tile.row_end;
         for (int kb = unit.k_begin; kb < unit.k_end; ++kb) {
           MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
           const uint32_t full = barriers.Full(state.stage);
-          // Every CTA's stage receives kStageBytes: its own loads and its peer's multicast.
-          MbarrierArriveExpectTx(full, kStageBytes);
+          // Every CTA's stage receives its own loads and its peer's multicast: w's tile and x's
+          // boxes.
+          MbarrierArriveExpectTx(full, kStageBBytes + (second_box ? 2 : 1) * kBoxBytes);
           const ForwardLoads<kTransposeW, kSwiglu> load{x_map, w_map, full, kb * kBlockK, f};
           const uint32_t a = ring.A(state.stage), b = ring.B(state.stage);
           if (tile.row_pair) {  // own rows of x; half `rank` of the shared w columns to both
-#pragma unroll
-            for (int box = 0; box < kBlockM / 64; ++box) {
-              load.XBox(a + box * kBoxBytes, 0, tile.Row(rank) + 64 * box);
-            }
+            load.XBox(a, 0, tile.Row(rank));
+            if (second_box) load.XBox(a + kBoxBytes, 0, tile.Row(rank) + 64);
             load.WHalf(b + rank * (kStageBBytes / 2), kBoth, tile.n0, rank, tile.group);
           } else {  // 64-row half `rank` of the shared x rows to both; own w columns
-            load.XBox(a + rank * kBoxBytes, kBoth, tile.row0 + 64 * rank);
+            if (rank == 0 || second_box) {
+              load.XBox(a + rank * kBoxBytes, kBoth, tile.row0 + 64 * rank);
+            }
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               load.WHalf(b + half * (kStageBBytes / 2), 0, tile.Column(rank), half, tile.group);
