@@ -8,11 +8,15 @@
 // backward; rows = tokens * topk. Forward + backward is timed twice: as a step's first micro-batch
 // (gradients zeroed before it, so backward stores them: "fwd+bwd") and as a later micro-batch
 // adding to them ("+= grads").
+// Under the table each shape and token count's routing: rows per expert (min, median, max) and
+// how many experts end in a row tile of at most 64 rows (the Hopper GEMMs' costliest, about as
+// dear as a full 128-row tile); the JSON rows hold every expert's rows.
 // --breakdown adds, per shape and token count, the fused path's ops one by one (op_breakdown.h).
 // --grads=bf16 keeps the weight gradients in bf16 (moe_train's --main_grads_dtype).
 // --wgrad_micro_batches=N (> 1) also times the fused path as a step's later micro-batches whose
 // weight gradients are added once per N (moe_train's --moe_wgrad_micro_batches): N forward +
 // backward passes, the weight gradients in the last, per micro-batch ("+= per N").
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +32,7 @@
 #include "apps/moe_bench/random_tensor.h"
 #include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/bfloat16.h"
+#include "engine/kernels/cuda/grouped_gemm_tiles.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "modules/moe_layer.h"
@@ -52,6 +57,10 @@ namespace {
 // --json_out holds one JSON array of result rows; an existing file that begins otherwise is not
 // ours to replace.
 constexpr std::string_view kResultsStart = "[";
+
+// The block's name, and the key under which its router saves the routing's offsets (experts + 1).
+constexpr char kLayerName[] = "moe";
+std::string RoutingOffsetsKey() { return std::string(kLayerName) + ".router.offsets"; }
 
 struct Shape {
   std::string name;
@@ -111,7 +120,32 @@ struct PathResult {
   double forward_ms = 0, forward_backward_ms = 0, accumulating_ms = 0, peak_mib = 0;
   double grouped_accumulating_ms = 0;  // per micro-batch, --wgrad_micro_batches together
   Outputs outputs;
+  std::vector<int32_t> rows_per_expert;  // the block's routing at the timed inputs
 };
+
+// The rows `layer` routes to each expert at input x (one forward, untimed).
+std::vector<int32_t> RowsPerExpert(MoeLayer& layer, const Tensor& x, const Tensor& aux) {
+  SavedTensors saved;
+  layer.Forward(saved, x, aux);
+  const Tensor& offsets = saved.Peek(RoutingOffsetsKey());
+  std::vector<int32_t> host(offsets.numel());
+  ops::CopyToHost(offsets, host.data());
+  std::vector<int32_t> rows(host.size() - 1);
+  for (size_t e = 0; e < rows.size(); ++e) rows[e] = host[e + 1] - host[e];
+  return rows;
+}
+
+// "routing: rows per expert min / median / max; experts ending in a short row tile".
+void PrintRouting(std::vector<int32_t> rows) {
+  int short_tiles = 0;
+  constexpr int kTile = cuda::sm90::kBlockM, kShort = cuda::sm90::kBlockM / 2;
+  for (const int32_t r : rows) short_tiles += r % kTile != 0 && r % kTile <= kShort;
+  std::sort(rows.begin(), rows.end());
+  printf(
+      "  routing: rows per expert min %d, median %d, max %d; %d of %zu experts end in a row "
+      "tile of <= %d rows\n",
+      rows.front(), rows[rows.size() / 2], rows.back(), short_tiles, rows.size(), kShort);
+}
 
 // Wall seconds since the last call (the first: since construction), for the progress log.
 class PhaseClock {
@@ -157,6 +191,7 @@ PathResult TimePath(const Shape& shape, int64_t tokens, const std::string& path,
       result.outputs.values[p->name] = HostFloats(grad.Rows(0, rows));
     }
   }
+  result.rows_per_expert = RowsPerExpert(layer, x, aux);
   const double check_seconds = clock.Lap();
   for (int i = 0; i < FLAGS_warmup; ++i) forward_backward(true, i % 2 == 0);
   result.forward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(false, false); });
@@ -192,7 +227,7 @@ std::vector<PathResult> RunPath(const Shape& shape, const std::vector<int64_t>& 
   config.moe_wgrad_micro_batches = grouped;
   ParameterSet parameters(device, dtype, /*seed=*/7, /*optimizer_state=*/false,
                           OptimizerDTypes{.grad = grad_dtype});
-  MoeLayer layer(parameters, "moe", config, 0);
+  MoeLayer layer(parameters, kLayerName, config, 0);
   LOG(INFO) << std::fixed << std::setprecision(1) << shape.name << " " << path << ": weights "
             << clock.Lap() << " s";
   std::vector<PathResult> results;
@@ -282,8 +317,10 @@ int Run() {
              {"forward_tflops", gemm_flops / r.forward_ms / 1e9},
              {"forward_backward_tflops", 3 * gemm_flops / r.forward_backward_ms / 1e9},
              {"peak_mib", r.peak_mib},
-             {"max_rel_err_vs_other_path", worst}});
+             {"max_rel_err_vs_other_path", worst},
+             {"rows_per_expert", r.rows_per_expert}});
       }
+      PrintRouting(path_results.front().rows_per_expert);
       if (FLAGS_breakdown) {
         const ExpertShape expert_shape{tokens * shape->topk, shape->hidden, shape->experts,
                                        shape->ffn};

@@ -1,11 +1,13 @@
 // The benchmark apps as a user meets them: every flag is checked before any work, and a bad value
 // is refused with exit code 2, nothing on stdout and one line on stderr naming the flag, with
 // nothing created (apps/moe_bench/bench_flags.h). Sizes that do not fit end in one line and exit
-// code 1. A good moe_bench run writes its JSON.
+// code 1. A good moe_bench run writes its JSON, with the block's routing (rows per expert), and
+// prints the routing line the counts give.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -189,6 +191,19 @@ TEST(MoeBenchTest, WritesItsJsonAtTheEnd) {
   EXPECT_EQ(results[0]["tokens"], 32);
   EXPECT_EQ(results[0]["path"], "fused");
   EXPECT_EQ(results[1]["path"], "unfused");
+  // The block's routing: one row count per expert (tiny: 8, top-2), 32 x 2 rows in all, the same
+  // on both paths (one router, the same weights), and the table's routing line from those counts.
+  const std::vector<int> rows = results[0]["rows_per_expert"].get<std::vector<int>>();
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(std::accumulate(rows.begin(), rows.end(), 0), 64);
+  EXPECT_EQ(results[1]["rows_per_expert"].get<std::vector<int>>(), rows);
+  std::vector<int> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  const std::string routing = "  routing: rows per expert min " + std::to_string(sorted.front()) +
+                              ", median " + std::to_string(sorted[4]) + ", max " +
+                              std::to_string(sorted.back()) +
+                              "; 8 of 8 experts end in a row tile of <= 64 rows\n";
+  EXPECT_NE(r.out.find(routing), std::string::npos) << r.out;
 
   // Its own earlier output is replaced; another file is refused and left as it was.
   const SplitCommandResult again = testing::RunCommandSplit(

@@ -48,6 +48,9 @@
 // PROBE_NO_SPLIT=1 in the environment gives the plain products no workspace: every tile whole.
 // PROBE_TOKENS=N in the environment runs the three models' cases at N tokens instead of 4096
 // (e.g. 16384, where each expert of the DeepSeek-V3-like shape has about four row tiles).
+// PROBE_ROUTING=model:r0,r1,... (model qwen3-30b-a3b, mixtral-8x7b or deepseek-v3-like; one row
+// count per expert, e.g. a moe_bench JSON row's rows_per_expert) adds a case of that model with
+// exactly that routing.
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one
 // warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): ours (wgrad: each dw type and
 // epilogue; a fused SwiGLU: also the GEMM alone), per-group cublasGemmEx (the plain products: what
@@ -66,6 +69,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -440,6 +444,41 @@ std::vector<int32_t> RandomRouting(const Model& m, const std::vector<int>& empty
 // rows_per_group rows in every group.
 std::vector<int32_t> EvenRouting(const Model& m, int rows_per_group) {
   return FixedRouting(std::vector<int32_t>(m.experts, rows_per_group));
+}
+
+// PROBE_ROUTING's case ("model given routing") among `models`, or nullopt when it is not set;
+// exits 2 on a value that names no model or gives other than one count >= 0 per expert.
+std::optional<Case> GivenRoutingCase(const std::vector<Model>& models) {
+  const char* value = std::getenv("PROBE_ROUTING");
+  if (value == nullptr) return std::nullopt;
+  const std::string text = value;
+  const size_t colon = text.find(':');
+  const auto model = std::find_if(models.begin(), models.end(), [&](const Model& m) {
+    return colon != std::string::npos && text.compare(0, colon, m.name) == 0 &&
+           std::strlen(m.name) == colon;
+  });
+  std::vector<int32_t> counts;
+  bool valid = model != models.end();
+  for (size_t begin = colon + 1; valid && begin <= text.size();) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    char* parsed_end = nullptr;
+    const long count = std::strtol(text.c_str() + begin, &parsed_end, 10);
+    valid = end > begin && parsed_end == text.c_str() + end && count >= 0 && count <= (1 << 24);
+    counts.push_back(static_cast<int32_t>(count));
+    begin = end + 1;
+  }
+  if (!valid || static_cast<int>(counts.size()) != model->experts) {
+    std::fprintf(stderr,
+                 "PROBE_ROUTING must be model:count,... with one count >= 0 per expert "
+                 "of qwen3-30b-a3b, mixtral-8x7b or deepseek-v3-like, not %s\n",
+                 value);
+    std::exit(2);
+  }
+  Model routed = *model;
+  int64_t rows = 0;
+  for (const int32_t count : counts) rows += count;
+  routed.tokens = static_cast<int>(rows / routed.top_k);
+  return Case{std::string(routed.name) + " given routing", routed, FixedRouting(counts)};
 }
 
 std::vector<int32_t> OneExpertRouting(const Model& m, int expert) {
@@ -1111,9 +1150,13 @@ int main(int argc, char** argv) {
       // tiles the last 8 of 140, the odd tile's column pairs among them, over 4 the last 4 of 70.
       {"split tail, fixed routing", split, FixedRouting({256, 512, 0, 1000, 1280, 1024, 300})},
   };
+  std::vector<Case> all_cases = cases;
+  if (std::optional<Case> given = GivenRoutingCase({qwen3, mixtral, deepseek})) {
+    all_cases.push_back(*given);
+  }
   Cublas cublas;
   Tally tally;
-  for (const Case& c : cases) {
+  for (const Case& c : all_cases) {
     if (c.name.find(filter) == std::string::npos) continue;
     ProbeCase(tally, cublas, c);
   }
