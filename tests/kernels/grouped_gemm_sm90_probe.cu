@@ -1126,7 +1126,7 @@ int main(int argc, char** argv) {
   const Model deepseek{"deepseek-v3-like", 7168, 256, 8, 2048, tokens};
   const Model tails{"tails", 1000, 6, 2, 344, 777};  // h, 2f, f multiples of 8, not of 64
   const Model split{"split", 2048, 7, 1, 1024, 4372};
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"tiny random routing", tiny, RandomRouting(tiny, {}, 5)},
       // Groups ending in tiles of exactly 64 rows (alone, and as a row pair's second tile: TMA
       // stores all of them), of 37 and 28 rows (copied from the staging), and an empty group.
@@ -1150,13 +1150,12 @@ int main(int argc, char** argv) {
       // tiles the last 8 of 140, the odd tile's column pairs among them, over 4 the last 4 of 70.
       {"split tail, fixed routing", split, FixedRouting({256, 512, 0, 1000, 1280, 1024, 300})},
   };
-  std::vector<Case> all_cases = cases;
   if (std::optional<Case> given = GivenRoutingCase({qwen3, mixtral, deepseek})) {
-    all_cases.push_back(*given);
+    cases.push_back(*given);
   }
   Cublas cublas;
   Tally tally;
-  for (const Case& c : all_cases) {
+  for (const Case& c : cases) {
     if (c.name.find(filter) == std::string::npos) continue;
     ProbeCase(tally, cublas, c);
   }
