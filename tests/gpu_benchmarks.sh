@@ -24,10 +24,13 @@
 # compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
 # alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
-# probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately.
+# probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
+# and (sustained) moe_bench at every shape under sustained load (--iters=100; Mixtral-8x7B again with
+# the paths in the other order) beside nvidia-smi's SM clock and power every 50 ms, summed per path
+# by tests/clock_during_phases.py (about 5 minutes).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe ab gemm_versus;
+#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained;
 #   default the first three)
 # The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
 set -uo pipefail
@@ -311,4 +314,21 @@ for case in "${versus_cases[@]}"; do
     cat /tmp/probe_versus.log >> "$out/probe_versus.log"
   done
 done
+fi
+
+if [[ $sections == *sustained* ]]; then
+echo "== moe_bench under sustained load (--iters=100), with SM clock and power per path"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader \
+  -lms 50 > "$out/sustained_smi.csv" & smi=$!
+sustained() {  # log name, shapes, paths
+  timeout 400 "$bin/moe_bench" --shapes=$2 --tokens=4096,16384 --paths=$3 --iters=100 \
+    --json_out="$out/$1.json" > "$out/$1.log" 2>&1
+  echo "-- $2, $3 (rc $?)"
+  grep -vE '^[IWE][0-9]{8} ' "$out/$1.log"
+}
+sustained sustained qwen3,mixtral,deepseek fused,unfused
+sustained sustained_mixtral_reversed mixtral unfused,fused
+kill $smi
+python3 tests/clock_during_phases.py "$out/sustained_smi.csv" "$out/sustained.log" \
+  "$out/sustained_mixtral_reversed.log"
 fi
