@@ -137,14 +137,14 @@ std::vector<int32_t> RowsPerExpert(MoeLayer& layer, const Tensor& x, const Tenso
 
 // "routing: rows per expert min / median / max; experts ending in a short row tile".
 void PrintRouting(std::vector<int32_t> rows) {
-  int short_tiles = 0;
-  constexpr int kTile = cuda::sm90::kBlockM, kShort = cuda::sm90::kBlockM / 2;
-  for (const int32_t r : rows) short_tiles += r % kTile != 0 && r % kTile <= kShort;
+  const int short_tiles = static_cast<int>(std::count_if(
+      rows.begin(), rows.end(), [](int32_t r) { return cuda::sm90::EndsInShortRowTile(r); }));
   std::sort(rows.begin(), rows.end());
   printf(
       "  routing: rows per expert min %d, median %d, max %d; %d of %zu experts end in a row "
       "tile of <= %d rows\n",
-      rows.front(), rows[rows.size() / 2], rows.back(), short_tiles, rows.size(), kShort);
+      rows.front(), rows[rows.size() / 2], rows.back(), short_tiles, rows.size(),
+      cuda::sm90::kShortRowTile);
 }
 
 // Wall seconds since the last call (the first: since construction), for the progress log.

@@ -42,6 +42,13 @@ namespace moe::cuda::sm90 {
 
 constexpr int kBlockM = 128;  // C rows per tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;  // C columns per tile: one m64n256k16 per consumer and K slice
+constexpr int kShortRowTile = kBlockM / 2;  // rows of one consumer warpgroup
+
+// Whether a group of `rows` rows ends in a short row tile, one of at most kShortRowTile rows: a
+// single consumer's, the other idling beside it (the tile costs about a full one's time).
+MOE_HOST_DEVICE inline bool EndsInShortRowTile(int64_t rows) {
+  return rows % kBlockM != 0 && rows % kBlockM <= kShortRowTile;
+}
 
 struct ClusterTile {
   int group;
