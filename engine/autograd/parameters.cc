@@ -14,21 +14,25 @@ namespace moe {
 
 namespace {
 
-// Fills `out` with the initial values of parameter `name`: chunk c of 2^20 elements is drawn from
-// its own stream (seed, name, c), so chunks can be generated in any order on any thread.
-void InitialValues(const ParameterSpec& spec, uint64_t seed, std::span<float> out) {
+constexpr int64_t kInitChunk = int64_t{1} << 20;
+
+// Fills `out` with the initial values of parameter `spec`'s elements from chunk `first_chunk` on:
+// chunk c of 2^20 elements is drawn from its own stream (seed, name, c), so chunks can be
+// generated in any order on any thread.
+void InitialValues(const ParameterSpec& spec, uint64_t seed, int64_t first_chunk,
+                   std::span<float> out) {
   if (spec.init != Init::kNormal) {
     std::fill(out.begin(), out.end(), spec.init == Init::kOnes ? 1.0f : 0.0f);
     return;
   }
-  constexpr size_t kChunk = size_t{1} << 20;
-  const size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  const size_t chunk = kInitChunk;
+  const size_t chunks = (out.size() + chunk - 1) / chunk;
   const uint64_t stream = StableHash(spec.name);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t c = next++; c < chunks; c = next++) {
-      Rng rng(seed, stream + 0x9e3779b97f4a7c15ull * c);
-      for (size_t i = c * kChunk; i < std::min(out.size(), (c + 1) * kChunk); ++i) {
+      Rng rng(seed, stream + 0x9e3779b97f4a7c15ull * (first_chunk + c));
+      for (size_t i = c * chunk; i < std::min(out.size(), (c + 1) * chunk); ++i) {
         out[i] = static_cast<float>(rng.Normal() * spec.init_std);
       }
     }
@@ -41,13 +45,47 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, std::span<float> ou
   for (auto& thread : pool) thread.join();
 }
 
-// Host room for `numel` initial values, not zeroed: InitialValues writes every element, on its
-// threads, which then also take the pages' first touch. (4 GiB zeroed and then filled on 2
-// threads took 13.8 s on this project's 2-core CI-class machine, filled only 7.0 s, 2026-12-03;
-// the DeepSeek-V3-like expert weights are 45 GB.)
-std::unique_ptr<float[]> InitialValuesBuffer(int64_t numel) {
-  return std::make_unique_for_overwrite<float[]>(static_cast<size_t>(numel));
-}
+// Writes parameters' initial values into f32 tensors on any device through one host buffer of
+// at most kPiece elements, reused: the host never holds a whole parameter set (the
+// DeepSeek-V3-like expert weights are 45 GB in f32), and the buffer's pages are first-touched
+// once. (Drawn into one 45 GB host buffer they took 41-101 s per set on the H200 machine's 16
+// cores, 2026-12-04.)
+class InitialValueWriter {
+ public:
+  explicit InitialValueWriter(uint64_t seed) : seed_(seed) {}
+
+  // dst: f32, spec's element count (any shape).
+  void Write(const ParameterSpec& spec, const Tensor& dst) {
+    CHECK(dst.dtype() == DType::kF32) << spec.name << ": initial values are written in f32";
+    const int64_t numel = dst.numel();
+    CHECK_EQ(numel, moe::NumElements(spec.shape)) << spec.name;
+    const Tensor flat = dst.View({numel});
+    for (int64_t begin = 0; begin < numel; begin += kPiece) {
+      const int64_t end = std::min(numel, begin + kPiece);
+      float* host = Buffer(end - begin);
+      InitialValues(spec, seed_, begin / kInitChunk,
+                    std::span(host, static_cast<size_t>(end - begin)));
+      ops::CopyFromHost(host, flat.Rows(begin, end));  // synchronous: the buffer is free again
+    }
+  }
+
+ private:
+  static constexpr int64_t kPiece = 16 * kInitChunk;  // 64 MiB of f32
+
+  // Room for `numel` values, not zeroed (InitialValues writes every element, on its threads,
+  // which then also take the pages' first touch).
+  float* Buffer(int64_t numel) {
+    if (numel > capacity_) {
+      host_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(numel));
+      capacity_ = numel;
+    }
+    return host_.get();
+  }
+
+  uint64_t seed_;
+  std::unique_ptr<float[]> host_;
+  int64_t capacity_ = 0;
+};
 
 // Elements [offset, offset + |shape|) of the 1-D `buffer`, viewed as `shape`: a parameter's
 // place in a bucket buffer.
@@ -144,14 +182,12 @@ void ParameterSet::Add(std::span<const ParameterSpec> specs, ParameterStack* sta
     offsets.push_back(numel);
     numel += moe::NumElements(spec.shape);
   }
-  const std::unique_ptr<float[]> host = InitialValuesBuffer(numel);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const size_t n = moe::NumElements(specs[i].shape);
-    InitialValues(specs[i], seed_, std::span(host.get() + offsets[i], n));
-  }
   OwnedSlice buffers{parameters_[first].get(), static_cast<int>(specs.size())};
   buffers.master = Tensor::Empty({numel}, DType::kF32, device_);
-  ops::CopyFromHost(host.get(), buffers.master);
+  InitialValueWriter writer(seed_);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    writer.Write(specs[i], ParameterView(buffers.master, offsets[i], specs[i].shape));
+  }
   if (compute_dtype_ == DType::kF32) {
     buffers.value = buffers.master;
   } else {
@@ -244,6 +280,7 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
     joins_previous[i] = i > 0 && stack_of_[i] != nullptr && stack_of_[i] == stack_of_[i - 1];
   }
   const bool value_is_master = compute_dtype_ == DType::kF32;
+  InitialValueWriter writer(seed_);
   for (BucketLayout& layout :
        PlanBuckets(numels, {joins_previous.get(), n}, shards, bucket_bytes)) {
     ParameterBucket b;
@@ -275,14 +312,12 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
         p.master = p.value;
       }
       // The initial values: into value, and the owned part into the bucket's master.
-      const std::unique_ptr<float[]> host = InitialValuesBuffer(numel);
-      InitialValues(spec, seed_, std::span(host.get(), numel));
       if (value_is_master) {
-        ops::CopyFromHost(host.get(), p.value);
+        writer.Write(spec, p.value);
         continue;
       }
       Tensor initial = Tensor::Empty({numel}, DType::kF32, device_);
-      ops::CopyFromHost(host.get(), initial);
+      writer.Write(spec, initial);
       ops::Cast(initial, p.value.View({numel}));
       const ParameterRange mine = IntersectParameter(offset, numel, b.owned_begin(), b.owned_end());
       if (mine.empty()) continue;

@@ -14,7 +14,8 @@
 //   exp_avg, exp_avg_sq   AdamW moments, f32 or bf16 each (OptimizerDTypes).
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
-// nor on the thread count: CPU and CUDA runs of one seed start from the same weights.
+// nor on the thread count: CPU and CUDA runs of one seed start from the same weights. They reach
+// the device through one reused 64 MiB host buffer, whatever the model's size.
 // Without optimizer state (benchmarks, evaluation) only value and grad exist.
 //
 // Stacks (CreateStack): 2-D parameters with equal columns laid out back to back as the row blocks
