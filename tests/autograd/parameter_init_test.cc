@@ -18,10 +18,10 @@ namespace {
 constexpr int64_t kChunk = int64_t{1} << 20;
 
 // Chunk `c` of parameter `name`'s values as the documented stream draws them.
-std::vector<float> StreamChunk(uint64_t seed, const std::string& name, float std, int64_t c) {
+std::vector<float> StreamChunk(uint64_t seed, const std::string& name, float init_std, int64_t c) {
   Rng rng(seed, StableHash(name) + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(c));
   std::vector<float> values(kChunk);
-  for (float& v : values) v = static_cast<float>(rng.Normal() * std);
+  for (float& v : values) v = static_cast<float>(rng.Normal() * init_std);
   return values;
 }
 
