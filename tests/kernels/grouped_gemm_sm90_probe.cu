@@ -398,7 +398,7 @@ double BaselineMs(const std::function<void()>& run, const char* what) {
 
 struct Model {
   const char* name;
-  int hidden, experts, top_k, ffn, tokens;
+  int hidden, experts, top_k, ffn, tokens;  // tokens: what the random and one-expert routings route
 };
 
 struct Case {
@@ -474,11 +474,7 @@ std::optional<Case> GivenRoutingCase(const std::vector<Model>& models) {
                  value);
     std::exit(2);
   }
-  Model routed = *model;
-  int64_t rows = 0;
-  for (const int32_t count : counts) rows += count;
-  routed.tokens = static_cast<int>(rows / routed.top_k);
-  return Case{std::string(routed.name) + " given routing", routed, FixedRouting(counts)};
+  return Case{std::string(model->name) + " given routing", *model, FixedRouting(counts)};
 }
 
 std::vector<int32_t> OneExpertRouting(const Model& m, int expert) {
@@ -1048,10 +1044,11 @@ void ProbeCase(Tally& tally, Cublas& cublas, const Case& c) {
   int empty = 0;
   for (int g = 0; g < c.groups(); ++g) empty += c.Count(g) == 0;
   std::printf(
-      "\n== %s: hidden %d, %d experts, top-%d, ffn %d, %d tokens -> %lld rows "
+      "\n== %s: hidden %d, %d experts, top-%d, ffn %d, %lld tokens -> %lld rows "
       "(%d empty groups, largest %d)\n",
-      c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn, m.tokens,
-      static_cast<long long>(c.rows()), empty, c.Largest());
+      c.name.c_str(), m.hidden, m.experts, m.top_k, m.ffn,
+      static_cast<long long>(c.rows() / m.top_k), static_cast<long long>(c.rows()), empty,
+      c.Largest());
   const Operands ops(c);
   const int64_t h = m.hidden, f = m.ffn;
   ProbeForward(tally, cublas, ops, "fc1 forward", 2 * f, h, true, 11);
