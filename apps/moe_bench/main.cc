@@ -123,10 +123,8 @@ struct PathResult {
   std::vector<int32_t> rows_per_expert;  // the block's routing at the timed inputs
 };
 
-// The rows `layer` routes to each expert at input x (one forward, untimed).
-std::vector<int32_t> RowsPerExpert(MoeLayer& layer, const Tensor& x, const Tensor& aux) {
-  SavedTensors saved;
-  layer.Forward(saved, x, aux);
+// The rows a forward routed to each expert, from what it saved for backward.
+std::vector<int32_t> RowsPerExpert(const SavedTensors& saved) {
   const Tensor& offsets = saved.Peek(RoutingOffsetsKey());
   std::vector<int32_t> host(offsets.numel());
   ops::CopyToHost(offsets, host.data());
@@ -171,18 +169,21 @@ PathResult TimePath(const Shape& shape, int64_t tokens, const std::string& path,
   const Tensor x = RandomInput(shape, tokens, dtype, device, 11);
   const Tensor dy = RandomInput(shape, tokens, dtype, device, 13);
   Tensor aux = Tensor::Empty({1}, DType::kF32, device);
-  auto forward_backward = [&](bool backward, bool zero_grads, bool last_of_step = true) {
+  // routing (the check pass): the forward's rows per expert, read before backward consumes them.
+  auto forward_backward = [&](bool backward, bool zero_grads, bool last_of_step = true,
+                              std::vector<int32_t>* routing = nullptr) {
     if (zero_grads) parameters.ZeroGrads();
     SavedTensors saved;
     ops::Fill(aux, 0.0f);
     Tensor y = layer.Forward(saved, x, aux);
+    if (routing != nullptr) *routing = RowsPerExpert(saved);
     if (!backward) return std::make_pair(y, Tensor());
     return std::make_pair(y, layer.Backward(saved, dy, 1.0f, last_of_step));
   };
 
   const double setup_seconds = clock.Lap();
   {  // outputs for the cross-path check (grads from exactly one backward)
-    auto [y, dx] = forward_backward(true, true);
+    auto [y, dx] = forward_backward(true, true, true, &result.rows_per_expert);
     result.outputs.values["y"] = HostFloats(y);
     result.outputs.values["dx"] = HostFloats(dx);
     for (const auto& p : parameters.all()) {
@@ -191,7 +192,6 @@ PathResult TimePath(const Shape& shape, int64_t tokens, const std::string& path,
       result.outputs.values[p->name] = HostFloats(grad.Rows(0, rows));
     }
   }
-  result.rows_per_expert = RowsPerExpert(layer, x, aux);
   const double check_seconds = clock.Lap();
   for (int i = 0; i < FLAGS_warmup; ++i) forward_backward(true, i % 2 == 0);
   result.forward_ms = MedianMs(device, FLAGS_iters, [&] { forward_backward(false, false); });
