@@ -14,7 +14,7 @@ for deb in .device-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
 export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=nvcc -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" > "$out/configure.log" 2>&1 ||
   { tail -50 "$out/configure.log"; exit 1; }
 cmake --build "$build" -j"$(nproc)" -- -k 0 > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -50; exit 1; }
