@@ -28,8 +28,9 @@ namespace moe {
 
 // The bytes of one chunk of logits. The weight-gradient GEMM of a chunk reads and writes the f32
 // (vocab, hidden) gradient once: 2 x vocab x hidden x rows FLOPs over 8 x vocab x hidden bytes, so
-// rows / 4 FLOP per byte, which must stay above the H200's ~165 (790 TFLOP/s over 4.8 TB/s) to be
-// compute-bound: rows >= ~660. 512 MiB is 8388 rows of the 8-layer preset's bf16 logits (vocab
+// rows / 4 FLOP per byte, which must stay above the GPU's ratio of matmul rate to memory bandwidth
+// (about 165 on the GPUs this targets: tests/results/memory_and_offload.md) to be compute-bound:
+// rows >= ~660. 512 MiB is 8388 rows of the 8-layer preset's bf16 logits (vocab
 // 32000) and 1766 of Qwen3's (151936), small against the whole logits of a large micro-batch
 // (4.2 GB at 16 x 4096 tokens of vocab 32000).
 inline constexpr int64_t kLogitsChunkBytes = int64_t{512} << 20;

@@ -24,13 +24,8 @@
 //   forward (HeadForwardWorkspace: its input, one chunk of logits, losses and lse), and one
 //   layer's backward, its gradients of its saved tensors (as large as its activations without
 //   recompute: a recomputed layer holds them all again while its backward runs).
-// On the H200 (8-layer Qwen3-shaped preset, 2026-12-01, before the chunked head, when the logits
-// were saved whole and their gradient was workspace) the counted bytes were 88.5 GiB for a
-// measured 88.1 (micro-batch 1), 131.0 for 130 (micro-batch 12), and with layernorm, moe and
-// core_attn recomputed 86.0 for 85.8 (micro-batch 1), 105.9 for 102.7 (16), 111.2 for 107.2 (20).
-// With the chunked head the count falls by the saved logits and their gradient: 88.0, 125.0 and
-// 138.4 GiB at micro-batches 1, 12 and 16 without recompute (were 88.5, 130.8, 146.2); not yet
-// measured.
+// How close the count comes to the allocator's measured peak on a GPU, with and without
+// recompute, and what the chunked head changed: tests/results/memory_and_offload.md.
 // - Pending weight-gradient operands (PendingWeightGradBytes), counted with the activations:
 //   every MoE layer of the rank holds them from its backward of one micro-batch to a later one.
 // - No margin, and no offloading: with --offload_modules the activations are an upper bound.

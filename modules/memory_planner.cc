@@ -522,8 +522,9 @@ std::string Size(double bytes) {
 }  // namespace
 
 PlannerSpeeds PlannerSpeeds::Defaults(bool cuda) {
-  // H200: the 8-layer Qwen3-shaped preset's forward (about 330 TFLOP/s in its matmuls), 3 TB/s
-  // element-wise, 55 GB/s pinned copies; CPU: the one-thread backend.
+  // CUDA: the rates the 8-layer Qwen3-shaped preset's forward reached on a Hopper GPU (matmuls,
+  // element-wise kernels, pinned copies: tests/results/memory_and_offload.md); CPU: the one-thread
+  // backend. Step 2 calibrates them on what it measured (CalibratedSpeeds).
   return cuda ? PlannerSpeeds{3.3e14, 3.0e12, 55e9} : PlannerSpeeds{2e10, 4e9, 4e9};
 }
 

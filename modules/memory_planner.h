@@ -57,7 +57,8 @@ struct PlannerSpeeds {
   double matmul_flops_per_s = 0;
   double memory_bytes_per_s = 0;  // element-wise kernels
   double copy_bytes_per_s = 0;    // device <-> pinned host, each direction
-  // Starting values before anything is measured (H200: 2026-12-01 runs; CPU: the 2-core machine).
+  // Starting values before anything is measured (CUDA: the 8-layer preset's rates; CPU: the
+  // one-thread backend; memory_planner.cc).
   static PlannerSpeeds Defaults(bool cuda);
 };
 

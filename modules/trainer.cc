@@ -216,10 +216,10 @@ StepStats Trainer::TrainStep(bool trace) {
     parameters_.ZeroGrads();
   }
   // The host has waited for the device twice by now (RunPipelineStep reads its actions' timing
-  // events, the optimizer the gradient norm); AdamW keeps the device busy for a while (28 ms at
-  // the 8-layer preset), so the next step's samples are read meanwhile. Read at the step's start
-  // (1.8 ms for the preset's 8 synthetic sequences on the H200's host), the device idled through
-  // them; read before the optimizer, it idled there instead.
+  // events, the optimizer the gradient norm); AdamW keeps the device busy for a while (a
+  // bandwidth-bound pass over every parameter's state), so the next step's samples are read
+  // meanwhile. Read at the step's start, the device idled while the host sampled them; read
+  // before the optimizer, it idled there instead (tests/results/training_speed.md).
   if (reads_data && step_ + 1 < options_.train_steps) {
     read_ahead_first_sample_ = FirstSampleOfStep();
     read_ahead_windows_ = ReadWindows(read_ahead_first_sample_);

@@ -48,8 +48,8 @@ void InitialValues(const ParameterSpec& spec, uint64_t seed, int64_t first_chunk
 // Writes parameters' initial values into f32 tensors on any device through one host buffer of
 // at most kPiece elements, reused: the host never holds a whole parameter set (the
 // DeepSeek-V3-like expert weights are 45 GB in f32), and the buffer's pages are first-touched
-// once. (Drawn into one 45 GB host buffer they took 41-101 s per set on the H200 machine's 16
-// cores, 2026-12-04.)
+// once. (Drawing a whole set into one host buffer first-touched every page of it, which took
+// longer than a benchmark's timed passes: tests/results/moe_block.md.)
 class InitialValueWriter {
  public:
   explicit InitialValueWriter(uint64_t seed) : seed_(seed) {}

@@ -1,4 +1,4 @@
-"""The PyTorch grouped-MLP block of ../shared/peers/torch_moe_peer.py (torch._grouped_mm, Qwen3-30B-A3B
+"""The PyTorch grouped-MLP block of tests/peers/torch_moe_block_peer.py (torch._grouped_mm, Qwen3-30B-A3B
 shape, 4096 tokens, the same routing recipe), forward + backward timed two ways, to compare like
 with like against moe_bench's two columns:
   accumulating: the weight gradients add to those of the previous iteration (what the peer times;
