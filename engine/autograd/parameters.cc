@@ -182,7 +182,9 @@ void ParameterSet::Add(std::span<const ParameterSpec> specs, ParameterStack* sta
     offsets.push_back(numel);
     numel += moe::NumElements(spec.shape);
   }
-  OwnedSlice buffers{parameters_[first].get(), static_cast<int>(specs.size())};
+  OwnedSlice buffers;
+  buffers.parameter = parameters_[first].get();
+  buffers.parameters = static_cast<int>(specs.size());
   buffers.master = Tensor::Empty({numel}, DType::kF32, device_);
   InitialValueWriter writer(seed_);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -341,7 +343,7 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
 WholeBucketState ParameterSet::NewWholeBucketState(size_t b) const {
   const ParameterBucket& bucket = buckets_.at(b);
   const WholeParameterState flat = NewWholeState("", {bucket.layout.numel});
-  WholeBucketState whole{flat.master, flat.exp_avg, flat.exp_avg_sq};
+  WholeBucketState whole{flat.master, flat.exp_avg, flat.exp_avg_sq, {}};
   for (const Tensor* t : {&whole.master, &whole.exp_avg, &whole.exp_avg_sq}) ops::Fill(*t, 0.0f);
   for (size_t i = bucket.layout.begin; i < bucket.layout.end; ++i) {
     const int64_t offset = bucket.layout.offsets[i - bucket.layout.begin];

@@ -14,8 +14,8 @@ class SingleRankCommunicator final : public Communicator {
   ~SingleRankCommunicator() override;
 
  private:
-  void DoAllReduceSum(const Tensor& tensor) override {}
-  void DoBroadcast(const Tensor& tensor, int root) override {}
+  void DoAllReduceSum(const Tensor& /*tensor*/) override {}
+  void DoBroadcast(const Tensor& /*tensor*/, int /*root*/) override {}
   void DoReduceScatterSum(const Tensor& input, const Tensor& output) override {
     CopyOnStream(input, output);
   }

@@ -256,7 +256,10 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
   }
   if (!header.is_object()) return DataLoss(Quoted(path) + ": header is not a JSON object");
 
-  ParsedFile file{.path = path, .fd = std::move(fd), .data_start = 8 + header_length};
+  ParsedFile file;
+  file.path = path;
+  file.fd = std::move(fd);
+  file.data_start = 8 + header_length;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       const bool strings =

@@ -37,7 +37,9 @@ class TokenSource {
   // The exact lowest expected cross-entropy (nats per target) any model can reach on windows of
   // seq_length + 1 tokens (inputs the first seq_length, targets shifted by one), where the
   // source knows it: synthetic data does, files do not.
-  virtual std::optional<double> CrossEntropyFloor(int64_t seq_length) const { return std::nullopt; }
+  virtual std::optional<double> CrossEntropyFloor(int64_t /*seq_length*/) const {
+    return std::nullopt;
+  }
   // One line for the log: what the data is and how big.
   virtual std::string Describe() const = 0;
 };

@@ -258,7 +258,8 @@ void GroupedMatmul(const Tensor& x, const Tensor& w, const Tensor& offsets,
 void GroupedMatmulSwiglu(const Tensor& x, const Tensor& w, const Tensor& offsets,
                          std::span<const int32_t> host_offsets, const Tensor& scale,
                          const Tensor& h, const Tensor& a) {
-  const Device device = CheckGroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
+  [[maybe_unused]] const Device device =
+      CheckGroupedMatmul(x, w, offsets, host_offsets, h, /*transpose_w=*/true);
   CommonDevice({&x, &scale, &a});
   CheckSwiglu(h, scale, a, "grouped matmul swiglu");
 #if MOE_WITH_CUDA
@@ -748,7 +749,8 @@ void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
 
 void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
                        const Tensor& weights, const Tensor& indices) {
-  const Device device = CommonDevice({&logits, &probs, &values, &weights, &indices});
+  [[maybe_unused]] const Device device =
+      CommonDevice({&logits, &probs, &values, &weights, &indices});
   CheckRouterMatrix(logits, "router logits");
   CheckShape(probs, logits.shape(), "router probs");
   CheckDType(probs, DType::kF32, "router probs");

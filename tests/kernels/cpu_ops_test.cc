@@ -689,7 +689,7 @@ TEST_F(CpuOpsTest, AdamWBf16MomentsStoreTheF32UpdatesMomentsRounded) {
   for (float& x : v0) x = BFloat16ToFloat(FloatToBFloat16(x * x));
   const auto run = [&](DType m_dtype, DType v_dtype) {
     ops::AdamWTensors e{Floats(w0, {n}), grad, testing::FromFloats(m0, {n}, m_dtype, Device::CPU()),
-                        testing::FromFloats(v0, {n}, v_dtype, Device::CPU())};
+                        testing::FromFloats(v0, {n}, v_dtype, Device::CPU()), Tensor()};
     ops::AdamWUpdate(std::vector<ops::AdamWTensors>{e}, config);
     return e;
   };
@@ -771,7 +771,7 @@ TEST_F(CpuOpsTest, Bf16GradientsAreTheF32ResultRoundedOnce) {
   config.step = 2;
   const std::vector<float> w0 = ToFloats(Random({1000}));
   const auto updated_master = [&](const Tensor& grad) {
-    const ops::AdamWTensors e{Floats(w0, {1000}), grad, Zeros({1000}), Zeros({1000})};
+    const ops::AdamWTensors e{Floats(w0, {1000}), grad, Zeros({1000}), Zeros({1000}), Tensor()};
     ops::AdamWUpdate(std::vector<ops::AdamWTensors>{e}, config);
     return ToFloats(e.master);
   };
