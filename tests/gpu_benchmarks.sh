@@ -8,12 +8,12 @@
 # (budget) the memory planner: the largest micro-batch without and with --memory_budget_gib, and
 # (sweep) step time vs budget at micro-batch 8 beside --offload_fraction reaching the same peak,
 # and (step) the optimizer against the copy bandwidth and the 8-layer preset beside PyTorch eager
-# (../shared/peers/torch_moe_model_peer.py) at global batch 1 and 8 (at 8 also with
+# (tests/peers/torch_moe_model_peer.py) at global batch 1 and 8 (at 8 also with
 # --moe_wgrad_micro_batches=4), and
 # (profile) every kernel of the fused Qwen3-30B-A3B block at 4096 tokens under ncu, summed by name
 # (tests/ncu_kernel_times.py), and
 # (attention) attention_bench (the Hopper kernels, then the mma.sync ones) beside PyTorch's SDPA
-# (../shared/peers/torch_attention_peer.py) at the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
+# (tests/peers/torch_attention_peer.py) at the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
 # preset with bf16 moments too), and (grads) bf16 gradients (--main_grads_dtype=bf16, with bf16
 # moments): the optimizer, the preset's larger micro-batches, moe_100m's loss curves beside f32
@@ -27,16 +27,18 @@
 # probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
 # and (sustained) moe_bench at every shape under sustained load (--iters=100; Mixtral-8x7B again with
 # the paths in the other order) beside nvidia-smi's SM clock and power every 50 ms, summed per path
-# by tests/clock_during_phases.py (about 5 minutes).
+# by tests/clock_during_phases.py (about 5 minutes), and (real_shape) the 8-layer cut of the real
+# Qwen3-30B-A3B at global batch 8: moe_train (when its flagfile exists), the PyTorch peer set to that
+# shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained;
+#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained real_shape;
 #   default the first three)
-# The PyTorch peer scripts are read from .device-deps/peers (copies of ../shared/peers).
+# The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 sections=${1:-bench offload presets}
-peers=.device-deps/peers
+peers=tests/peers
 out=${OUT:-/tmp/moe-out}
 bin=/tmp/moe-build/apps
 export LD_LIBRARY_PATH=/tmp/moe-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -66,7 +68,7 @@ if [[ $sections == *bench* ]]; then
 echo "== moe_bench"
 timeout 400 "$bin/moe_bench" --shapes=qwen3,mixtral,deepseek --tokens=4096,16384 --breakdown --json_out="$out/moe_bench.json" 2>&1 | tee "$out/moe_bench.log"
 echo "== PyTorch layer peer"
-timeout 180 python3 "$peers/torch_moe_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
+timeout 180 python3 "$peers/torch_moe_block_peer.py" > "$out/torch_peer.log" 2>&1; tail -1 "$out/torch_peer.log" | cut -c1-2000
 echo "== PyTorch block, gradients accumulating vs fresh"
 timeout 120 python3 tests/reference/torch_moe_block_grads.py 2>&1 | tail -1
 fi
@@ -331,4 +333,22 @@ sustained sustained_mixtral_reversed mixtral unfused,fused
 kill $smi
 python3 tests/clock_during_phases.py "$out/sustained_smi.csv" "$out/sustained.log" \
   "$out/sustained_mixtral_reversed.log"
+fi
+
+if [[ $sections == *real_shape* ]]; then
+echo "== the real Qwen3-30B-A3B layer shape, 8 layers, global batch 8: ours, the PyTorch peer, transformers"
+real_flags=${REAL_SHAPE_FLAGS:-configs/qwen3_30b_a3b_8layer.flags}
+if [ -f "$real_flags" ]; then
+  timeout 200 "$bin/moe_train" --flagfile="$real_flags" --warmup_steps=2 --eval_interval=0 \
+    --eval_steps=1 --global_batch_size=8 --train_steps=12 --log_interval=6 \
+    > "$out/real_shape_ours.log" 2>&1
+  echo "ours (rc $?): $(grep '^step' "$out/real_shape_ours.log" | tail -1)"
+else
+  echo "ours: no $real_flags (REAL_SHAPE_FLAGS names the preset): skipped"
+fi
+LAYERS=8 HEADS=32 KV=4 HEAD_DIM=128 QK_NORM=1 ROPE_BASE=1000000 VOCAB=151936 ACCUM=8 OFFLOAD=0 \
+  timeout 300 python3 "$peers/torch_moe_model_peer.py" > "$out/real_shape_peer.log" 2>&1
+echo "PyTorch eager, ACCUM=8 (rc $?): $(tail -1 "$out/real_shape_peer.log" | cut -c1-400)"
+LAYERS=8 ACCUM=8 timeout 300 python3 "$peers/hf_qwen3_moe_peer.py" > "$out/real_shape_hf.log" 2>&1
+echo "transformers Qwen3MoeForCausalLM, ACCUM=8 (rc $?): $(tail -1 "$out/real_shape_hf.log" | cut -c1-400)"
 fi
