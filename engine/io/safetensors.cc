@@ -256,10 +256,11 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
   }
   if (!header.is_object()) return DataLoss(Quoted(path) + ": header is not a JSON object");
 
-  ParsedFile file;
-  file.path = path;
-  file.fd = std::move(fd);
-  file.data_start = 8 + header_length;
+  ParsedFile file{.path = path,
+                  .fd = std::move(fd),
+                  .data_start = 8 + header_length,
+                  .entries = {},
+                  .metadata = {}};
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey) {
       const bool strings =
