@@ -32,7 +32,8 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained real_shape;
+#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained real_shape
+#   base_build before_after;
 #   default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
@@ -295,6 +296,44 @@ for round in 1 2; do
 done
 python3 tests/trace_span_times.py "$out"/ab_base_1.json "$out"/ab_tree_1.json "$out"/ab_base_2.json \
   "$out"/ab_tree_2.json
+fi
+
+# (base_build) builds moe_bench, attention_bench and moe_train from a whole base revision in
+# .device-deps/base_src (git archive REV | tar -x -C .device-deps/base_src) into /tmp/base-full,
+# touching /tmp/base-full/done at the end: start it with setsid in the call before, beside the
+# suite; (before_after) then times them against the tree's, alternating in one call.
+if [[ $sections == *base_build* ]]; then
+cmake -S .device-deps/base_src -B /tmp/base-full -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=nvcc \
+  -DCMAKE_PREFIX_PATH=/tmp/moe-prefix/usr -DCMAKE_MODULE_PATH=/tmp/moe-prefix/usr/share/glog/cmake \
+  > "$out/base_full_configure.log" 2>&1 &&
+  cmake --build /tmp/base-full -j"$(nproc)" --target moe_bench attention_bench moe_train \
+  > "$out/base_full_build.log" 2>&1 && touch /tmp/base-full/done
+fi
+
+if [[ $sections == *before_after* ]]; then
+echo "== a base revision against the tree, alternating: moe_bench, attention_bench, the preset's step"
+for i in $(seq 120); do [ -f /tmp/base-full/done ] && break; sleep 5; done
+[ -f /tmp/base-full/done ] || { echo "no base build (/tmp/base-full/done)"; exit 1; }
+for round in 1 2; do
+  for build in base tree; do
+    build_bin=$bin; [ $build = base ] && build_bin=/tmp/base-full/apps
+    timeout 120 "$build_bin/moe_bench" --shapes=qwen3,mixtral --tokens=4096 --iters=30 \
+      > "$out/ba_moe_${build}_$round.log" 2>&1
+    echo "-- moe_bench $build, round $round (rc $?)"
+    grep -vE '^[IWE][0-9]{8} ' "$out/ba_moe_${build}_$round.log" | grep -iE "fused|unfused" | head -8
+    timeout 60 "$build_bin/attention_bench" > "$out/ba_attn_${build}_$round.log" 2>&1
+    echo "-- attention_bench $build, round $round (rc $?)"
+    grep -E "^SUMMARY|ms" "$out/ba_attn_${build}_$round.log" | tail -4
+  done
+done
+for build in base tree; do
+  build_bin=$bin; [ $build = base ] && build_bin=/tmp/base-full/apps
+  timeout 150 "$build_bin/moe_train" $preset --global_batch_size=8 --train_steps=12 --log_interval=6 \
+    $bf16_state --moe_wgrad_micro_batches=8 > "$out/ba_step_$build.log" 2>&1
+  echo "preset, global batch 8, bf16 state, $build (rc $?): $(grep '^step' "$out/ba_step_$build.log" | tail -1)"
+done
+ACCUM=8 OFFLOAD=0 timeout 200 python3 "$peers/torch_moe_model_peer.py" > "$out/ba_peer.log" 2>&1
+echo "PyTorch eager, ACCUM=8 (rc $?): $(tail -1 "$out/ba_peer.log" | cut -c1-300)"
 fi
 
 if [[ $sections == *gemm_versus* ]]; then
