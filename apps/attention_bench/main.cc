@@ -9,10 +9,10 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
-#include "apps/moe_bench/random_tensor.h"
-#include "apps/moe_train/out_of_memory_exit.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
+#include "apps/common/random_tensor.h"
 #include "engine/kernels/ops.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/attention_sm90.h"

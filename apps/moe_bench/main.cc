@@ -26,11 +26,11 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
+#include "apps/common/random_tensor.h"
 #include "apps/moe_bench/op_breakdown.h"
-#include "apps/moe_bench/random_tensor.h"
-#include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/bfloat16.h"
 #include "engine/kernels/cuda/grouped_gemm_tiles.h"
 #include "engine/kernels/ops.h"

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "apps/moe_train/device_capacity.h"
+#include "apps/common/device_capacity.h"
 #include "apps/moe_train/flag_table.h"
 #include "engine/core/check.h"
 #include "modules/memory_estimate.h"

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <set>
 
+#include "apps/common/output_checks.h"
 #include "apps/moe_train/flag_rules.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/offload_flags.h"
-#include "apps/moe_train/output_checks.h"
 #include "apps/moe_train/resume_check.h"
 #include "engine/io/chrome_trace.h"
 #include "engine/runtime/device_context.h"
@@ -194,7 +194,7 @@ Status CheckReferenceCaseDirectory(const std::string& dir) {
   return Status::Ok();
 }
 
-// moe_train's outputs (output_checks.h), and no two of them naming the same path.
+// moe_train's outputs (apps/common/output_checks.h), and no two of them naming the same path.
 Status CheckOutputFlags(int world_size) {
   MOE_RETURN_IF_ERROR(
       CheckOwnOutputFile("metrics_file", FLAGS_metrics_file, kMetricsFileStart, "append to"));

@@ -15,10 +15,10 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
-#include "apps/moe_train/device_capacity.h"
-#include "apps/moe_train/out_of_memory_exit.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/device_capacity.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/adamw.h"

@@ -3,7 +3,7 @@
 // the H200's (143155 MiB, cudaMemGetInfo's total) and the 8-layer preset's estimates at
 // micro-batches 15 and 16 (device_capacity.h): the one that trained fits, the one that ran out of
 // memory does not.
-#include "apps/moe_train/device_capacity.h"
+#include "apps/common/device_capacity.h"
 
 #include <gtest/gtest.h>
 
