@@ -25,15 +25,17 @@ struct RecomputeModules {
   bool operator==(const RecomputeModules&) const = default;
 };
 
+// The defaults are moe_train's flag defaults (tests/apps/moe_train_flags_test.cc checks it): the
+// "tiny" model preset (model_presets.h).
 struct GptConfig {
   int64_t num_layers = 2;
-  int64_t hidden_size = 64;
-  int64_t num_attention_heads = 4;
-  int64_t num_query_groups = 2;   // KV heads
-  int64_t ffn_hidden_size = 128;  // dense layers
+  int64_t hidden_size = 128;
+  int64_t num_attention_heads = 2;
+  int64_t num_query_groups = 1;   // KV heads
+  int64_t ffn_hidden_size = 256;  // dense layers
   int64_t num_experts = 4;
   int64_t moe_router_topk = 2;
-  int64_t moe_ffn_hidden_size = 64;  // per expert
+  int64_t moe_ffn_hidden_size = 128;  // per expert
   float moe_aux_loss_coeff = 1e-2f;
   float moe_z_loss_coeff = 0.0f;                            // 0 disables the z-loss
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kFused;  // as --moe_grouped_mlp
@@ -76,6 +78,8 @@ struct GptConfig {
   int64_t active_parameters() const;
   // Training FLOPs per token: 6 x active matmul parameters + causal attention (fwd + bwd).
   double train_flops_per_token() const;
+
+  bool operator==(const GptConfig&) const = default;
 };
 
 // The relations between the fields (each field's own range is its flag's, in moe_train's flag

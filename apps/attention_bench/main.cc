@@ -1,5 +1,5 @@
 // attention_bench: times causal grouped-query attention (ops::AttentionForward, and forward +
-// ops::AttentionBackward) at one shape, the way ../shared/peers/torch_attention_peer.py times
+// ops::AttentionBackward) at one shape, the way tests/peers/torch_attention_peer.py times
 // PyTorch's SDPA: bf16 (batch, seq, heads, head_dim) inputs (f32 with --device=cpu, a check of the
 // bench only), FLOPs of causal attention only (forward 2 * 2 * b * h * t * t * d / 2, backward
 // 2.5x that), the median of --iters runs after a warm-up. Prints one line per pass and a JSON
@@ -9,20 +9,23 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
-#include "apps/moe_bench/random_tensor.h"
-#include "apps/moe_train/out_of_memory_exit.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
+#include "apps/common/random_tensor.h"
 #include "engine/kernels/ops.h"
+#include "modules/model_presets.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/attention_sm90.h"
 #endif
 
+// The default shape: the attention of the qwen3_moe_8layer preset (modules/model_presets.h).
+const moe::GptConfig& kDefaultModel = moe::ModelPresetNamed("qwen3_moe_8layer");
 DEFINE_int64(batch, 1, "sequences");
-DEFINE_int64(seq, 4096, "tokens per sequence");
-DEFINE_int64(heads, 16, "query heads");
-DEFINE_int64(kv_heads, 4, "key/value heads (divides --heads)");
-DEFINE_int64(head_dim, 128, "64 or 128");
+DEFINE_int64(seq, kDefaultModel.seq_length, "tokens per sequence");
+DEFINE_int64(heads, kDefaultModel.num_attention_heads, "query heads");
+DEFINE_int64(kv_heads, kDefaultModel.num_query_groups, "key/value heads (divides --heads)");
+DEFINE_int64(head_dim, kDefaultModel.head_dim(), "64 or 128");
 DEFINE_int32(iters, 20, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");
 DEFINE_bool(hopper_kernels, true,

@@ -1,5 +1,6 @@
 // moe_bench: times one MoE block (router, permutation, grouped expert MLP, unpermutation) on
-// real layer shapes, forward and forward + backward, for the fused and the unfused grouped MLP.
+// real layer shapes (--shapes: the MoE layers of model presets, modules/model_presets.h), forward
+// and forward + backward, for the fused and the unfused grouped MLP.
 // Each path's weights are drawn once per shape and timed at every token count. Before timing it
 // checks the two paths against each other on the same weights and inputs (outputs, input
 // gradients, router and expert weight gradients). Prints a table and writes JSON (--json_out);
@@ -26,15 +27,16 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
+#include "apps/common/random_tensor.h"
 #include "apps/moe_bench/op_breakdown.h"
-#include "apps/moe_bench/random_tensor.h"
-#include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/bfloat16.h"
 #include "engine/kernels/cuda/grouped_gemm_tiles.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
+#include "modules/model_presets.h"
 #include "modules/moe_layer.h"
 
 DEFINE_string(shapes, "qwen3,mixtral,deepseek", "layer shapes: qwen3, mixtral, deepseek, tiny");
@@ -62,31 +64,34 @@ constexpr std::string_view kResultsStart = "[";
 constexpr char kLayerName[] = "moe";
 std::string RoutingOffsetsKey() { return std::string(kLayerName) + ".router.offsets"; }
 
+// A --shapes name and the model preset (modules/model_presets.h) whose MoE layer it times.
 struct Shape {
   std::string name;
-  int64_t hidden, experts, topk, ffn;
+  const char* preset;
+  const GptConfig& model() const { return ModelPresetNamed(preset); }
+  int64_t hidden() const { return model().hidden_size; }
+  int64_t experts() const { return model().num_experts; }
+  int64_t topk() const { return model().moe_router_topk; }
+  int64_t ffn() const { return model().moe_ffn_hidden_size; }
 };
 
-const std::vector<Shape> kShapes = {{"qwen3", 2048, 128, 8, 768},
-                                    {"mixtral", 4096, 8, 2, 14336},
-                                    {"deepseek", 7168, 256, 8, 2048},
-                                    {"tiny", 64, 8, 2, 32}};
+const std::vector<Shape> kShapes = {{"qwen3", "qwen3_moe_8layer"},
+                                    {"mixtral", "mixtral_moe_layer"},
+                                    {"deepseek", "deepseek_v3_moe_layer"},
+                                    {"tiny", "tiny_moe_layer"}};
 
+// One MoE layer of the shape's model, on the `kind` path.
 GptConfig LayerConfig(const Shape& shape, GroupedMlpKind kind) {
-  GptConfig c;
+  GptConfig c = shape.model();
   c.num_layers = 1;
   c.first_dense_layers = 0;
-  c.hidden_size = shape.hidden;
-  c.num_experts = shape.experts;
-  c.moe_router_topk = shape.topk;
-  c.moe_ffn_hidden_size = shape.ffn;
   c.moe_grouped_mlp = kind;
   return c;
 }
 
 // (tokens, hidden) standard normal values, all distinct.
 Tensor RandomInput(const Shape& shape, int64_t tokens, DType dtype, Device device, uint32_t seed) {
-  return RandomTensor({tokens, shape.hidden}, dtype, device, 1.0f, seed, tokens * shape.hidden);
+  return RandomTensor({tokens, shape.hidden()}, dtype, device, 1.0f, seed, tokens * shape.hidden());
 }
 
 std::vector<float> HostFloats(const Tensor& t) {
@@ -278,7 +283,7 @@ int Run() {
       for (std::vector<PathResult>& results : by_path) {
         path_results.push_back(std::move(results[t]));
       }
-      const double gemm_flops = 6.0 * tokens * shape->topk * shape->hidden * shape->ffn;
+      const double gemm_flops = 6.0 * tokens * shape->topk() * shape->hidden() * shape->ffn();
       for (const PathResult& r : path_results) {
         double worst = 0;
         std::string worst_name;
@@ -305,10 +310,10 @@ int Run() {
             {{"shape", shape->name},
              {"tokens", tokens},
              {"path", r.path},
-             {"hidden", shape->hidden},
-             {"experts", shape->experts},
-             {"topk", shape->topk},
-             {"ffn", shape->ffn},
+             {"hidden", shape->hidden()},
+             {"experts", shape->experts()},
+             {"topk", shape->topk()},
+             {"ffn", shape->ffn()},
              {"forward_ms", r.forward_ms},
              {"forward_backward_ms", r.forward_backward_ms},
              {"forward_backward_accumulating_ms", r.accumulating_ms},
@@ -322,13 +327,14 @@ int Run() {
       }
       PrintRouting(path_results.front().rows_per_expert);
       if (FLAGS_breakdown) {
-        const ExpertShape expert_shape{tokens * shape->topk, shape->hidden, shape->experts,
-                                       shape->ffn};
+        const ExpertShape expert_shape{tokens * shape->topk(), shape->hidden(), shape->experts(),
+                                       shape->ffn()};
         nlohmann::json ops_json = nlohmann::json::array();
-        const bool cublas = ops::GroupedMatmulNeedsHostOffsets(
-                                device, dtype, {shape->experts, 2 * shape->ffn, shape->hidden}) ||
-                            ops::GroupedMatmulNeedsHostOffsets(
-                                device, dtype, {shape->experts, shape->hidden, shape->ffn});
+        const bool cublas =
+            ops::GroupedMatmulNeedsHostOffsets(
+                device, dtype, {shape->experts(), 2 * shape->ffn(), shape->hidden()}) ||
+            ops::GroupedMatmulNeedsHostOffsets(device, dtype,
+                                               {shape->experts(), shape->hidden(), shape->ffn()});
         const char* grouped_gemms = !device.is_cuda() ? "cpu" : cublas ? "cublas" : "sm90";
         printf("  %-12s %9s %8s %9s %8s %6s  (dense GEMM of the same size; grouped GEMMs: %s)\n",
                "op", "ms", "TFLOP/s", "dense ms", "TFLOP/s", "share", grouped_gemms);

@@ -2,8 +2,8 @@
 
 #include <functional>
 
-#include "apps/moe_bench/median_time.h"
-#include "apps/moe_bench/random_tensor.h"
+#include "apps/common/median_time.h"
+#include "apps/common/random_tensor.h"
 #include "engine/core/tensor.h"
 #include "engine/kernels/ops.h"
 

@@ -6,13 +6,13 @@
 // Only rank 0 prints the log and writes metrics and checkpoints; --trace_file is written by every
 // rank (run_flags.h, TraceFilePath).
 //
-// Before any work: the command line is read strictly (command_line.h: every argument and
-// flagfile line used or refused), every flag, file and output is checked (run_flags.h), and the
+// Before any work: the command line is read strictly (apps/common/command_line.h: every argument
+// and flagfile line used or refused), every flag, file and output is checked (run_flags.h), and the
 // run's estimated memory is checked against the device (memory_check.h); only then are the
 // metrics file and checkpoints created. During the run: a step whose loss, aux loss or gradient
 // norm is not finite stops the run (exit 1) before anything of that step is saved, so the last
 // checkpoint holds finite weights; a device or host allocation that fails is one line and exit 1
-// (out_of_memory_exit.h, installed here), not an abort.
+// (apps/common/out_of_memory_exit.h, installed here), not an abort.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,11 +21,11 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_train/command_line.h"
+#include "apps/common/command_line.h"
+#include "apps/common/out_of_memory_exit.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/memory_check.h"
 #include "apps/moe_train/memory_replan.h"
-#include "apps/moe_train/out_of_memory_exit.h"
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
 #include "engine/core/check.h"

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "apps/moe_train/device_capacity.h"
+#include "apps/common/device_capacity.h"
 #include "apps/moe_train/flag_table.h"
 #include "engine/core/check.h"
 #include "modules/memory_estimate.h"
@@ -41,10 +41,9 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
                            : ""));
   }
   const MemoryEstimate e = EstimateTrainingMemory(EstimateOptions(run));
-  // Refuse only what cannot fit: the counted bytes (on the H200 within 0.06% of the measured peak
-  // at micro-batches 1-15 of the 8-layer preset; on CPU above it; recompute included), without
-  // the activations when offloading keeps fewer of them on the device than the estimate counts,
-  // against what the device leaves a run (device_capacity.h).
+  // Refuse only what cannot fit: the counted bytes (memory_estimate.h), without the activations
+  // when offloading keeps fewer of them on the device than the estimate counts, against what the
+  // device leaves a run (apps/common/device_capacity.h).
   const bool fewer_activations = run.trainer.offload.has_value();
   const double counted = fewer_activations ? e.state_bytes + e.workspace_bytes : e.total_bytes;
   if (counted * ranks_sharing <= UsableBytes(run.device, capacity_bytes)) return Status::Ok();

@@ -15,7 +15,7 @@ DEFINE_int64(offload_min_tensor_bytes, 1 << 20,
              "saved tensors smaller than this stay on the device");
 DEFINE_double(offload_fraction, 1.0,
               "fraction of the offload groups (layer x module) kept offloaded, earliest in "
-              "forward order first, in [0, 1]");
+              "forward order first");
 DEFINE_int64(offload_pp_delta_bytes, 0,
              "pipeline rank r keeps r x this many bytes of its last offload groups on the device");
 DEFINE_string(recompute_modules, "",
@@ -27,9 +27,9 @@ DEFINE_int64(recompute_num_layers, -1,
 DEFINE_double(memory_budget_gib, 0,
               "device memory the run may use, GiB: the planner chooses per layer which of "
               "--offload_modules and --recompute_modules to offload, recompute or keep (auto, or "
-              "both empty: every one) for the least step time; 0: off");
+              "both empty: every one) for the least step time");
 DEFINE_int64(offload_prefetch_layers, 1,
-             "how many layers ahead of backward reloads run (0: on demand), in [0, --num_layers]");
+             "how many layers ahead of backward reloads run (0: on demand)");
 
 namespace moe {
 

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <set>
 
+#include "apps/common/output_checks.h"
 #include "apps/moe_train/flag_rules.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/offload_flags.h"
-#include "apps/moe_train/output_checks.h"
 #include "apps/moe_train/resume_check.h"
 #include "engine/io/chrome_trace.h"
 #include "engine/runtime/device_context.h"
@@ -42,7 +42,7 @@ DEFINE_double(lr, 3e-3, "peak learning rate");
 DEFINE_double(min_lr, 3e-4, "final learning rate of the cosine decay");
 DEFINE_int64(warmup_steps, 20, "linear warmup steps");
 DEFINE_double(weight_decay, 0.1, "AdamW decoupled weight decay (not on norms)");
-DEFINE_double(clip_grad, 1.0, "global gradient-norm clip (0: off)");
+DEFINE_double(clip_grad, 1.0, "global gradient-norm clip");
 DEFINE_double(adam_beta1, 0.9, "AdamW decay rate of the first moment");
 DEFINE_double(adam_beta2, 0.95, "AdamW decay rate of the second moment");
 DEFINE_double(adam_eps, 1e-8, "AdamW epsilon, added to the second moment's square root");
@@ -57,8 +57,8 @@ DEFINE_string(main_grads_dtype, "fp32",
 // Parallelism (the process count comes from mpirun; data-parallel size = ranks / pipeline).
 DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
-DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage (-1: even split)");
-DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage (-1: even split)");
+DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage");
+DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage");
 DEFINE_bool(use_distributed_optimizer, false,
             "shard the f32 master weights and AdamW moments over the data-parallel ranks "
             "(reduce-scatter gradients, all-gather weights; Megatron-LM's option)");
@@ -66,10 +66,10 @@ DEFINE_bool(use_distributed_optimizer, false,
 DEFINE_string(data_format, "synthetic", "synthetic | megatron | flat_u16 | flat_u32");
 DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the token file");
 // Evaluation, checkpoints, output.
-DEFINE_int64(eval_interval, 100, "evaluate every N steps (0: only at the end)");
+DEFINE_int64(eval_interval, 100, "evaluate every N steps");
 DEFINE_int64(eval_steps, 8, "validation batches per evaluation");
 DEFINE_string(save, "", "checkpoint root directory (empty: no checkpoints)");
-DEFINE_int64(save_interval, 0, "checkpoint every N steps (0: only at the end)");
+DEFINE_int64(save_interval, 0, "checkpoint every N steps");
 DEFINE_string(load, "", "resume from a checkpoint root or step directory");
 DEFINE_string(dump_reference_case, "",
               "write one micro-batch's weights, loss and gradients to this directory and exit "
@@ -194,7 +194,7 @@ Status CheckReferenceCaseDirectory(const std::string& dir) {
   return Status::Ok();
 }
 
-// moe_train's outputs (output_checks.h), and no two of them naming the same path.
+// moe_train's outputs (apps/common/output_checks.h), and no two of them naming the same path.
 Status CheckOutputFlags(int world_size) {
   MOE_RETURN_IF_ERROR(
       CheckOwnOutputFile("metrics_file", FLAGS_metrics_file, kMetricsFileStart, "append to"));

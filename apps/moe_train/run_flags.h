@@ -2,8 +2,8 @@
 // ValidateFlags returns the first problem as one line naming the flag(s), in this order: every
 // numeric flag within its documented range (flag_table.h), no flag set whose feature is off
 // (flag_rules.h), the relations between flags (model shape, batch, learning rates), outputs
-// (output_checks.h), the layout against the world size (the layer split and the batch split are
-// Trainer::Create's), data format, device, offloading, and the checkpoint to resume from
+// (apps/common/output_checks.h), the layout against the world size (the layer split and the batch
+// split are Trainer::Create's), data format, device, offloading, and the checkpoint to resume from
 // (resume_check.h). Memory (memory_check.h) needs the device and is checked by main.
 // --warmup_steps longer than the run is clamped to --train_steps (a smoke run of a preset with
 // --train_steps=5 then runs), with a note that main prints.

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "apps/moe_train/flag_table.h"
+#include "apps/moe_train/run_summary.h"
 #include "apps/moe_train/throughput.h"
 #include "engine/core/byte_units.h"
 #include "engine/pipeline/schedule.h"
@@ -16,12 +17,6 @@ namespace {
 // The log line's names of the StepPhases, in their order (the metrics file uses StepPhaseName).
 constexpr const char* kPhaseShortNames[kNumStepPhases] = {
     "fwd", "bwd", "opt", "pp wait", "dp wait", "reload wait", "other"};
-
-std::string Millions(int64_t n) {
-  char buffer[32];
-  snprintf(buffer, sizeof(buffer), "%.2fM", n / 1e6);
-  return buffer;
-}
 
 }  // namespace
 
@@ -49,20 +44,7 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
          run_.device.is_cuda() ? "bf16 (f32 master weights)" : "f32",
          DTypeName(t.optimizer_dtypes.grad), DTypeName(t.optimizer_dtypes.exp_avg),
          DTypeName(t.optimizer_dtypes.exp_avg_sq));
-  const std::string grouped_mlp =
-      m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused grouped MLP"
-      : m.moe_wgrad_micro_batches > 1
-          ? "fused grouped MLP, weight gradients once per " +
-                std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
-          : "fused grouped MLP";
-  printf(
-      "model: %lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), "
-      "experts %lld top-%lld (%s), expert ffn %lld, seq %lld, vocab %lld\n",
-      (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
-      (long long)m.num_moe_layers(), (long long)m.hidden_size, (long long)m.num_attention_heads,
-      (long long)m.num_query_groups, (long long)m.num_experts, (long long)m.moe_router_topk,
-      grouped_mlp.c_str(), (long long)m.moe_ffn_hidden_size, (long long)m.seq_length,
-      (long long)m.vocab_size);
+  printf("model: %s\n", ModelSummary(m).c_str());
   // Weights, gradients and AdamW state per parameter on each rank (memory_estimate.h), and what
   // that makes for the whole model (a pipeline rank holds its stages' share).
   const int64_t shards = run_.state_shards();
@@ -72,23 +54,16 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
                                                std::to_string(shards) + " data ranks)"
                                          : "";
   printf(
-      "parameters: %s total, %s active per token; weights+grads+optimizer %.3g bytes/parameter "
-      "on each rank%s: %.1f MiB per rank for the whole model%s\n",
-      Millions(m.total_parameters()).c_str(), Millions(m.active_parameters()).c_str(),
-      per_parameter, sharded.c_str(),
+      "parameters: %s; weights+grads+optimizer %.3g bytes/parameter on each rank%s: %.1f MiB per "
+      "rank for the whole model%s\n",
+      ParameterCounts(m).c_str(), per_parameter, sharded.c_str(),
       per_parameter * static_cast<double>(m.total_parameters()) / kMiB,
       run_.pipeline_parallel > 1 ? " (a pipeline rank: its stages' share)" : "");
   printf("data: %s\n", data.Describe().c_str());
   if (auto floor = data.CrossEntropyFloor(m.seq_length)) {
     printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);
   }
-  printf(
-      "batch: micro %lld x accumulation %lld x data-parallel %d = %lld sequences, %lld "
-      "tokens/step\n",
-      (long long)t.micro_batch_size,
-      (long long)(t.global_batch_size / (t.micro_batch_size * run_.data_parallel)),
-      run_.data_parallel, (long long)t.global_batch_size,
-      (long long)(t.global_batch_size * m.seq_length));
+  printf("batch: %s\n", BatchSummary(run_).c_str());
   printf("parallel: %d ranks = pipeline %d x data %d; %d chunk(s) per pipeline rank, schedule %s\n",
          run_.pipeline_parallel * run_.data_parallel, run_.pipeline_parallel, run_.data_parallel,
          t.virtual_pipeline,

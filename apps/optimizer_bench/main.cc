@@ -6,8 +6,9 @@
 // with bf16 moments (--moments=bf16), 20 with bf16 gradients too; 2 fewer on the CPU backend,
 // where values are the masters) and the whole AdamW::Step (norm, host read-back, clipping,
 // update: the gradient's bytes more).
-// The model is GptConfig's shape set by the flags below (defaults: configs/qwen3_moe_8layer.flags,
-// about 5.0B parameters); values are zeros (the timing does not depend on them). A model and copy
+// The model is GptConfig's shape set by the flags below (defaults: the qwen3_moe_8layer preset of
+// modules/model_presets.h, as configs/qwen3_moe_8layer.flags); values are zeros (the timing does
+// not depend on them). A model and copy
 // whose state cannot fit in the device's memory (moe_train's estimate, modules/memory_estimate.h)
 // end before any allocation in one line and exit code 1, as an allocation that fails does.
 #include <cstdio>
@@ -15,24 +16,27 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
-#include "apps/moe_bench/bench_flags.h"
-#include "apps/moe_bench/median_time.h"
-#include "apps/moe_train/device_capacity.h"
-#include "apps/moe_train/out_of_memory_exit.h"
+#include "apps/common/bench_flags.h"
+#include "apps/common/device_capacity.h"
+#include "apps/common/median_time.h"
+#include "apps/common/out_of_memory_exit.h"
 #include "engine/core/byte_units.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/adamw.h"
 #include "modules/gpt_model.h"
 #include "modules/memory_estimate.h"
+#include "modules/model_presets.h"
 
-DEFINE_int64(num_layers, 8, "layers");
-DEFINE_int64(first_dense_layers, 0, "dense layers first");
-DEFINE_int64(hidden_size, 2048, "hidden size");
-DEFINE_int64(num_attention_heads, 16, "attention heads");
-DEFINE_int64(num_query_groups, 4, "key/value heads");
-DEFINE_int64(num_experts, 128, "experts per MoE layer");
-DEFINE_int64(moe_ffn_hidden_size, 768, "expert ffn size");
-DEFINE_int64(vocab_size, 32000, "vocabulary");
+// The default model: the qwen3_moe_8layer preset (modules/model_presets.h).
+const moe::GptConfig& kDefaultModel = moe::ModelPresetNamed("qwen3_moe_8layer");
+DEFINE_int64(num_layers, kDefaultModel.num_layers, "layers");
+DEFINE_int64(first_dense_layers, kDefaultModel.first_dense_layers, "dense layers first");
+DEFINE_int64(hidden_size, kDefaultModel.hidden_size, "hidden size");
+DEFINE_int64(num_attention_heads, kDefaultModel.num_attention_heads, "attention heads");
+DEFINE_int64(num_query_groups, kDefaultModel.num_query_groups, "key/value heads");
+DEFINE_int64(num_experts, kDefaultModel.num_experts, "experts per MoE layer");
+DEFINE_int64(moe_ffn_hidden_size, kDefaultModel.moe_ffn_hidden_size, "expert ffn size");
+DEFINE_int64(vocab_size, kDefaultModel.vocab_size, "vocabulary");
 DEFINE_double(copy_gib, 4, "size of the device-to-device copy that measures the bandwidth");
 DEFINE_int32(iters, 10, "timed iterations (the median is reported)");
 DEFINE_string(device, "cuda", "cpu | cuda");

@@ -4,7 +4,7 @@
 // and no caller can recover mid-step. So an allocator that fails calls ReportOutOfMemory with one
 // line ("out of cuda:0 memory allocating 2147483648 bytes: ..."), outside its locks. The library
 // never exits: an app installs a handler that prints the line and exits non-zero (moe_train and
-// the benchmarks do, apps/moe_train/out_of_memory_exit.h). Without a handler (tests), or if it
+// the benchmarks do, apps/common/out_of_memory_exit.h). Without a handler (tests), or if it
 // returns, the report is fatal, as for any other broken invariant.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The benchmark apps as a user meets them: every flag is checked before any work, and a bad value
 // is refused with exit code 2, nothing on stdout and one line on stderr naming the flag, with
-// nothing created (apps/moe_bench/bench_flags.h). Sizes that do not fit end in one line and exit
+// nothing created (apps/common/bench_flags.h). Sizes that do not fit end in one line and exit
 // code 1. A good moe_bench run writes its JSON, with the block's routing (rows per expert), and
 // prints the routing line the counts give.
 #include <gtest/gtest.h>
@@ -135,7 +135,7 @@ void PrintTo(const BenchOutOfMemory& run, std::ostream* os) { *os << run.command
 class BenchOutOfMemoryTest : public ::testing::TestWithParam<BenchOutOfMemory> {};
 
 // Sizes that pass the flag checks but not the machine end in one line naming what ran out and
-// exit code 1, not an abort with a stack trace (apps/moe_train/out_of_memory_exit.h).
+// exit code 1, not an abort with a stack trace (apps/common/out_of_memory_exit.h).
 TEST_P(BenchOutOfMemoryTest, IsOneLineAndExitOne) {
   const BenchOutOfMemory& run = GetParam();
   const SplitCommandResult r = testing::RunCommandSplit("ulimit -v 1500000 && " + run.command);

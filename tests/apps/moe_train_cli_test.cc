@@ -780,6 +780,22 @@ TEST(MoeTrainTest, HelpShowsTheProjectsFlagsFirst) {
       << help.out;
   EXPECT_EQ(help.out.find("no range documented"), std::string::npos) << help.out;
   EXPECT_EQ(help.out.find("\nother:"), std::string::npos) << "a flag outside the table";
+  // Each flag's range and note once: its description repeats neither (was "in [0, 1]; in [0, 1]").
+  EXPECT_NE(help.out.find("  --offload_fraction=1\n      fraction of the offload groups (layer x "
+                          "module) kept offloaded, earliest in forward order first; in [0, 1]\n"),
+            std::string::npos)
+      << help.out;
+  std::istringstream lines(help.out);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t range = line.find("; in ");
+    if (line.rfind("      ", 0) != 0 || range == std::string::npos) continue;
+    const std::string description = line.substr(0, range);
+    EXPECT_EQ(description.find("in ["), std::string::npos) << line;
+    const size_t range_end = line.find_first_of("])", range);
+    if (line.compare(range_end + 1, 2, ", ") == 0) {
+      EXPECT_EQ(description.find(line.substr(range_end + 3)), std::string::npos) << line;
+    }
+  }
   EXPECT_EQ(help.out.find("logtostderr"), std::string::npos) << "glog's flags come with --helpfull";
   EXPECT_EQ(RunIn(dir, "-h").out, help.out);
   const SplitCommandResult short_help = RunIn(dir, "--helpshort");

@@ -1,6 +1,8 @@
 // The source tree's layering, read from its #include lines (MOE_SOURCE_DIR): the engine's
 // folders include one another without a cycle (each folder only below itself), the engine knows
-// nothing of modules/ or apps/, and modules/ includes no CUDA or Eigen header.
+// nothing of modules/ or apps/, modules/ includes no CUDA or Eigen header, and of apps/ a program
+// (moe_train, each benchmark) includes only its own folder and apps/common, which includes no
+// program's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -90,6 +92,29 @@ TEST(LayeringTest, ModulesIncludeNoCudaOrEigenHeader) {
     }
   }
   EXPECT_GT(files, 10);
+}
+
+// "apps/<folder>/..." -> folder; "" for a path outside apps/.
+std::string AppsFolder(const std::string& path) {
+  if (path.rfind("apps/", 0) != 0) return "";
+  return path.substr(5, path.find('/', 5) - 5);
+}
+
+TEST(LayeringTest, ProgramsIncludeOnlyTheirOwnFolderAndAppsCommon) {
+  std::set<std::string> folders;
+  for (const auto& [file, includes] : Includes(kRoot / "apps")) {
+    const std::string from = AppsFolder(file);
+    folders.insert(from);
+    for (const std::string& include : includes) {
+      const std::string to = AppsFolder(include);
+      if (to.empty() || to == from) continue;
+      EXPECT_EQ(to, "common") << file << " includes " << include;
+    }
+  }
+  for (const char* folder :
+       {"common", "moe_train", "moe_bench", "attention_bench", "optimizer_bench"}) {
+    EXPECT_TRUE(folders.count(folder)) << "apps/" << folder << " was not found under " << kRoot;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "modules/gpt_config.h"
+#include "modules/model_presets.h"
 
 namespace moe::testing {
 
@@ -24,24 +25,10 @@ inline GptConfig TinyModel() {
   return c;
 }
 
-// moe_train's default model (its flags' defaults, configs/tiny.flags): 2 layers (one dense, one
-// MoE with 4 experts, top-2, expert ffn 128), hidden 128, 2 heads over 1 KV group (head dim 64,
-// as the CUDA attention takes), sequence 64, vocabulary 256; fused grouped MLP.
-inline GptConfig DefaultRunModel() {
-  GptConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 128;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 256;
-  m.num_experts = 4;
-  m.moe_router_topk = 2;
-  m.moe_ffn_hidden_size = 128;
-  m.first_dense_layers = 1;
-  m.seq_length = 64;
-  m.vocab_size = 256;
-  m.moe_grouped_mlp = GroupedMlpKind::kFused;
-  return m;
-}
+// moe_train's default model (its flags' defaults, configs/tiny.flags: the "tiny" preset of
+// modules/model_presets.h): 2 layers (one dense, one MoE with 4 experts, top-2, expert ffn 128),
+// hidden 128, 2 heads over 1 KV group (head dim 64, as the CUDA attention takes), sequence 64,
+// vocabulary 256; fused grouped MLP.
+inline GptConfig DefaultRunModel() { return ModelPresetNamed("tiny"); }
 
 }  // namespace moe::testing

@@ -2,7 +2,7 @@
 // run, and an output path is checked before the results exist). Each returns the value (or true),
 // or prints one line on stderr naming the flag, prefixed by the program's name, and returns
 // nullopt (or false); the caller exits 2.
-//   BenchCommandLine: reads argv as moe_train does (apps/moe_train/command_line.h: unknown flags,
+//   BenchCommandLine: reads argv as moe_train does (apps/common/command_line.h: unknown flags,
 //   malformed values and stray arguments refused); --help, -h and --helpshort print the flags
 //   defined in `source` (the bench's main.cc), --helpfull every flag. Returns the code to exit
 //   with (2: refused, 0: help printed), or nullopt to run.
@@ -14,7 +14,7 @@
 //   choices / an integer within [min, max], none listed twice.
 //   BenchOutputPath: a file to write at the end (empty: none), replacing an earlier one (whose
 //   first bytes are `own_start`), as moe_train checks its trace file (CheckOwnOutputFile,
-//   apps/moe_train/output_checks.h).
+//   apps/common/output_checks.h).
 #pragma once
 
 #include <algorithm>
@@ -28,8 +28,8 @@
 
 #include <gflags/gflags.h>
 
-#include "apps/moe_train/command_line.h"
-#include "apps/moe_train/output_checks.h"
+#include "apps/common/command_line.h"
+#include "apps/common/output_checks.h"
 #include "engine/autograd/parameters.h"
 #include "engine/runtime/device_context.h"
 

@@ -1,4 +1,4 @@
-#include "apps/moe_bench/random_tensor.h"
+#include "apps/common/random_tensor.h"
 
 #include <algorithm>
 #include <random>

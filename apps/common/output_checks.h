@@ -13,11 +13,11 @@
 //   or one of its step directories): a new run would replace the earlier run's checkpoints. A
 //   checkpoint's step directory (it holds a state.json), or a path inside one, is refused too.
 // - --dump_reference_case: like --save, without the checkpoint rule.
-// - moe_train also refuses two of them naming the same path (SamePath; run_flags.cc).
-// "Can be created" is tried, not inferred from permission bits (root passes every access()
-// check, a read-only filesystem fails none of them) or from name lengths: for each name to be
-// created, a stand-in of the same length, unique to the process, is made where it would be
-// (directories one inside the other) and removed.
+// - moe_train also refuses two of them naming the same path (SamePath;
+// apps/moe_train/run_flags.cc). "Can be created" is tried, not inferred from permission bits (root
+// passes every access() check, a read-only filesystem fails none of them) or from name lengths: for
+// each name to be created, a stand-in of the same length, unique to the process, is made where it
+// would be (directories one inside the other) and removed.
 #pragma once
 
 #include <string>

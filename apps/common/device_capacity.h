@@ -1,10 +1,7 @@
 // What of a device's memory a run may count on, and how the checks before a run say it.
 // CUDA: not all of the GPU. The CUDA context and the libraries (cuBLAS, NCCL) hold some, and the
-// caching allocator's cached blocks more: on the H200 (2026-12-01; 143155 MiB by cudaMemGetInfo)
-// micro-batch 16 of the 8-layer preset, estimated at 141746 MiB, ran out of memory with 139781
-// MiB allocated and 140845 MiB reserved when it asked for 2048 MiB more, while micro-batch 15
-// (138303 MiB estimated) trained. So kCudaHeadroomFraction of a GPU is kept. The CPU backend's
-// "device" is the host's physical memory, all of it.
+// caching allocator's cached blocks more, so kCudaHeadroomFraction of a GPU is kept. The CPU
+// backend's "device" is the host's physical memory, all of it.
 #pragma once
 
 #include <cstddef>

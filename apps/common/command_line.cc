@@ -1,4 +1,4 @@
-#include "apps/moe_train/command_line.h"
+#include "apps/common/command_line.h"
 
 #include <gflags/gflags.h>
 

@@ -1,4 +1,4 @@
-#include "apps/moe_train/out_of_memory_exit.h"
+#include "apps/common/out_of_memory_exit.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "apps/moe_train/device_capacity.h"
+#include "apps/common/device_capacity.h"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "apps/moe_train/output_checks.h"
+#include "apps/common/output_checks.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

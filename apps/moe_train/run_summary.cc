@@ -1,0 +1,53 @@
+#include "apps/moe_train/run_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace moe {
+namespace {
+
+std::string Millions(int64_t n) {
+  char buffer[32];
+  snprintf(buffer, sizeof(buffer), "%.2fM", n / 1e6);
+  return buffer;
+}
+
+}  // namespace
+
+std::string ModelSummary(const GptConfig& m) {
+  const std::string grouped_mlp =
+      m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused grouped MLP"
+      : m.moe_wgrad_micro_batches > 1
+          ? "fused grouped MLP, weight gradients once per " +
+                std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
+          : "fused grouped MLP";
+  char buffer[512];
+  snprintf(buffer, sizeof(buffer),
+           "%lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), experts %lld "
+           "top-%lld (%s), expert ffn %lld, seq %lld, vocab %lld",
+           (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
+           (long long)m.num_moe_layers(), (long long)m.hidden_size,
+           (long long)m.num_attention_heads, (long long)m.num_query_groups,
+           (long long)m.num_experts, (long long)m.moe_router_topk, grouped_mlp.c_str(),
+           (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
+  return buffer;
+}
+
+std::string ParameterCounts(const GptConfig& m) {
+  return Millions(m.total_parameters()) + " total, " + Millions(m.active_parameters()) +
+         " active per token";
+}
+
+std::string BatchSummary(const RunConfig& run) {
+  const TrainerOptions& t = run.trainer;
+  char buffer[256];
+  snprintf(buffer, sizeof(buffer),
+           "micro %lld x accumulation %lld x data-parallel %d = %lld sequences, %lld tokens/step",
+           (long long)t.micro_batch_size,
+           (long long)(t.global_batch_size / (t.micro_batch_size * run.data_parallel)),
+           run.data_parallel, (long long)t.global_batch_size,
+           (long long)(t.global_batch_size * run.model.seq_length));
+  return buffer;
+}
+
+}  // namespace moe

@@ -1,0 +1,22 @@
+// What moe_train's start-up summary (RunLog::Summary) says of the run's shape, one text each for
+// the lines it prints after "model: ", "parameters: " and "batch: ". The preset flagfiles
+// (configs/*.flags) quote these lines in their header comments; tests/apps/presets_test.cc
+// checks the quotes against these functions.
+#pragma once
+
+#include <string>
+
+#include "apps/moe_train/run_flags.h"
+#include "modules/gpt_config.h"
+
+namespace moe {
+
+// "8 layers (1 dense, 7 MoE), hidden 512, heads 8 (kv 4), experts 8 top-2 (fused grouped MLP),
+// expert ffn 1024, seq 1024, vocab 32000".
+std::string ModelSummary(const GptConfig& m);
+// "130.32M total, 64.26M active per token" (GptConfig::total_parameters, active_parameters).
+std::string ParameterCounts(const GptConfig& m);
+// "micro 8 x accumulation 2 x data-parallel 1 = 16 sequences, 1024 tokens/step".
+std::string BatchSummary(const RunConfig& run);
+
+}  // namespace moe
