@@ -15,7 +15,7 @@
 #include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/kernels/ops.h"
 #if MOE_WITH_CUDA
-#include "engine/kernels/cuda/attention_sm90.h"
+#include "engine/kernels/cuda/attention/attention_sm90.h"
 #endif
 
 DEFINE_int64(batch, 1, "sequences");

@@ -32,7 +32,7 @@
 #include "apps/moe_bench/random_tensor.h"
 #include "apps/moe_train/out_of_memory_exit.h"
 #include "engine/core/bfloat16.h"
-#include "engine/kernels/cuda/grouped_gemm_tiles.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "modules/moe_layer.h"

@@ -1,7 +1,7 @@
-// Standalone probe of the Hopper grouped GEMMs (engine/kernels/cuda/grouped_gemm_sm90.cuh) on an
-// H100/H200: checks each kernel against per-group cublasGemmEx references and times it beside
-// cuBLAS. Build and run from the repository root (one line; the filter, e.g. qwen3, runs only the
-// cases whose name contains it):
+// Standalone probe of the Hopper grouped GEMMs
+// (engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh) on an H100/H200: checks each kernel
+// against per-group cublasGemmEx references and times it beside cuBLAS. Build and run from the
+// repository root (one line; the filter, e.g. qwen3, runs only the cases whose name contains it):
 // clang-format off
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe && /tmp/gg_probe [filter]
 // clang-format on
@@ -76,7 +76,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
+#include "engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh"
 
 namespace {
 
@@ -582,7 +582,7 @@ void PrintTime(const char* name, double ms, double flops, double bytes = 0) {
 }
 
 // ---------------------------------------------------------------- cuBLAS (row-major as
-// column-major transposes, as engine/kernels/cuda/grouped_matmul.cu)
+// column-major transposes, as engine/kernels/cuda/grouped_gemm/grouped_matmul.cu)
 
 struct Cublas {
   cublasHandle_t handle;

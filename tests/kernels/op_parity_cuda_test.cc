@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "engine/core/cuda_check.h"
-#include "engine/kernels/cuda/attention_sm90.h"
-#include "engine/kernels/cuda/grouped_matmul_sm90.h"
+#include "engine/kernels/cuda/attention/attention_sm90.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_matmul_sm90.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
