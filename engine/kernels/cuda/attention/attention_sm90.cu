@@ -27,9 +27,9 @@
 // Rows and keys past seq are TMA's zero fill and are masked or never stored. No atomics: each
 // output element is computed in one fixed order, so results are identical run to run.
 //
-// Layouts (sm90_ptx.cuh; the rules in grouped_gemm_sm90.cuh's file comment): a tile of R rows of
-// (batch, seq, heads, D) is D / 64 TMA boxes of R rows x 64 columns (row r at byte 128 r, its
-// 16-byte chunk c at c ^ (r % 8)). As a K-major operand (S's A and B) the k-th 16 columns of a
+// Layouts (sm90_ptx.cuh; the rules in grouped_gemm/grouped_gemm_sm90.cuh's file comment): a tile of
+// R rows of (batch, seq, heads, D) is D / 64 TMA boxes of R rows x 64 columns (row r at byte 128 r,
+// its 16-byte chunk c at c ^ (r % 8)). As a K-major operand (S's A and B) the k-th 16 columns of a
 // box start 32 k bytes in, 8-row groups 1024 bytes apart. As an MN-major operand (the B of the
 // products with P or dS: the streamed tile's rows are its K, D its N) the k-th 16 rows start
 // 2048 k bytes in, and the 64-wide column blocks are the boxes, R x 128 bytes apart.

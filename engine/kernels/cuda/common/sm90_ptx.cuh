@@ -6,8 +6,8 @@
 // tensor-map encoding. Self-contained (CUDA headers only), so the kernels' probes build with one
 // nvcc command.
 //
-// Facts these rely on are written where they are used: grouped_gemm_sm90.cuh's file comment
-// has the swizzle, descriptor and mbarrier-phase rules.
+// Facts these rely on are written where they are used: grouped_gemm/grouped_gemm_sm90.cuh's file
+// comment has the swizzle, descriptor and mbarrier-phase rules.
 #pragma once
 
 #include <cuda.h>
