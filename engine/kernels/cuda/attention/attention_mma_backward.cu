@@ -98,6 +98,90 @@ __device__ __forceinline__ const float* ClusterBlockSmem(float* local, int rank)
 #endif
 }
 
+// One query tile's share of a warp's dk, dv in the dk/dv kernel (its 16 keys from key_lo - lane / 4
+// at k_rows and v_rows, (16, D) of the shared K and V; the tile's kM queries from q0 at cq, cdo,
+// with their lse and delta at clse, cdelta). Everything is transposed so keys stay the rows: P^T,
+// dP^T, then dV += P^T dout and dK += dS^T Q, P^T and dS^T packed straight from the accumulators.
+template <int D>
+__device__ __forceinline__ void AddTileGradients(const bf16* k_rows, const bf16* v_rows,
+                                                 const bf16* cq, const bf16* cdo, const float* clse,
+                                                 const float* cdelta, int q0, int k0, int key_lo,
+                                                 int lane, const Dims& s, float (&dk)[D / 8][4],
+                                                 float (&dv)[D / 8][4]) {
+  constexpr int kM = kDkvBlockM<D>;
+  // P^T = exp2(K Q^T * c - lse * log2 e), zero where query < key or query >= seq.
+  float pt[kM / 8][4] = {};
+  MmaABt<kM, D>(k_rows, cq, pt);
+  const bool masked = q0 < k0 + kDkvBlockN - 1 || q0 + kM > s.seq;
+#pragma unroll
+  for (int nt = 0; nt < kM / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * (lane % 4) + e % 2;
+      const int query = q0 + c;
+      const int key = key_lo + (e / 2) * 8;
+      const float prob = Exp2(pt[nt][e] * s.scale_log2 - clse[c] * kLog2e);
+      pt[nt][e] = masked && (query < key || query >= s.seq) ? 0.0f : prob;
+    }
+  }
+  // dP^T = V dout^T.
+  float dpt[kM / 8][4] = {};
+  MmaABt<kM, D>(v_rows, cdo, dpt);
+  // dV += P^T dout.
+#pragma unroll
+  for (int kk = 0; kk < kM / 16; ++kk) {
+    uint32_t a[4];
+    AccumulatorToA(pt, kk, a);
+    MmaAB<D>(a, cdo, kk, dv);
+  }
+  // dS^T = P^T (dP^T - delta), in place of dP^T; dK += dS^T Q.
+#pragma unroll
+  for (int nt = 0; nt < kM / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * (lane % 4) + e % 2;
+      dpt[nt][e] = pt[nt][e] * (dpt[nt][e] - cdelta[c]);
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kM / 16; ++kk) {
+    uint32_t a[4];
+    AccumulatorToA(dpt, kk, a);
+    MmaAB<D>(a, cq, kk, dk);
+  }
+}
+
+// This block's share of the dk/dv kernel's result, after every block of the cluster has put its
+// partial sums in its shared memory (`partial`: dk rows, then dv rows): rows [rank 64 / split,
+// (rank + 1) 64 / split) of the 64 keys from k0, each the sum over the cluster's blocks in rank
+// order, dk scaled by 1 / sqrt(d), stored as bf16 to p.dk and p.dv (rows before seq).
+template <int D>
+__device__ __forceinline__ void StoreClusterSums(float* partial, const BackwardParams<bf16>& p,
+                                                 int b, int kvh, int k0, int rank, int split) {
+  const Dims& s = p.dims;
+  const int row_lo = rank * kDkvBlockN / split, row_hi = (rank + 1) * kDkvBlockN / split;
+  constexpr int kQuads = D / 4;  // float4 pieces per row
+  for (int i = threadIdx.x; i < 2 * (row_hi - row_lo) * kQuads; i += kMmaThreads) {
+    const bool is_dv = i >= (row_hi - row_lo) * kQuads;
+    const int j = is_dv ? i - (row_hi - row_lo) * kQuads : i;
+    const int row = row_lo + j / kQuads, col = j % kQuads * 4;
+    if (k0 + row >= s.seq) continue;
+    const int offset = ((is_dv ? kDkvBlockN : 0) + row) * kPartialStride<D> + col;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r = 0; r < split; ++r) {
+      const float4 part = *reinterpret_cast<const float4*>(ClusterBlockSmem(partial, r) + offset);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
+    const float scale = is_dv ? 1.0f : s.scale;
+    bf16* dst = (is_dv ? p.dv : p.dk) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + col;
+    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
+    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
+  }
+}
+
 // grid (key blocks, batch * kv_heads * split) in clusters of (1, split, 1).
 template <int D>
 __global__ void __launch_bounds__(kMmaThreads)
@@ -161,46 +245,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float* cdelta = sdelta + stage * kM;
     const int q0 = (first_tile + it % tiles_per_head) * kM;
 
-    // P^T = exp2(K Q^T * c - lse * log2 e), zero where query < key or query >= seq.
-    float pt[kM / 8][4] = {};
-    MmaABt<kM, D>(sk + warp * 16 * kStride, cq, pt);
-    const bool masked = q0 < k0 + kDkvBlockN - 1 || q0 + kM > s.seq;
-#pragma unroll
-    for (int nt = 0; nt < kM / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * (lane % 4) + e % 2;
-        const int query = q0 + c;
-        const int key = key_lo + (e / 2) * 8;
-        const float prob = Exp2(pt[nt][e] * s.scale_log2 - clse[c] * kLog2e);
-        pt[nt][e] = masked && (query < key || query >= s.seq) ? 0.0f : prob;
-      }
-    }
-    // dP^T = V dout^T.
-    float dpt[kM / 8][4] = {};
-    MmaABt<kM, D>(sv + warp * 16 * kStride, cdo, dpt);
-    // dV += P^T dout.
-#pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk) {
-      uint32_t a[4];
-      AccumulatorToA(pt, kk, a);
-      MmaAB<D>(a, cdo, kk, dv);
-    }
-    // dS^T = P^T (dP^T - delta), in place of dP^T; dK += dS^T Q.
-#pragma unroll
-    for (int nt = 0; nt < kM / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * (lane % 4) + e % 2;
-        dpt[nt][e] = pt[nt][e] * (dpt[nt][e] - cdelta[c]);
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk) {
-      uint32_t a[4];
-      AccumulatorToA(dpt, kk, a);
-      MmaAB<D>(a, cq, kk, dk);
-    }
+    AddTileGradients<D>(sk + warp * 16 * kStride, sv + warp * 16 * kStride, cq, cdo, clse, cdelta,
+                        q0, k0, key_lo, lane, s, dk, dv);
     CpAsyncWaitAll();
     __syncthreads();  // the next tile has landed; nobody reads this stage any more
   }
@@ -210,27 +256,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   WritePartial<D>(dk, partial + warp * 16 * kPartialStride<D>);
   WritePartial<D>(dv, partial + (kDkvBlockN + warp * 16) * kPartialStride<D>);
   ClusterSync();
-  const int row_lo = rank * kDkvBlockN / split, row_hi = (rank + 1) * kDkvBlockN / split;
-  constexpr int kQuads = D / 4;  // float4 pieces per row
-  for (int i = threadIdx.x; i < 2 * (row_hi - row_lo) * kQuads; i += kMmaThreads) {
-    const bool is_dv = i >= (row_hi - row_lo) * kQuads;
-    const int j = is_dv ? i - (row_hi - row_lo) * kQuads : i;
-    const int row = row_lo + j / kQuads, col = j % kQuads * 4;
-    if (k0 + row >= s.seq) continue;
-    const int offset = ((is_dv ? kDkvBlockN : 0) + row) * kPartialStride<D> + col;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int r = 0; r < split; ++r) {
-      const float4 part = *reinterpret_cast<const float4*>(ClusterBlockSmem(partial, r) + offset);
-      sum.x += part.x;
-      sum.y += part.y;
-      sum.z += part.z;
-      sum.w += part.w;
-    }
-    const float scale = is_dv ? 1.0f : s.scale;
-    bf16* dst = (is_dv ? p.dv : p.dk) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + col;
-    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
-    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
-  }
+  StoreClusterSums<D>(partial, p, b, kvh, k0, rank, split);
   ClusterSync();  // no block leaves while another reads its shared memory
 }
 

@@ -21,6 +21,72 @@ constexpr size_t ForwardSmemBytes() {
   return (kBlockM + 4 * kBlockN) * SmemStride<D>() * sizeof(bf16);
 }
 
+// One key tile of the online softmax, for this thread's rows row_lo and row_lo + 8 (m, l: their
+// running max and partial sum; o: their output accumulators): the scores sc of keys k0 .. k0 +
+// kBlockN - 1, scaled by scale_log2 (-inf for a key after the row, on a tile that crosses the
+// diagonal of the block at q0), become P = 2^(s - m) with m the new running max; l and o are
+// rescaled by 2^(m_old - m), and l gains the row's P.
+template <int D>
+__device__ __forceinline__ void SoftmaxTile(float (&sc)[kBlockN / 8][4], float (&o)[D / 8][4],
+                                            float (&m)[2], float (&l)[2], int k0, int q0,
+                                            int row_lo, int lane, float scale_log2) {
+  const bool diagonal = k0 + kBlockN - 1 > q0;  // some key of the tile is after some row
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
+      const int row = row_lo + (e / 2) * 8;
+      float x = sc[nt][e] * scale_log2;
+      if (diagonal && key > row) x = -INFINITY;
+      sc[nt][e] = x;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+    }
+  }
+  float correction[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    correction[r] = Exp2(m[r] - m_new);
+    m[r] = m_new;
+    l[r] *= correction[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[nt][e] = Exp2(sc[nt][e] - m[e / 2]);
+      l[e / 2] += sc[nt][e];
+    }
+  }
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    o[dt][0] *= correction[0];
+    o[dt][1] *= correction[0];
+    o[dt][2] *= correction[1];
+    o[dt][3] *= correction[1];
+  }
+}
+
+// The end of a block for this thread's rows row_lo and row_lo + 8: l summed over the quad (the
+// row's four threads), inv = 1 / l, and lse[stats + row] = (m + log2 l) ln 2 written by the
+// quad's first thread for rows before seq (stats: the first row of the block's (batch, head)).
+__device__ __forceinline__ void FinishRows(const float (&m)[2], float (&l)[2], float (&inv)[2],
+                                           float* lse, int64_t stats, int row_lo, int lane,
+                                           int seq) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.0f / l[r];
+    const int row = row_lo + r * 8;
+    if (lane % 4 == 0 && row < seq) lse[stats + row] = (m[r] + log2f(l[r])) * kLn2;
+  }
+}
+
 // grid (query blocks, batch * heads), the longest rows first.
 template <int D>
 __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf16> p) {
@@ -66,46 +132,7 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
     float sc[kBlockN / 8][4] = {};
     MmaABt<kBlockN, D>(qa, sk + stage * kBlockN * kStride, sc);
 
-    const int k0 = tile * kBlockN;
-    const bool diagonal = k0 + kBlockN - 1 > q0;  // some key of the tile is after some row
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + nt * 8 + 2 * (lane % 4) + e % 2;
-        const int row = row_lo + (e / 2) * 8;
-        float x = sc[nt][e] * s.scale_log2;
-        if (diagonal && key > row) x = -INFINITY;
-        sc[nt][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-      }
-    }
-    float correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      correction[r] = Exp2(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= correction[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[nt][e] = Exp2(sc[nt][e] - m[e / 2]);
-        l[e / 2] += sc[nt][e];
-      }
-    }
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][0] *= correction[0];
-      o[dt][1] *= correction[0];
-      o[dt][2] *= correction[1];
-      o[dt][3] *= correction[1];
-    }
+    SoftmaxTile<D>(sc, o, m, l, tile * kBlockN, q0, row_lo, lane, s.scale_log2);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pa[4];
@@ -117,15 +144,8 @@ __global__ void __launch_bounds__(kMmaThreads) MmaForwardKernel(ForwardParams<bf
   }
 
   float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = 1.0f / l[r];
-    const int row = row_lo + r * 8;
-    if (lane % 4 == 0 && row < s.seq)
-      p.lse[(static_cast<int64_t>(b) * s.heads + h) * s.seq + row] = (m[r] + log2f(l[r])) * kLn2;
-  }
+  FinishRows(m, l, inv, p.lse, (static_cast<int64_t>(b) * s.heads + h) * s.seq, row_lo, lane,
+             s.seq);
   // The warp's own rows of sq are free: only this warp read them, into qa.
   StoreRows<D>(o, inv[0], inv[1], sq + warp * 16 * kStride,
                p.out + RowOffset(b, warp * 16 + q0, h, s.seq, s.heads, D), q_stride, q0 + warp * 16,

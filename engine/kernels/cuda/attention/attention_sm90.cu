@@ -549,6 +549,214 @@ __device__ __forceinline__ int PartialOffset(int which, int row, int column) {
   return ((which * kBlockRows + row) * D + (chunk ^ (row % 8)) * 4 + column % 4);
 }
 
+// Lane l's lse and delta of queries l and l + 32 (0 past seq) of a dk/dv CTA's query tile `tile`
+// of sequence b (lse and delta: (batch, heads, seq)).
+struct QueryStats {
+  float lse_lo, lse_hi, delta_lo, delta_hi;
+};
+__device__ __forceinline__ QueryStats LoadQueryStats(const float* lse, const float* delta,
+                                                     const Dims& s, int b, const TileAt& tile,
+                                                     int lane) {
+  const int64_t stats = (static_cast<int64_t>(b) * s.heads + tile.head) * s.seq;
+  const int query_lo = tile.row0 + lane, query_hi = query_lo + 32;
+  QueryStats out;
+  out.lse_lo = out.lse_hi = out.delta_lo = out.delta_hi = 0.0f;
+  if (query_lo < s.seq) {
+    out.lse_lo = lse[stats + query_lo];
+    out.delta_lo = delta[stats + query_lo];
+  }
+  if (query_hi < s.seq) {
+    out.lse_hi = lse[stats + query_hi];
+    out.delta_hi = delta[stats + query_hi];
+  }
+  return out;
+}
+
+// The warp's query stats in its shared floats (kM lse times log2 e, then kM deltas), once every
+// lane has read the last tile's.
+template <int kM>
+__device__ __forceinline__ void ShareQueryStats(float* warp_stats, const QueryStats& stats,
+                                                int lane) {
+  __syncwarp();  // every lane has read the last tile's values
+  warp_stats[lane] = stats.lse_lo * kLog2e;
+  warp_stats[lane + 32] = stats.lse_hi * kLog2e;
+  warp_stats[kM + lane] = stats.delta_lo;
+  warp_stats[kM + lane + 32] = stats.delta_hi;
+  __syncwarp();
+}
+
+// A thread's column pairs [first, last) of the warp's shared lse (`which` 0) or delta (1).
+template <int kM>
+__device__ __forceinline__ void ReadQueryStats(const float* warp_stats, int which, int first,
+                                               int last, float2 (&pairs)[kM / 8]) {
+#pragma unroll
+  for (int i = first; i < last; ++i)
+    pairs[i] =
+        *reinterpret_cast<const float2*>(warp_stats + which * kM + ConsumerThread::Column(i, 0));
+}
+
+// P^T of one query tile at `at` in place of the scores pt (keys from k0 the rows): exp2(S^T c -
+// lse log2 e), zero where query < key or query >= seq, the mask only on tiles that hold such
+// (WithMask).
+template <int kM>
+__device__ __forceinline__ void ApplyProbabilities(float (&pt)[kM / 2],
+                                                   const float2 (&query_lse)[kM / 8],
+                                                   const TileAt& at, int k0,
+                                                   const ConsumerThread& me, const Dims& s) {
+  const auto probabilities = [&](auto masked) {
+#pragma unroll
+    for (int i = 0; i < kM / 8; ++i) {
+#pragma unroll
+      for (int r = 4 * i; r < 4 * i + 4; ++r) {
+        float prob = Exp2(pt[r] * s.scale_log2 - (r % 2 == 0 ? query_lse[i].x : query_lse[i].y));
+        if constexpr (decltype(masked)::value) {
+          const int query = at.row0 + ConsumerThread::Column(i, r % 2);
+          if (query < me.Row(k0, r / 2 % 2) || query >= s.seq) prob = 0.0f;
+        }
+        pt[r] = prob;
+      }
+    }
+  };
+  WithMask(at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq, probabilities);
+}
+
+// dS^T = P^T (dP^T - delta) in place of dP^T.
+template <int kM>
+__device__ __forceinline__ void ApplyDeltas(float (&dpt)[kM / 2], const float (&pt)[kM / 2],
+                                            const float2 (&query_delta)[kM / 8]) {
+#pragma unroll
+  for (int i = 0; i < kM / 8; ++i) {
+#pragma unroll
+    for (int r = 4 * i; r < 4 * i + 4; ++r)
+      dpt[r] = pt[r] * (dpt[r] - (r % 2 == 0 ? query_delta[i].x : query_delta[i].y));
+  }
+}
+
+// A dk/dv consumer thread's dk and dv (its warpgroup's 64 keys from k0, as wgmma accumulators)
+// over the CTA's num_tiles query tiles (query_tiles, of sequence b): per tile S^T and dP^T, then
+// P^T, dV += P^T dout, dS^T and dK += dS^T Q, each stage released once its products are done.
+// Lane l's lse and delta of queries l and l + 32 are loaded an iteration ahead and nothing is
+// computed from them there (so no instruction waits for the loads before the next iteration),
+// put in the warp's shared floats (lse times log2 e) once the score products are issued; each
+// thread then reads its columns' values there as 8 pairs (8 i + 2 t, + 1), half of them before
+// the wait for the products they follow, so that the shared loads' latency hides behind it (all
+// of them before: two registers spill; H200, 2026-12-02: dk/dv 281 us at the preset's shape, 286
+// with all after).
+template <int D>
+__device__ __forceinline__ void AccumulateKvGradients(
+    const BackwardKvSmem<D>& smem, const float* lse, const float* delta, const Dims& s, int b,
+    int k0, const QueryTileWalk<kBackwardStreamRows>& query_tiles, int num_tiles,
+    const ConsumerThread& me, float (&dk)[D / 2], float (&dv)[D / 2]) {
+  constexpr int kM = kBackwardStreamRows;
+  const uint32_t k_rows = me.Rows(smem.Resident(0)), v_rows = me.Rows(smem.Resident(1));
+  float* const warp_stats = smem.WarpFloats(me.ConsumerWarp());  // lse log2 e, then delta
+  Zero(dk);
+  Zero(dv);
+  // P^T and dS^T as the bf16 A operands of the dV and dK products; each stays untouched until its
+  // product has completed (ptxas keeps registers an in-flight wgmma reads).
+  uint32_t p_packed[kM / 16][4], ds_packed[kM / 16][4];
+  MbarrierWait(smem.ResidentFull(), 0);
+  PipelineState<kStages> state, previous;
+  QueryTileWalk<kM> walk = query_tiles;
+  TileAt at = walk.Next();
+  QueryStats stats = LoadQueryStats(lse, delta, s, b, at, me.lane);
+  for (int it = 0; it < num_tiles; ++it) {
+    // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's
+    // values into the products' operands and waits for the wgmmas in flight to do so (C7517).
+    float pt[kM / 2], dpt[kM / 2];
+    Zero(pt);
+    Zero(dpt);
+    MbarrierWait(smem.Full(0, state.stage), state.phase);
+    IssueScores<D, kM>(pt, k_rows, smem.Streamed(0, state.stage));
+    MbarrierWait(smem.Full(1, state.stage), state.phase);
+    IssueScores<D, kM>(dpt, v_rows, smem.Streamed(1, state.stage));
+    ShareQueryStats<kM>(warp_stats, stats, me.lane);
+    if (it > 0) {
+      WgmmaWaitGroup<2>();  // the last tile's dK product is done: its Q stage is free
+      FenceAccumulators(dk);
+      me.Release(smem.Empty(0, previous.stage));
+    }
+    float2 query_lse[kM / 8];
+    ReadQueryStats<kM>(warp_stats, 0, 0, kM / 16, query_lse);
+    WgmmaWaitGroup<1>();
+    FenceAccumulators(pt);
+    ReadQueryStats<kM>(warp_stats, 0, kM / 16, kM / 8, query_lse);
+    ApplyProbabilities<kM>(pt, query_lse, at, k0, me, s);
+    IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), p_packed);
+    float2 query_delta[kM / 8];
+    ReadQueryStats<kM>(warp_stats, 1, 0, kM / 16, query_delta);
+    WgmmaWaitGroup<1>();  // dP^T has landed; the dV product may still run
+    FenceAccumulators(dpt);
+    ReadQueryStats<kM>(warp_stats, 1, kM / 16, kM / 8, query_delta);
+    ApplyDeltas<kM>(dpt, pt, query_delta);
+    IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), ds_packed);
+    if (it + 1 < num_tiles) {
+      at = walk.Next();
+      stats = LoadQueryStats(lse, delta, s, b, at, me.lane);
+    }
+    WgmmaWaitGroup<1>();  // the dV product is done: this tile's dout stage is free
+    FenceAccumulators(dv);
+    me.Release(smem.Empty(1, state.stage));
+    previous = state;
+    state.Advance();
+  }
+  WgmmaWaitGroup<0>();
+  FenceAccumulators(dk);
+  me.Release(smem.Empty(0, previous.stage));
+}
+
+// A consumer thread's dk and dv as f32 into the CTA's shared memory (`partial`: PartialOffset's
+// layout), once both consumers are done with every tile (the producer loads nothing more).
+template <int D>
+__device__ __forceinline__ void WriteKvPartials(float* partial, const ConsumerThread& me,
+                                                const float (&dk)[D / 2],
+                                                const float (&dv)[D / 2]) {
+  NamedBarrierSync(3, 256);
+#pragma unroll
+  for (int r = 0; r < D / 2; r += 2) {
+    const int row = me.consumer * 64 + me.LocalRow(r / 2 % 2);
+    const int column = ConsumerThread::Column(r / 4, 0);
+    *reinterpret_cast<float2*>(partial + PartialOffset<D>(0, row, column)) =
+        make_float2(dk[r], dk[r + 1]);
+    *reinterpret_cast<float2*>(partial + PartialOffset<D>(1, row, column)) =
+        make_float2(dv[r], dv[r + 1]);
+  }
+}
+
+// CTA `rank`'s share of the result once every CTA of the cluster has written its partial sums:
+// key rows [rank 128 / split, (rank + 1) 128 / split) from k0 (before seq) of dk and dv (b, kvh),
+// each the sum of the CTAs' partials in rank order (distributed shared memory), dk scaled by
+// 1 / sqrt(d), stored as bf16; the consumer threads call it.
+template <int D>
+__device__ __forceinline__ void StoreKvClusterSums(cooperative_groups::cluster_group& cluster,
+                                                   float* partial, bf16* dk_out, bf16* dv_out,
+                                                   const Dims& s, int b, int kvh, int k0, int rank,
+                                                   int split) {
+  const int row_lo = rank * kBlockRows / split, row_hi = (rank + 1) * kBlockRows / split;
+  constexpr int kChunks = D / 4;  // float4 pieces per row
+  for (int i = threadIdx.x - 128; i < 2 * (row_hi - row_lo) * kChunks; i += 256) {
+    const int which = i / ((row_hi - row_lo) * kChunks);  // 0: dk, 1: dv
+    const int j = i % ((row_hi - row_lo) * kChunks);
+    const int row = row_lo + j / kChunks, column = j % kChunks * 4;
+    if (k0 + row >= s.seq) continue;
+    const int offset = PartialOffset<D>(which, row, column);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r = 0; r < split; ++r) {
+      const float4 part =
+          *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, r) + offset);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
+    const float scale = which == 0 ? s.scale : 1.0f;
+    bf16* dst =
+        (which == 0 ? dk_out : dv_out) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + column;
+    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
+    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
+  }
+}
+
 // dk, dv of 128 keys: grid (key tiles, batch * kv_heads * split) in clusters of (1, split, 1);
 // the longest (first key tiles) first (LongestFirst). Each CTA of a cluster takes `group / split`
 // of the GQA group's query heads and, for each, the query tiles at or after its keys: S^T = K Q^T,
@@ -597,153 +805,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const ConsumerThread me;
-  const uint32_t k_rows = me.Rows(smem.Resident(0)), v_rows = me.Rows(smem.Resident(1));
-  float* const warp_stats = smem.WarpFloats(me.ConsumerWarp());  // lse log2 e, then delta
   float dk[D / 2], dv[D / 2];
-  Zero(dk);
-  Zero(dv);
-  // P^T and dS^T as the bf16 A operands of the dV and dK products; each stays untouched until its
-  // product has completed (ptxas keeps registers an in-flight wgmma reads).
-  uint32_t p_packed[kM / 16][4], ds_packed[kM / 16][4];
-  MbarrierWait(smem.ResidentFull(), 0);
-  PipelineState<kStages> state, previous;
-  // Lane l's lse and delta of queries l and l + 32 (0 past seq) of a query tile, loaded an
-  // iteration ahead and nothing computed from them there (so no instruction waits for the loads
-  // before the next iteration), put in the warp's shared floats (lse times log2 e) once the score
-  // products are issued; each thread then reads its columns' values there as 8 pairs (8 i + 2 t,
-  // + 1), half of them before the wait for the products they follow, so that the shared loads'
-  // latency hides behind it (all of them before: two registers spill; H200, 2026-12-02: dk/dv
-  // 281 us at the preset's shape, 286 with all after).
-  float lse_lo, lse_hi, delta_lo, delta_hi;
-  const auto load_stats = [&](const TileAt& tile) {
-    const int64_t stats = (static_cast<int64_t>(b) * s.heads + tile.head) * s.seq;
-    const int query_lo = tile.row0 + me.lane, query_hi = query_lo + 32;
-    lse_lo = lse_hi = delta_lo = delta_hi = 0.0f;
-    if (query_lo < s.seq) {
-      lse_lo = lse[stats + query_lo];
-      delta_lo = delta[stats + query_lo];
-    }
-    if (query_hi < s.seq) {
-      lse_hi = lse[stats + query_hi];
-      delta_hi = delta[stats + query_hi];
-    }
-  };
-  // A thread's column pairs [first, last) of the warp's shared lse (`which` 0) or delta (1).
-  const auto read_stats = [&](int which, int first, int last, float2(&pairs)[kM / 8]) {
-#pragma unroll
-    for (int i = first; i < last; ++i)
-      pairs[i] =
-          *reinterpret_cast<const float2*>(warp_stats + which * kM + ConsumerThread::Column(i, 0));
-  };
-  QueryTileWalk<kM> walk = query_tiles;
-  TileAt at = walk.Next();
-  load_stats(at);
-  for (int it = 0; it < num_tiles; ++it) {
-    // Zeroed, though the first wgmma overwrites them: otherwise ptxas carries the last tile's
-    // values into the products' operands and waits for the wgmmas in flight to do so (C7517).
-    float pt[kM / 2], dpt[kM / 2];
-    Zero(pt);
-    Zero(dpt);
-    MbarrierWait(smem.Full(0, state.stage), state.phase);
-    IssueScores<D, kM>(pt, k_rows, smem.Streamed(0, state.stage));
-    MbarrierWait(smem.Full(1, state.stage), state.phase);
-    IssueScores<D, kM>(dpt, v_rows, smem.Streamed(1, state.stage));
-    __syncwarp();  // every lane has read the last tile's values
-    warp_stats[me.lane] = lse_lo * kLog2e;
-    warp_stats[me.lane + 32] = lse_hi * kLog2e;
-    warp_stats[kM + me.lane] = delta_lo;
-    warp_stats[kM + me.lane + 32] = delta_hi;
-    __syncwarp();
-    if (it > 0) {
-      WgmmaWaitGroup<2>();  // the last tile's dK product is done: its Q stage is free
-      FenceAccumulators(dk);
-      me.Release(smem.Empty(0, previous.stage));
-    }
-    float2 query_lse[kM / 8];
-    read_stats(0, 0, kM / 16, query_lse);
-    WgmmaWaitGroup<1>();
-    FenceAccumulators(pt);
-    read_stats(0, kM / 16, kM / 8, query_lse);
-
-    // P^T, zero where query < key or query >= seq only on tiles that hold such (WithMask).
-    const auto probabilities = [&](auto masked) {
-#pragma unroll
-      for (int i = 0; i < kM / 8; ++i) {
-#pragma unroll
-        for (int r = 4 * i; r < 4 * i + 4; ++r) {
-          float prob = Exp2(pt[r] * s.scale_log2 - (r % 2 == 0 ? query_lse[i].x : query_lse[i].y));
-          if constexpr (decltype(masked)::value) {
-            const int query = at.row0 + ConsumerThread::Column(i, r % 2);
-            if (query < me.Row(k0, r / 2 % 2) || query >= s.seq) prob = 0.0f;
-          }
-          pt[r] = prob;
-        }
-      }
-    };
-    WithMask(at.row0 < k0 + kBlockRows - 1 || at.row0 + kM > s.seq, probabilities);
-    IssueProducts<D, kM>(dv, pt, smem.Streamed(1, state.stage), p_packed);
-    float2 query_delta[kM / 8];
-    read_stats(1, 0, kM / 16, query_delta);
-    WgmmaWaitGroup<1>();  // dP^T has landed; the dV product may still run
-    FenceAccumulators(dpt);
-    read_stats(1, kM / 16, kM / 8, query_delta);
-#pragma unroll
-    for (int i = 0; i < kM / 8; ++i) {
-#pragma unroll
-      for (int r = 4 * i; r < 4 * i + 4; ++r)
-        dpt[r] = pt[r] * (dpt[r] - (r % 2 == 0 ? query_delta[i].x : query_delta[i].y));
-    }
-    IssueProducts<D, kM>(dk, dpt, smem.Streamed(0, state.stage), ds_packed);
-    if (it + 1 < num_tiles) {
-      at = walk.Next();
-      load_stats(at);
-    }
-    WgmmaWaitGroup<1>();  // the dV product is done: this tile's dout stage is free
-    FenceAccumulators(dv);
-    me.Release(smem.Empty(1, state.stage));
-    previous = state;
-    state.Advance();
-  }
-  WgmmaWaitGroup<0>();
-  FenceAccumulators(dk);
-  me.Release(smem.Empty(0, previous.stage));
-
+  AccumulateKvGradients<D>(smem, lse, delta, s, b, k0, query_tiles, num_tiles, me, dk, dv);
   // Both consumers are done with every tile (the producer loads nothing more): the shared
   // memory takes the partial sums.
-  NamedBarrierSync(3, 256);
-#pragma unroll
-  for (int r = 0; r < D / 2; r += 2) {
-    const int row = me.consumer * 64 + me.LocalRow(r / 2 % 2);
-    const int column = ConsumerThread::Column(r / 4, 0);
-    *reinterpret_cast<float2*>(partial + PartialOffset<D>(0, row, column)) =
-        make_float2(dk[r], dk[r + 1]);
-    *reinterpret_cast<float2*>(partial + PartialOffset<D>(1, row, column)) =
-        make_float2(dv[r], dv[r + 1]);
-  }
+  WriteKvPartials<D>(partial, me, dk, dv);
   cluster.sync();
-  const int row_lo = rank * kBlockRows / split, row_hi = (rank + 1) * kBlockRows / split;
-  constexpr int kChunks = D / 4;  // float4 pieces per row
-  for (int i = threadIdx.x - 128; i < 2 * (row_hi - row_lo) * kChunks; i += 256) {
-    const int which = i / ((row_hi - row_lo) * kChunks);  // 0: dk, 1: dv
-    const int j = i % ((row_hi - row_lo) * kChunks);
-    const int row = row_lo + j / kChunks, column = j % kChunks * 4;
-    if (k0 + row >= s.seq) continue;
-    const int offset = PartialOffset<D>(which, row, column);
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int r = 0; r < split; ++r) {
-      const float4 part =
-          *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, r) + offset);
-      sum.x += part.x;
-      sum.y += part.y;
-      sum.z += part.z;
-      sum.w += part.w;
-    }
-    const float scale = which == 0 ? s.scale : 1.0f;
-    bf16* dst =
-        (which == 0 ? dk_out : dv_out) + RowOffset(b, k0 + row, kvh, s.seq, s.kv_heads, D) + column;
-    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(sum.x * scale, sum.y * scale);
-    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(sum.z * scale, sum.w * scale);
-  }
+  StoreKvClusterSums<D>(cluster, partial, dk_out, dv_out, s, b, kvh, k0, rank, split);
   cluster.sync();  // no CTA leaves while another reads its shared memory
 #else
   __trap();
