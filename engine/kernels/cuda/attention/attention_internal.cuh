@@ -97,8 +97,7 @@ __device__ __forceinline__ int64_t RowOffset(int b, int s, int h, int seq, int n
 // across the whole grid: blocks start about in their linear order (x fastest), so the cluster at
 // linear position i takes tile rank i / groups (0: the tile with the most work) of group i %
 // groups. (With the rank blockIdx.x, each group's tiles ran longest first but the groups one after
-// another, the last groups' longest tiles in the tail: the Hopper kernels kept their SMs active
-// 76-85% of their time at the preset's shape, ncu, H200, 2026-12-02.)
+// another, the last groups' longest tiles in the tail, with SMs idle beside them.)
 struct GridPlace {
   int rank;   // 0: the most work
   int group;  // of gridDim.y / cluster_y

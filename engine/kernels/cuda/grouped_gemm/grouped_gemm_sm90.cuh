@@ -36,8 +36,7 @@
 //     add are not documented for the tensor form: not verified (the PTX ISA says "rounds to the
 //     nearest even" only of the non-tensor cp.reduce.async.bulk .add). Otherwise TMA stores (=,
 //     dw is only written: half the memory traffic of +=), and a group without rows gets zeros.
-//     (A load-add-store epilogue by the consumer threads was 1.5x slower than the reduce-add at
-//     the Qwen3 shape with f32 dw on the H200, 2026-11-30.)
+//     (A load-add-store epilogue by the consumer threads was much slower than the reduce-add.)
 //   Requirements (the launchers return cudaErrorInvalidValue otherwise): n and k multiples of 8
 //   and base pointers 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes);
 //   rows, n, k < 2^31; the forward needs groups <= kMaxGroups.
@@ -60,11 +59,8 @@
 //     cannot stop short of, are copied from the staging by the threads (WriteRows).
 //   - L2 policies (TMA .L2::cache_hint): outputs (y, dw) evict_first, as nothing here reads them
 //     again; the forward's w tiles and the weight gradient's operands evict_last (other row tiles
-//     or column tiles of the group read them again); the forward's x rows normal. In the probe
-//     (random routing, one H200, 2026-12-03; ms, without -> with): the weight gradients with an
-//     f32 dw (=) at DeepSeek-V3-like fc1 10.59-10.72 -> 9.42 and fc2 5.93-5.95 -> 5.54 (4096
-//     tokens), 17.55 -> 16.85 and 8.83 -> 8.44 (16384), Qwen3-30B-A3B fc1 0.603-0.607 -> 0.590;
-//     fc2's data gradient at Qwen3 0.267 -> 0.222, fc1 0.415 -> 0.403 (w evict_last).
+//     or column tiles of the group read them again); the forward's x rows normal. The hints made
+//     the weight gradients and the data gradients faster.
 //   - Forward: clusters of 2 CTAs (kForwardCluster) that load a shared operand once and multicast
 //     it (TMA .multicast::cluster) into both: a row pair (two 128-row tiles of one group over the
 //     same 256 columns) shares w's tile, each CTA loading half; a group's odd last row tile runs
@@ -72,9 +68,7 @@
 //     48 KiB from its own and its peer's loads; a stage is empty once the consumer warps of both
 //     CTAs released it (remote mbarrier arrivals), and no CTA exits before its peer (cluster
 //     barrier). Without the pairing, the row tiles that share a weight tile ran on CTAs that
-//     drifted apart, and each read it from DRAM: at the DeepSeek-V3-like shape (16384 tokens, 4
-//     row tiles per expert) fc1 read 84 GB for 15 GB of weights (L2 hit rate 32%, ncu, H200,
-//     2026-12-02).
+//     drifted apart, and each read it from DRAM: several times the weights' bytes.
 //   - Forward tiles (grouped_gemm_tiles.h, tested on the host): group-major; within a group the
 //     row pairs of a column tile are consecutive (the clusters resident together read one weight
 //     tile from L2), then the column pairs. Each CTA scans the offsets once into shared memory

@@ -12,9 +12,8 @@
 // row tile in column pairs (a column tile past n leaves its CTA's consumers idle). Order:
 // group-major; within a group the row pairs of a column tile consecutive (the clusters resident
 // together read one weight tile from L2), then the column pairs. (Each column pair right after the
-// row pairs of its two column tiles instead, so that it reads their weight tiles from L2, measured
-// no faster, not kept: Mixtral-8x7B at 4096 tokens, random routing, probe on one H200, 2026-12-03,
-// ms: fc1 + SwiGLU 2.78 -> 2.77, fc2 1.35 -> 1.54, fc1's data gradient 2.76 -> 2.68.)
+// row pairs of its two column tiles instead, so that it reads their weight tiles from L2, was no
+// faster overall: not kept.)
 //
 // Weight gradient: dw_g (n, k) = dy_g^T x_g is cut into kBlockM x kBlockN tiles, and a cluster tile
 // is two of them stacked along M (dw rows m0 + kBlockM r, columns n0): the CTAs share x_g's kBlockN
@@ -22,8 +21,8 @@
 // second tile lies past n (its CTA's consumers idle). Order: group-major; within a group, bands of
 // band_pairs row pairs, and within a band column-major (a band's row pairs over one column tile
 // consecutive). Where dy_g outgrows L2, one band (all row pairs) would sweep all of dy_g once per
-// column tile, reading it from DRAM again each time (Mixtral's fc1 at 4096 tokens: 5.9 GB read for
-// 0.5 GB of operands, ncu, H200, 2026-12-02); bands of kWeightGradBandPairs keep the clusters
+// column tile, reading it from DRAM again each time (many times the operands' bytes); bands of
+// kWeightGradBandPairs keep the clusters
 // resident together on a few of dy_g's columns and a few of x_g's column tiles, which stay in L2
 // while the band sweeps x_g's columns. Where dy_g fits, one band reads each operand once. The
 // launcher decides by the average group's dy_g (a skewed routing's largest group may outgrow L2

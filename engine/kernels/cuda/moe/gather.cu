@@ -6,9 +6,7 @@
 // words, at most the block), each group copying rows kRowsInFlight at a time (all their loads
 // before their stores; four where a group is at least a warp, else one, which keeps four times
 // the blocks for narrow rows), the words of a row to neighbouring threads, so accesses coalesce;
-// no division per word. (The preset's 32768 permuted rows of 4 KiB on the H200 under ncu: 48.4
-// us; one thread per word over a flat index, with a 64-bit division for each: 52.6 us. Rows of
-// one 4-byte word, 32768 of them: 3.2-3.3 us; 3.5-3.8 with four rows in flight.)
+// no division per word (one thread per word over a flat index needs a 64-bit division for each).
 // GatherSumRows: grid-stride over (output row, 8-element chunk).
 // Indices out of range trap (MOE_DEVICE_CHECK).
 #include "engine/kernels/cuda/common/cuda_common.cuh"

@@ -9,9 +9,8 @@
 //   keeps the gradients of its own columns, adds the load-balancing term of its columns (computed
 //   once per warp, load_balancing.cuh), then the softmax backward with the row's dot product by
 //   a butterfly, stored once in dlogits' dtype.
-// On the 8-layer preset's router (4096 x 128, top-8), under ncu on the H200, per layer and
-// micro-batch: 7.8-8.0 us forward against 15.7-15.8 for softmax, top-k and renormalisation;
-// 10.5-10.7 us backward against 21.4-21.8 for four kernels, and the cast of dlogits they needed.
+// One launch each way instead of softmax, top-k and renormalisation (forward) and four kernels
+// and a cast of dlogits (backward): the row stays in registers between the steps.
 #include "engine/kernels/cuda/moe/router_gate.h"
 
 #include "engine/kernels/cuda/common/cuda_common.cuh"

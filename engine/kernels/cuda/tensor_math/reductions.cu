@@ -12,7 +12,7 @@
 namespace moe::cuda {
 namespace {
 
-constexpr int kReduceBlocks = 1024;  // with 256 threads: a full H200 (8 per SM), loads in flight
+constexpr int kReduceBlocks = 1024;  // with 256 threads: about 8 a SM, loads in flight on every SM
 constexpr int kReduceThreads = 256;
 constexpr int kMaxInputs = 32;
 

@@ -22,12 +22,10 @@ namespace moe::cuda::sm90 {
 // read it.
 //   - Forward (y, bf16): the whole result, one round, so a tile's writes drain during the next
 //     tile's mainloop (3 stages instead of 4 make room); fc2's forward: one box, 4 rounds, beside
-//     4 stages (ForwardPipeline). From registers (st.global per thread) they made the Mixtral
-//     fc1 forward 10% and the Qwen3 fc2 forward 45% slower than with no writes at all (2.82 vs
-//     2.57 ms, 0.256 vs 0.177 ms, H200, 2026-12-02).
+//     4 stages (ForwardPipeline). Written from registers (st.global per thread) instead, they
+//     made the forward much slower than with no writes at all.
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
-//     whole bf16 result beside 3 stages, measured the same day: faster for dw = (Mixtral fc1
-//     2.95 -> 2.84 ms), slower for += (3.25 -> 3.49) and for f32.)
+//     whole bf16 result beside 3 stages was faster for dw = but slower for += and for f32.)
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB

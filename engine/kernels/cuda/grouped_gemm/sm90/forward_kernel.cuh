@@ -25,12 +25,9 @@ namespace moe::cuda::sm90::detail {
 // The forward kernel's shared memory: kStages operand stages and each consumer's output staging,
 // beside the offsets and the hand-over barriers. A plain product with transpose_w (fc2's forward)
 // gets 4 stages and one box of staging (its result written in 4 rounds); the others keep 3 stages
-// beside a staging that holds the whole result (the hand-over epilogues need it). In the probe
-// (random routing, 4096 tokens, one H200, 2026-12-03; ms, 3 vs 4 stages): fc2's forward 0.222 ->
-// 0.210 at Qwen3-30B-A3B, 1.391-1.425 -> 1.364 at Mixtral-8x7B, 2.477-2.504 -> 2.275 at
-// DeepSeek-V3-like. Without transpose_w (the data gradients) 4 stages helped fc1's at Qwen3 (0.398
-// -> 0.376) but slowed fc2's (0.267 -> 0.276 at Qwen3, 2.33 -> 2.51 at DeepSeek-V3-like), so that
-// kernel keeps 3.
+// beside a staging that holds the whole result (the hand-over epilogues need it). The fourth stage
+// pays for fc2's forward at every model shape; without transpose_w (the data gradients) it helped
+// fc1's at one shape and slowed fc2's, so that kernel keeps 3.
 template <bool kTransposeW, Epilogue kEpilogue>
 struct ForwardPipeline {
   static constexpr bool kFourStages = kTransposeW && kEpilogue == Epilogue::kStore;
@@ -187,17 +184,18 @@ __device__ __forceinline__ void ConsumeForwardUnits(
   if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 }
 
-// y = x · op(w) per group (see grouped_gemm_sm90.cuh), in clusters of kForwardCluster CTAs. x_map:
-// x as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when kTransposeW, else
-// (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1). split: the last
-// wave's workspace (TailSplit; Epilogue::kStore only). Epilogue::kSwiglu (fc1 with SwiGLU: w's n =
-// 2 f rows are [gate | up]; kTransposeW): also swiglu.act = silu(gate) * up * scale[row] (rows, f).
-// A tile then holds 128 gate columns and their 128 up columns (the schedule's column c is gate
-// column c / 2); y_map is y as (f, 2, rows) (the gate or up half as a dimension, clipped at f), box
-// (64, 1, 64). Each consumer stages and writes y as usual and hands the staging to the activation
-// warps (ActivationBarriers), which compute a from it (WriteActivation) during the consumer's next
-// mainloop. (Computing a in the consumers' epilogue, staged and TMA-written after y, made fc1
-// 0.04-0.38 ms slower instead of saving the SwiGLU kernel's 0.05-0.18 ms: probe, H200, 2026-12-02.)
+// y = x · op(w) per group (see grouped_gemm_sm90.cuh), in clusters of kForwardCluster CTAs.
+// x_map: x as (k, rows), box (64, 64); w_map: w as (k, n, groups), box (64, 128, 1) when
+// kTransposeW, else (n, k, groups), box (64, 64, 1); y_map: y as (n, rows, 1), box (64, 64, 1).
+// split: the last wave's workspace (TailSplit; Epilogue::kStore only).
+// Epilogue::kSwiglu (fc1 with SwiGLU: w's n = 2 f rows are [gate | up]; kTransposeW): also
+// swiglu.act = silu(gate) * up * scale[row] (rows, f). A tile then holds 128 gate columns and their
+// 128 up columns (the schedule's column c is gate column c / 2); y_map is y as (f, 2, rows) (the
+// gate or up half as a dimension, clipped at f), box (64, 1, 64). Each consumer stages and writes
+// y as usual and hands the staging to the activation warps (ActivationBarriers), which compute a
+// from it (WriteActivation) during the consumer's next mainloop. (Computing a in the consumers'
+// epilogue, staged and TMA-written after y, slowed fc1 about as much as the separate SwiGLU
+// kernel it saved, or more.)
 // Epilogue::kSwigluBackward (fc2's data gradient, y = da (rows, n = f); not kTransposeW): y is not
 // written (y_map unused); each consumer only stages its da tile as bf16 and hands it over, and the
 // activation warps write swiglu.dh and the dscale partials from it (WriteSwigluGradients), having
@@ -239,9 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rank = ClusterRank();
   const int first_unit = ClusterIndex(), unit_step = ClusterCount();
   // Only the plain products split their tail. The hand-over kernels keep every tile whole: with
-  // the split (their activation warps at their register limit) the SwiGLU gradient's was 1-4%
-  // slower at every shape and fc1 + SwiGLU 1% slower at Qwen3-30B-A3B, where nothing split
-  // (probe, H200, 2026-12-04).
+  // the split (their activation warps at their register limit) both were slower, also at a shape
+  // where nothing split.
   constexpr bool kSplitsTail = kEpilogue == Epilogue::kStore;
   static_assert(!(kSplitsTail && kHandOver));
   const int total = WarpUniform(schedule.Total());

@@ -108,10 +108,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 // Rows each activation warp has in flight in WriteSwigluGradients: their loads are issued
-// together, so their latencies overlap. The fused kernel in the probe (random routing, 4096
-// tokens; ms at Qwen3-30B-A3B / Mixtral / DeepSeek-V3-like, one H200, 2026-12-02): 2 rows 0.365 /
-// 1.594 / 2.395, 3 rows 0.340 / 1.509 / 2.402, 4 rows 0.335 / 1.506 / 2.392; its GEMM alone
-// 0.216 / 1.34-1.46 / 2.22-2.25. One row was slower than two by 0.06 / 0.24 / 0.07 ms (H100).
+// together, so their latencies overlap (with fewer, the fused kernel was slower).
 constexpr int kGradientRowsInFlight = 4;
 
 // The SwiGLU gradient from a staged da tile (bf16, as a stored da would hold it: dh bit-identical
