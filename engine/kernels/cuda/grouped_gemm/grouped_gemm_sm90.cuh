@@ -224,15 +224,6 @@ inline cudaError_t GroupedMatmulSwigluBackwardSm90(const bf16* dy, const bf16* w
   return cudaGetLastError();
 }
 
-// One part of a weight gradient's token rows: dy (rows, n) and x (rows, k) bf16, offsets (groups +
-// 1) int32 in device memory.
-struct WeightGradRows {
-  const bf16* dy;
-  const bf16* x;
-  const int32_t* offsets;
-  int64_t rows;
-};
-
 // dw_g (+)= sum over the `count` parts of dy_p,g^T x_p,g (see the file comment), in one launch:
 // count <= kMaxWeightGradParts. Out (dw's element type) is float or bf16. Asynchronous on
 // `stream`.
@@ -242,59 +233,21 @@ cudaError_t GroupedMatmulWeightGradSm90(const WeightGradRows* rows_parts, int co
                                         cudaStream_t stream) {
   using namespace detail;
   static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>, "dw is f32 or bf16");
-  constexpr uint64_t kOutBytes = sizeof(Out);
   if (groups < 1 || count < 1 || count > kMaxWeightGradParts || !FitsInt(n) || !FitsInt(k) ||
       n % 8 != 0 || k % 8 != 0 || !Aligned16(dw)) {
     return cudaErrorInvalidValue;
   }
-  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   WeightGradParts parts = {};
   int64_t rows = 0;  // of all parts
-  for (int i = 0; i < count; ++i) {
-    const WeightGradRows& part = rows_parts[i];
-    if (!FitsInt(part.rows) || !Aligned16(part.dy) || !Aligned16(part.x)) {
-      return cudaErrorInvalidValue;
-    }
-    if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
-    const int p = parts.count++;
-    const uint64_t ur = static_cast<uint64_t>(part.rows);
-    cudaError_t status = EncodeTensorMap<2>(&parts.dy[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, part.dy,
-                                            {un, ur}, {un * 2}, {64, kBlockK});
-    if (status != cudaSuccess) return status;
-    status = EncodeTensorMap<2>(&parts.x[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, part.x, {uk, ur},
-                                {uk * 2}, {64, kBlockK});
-    if (status != cudaSuccess) return status;
-    parts.offsets[p] = part.offsets;
-    parts.rows[p] = static_cast<int>(part.rows);
-    rows += part.rows;
-  }
+  const cudaError_t status = EncodeWeightGradParts(rows_parts, count, n, k, &parts, &rows);
+  if (status != cudaSuccess) return status;
   if (n == 0 || k == 0) return cudaSuccess;
   if (rows == 0) {
     return accumulate
                ? cudaSuccess
-               : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * kOutBytes, stream);
+               : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * sizeof(Out), stream);
   }
-  const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::Of(n, k, rows, groups);
-  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  CUtensorMap dw_map;
-  cudaError_t status =
-      EncodeTensorMap<3>(&dw_map,
-                         std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                         dw, {uk, un, static_cast<uint64_t>(groups)},
-                         {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
-  if (status != cudaSuccess) return status;
-  constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kWeightGradSmemBytes, kWeightGradCluster, tiles, stream,
-                                            &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
-                              static_cast<int>(n), accumulate);
-  if (status != cudaSuccess) return status;
-  return cudaGetLastError();
+  return LaunchGroupedWeightGrad(parts, rows, groups, n, k, accumulate, dw, stream);
 }
 
 }  // namespace moe::cuda::sm90

@@ -1,7 +1,7 @@
 // The weight gradient's reduction dimension in the Hopper grouped GEMMs (design:
 // ../grouped_gemm_sm90.cuh): a group's token rows in up to kMaxWeightGradParts parts, walked in
 // 64-row K steps; which 16-row slices of a part's last step the consumers read, and the producer's
-// zeroing of the rows past the group's end in them.
+// zeroing of the rows past the group's end in them; and a part as the launcher takes it.
 #pragma once
 
 #include <cuda.h>
@@ -22,6 +22,15 @@ struct WeightGradParts {
   const int32_t* offsets[kMaxWeightGradParts];
   int rows[kMaxWeightGradParts];
   int count;  // 1 <= count <= kMaxWeightGradParts, each part with rows
+};
+
+// One part of a weight gradient's token rows: dy (rows, n) and x (rows, k) bf16, offsets (groups +
+// 1) int32 in device memory.
+struct WeightGradRows {
+  const bf16* dy;
+  const bf16* x;
+  const int32_t* offsets;
+  int64_t rows;
 };
 
 namespace detail {
