@@ -16,7 +16,7 @@
 #include "engine/kernels/ops.h"
 #include "modules/model_presets.h"
 #if MOE_WITH_CUDA
-#include "engine/kernels/cuda/attention_sm90.h"
+#include "engine/kernels/cuda/attention/attention_sm90.h"
 #endif
 
 // The default shape: the attention of the qwen3_moe_8layer preset (modules/model_presets.h).

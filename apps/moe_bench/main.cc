@@ -33,7 +33,7 @@
 #include "apps/common/random_tensor.h"
 #include "apps/moe_bench/op_breakdown.h"
 #include "engine/core/bfloat16.h"
-#include "engine/kernels/cuda/grouped_gemm_tiles.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "modules/model_presets.h"

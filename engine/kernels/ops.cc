@@ -12,8 +12,8 @@
 #include "engine/runtime/device_context.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/cuda_ops.h"
-#include "engine/kernels/cuda/grouped_matmul_sm90.h"
-#include "engine/kernels/cuda/router_gate.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_matmul_sm90.h"
+#include "engine/kernels/cuda/moe/router_gate.h"
 #define MOE_CUDA_OR_FAIL(call) cuda::call
 #else
 #define MOE_CUDA_OR_FAIL(call) LOG(FATAL) << "this build has no CUDA support"

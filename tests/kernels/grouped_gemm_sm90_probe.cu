@@ -1,10 +1,13 @@
-// Standalone probe of the Hopper grouped GEMMs (engine/kernels/cuda/grouped_gemm_sm90.cuh) on an
-// H100/H200: checks each kernel against per-group cublasGemmEx references and times it beside
-// cuBLAS. Build and run from the repository root (one line; the filter, e.g. qwen3, runs only the
-// cases whose name contains it):
+// Standalone probe of the Hopper grouped GEMMs
+// (engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh) on an H100/H200: checks each kernel
+// against per-group cublasGemmEx references and times it beside cuBLAS. Build and run from the
+// repository root (one line; the filter, e.g. qwen3, runs only the cases whose name contains it):
 // clang-format off
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu -lcublas -o /tmp/gg_probe && /tmp/gg_probe [filter]
 // clang-format on
+// ctest runs its check mode over every case (PROBE_CHECKS_ONLY=1, below) as
+// grouped_gemm_probe_cuda_test, label cuda (tests/CMakeLists.txt builds it where the build has
+// architecture 90).
 //
 // Cases: a tiny one (k 64 or 128, about one 128 x 256 tile per group: the first to debug), a
 // tiny one whose groups end in tiles of at most 64 rows (the forward's epilogue paths), MoE
@@ -26,9 +29,9 @@
 //   fc2 wgrad     dw2 (E, h, f) = or += dy^T · a    (each with an f32 dw, then with a bf16 dw)
 //                 each wgrad also over the rows cut into three parts (micro-batches) at rows off
 //                 the 64-row K step, their offsets shifted and clamped: the same sum
-// Checks (PASS/FAIL each; exit status 1 if any fails, 2 on a CUDA error, 3 on a kernel that does
-// not finish within 20 s, e.g. a pipeline deadlock), against an f32 reference (the per-group
-// cuBLAS products; for +=, plus the initial dw values as dw holds them):
+// Checks (PASS/FAIL each; exit status 1 if any fails or none ran, 2 on a CUDA error, 3 on a kernel
+// that does not finish within 20 s, e.g. a pipeline deadlock), against an f32 reference (the
+// per-group cuBLAS products; for +=, plus the initial dw values as dw holds them):
 //   - no non-finite values (y, and dw for =, start as NaN: an unwritten element fails), and every
 //     |ours - ref| within: bf16 y 1e-2 max|ref|; f32 dw 1e-3 max|ref|; bf16 dw one bf16 ulp of
 //     |ref| plus 2^-16 max|ref| per 16384 rows of the largest group (f32 summation-order noise
@@ -76,7 +79,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/kernels/cuda/grouped_gemm_sm90.cuh"
+#include "engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh"
 
 namespace {
 
@@ -582,7 +585,7 @@ void PrintTime(const char* name, double ms, double flops, double bytes = 0) {
 }
 
 // ---------------------------------------------------------------- cuBLAS (row-major as
-// column-major transposes, as engine/kernels/cuda/grouped_matmul.cu)
+// column-major transposes, as engine/kernels/cuda/grouped_gemm/grouped_matmul.cu)
 
 struct Cublas {
   cublasHandle_t handle;
@@ -1157,5 +1160,9 @@ int main(int argc, char** argv) {
     ProbeCase(tally, cublas, c);
   }
   std::printf("\n%d passed, %d failed\n", tally.passed, tally.failed);
+  if (tally.passed + tally.failed == 0) {
+    std::fprintf(stderr, "no case's name contains \"%s\": nothing checked\n", filter.c_str());
+    return 1;
+  }
   return tally.failed == 0 ? 0 : 1;
 }

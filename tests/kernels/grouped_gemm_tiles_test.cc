@@ -1,12 +1,12 @@
-// The Hopper grouped GEMMs' tile schedules (engine/kernels/cuda/grouped_gemm_tiles.h), on the
-// host. Forward: over group sizes that hit every case (empty groups, one row, a tile's edges, odd
-// and even row-tile counts) and column counts (one column tile, odd and even counts, a tail), the
-// cluster tiles cover every kBlockM x kBlockN tile of y that holds rows exactly once, by a tile
-// that lies inside its group's rows, and only a column pair's tile past n is left idle. Weight
-// gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs or
-// leave a partial band, and tails, the cluster tiles cover every tile of every group's dw exactly
-// once, and only the second tile of a group's last pair, past n when the row tiles are odd, idles;
-// bands are chosen only where a group's dy outgrows L2.
+// The Hopper grouped GEMMs' tile schedules (engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h),
+// on the host. Forward: over group sizes that hit every case (empty groups, one row, a tile's
+// edges, odd and even row-tile counts) and column counts (one column tile, odd and even counts, a
+// tail), the cluster tiles cover every kBlockM x kBlockN tile of y that holds rows exactly once, by
+// a tile that lies inside its group's rows, and only a column pair's tile past n is left idle.
+// Weight gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs
+// or leave a partial band, and tails, the cluster tiles cover every tile of every group's dw
+// exactly once, and only the second tile of a group's last pair, past n when the row tiles are odd,
+// idles; bands are chosen only where a group's dy outgrows L2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kernels/cuda/grouped_gemm_tiles.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
 
 namespace moe {
 namespace {

@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "engine/core/cuda_check.h"
-#include "engine/kernels/cuda/attention_sm90.h"
-#include "engine/kernels/cuda/grouped_matmul_sm90.h"
+#include "engine/kernels/cuda/attention/attention_sm90.h"
+#include "engine/kernels/cuda/grouped_gemm/grouped_matmul_sm90.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
@@ -614,7 +614,7 @@ std::vector<OpCase> Cases() {
   // one bf16 ulp, 2^-8 to 2^-7 of its value, where the two backends' f32 arithmetic differs by an
   // f32 ulp, e.g. by contracting to an FMA: rare from f32 gradients, frequent from bf16 ones, whose
   // short products often land the new moment exactly on a bf16 tie; the one-element tensor's
-  // error is that element's, so up to 2^-7: 1/224 was seen on the H200, seed 2029293701), and
+  // error is that element's, so up to 2^-7), and
   // bf16 gradients too. Both bf16-moment cases allow that ulp: from f32 gradients it is rare, not
   // impossible (one element of the 37-element tensors alone would exceed 1e-4).
   struct AdamWCase {

@@ -1,0 +1,207 @@
+// The host side of the Hopper grouped GEMMs' launches (design: ../grouped_gemm_sm90.cuh):
+// argument checks, persistent cluster launches (as many clusters as can be resident, asked once
+// per kernel and device), and each kernel's tensor maps and launch.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/kernels/cuda/common/sm90_ptx.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/epilogue.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/forward_kernel.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/split_k.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/swiglu_epilogue.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_kernel.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_parts.cuh"
+
+namespace moe::cuda::sm90::detail {
+
+inline bool FitsInt(int64_t v) { return v >= 0 && v < (int64_t{1} << 31); }
+
+// A launch of kernels of kThreads in clusters of `cluster_size` CTAs, with `smem_bytes` of dynamic
+// shared memory, on `stream`: fills *config (pointing at *attribute), one cluster as its grid.
+inline void ClusterLaunchConfig(int smem_bytes, int cluster_size, cudaStream_t stream,
+                                cudaLaunchConfig_t* config, cudaLaunchAttribute* attribute) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config->gridDim = dim3(static_cast<unsigned>(cluster_size));
+  config->blockDim = dim3(kThreads);
+  config->dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config->stream = stream;
+  config->attrs = attribute;
+  config->numAttrs = 1;
+}
+
+// How many clusters of `kernel`, launched as ClusterLaunchConfig says, can be resident at once on
+// the current device (*clusters); sets the kernel's dynamic shared-memory attribute.
+inline cudaError_t ResidentClusters(const void* kernel, int smem_bytes, int cluster_size,
+                                    int* clusters) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute;
+  ClusterLaunchConfig(smem_bytes, cluster_size, nullptr, &config, &attribute);
+  const cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (status != cudaSuccess) return status;
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
+// A persistent launch of kKernel in clusters of `cluster_size` CTAs: as many clusters as can be
+// resident at once (none idle: at most `tiles`), with `smem_bytes` of dynamic shared memory.
+// Fills *config (pointing at *attribute). The residency is asked (and the shared-memory attribute
+// set) once per kernel and device.
+template <auto kKernel>
+cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t tiles,
+                                    cudaStream_t stream, cudaLaunchConfig_t* config,
+                                    cudaLaunchAttribute* attribute) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> resident_clusters[kMaxDevices] = {};  // 0: not asked yet
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device >= kMaxDevices) return cudaErrorInvalidValue;
+  if (resident_clusters[device] == 0) {
+    int clusters = 0;
+    status = ResidentClusters(reinterpret_cast<const void*>(kKernel), smem_bytes, cluster_size,
+                              &clusters);
+    if (status != cudaSuccess) return status;
+    if (clusters < 1) return cudaErrorInvalidValue;  // declined: no cluster fits
+    resident_clusters[device] = clusters;
+  }
+  ClusterLaunchConfig(smem_bytes, cluster_size, stream, config, attribute);
+  const int64_t clusters =
+      std::max<int64_t>(1, std::min<int64_t>(resident_clusters[device], tiles));
+  config->gridDim = dim3(static_cast<unsigned>(clusters * cluster_size));
+  return cudaSuccess;
+}
+
+// Whether the forward kernel takes these arguments (see grouped_gemm_sm90.cuh's requirements).
+inline bool ForwardArgumentsValid(const bf16* x, const bf16* w, const bf16* y, int groups,
+                                  int64_t rows, int64_t n, int64_t k) {
+  return groups >= 1 && groups <= kMaxGroups && FitsInt(rows) && FitsInt(n) && FitsInt(k) &&
+         n % 8 == 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w) && Aligned16(y);
+}
+
+// The forward kernel's tensor maps (see GroupedMatmulKernel): x's, w's (by kTransposeW) and, for
+// kStore and kSwiglu, y's (kSwigluBackward writes no y: *y_map stays as it is).
+template <bool kTransposeW, Epilogue kEpilogue>
+cudaError_t EncodeForwardMaps(const bf16* x, const bf16* w, const bf16* y, int groups, int64_t rows,
+                              int64_t n, int64_t k, CUtensorMap* x_map, CUtensorMap* w_map,
+                              CUtensorMap* y_map) {
+  const uint64_t g = static_cast<uint64_t>(groups), ur = static_cast<uint64_t>(rows);
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k), uf = un / 2;
+  cudaError_t status = EncodeTensorMap<2>(x_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, {uk, ur},
+                                          {uk * 2}, {kBlockK, 64});
+  if (status != cudaSuccess) return status;
+  status = kTransposeW ? EncodeTensorMap<3>(w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {uk, un, g},
+                                            {uk * 2, un * uk * 2}, {kBlockK, kBlockN / 2, 1})
+                       : EncodeTensorMap<3>(w_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, {un, uk, g},
+                                            {un * 2, un * uk * 2}, {64, kBlockK, 1});
+  if (status != cudaSuccess) return status;
+  constexpr uint32_t kColumns = kWriteColumns<bf16>;
+  if constexpr (kEpilogue == Epilogue::kSwiglu) {
+    status = EncodeTensorMap<3>(y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {uf, 2, ur},
+                                {uf * 2, un * 2}, {kColumns, 1, 64});
+  } else if constexpr (kEpilogue == Epilogue::kStore) {
+    status = EncodeTensorMap<3>(y_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, y, {un, ur, 1},
+                                {un * 2, un * 2 * ur}, {kColumns, 64, 1});
+  }
+  return status;
+}
+
+// The launch of GroupedMatmulSm90, GroupedMatmulSwigluSm90 (kSwiglu: y (rows, n = 2 f)) and
+// GroupedMatmulSwigluBackwardSm90 (kSwigluBackward: y unused, n = f) on valid arguments with rows,
+// n, k > 0.
+template <bool kTransposeW, Epilogue kEpilogue>
+cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* offsets, int groups,
+                                int64_t rows, int64_t n, int64_t k, bf16* y,
+                                const SwigluOperands& swiglu, const SplitWorkspace& split,
+                                cudaStream_t stream) {
+  CUtensorMap x_map, w_map, y_map = {};
+  cudaError_t status = EncodeForwardMaps<kTransposeW, kEpilogue>(x, w, y, groups, rows, n, k,
+                                                                 &x_map, &w_map, &y_map);
+  if (status != cudaSuccess) return status;
+  // Cluster tiles <= row tiles x column tiles; sum_g ceil(rows_g / kBlockM) <= (rows + groups
+  // (kBlockM - 1)) / kBlockM. (With kSwiglu, ceil(f / (kBlockN / 2)) column tiles: as many.)
+  const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
+                        ((n + kBlockN - 1) / kBlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kEpilogue>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  status = PersistentClusterLaunch<kKernel>(ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes,
+                                            kForwardCluster, tiles, stream, &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
+                              static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
+                              swiglu, split);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+// Checks the `count` parts of a weight gradient's rows (dy (rows, n), x (rows, k)) and encodes
+// their tensor maps into *parts, leaving out parts without rows (all of them where n or k is 0);
+// *rows: the rows of all parts. cudaErrorInvalidValue for a part of 2^31 rows or more or with
+// operands not 16-byte aligned.
+inline cudaError_t EncodeWeightGradParts(const WeightGradRows* rows_parts, int count, int64_t n,
+                                         int64_t k, WeightGradParts* parts, int64_t* rows) {
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  for (int i = 0; i < count; ++i) {
+    const WeightGradRows& part = rows_parts[i];
+    if (!FitsInt(part.rows) || !Aligned16(part.dy) || !Aligned16(part.x)) {
+      return cudaErrorInvalidValue;
+    }
+    if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
+    const int p = parts->count++;
+    const uint64_t ur = static_cast<uint64_t>(part.rows);
+    cudaError_t status = EncodeTensorMap<2>(&parts->dy[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                            part.dy, {un, ur}, {un * 2}, {64, kBlockK});
+    if (status != cudaSuccess) return status;
+    status = EncodeTensorMap<2>(&parts->x[p], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, part.x, {uk, ur},
+                                {uk * 2}, {64, kBlockK});
+    if (status != cudaSuccess) return status;
+    parts->offsets[p] = part.offsets;
+    parts->rows[p] = static_cast<int>(part.rows);
+    *rows += part.rows;
+  }
+  return cudaSuccess;
+}
+
+// The launch of GroupedMatmulWeightGradSm90 on valid, encoded parts of `rows` rows in all, and
+// rows, n, k > 0.
+template <typename Out>
+cudaError_t LaunchGroupedWeightGrad(const WeightGradParts& parts, int64_t rows, int groups,
+                                    int64_t n, int64_t k, bool accumulate, Out* dw,
+                                    cudaStream_t stream) {
+  constexpr uint64_t kOutBytes = sizeof(Out);
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::Of(n, k, rows, groups);
+  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  CUtensorMap dw_map;
+  cudaError_t status =
+      EncodeTensorMap<3>(&dw_map,
+                         std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                         dw, {uk, un, static_cast<uint64_t>(groups)},
+                         {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
+  if (status != cudaSuccess) return status;
+  constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  status = PersistentClusterLaunch<kKernel>(kWeightGradSmemBytes, kWeightGradCluster, tiles, stream,
+                                            &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
+                              static_cast<int>(n), accumulate);
+  if (status != cudaSuccess) return status;
+  return cudaGetLastError();
+}
+
+}  // namespace moe::cuda::sm90::detail
