@@ -1,6 +1,7 @@
 // World::Init for builds with MPI (see world.h).
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,15 @@ class MpiWorld final : public World {
                  std::to_string(size()) + " ranks failed)";
     }
     return Status(static_cast<StatusCode>(header[0]), std::move(message));
+  }
+
+  std::string Broadcast(const std::string& data, int root) override {
+    uint64_t length = data.size();
+    MOE_MPI_CALL(MPI_Bcast(&length, 1, MPI_UINT64_T, root, host_comm_));
+    std::string out = rank() == root ? data : std::string(length, '\0');
+    CHECK_LE(length, uint64_t{1} << 30) << "World::Broadcast is for small documents";
+    MOE_MPI_CALL(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, root, host_comm_));
+    return out;
   }
 
  private:

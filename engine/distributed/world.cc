@@ -49,6 +49,8 @@ class SingleProcessWorld final : public World {
   }
 
   Status AllAgree(const Status& local) override { return local; }
+
+  std::string Broadcast(const std::string& data, int) override { return data; }
 };
 
 }  // namespace
