@@ -33,6 +33,9 @@ std::vector<DigestEntry> Parse(const std::string& text) {
   return out;
 }
 
+// A value as the message shows it: an empty one as ''.
+std::string Shown(const std::string& value) { return value.empty() ? "''" : value; }
+
 std::string SizeText(const std::string& path) {
   std::error_code error;
   const uintmax_t size = std::filesystem::file_size(path, error);
@@ -70,8 +73,8 @@ Status CompareWithRankZero(World& world, const std::vector<DigestEntry>& digest)
       return InvalidArgument(differs + name + " is known to only one of them (another build?)");
     }
     if (zero[i].value != digest[i].value) {
-      return InvalidArgument(differs + digest[i].name + " is " + digest[i].value + " on " + me +
-                             ", " + zero[i].value + " on rank 0");
+      return InvalidArgument(differs + digest[i].name + " is " + Shown(digest[i].value) + " on " +
+                             me + ", " + Shown(zero[i].value) + " on rank 0");
     }
   }
   return Status::Ok();
