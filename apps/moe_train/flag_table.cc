@@ -107,7 +107,7 @@ const std::vector<FlagRow>& FlagTable() {
       Range("save_interval", "eval, checkpoints", 0, k2e40, "0: only at the end"),
       Text("load", "eval, checkpoints"),
       Range("exit_interval", "eval, checkpoints", 0, k2e40, "0: off"),
-      Range("exit_duration_in_mins", "eval, checkpoints", 0, 1e7, "0: off"),
+      Range("exit_duration_in_mins", "eval, checkpoints", 0, 1e6, "0: off"),
       Text("metrics_file", "eval, checkpoints"),
       Range("log_interval", "eval, checkpoints", 1, k2e40),
       Text("dump_reference_case", "eval, checkpoints"),

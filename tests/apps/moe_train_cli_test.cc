@@ -319,7 +319,7 @@ std::vector<Refusal> RangeCases() {
       {"moe_wgrad_micro_batches=0", "[1, 1024]"},
       {"recompute_num_layers=-2", "[-1, 1048576]"},
       {"exit_interval=-1", "[0, 1099511627776]"},
-      {"exit_duration_in_mins=-1", "[0, 10000000]"},
+      {"exit_duration_in_mins=-1", "[0, 1000000]"},
       {"distributed_timeout_minutes=0", "(0, 10000]"},
   };
   std::vector<Refusal> cases;
