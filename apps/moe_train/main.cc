@@ -156,9 +156,12 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   agreed = world.AllAgree(validated.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   RunConfig run = std::move(validated).value();
-  // Every rank resolved --load alone: a root another run writes to could differ between them.
+  // What each rank resolved alone: --load (a root another run writes to could differ between
+  // them) and --device=auto (a host without a GPU).
   agreed = world.AllAgree(
-      CompareWithRankZero(world, {{"the checkpoint --load resumes from", run.resume_dir}}));
+      CompareWithRankZero(world, {{"the checkpoint --load resumes from", run.resume_dir},
+                                  {"the device type --device=" + FLAGS_device + " gives",
+                                   run.device.is_cuda() ? "cuda" : "cpu"}}));
   if (!agreed.ok()) return world.rank() == 0 ? Fail(agreed, 2) : 2;
   StatusOr<Device> device = RankDevice(world, run.device);
   agreed = world.AllAgree(device.status());

@@ -116,8 +116,10 @@ bool IsCheckpointStepDirName(const std::string& name) {
 bool IsCheckpointTemporaryName(const std::string& name) {
   if (name == kLatestTemporary) return true;
   const size_t mark = name.find(kTemporaryStepMark);
-  return name.size() > 1 && name[0] == '.' && mark != std::string::npos &&
-         IsCheckpointStepDirName(name.substr(1, mark - 1));
+  if (name.empty() || name[0] != '.' || mark == std::string::npos) return false;
+  const std::string pid = name.substr(mark + std::strlen(kTemporaryStepMark));
+  return IsCheckpointStepDirName(name.substr(1, mark - 1)) && !pid.empty() &&
+         pid.find_first_not_of("0123456789") == std::string::npos;
 }
 
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,

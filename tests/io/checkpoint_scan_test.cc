@@ -165,7 +165,8 @@ TEST_F(CheckpointScanTest, TheTemporariesOfInterruptedSavesAreRemovedByName) {
   std::ofstream(root_ + "/.step_00000200.tmp-4242/model.safetensors") << "half";
   std::ofstream(root_ + "/latest.tmp") << "step_00000200\n";
   std::ofstream(root_ + "/notes.txt") << "the user's";
-  fs::create_directories(root_ + "/.step_x.tmp-1");  // not a name Save writes
+  fs::create_directories(root_ + "/.step_x.tmp-1");  // not names Save writes
+  fs::create_directories(root_ + "/.step_00000200.tmp-old");
   EXPECT_EQ(ListCheckpointRoot(root_).temporaries,
             (std::vector<std::string>{".step_00000200.tmp-4242", "latest.tmp"}));
   StatusOr<std::vector<std::string>> removed = RemoveCheckpointTemporaries(root_);
@@ -175,6 +176,7 @@ TEST_F(CheckpointScanTest, TheTemporariesOfInterruptedSavesAreRemovedByName) {
   EXPECT_FALSE(fs::exists(root_ + "/latest.tmp"));
   EXPECT_TRUE(fs::exists(root_ + "/notes.txt"));
   EXPECT_TRUE(fs::exists(root_ + "/.step_x.tmp-1"));
+  EXPECT_TRUE(fs::exists(root_ + "/.step_00000200.tmp-old"));
   EXPECT_TRUE(ReadStepDirectory(Step(100)).ok());
   EXPECT_TRUE(RemoveCheckpointTemporaries(root_)->empty());
 }
