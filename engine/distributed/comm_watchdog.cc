@@ -46,9 +46,15 @@ void CommWatchdog::Loop() {
   const auto poll = std::clamp<std::chrono::milliseconds>(
       timeout_ / 10, std::chrono::milliseconds(10), std::chrono::seconds(1));
   std::unique_lock<std::mutex> lock(mutex_);
+  auto last_poll = std::chrono::steady_clock::now();
   while (true) {
     cv_.wait_for(lock, poll, [this] { return stopping_; });
     if (stopping_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_poll > timeout_ / 2) {  // this process was frozen: its peers were not late
+      for (Operation& operation : pending_) operation.since = now;
+    }
+    last_poll = now;
     if (hooks_.async_error) {
       const std::string error = hooks_.async_error();
       if (!error.empty()) Fail("asynchronous error: " + error, nullptr);

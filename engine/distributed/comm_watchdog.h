@@ -19,6 +19,10 @@
 // Only the first failure of a process is reported; the watchdog of another communicator that
 // fails meanwhile waits for the process to end.
 //
+// A poll that comes more than half a timeout after the one before means this process was frozen
+// (SIGSTOP, a suspended machine; mpirun resumes a stopped rank before ending it): the time frozen
+// does not count against the operations' peers, whose clocks restart then.
+//
 // Operations of one communicator finish in the order they were tracked (they share one stream),
 // so only the oldest unfinished one is looked at.
 #pragma once

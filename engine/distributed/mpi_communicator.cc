@@ -99,10 +99,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::mil
     : Communicator(CommRank(comm), CommSize(comm), stream, timeout),
       comm_(comm),
       cpu_stream_(AsCpuStream(stream)),
-      census_(comm),
+      census_(MpiPeerCensus::Duplicating(comm)),
       watchdog_("MPI rank " + std::to_string(rank()) + "/" + std::to_string(size()), timeout,
-                {.census = [this](const std::string& operation, std::chrono::milliseconds grace) {
-                  return census_.Take(operation, grace);
+                {.census = [census = census_.get()](const std::string& operation,
+                                                    std::chrono::milliseconds grace) {
+                  return census->Take(operation, grace);
                 }}) {}
 
 MpiCommunicator::~MpiCommunicator() {

@@ -63,7 +63,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   CpuStream& cpu_stream_;
-  MpiPeerCensus census_;  // outlives the watchdog, whose failure takes it
+  const std::unique_ptr<MpiPeerCensus> census_;  // outlives the watchdog, whose failure takes it
   CommWatchdog watchdog_;
 };
 

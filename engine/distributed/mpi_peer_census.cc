@@ -20,8 +20,13 @@ std::string RankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
-MpiPeerCensus::MpiPeerCensus(MPI_Comm comm) {
-  MOE_MPI_CALL(MPI_Comm_dup(comm, &comm_));
+std::unique_ptr<MpiPeerCensus> MpiPeerCensus::Duplicating(MPI_Comm comm) {
+  MPI_Comm duplicate = MPI_COMM_NULL;
+  MOE_MPI_CALL(MPI_Comm_dup(comm, &duplicate));
+  return std::unique_ptr<MpiPeerCensus>(new MpiPeerCensus(duplicate));
+}
+
+MpiPeerCensus::MpiPeerCensus(MPI_Comm owned) : comm_(owned) {
   int size = 0;
   MOE_MPI_CALL(MPI_Comm_rank(comm_, &rank_));
   MOE_MPI_CALL(MPI_Comm_size(comm_, &size));
@@ -37,6 +42,12 @@ MpiPeerCensus::MpiPeerCensus(MPI_Comm comm) {
 }
 
 MpiPeerCensus::~MpiPeerCensus() { MOE_MPI_CALL(MPI_Comm_free(&comm_)); }
+
+std::unique_ptr<PeerCensus> MpiPeerCensus::Split(int color, int key) {
+  MPI_Comm split = MPI_COMM_NULL;
+  MOE_MPI_CALL(MPI_Comm_split(comm_, color, key, &split));
+  return std::unique_ptr<PeerCensus>(new MpiPeerCensus(split));
+}
 
 CommWatchdog::Census MpiPeerCensus::Take(const std::string& operation,
                                          std::chrono::milliseconds grace) {

@@ -1,8 +1,9 @@
 // MpiPeerCensus: after an operation of an MPI communicator timed out (comm_watchdog.h), which of
 // its ranks did not arrive at it (include only from MPI translation units).
 //
-// The census runs on a duplicate of the communicator, made when the communicator is (a
-// collective), so its messages never mix with the operations'. Take, on the watchdog thread of
+// The census runs on a duplicate of the communicator (MPI's own, or for NCCL the MPI communicator
+// of the same ranks), made when the communicator is (a collective), so its messages never mix
+// with the operations'. Take, on the watchdog thread of
 // the timed-out operation, sends "waiting in <operation>" to every other rank of the
 // communicator (non-blocking, never waited for: a peer may be stopped or dead), then for `grace`
 // receives what the peers whose own operations time out meanwhile send. A rank heard from
@@ -19,21 +20,24 @@
 #include <string>
 #include <vector>
 
-#include "engine/distributed/comm_watchdog.h"
+#include "engine/distributed/peer_census.h"
 
 namespace moe {
 
-class MpiPeerCensus {
+class MpiPeerCensus final : public PeerCensus {
  public:
-  explicit MpiPeerCensus(MPI_Comm comm);  // collective over `comm`
-  ~MpiPeerCensus();
+  // Collective over `comm`, which stays the caller's (the census works on a duplicate).
+  static std::unique_ptr<MpiPeerCensus> Duplicating(MPI_Comm comm);
+  ~MpiPeerCensus() override;
   MpiPeerCensus(const MpiPeerCensus&) = delete;
   MpiPeerCensus& operator=(const MpiPeerCensus&) = delete;
 
-  // Once per process, on the watchdog thread (see above).
-  CommWatchdog::Census Take(const std::string& operation, std::chrono::milliseconds grace);
+  CommWatchdog::Census Take(const std::string& operation, std::chrono::milliseconds grace) override;
+  std::unique_ptr<PeerCensus> Split(int color, int key) override;
 
  private:
+  explicit MpiPeerCensus(MPI_Comm owned);
+
   MPI_Comm comm_;
   int rank_ = 0;
   std::vector<int> world_ranks_;  // by rank of comm_

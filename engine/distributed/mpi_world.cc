@@ -7,6 +7,7 @@
 
 #include "engine/core/mpi_check.h"
 #include "engine/distributed/mpi_communicator.h"
+#include "engine/distributed/mpi_peer_census.h"
 #include "engine/distributed/world.h"
 #if MOE_WITH_CUDA
 #include "engine/distributed/cuda_nccl_communicator.h"
@@ -47,7 +48,8 @@ class MpiWorld final : public World {
       std::string id(kNcclUniqueIdBytes, '\0');
       if (rank() == 0) id = NewNcclUniqueId();
       MOE_MPI_CALL(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, host_comm_));
-      return NewNcclCommunicator(id, rank(), size(), stream, timeout);
+      return NewNcclCommunicator(id, rank(), size(), stream, timeout,
+                                 MpiPeerCensus::Duplicating(host_comm_));
     }
 #endif
     MPI_Comm comm = MPI_COMM_NULL;

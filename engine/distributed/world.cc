@@ -42,7 +42,8 @@ class SingleProcessWorld final : public World {
                                                 std::chrono::milliseconds timeout) override {
 #if MOE_WITH_CUDA
     if (stream.device().is_cuda()) {
-      return NewNcclCommunicator(NewNcclUniqueId(), /*rank=*/0, /*size=*/1, stream, timeout);
+      return NewNcclCommunicator(NewNcclUniqueId(), /*rank=*/0, /*size=*/1, stream, timeout,
+                                 /*census=*/nullptr);
     }
 #endif
     return std::make_unique<SingleRankCommunicator>(stream, timeout);
