@@ -110,7 +110,7 @@ void NoteChangedTrainingFlags(const nlohmann::json& state, int64_t step, RunConf
 
 Status CheckResume(RunConfig* run) {
   if (FLAGS_load.empty()) return Status::Ok();
-  if (SamePath(FLAGS_load, FLAGS_save)) {
+  if (!FLAGS_save.empty() && SamePath(FLAGS_load, FLAGS_save)) {
     const CheckpointRootEntries entries = ListCheckpointRoot(FLAGS_load);
     if (entries.step_dirs.empty() && !entries.latest) {
       run->notes.push_back("resume: --load " + FLAGS_load +
