@@ -121,13 +121,13 @@ TEST(MoeTrainClusterTest, ExitDurationStopsAndSavesBeforeTheLimit) {
   const ScopedTempDir dir;
   const std::string root = dir.Path("ckpt");
   const CommandResult r = testing::RunCommand(testing::SmallEndlessRun() +
-                                              " --exit_duration_in_mins=0.05 --save=" + root);
+                                              " --exit_duration_in_mins=0.1 --save=" + root);
   EXPECT_EQ(r.exit_code, 75) << r.output;
   EXPECT_LT(r.seconds, 60) << r.output;
   const int64_t step = testing::ResumeStep(root);
   EXPECT_GT(step, 0);
   EXPECT_NE(r.output.find("stopped at step " + std::to_string(step) +
-                          ": --exit_duration_in_mins=0.05: the next step would end after it ("),
+                          ": --exit_duration_in_mins=0.1: the next step would end after it ("),
             std::string::npos)
       << r.output;
 }
