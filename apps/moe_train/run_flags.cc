@@ -72,18 +72,20 @@ DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the toke
 // Evaluation, checkpoints, output.
 DEFINE_int64(eval_interval, 100, "evaluate every N steps (0: only at the end)");
 DEFINE_int64(eval_steps, 8, "validation batches per evaluation");
-DEFINE_string(save, "", "checkpoint root directory (empty: no checkpoints)");
+DEFINE_string(save, "",
+              "checkpoint root directory (empty: no checkpoints), locked by the run; on SIGTERM, "
+              "SIGINT or SIGUSR1 the run saves the step it finishes and exits with code 75");
 DEFINE_int64(save_interval, 0, "checkpoint every N steps (0: only at the end)");
 DEFINE_string(load, "",
               "resume from a checkpoint root (its newest complete step directory) or a step "
               "directory; naming --save while it holds no checkpoint yet starts from step 0");
 DEFINE_int64(exit_interval, 0,
              "stop after a step that is a multiple of N, saving it when --save is set; exit code "
-             "75 (0: off; Megatron-LM's option)");
+             "75 (Megatron-LM's option)");
 DEFINE_double(exit_duration_in_mins, 0,
               "stop before the run, counted from its start, would pass this many minutes (when "
-              "the next step would end after it), saving when --save is set; exit code 75 (0: "
-              "off; Megatron-LM's option)");
+              "the next step would end after it), saving when --save is set; exit code 75 "
+              "(Megatron-LM's option)");
 DEFINE_string(dump_reference_case, "",
               "write one micro-batch's weights, loss and gradients to this directory and exit "
               "(for tests/reference/torch_reference.py)");
