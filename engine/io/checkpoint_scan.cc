@@ -31,8 +31,11 @@ std::string LatestNamesNone(const std::string& root, const std::string& latest) 
   const bool plain = !latest.empty() && latest != "." && latest != ".." &&
                      latest.find_first_of("/\n") == std::string::npos;
   if (!plain) return "'latest' does not hold a directory name";
+  if (!IsCheckpointStepDirName(latest)) {
+    return "'latest' names " + Quoted(latest) + ", which is not a step directory's name";
+  }
   std::error_code ec;
-  if (!IsCheckpointStepDirName(latest) || !fs::is_directory(fs::path(root) / latest, ec)) {
+  if (!fs::is_directory(fs::path(root) / latest, ec)) {
     return "'latest' names " + Quoted(latest) + ", which is not a directory";
   }
   return "";
