@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/io/checkpoint.h"
+#include "engine/io/checkpoint_scan.h"
 
 namespace moe {
 namespace {
@@ -163,12 +163,16 @@ Status CheckSaveRoot(const std::string& root, const std::string& load) {
     }
     if (!at.has_relative_path()) break;
   }
-  const std::vector<std::string> entries = ListCheckpointEntries(root);
-  if (entries.empty()) return Status::Ok();
-  const std::string newest = entries.back() == "latest" && entries.size() > 1
-                                 ? entries[entries.size() - 2]
-                                 : entries.back();
+  const CheckpointRootEntries entries = ListCheckpointRoot(root);
+  if (entries.step_dirs.empty() && !entries.latest) return Status::Ok();
+  const std::string newest = entries.step_dirs.empty() ? "latest" : entries.step_dirs.front();
   if (load.empty()) {
+    const StatusOr<ResumeChoice> resumable = ChooseResumeDir(root);  // suggest only what works
+    if (!resumable.ok()) {
+      return InvalidArgument("--save " + root + " holds checkpoints, none of them complete (" +
+                             resumable.status().message() +
+                             "): remove them, or save to a new directory");
+    }
     return InvalidArgument("--save " + root + " already holds checkpoints (up to " + newest +
                            "); resume with --load=" + root + ", or save to a new directory");
   }

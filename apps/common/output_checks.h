@@ -10,7 +10,8 @@
 // - --save: empty, an existing directory where entries can be created, or a path whose nearest
 //   existing ancestor is such a directory (Save creates the rest). A root that already holds
 //   checkpoints (step_XXXXXXXX/ or latest) is refused unless --load resumes from it (the root
-//   or one of its step directories): a new run would replace the earlier run's checkpoints. A
+//   or one of its step directories): a new run would replace the earlier run's checkpoints. The
+//   refusal suggests --load only when the root has a complete step directory to resume from. A
 //   checkpoint's step directory (it holds a state.json), or a path inside one, is refused too.
 // - --dump_reference_case: like --save, without the checkpoint rule.
 // - moe_train also refuses two of them naming the same path (SamePath;

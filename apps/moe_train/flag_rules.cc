@@ -31,6 +31,7 @@ bool SeveralMicroBatches(const Context& c) {
 }
 bool Training(const Context&) { return FLAGS_dump_reference_case.empty(); }
 bool OneProcess(const Context& c) { return c.world_size == 1; }
+bool SeveralRanks(const Context& c) { return c.world_size > 1; }
 // --device=cuda:N names a GPU, which only means something in one process.
 bool DeviceIndexGiven(const Context&) { return FLAGS_device.rfind("cuda:", 0) == 0; }
 
@@ -73,6 +74,8 @@ const std::vector<FlagRule>& FlagRules() {
        "one process holds every layer"},
       {"device", DeviceIndexGiven, "one process", OneProcess,
        "under mpirun each rank takes the GPU of its local rank: use --device=cuda"},
+      {"distributed_timeout_minutes", nullptr, "more than one rank (mpirun)", SeveralRanks,
+       "one process waits for no peer"},
       // Data.
       {"data_path", nullptr, "--data_format=megatron|flat_u16|flat_u32", FileData,
        "the synthetic data reads no file"},
@@ -118,6 +121,8 @@ const std::vector<FlagRule>& FlagRules() {
       {"trace_file", nullptr, kTrainingRun, Training, kNotUsed},
       {"offload_modules", nullptr, kTrainingRun, Training, kNotUsed},
       {"memory_budget_gib", nullptr, kTrainingRun, Training, kNotUsed},
+      {"exit_interval", nullptr, kTrainingRun, Training, kNotUsed},
+      {"exit_duration_in_mins", nullptr, kTrainingRun, Training, kNotUsed},
   };
   return kRules;
 }

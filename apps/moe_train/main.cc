@@ -7,15 +7,23 @@
 // rank (run_flags.h, TraceFilePath).
 //
 // Before any work: the command line is read strictly (apps/common/command_line.h: every argument
-// and flagfile line used or refused), every flag, file and output is checked (run_flags.h), and the
-// run's estimated memory is checked against the device (memory_check.h); only then are the
-// metrics file and checkpoints created. During the run: a step whose loss, aux loss or gradient
-// norm is not finite stops the run (exit 1) before anything of that step is saved, so the last
-// checkpoint holds finite weights; a device or host allocation that fails is one line and exit 1
-// (apps/common/out_of_memory_exit.h, installed here), not an abort.
+// and flagfile line used or refused), every rank's configuration is compared with rank 0's
+// (config_digest.h: a mismatch is one line from rank 0), every flag, file and output is checked
+// (run_flags.h), and the run's estimated memory is checked against the device (memory_check.h);
+// only then does rank 0 lock the --save directory (engine/io/directory_lock.h: a directory
+// another run holds is refused, exit 2) and remove the temporaries of interrupted saves there
+// (engine/io/checkpoint_scan.h), and are the metrics file and checkpoints created. During the run:
+// a step whose loss, aux loss or gradient norm is not finite stops the run (exit 1) before
+// anything of that step is saved, so the last checkpoint holds finite weights; a device or host
+// allocation that fails is one line and exit 1 (apps/common/out_of_memory_exit.h, installed here),
+// not an abort; so is a communicator that fails or times out (comm_failure_exit.h). SIGTERM, SIGINT
+// and SIGUSR1, --exit_interval and --exit_duration_in_mins stop every rank at the same step, which
+// is saved, with exit code 75 (run_stop.h); a second signal ends the process at once.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include <gflags/gflags.h>
@@ -23,19 +31,26 @@
 
 #include "apps/common/command_line.h"
 #include "apps/common/out_of_memory_exit.h"
+#include "apps/common/output_checks.h"
+#include "apps/moe_train/comm_failure_exit.h"
+#include "apps/moe_train/config_digest.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/memory_check.h"
 #include "apps/moe_train/memory_replan.h"
 #include "apps/moe_train/run_flags.h"
 #include "apps/moe_train/run_log.h"
+#include "apps/moe_train/run_stop.h"
 #include "engine/core/check.h"
 #include "engine/distributed/process_groups.h"
 #include "engine/distributed/world.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/checkpoint_scan.h"
 #include "engine/io/chrome_trace.h"
+#include "engine/io/directory_lock.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/raw_memory.h"
 #include "engine/runtime/device_context.h"
+#include "engine/runtime/stop_signal.h"
 #include "modules/trainer.h"
 
 namespace moe {
@@ -89,17 +104,65 @@ StatusOr<Device> RankDevice(const World& world, Device device) {
   return world.SelectDevice(device.type);
 }
 
-int Run(const Status& parsed) {
+// Rank 0 locks --save (held until the process ends) and removes the temporaries of interrupted
+// saves there, noted in `run`; collective.
+StatusOr<std::unique_ptr<DirectoryLock>> LockSaveDirectory(World& world, RunConfig& run) {
+  std::unique_ptr<DirectoryLock> lock;
+  Status status = Status::Ok();
+  if (world.rank() == 0 && !FLAGS_save.empty()) {
+    StatusOr<std::unique_ptr<DirectoryLock>> acquired = DirectoryLock::Acquire(FLAGS_save);
+    if (acquired.ok()) lock = std::move(acquired).value();
+    status = acquired.ok() ? Status::Ok()
+                           : Status(acquired.status().code(),
+                                    "--save " + acquired.status().message() +
+                                        ": wait for it to end, or save to another directory");
+  }
+  MOE_RETURN_IF_ERROR(world.AllAgree(status));
+  if (lock != nullptr && !lock->held()) {
+    run.notes.push_back("checkpoints: --save " + FLAGS_save + " is not locked (" +
+                        lock->unheld_reason() + "): nothing stops another run from writing there");
+  }
+  if (lock != nullptr && lock->held()) {
+    StatusOr<std::vector<std::string>> removed = RemoveCheckpointTemporaries(FLAGS_save);
+    status = removed.status();
+    if (removed.ok() && !removed->empty()) {
+      std::string names;
+      for (const std::string& name : *removed) names += (names.empty() ? "" : ", ") + name;
+      run.notes.push_back("checkpoints: removed what interrupted saves left in " + FLAGS_save +
+                          ": " + names);
+    }
+  }
+  MOE_RETURN_IF_ERROR(world.AllAgree(status));
+  return lock;
+}
+
+std::chrono::milliseconds DistributedTimeout() {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(FLAGS_distributed_timeout_minutes * 60000)));
+}
+
+int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   // Declared first: the World outlives every communicator below.
   StatusOr<std::unique_ptr<World>> initialized = World::Init();
   if (!initialized.ok()) return Fail(initialized.status(), 2);
   World& world = **initialized;
   Status agreed = world.AllAgree(parsed);
   if (!agreed.ok()) return Fail(agreed, 2);
+  // Before the flags are checked, so that a rank that differs is named as such, not by whatever
+  // check its flags then fail; one line, from rank 0.
+  agreed = world.AllAgree(CompareWithRankZero(world, ConfigDigest()));
+  if (!agreed.ok()) return world.rank() == 0 ? Fail(agreed, 2) : 2;
   StatusOr<RunConfig> validated = ValidateFlags(world.size());
   agreed = world.AllAgree(validated.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   RunConfig run = std::move(validated).value();
+  // What each rank resolved alone: --load (a root another run writes to could differ between
+  // them) and --device=auto (a host without a GPU).
+  agreed = world.AllAgree(
+      CompareWithRankZero(world, {{"the checkpoint --load resumes from", run.resume_dir},
+                                  {"the device type --device=" + FLAGS_device + " gives",
+                                   run.device.is_cuda() ? "cuda" : "cpu"}}));
+  if (!agreed.ok()) return world.rank() == 0 ? Fail(agreed, 2) : 2;
   StatusOr<Device> device = RankDevice(world, run.device);
   agreed = world.AllAgree(device.status());
   if (!agreed.ok()) return Fail(agreed, 2);
@@ -125,12 +188,16 @@ int Run(const Status& parsed) {
   }
   ExitOnOutOfMemory("moe_train",
                     "the run does not fit (reduce --micro_batch_size, --seq_length or the model)");
+  ExitOnCommFailure("moe_train");
+  StatusOr<std::unique_ptr<DirectoryLock>> save_lock = LockSaveDirectory(world, run);
+  if (!save_lock.ok()) return Fail(save_lock.status(), 2);
 
   StatusOr<std::unique_ptr<TokenSource>> data = OpenTokenSource(run.data);
   agreed = world.AllAgree(data.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   const std::unique_ptr<Stream> comm_stream = DeviceContext::Get(run.device).CreateSideStream();
-  const std::unique_ptr<Communicator> world_comm = world.NewCommunicator(*comm_stream);
+  const std::unique_ptr<Communicator> world_comm =
+      world.NewCommunicator(*comm_stream, DistributedTimeout());
   const ProcessGroups groups = SplitProcessGroups(*world_comm, run.pipeline_parallel);
   StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(run.model, run.trainer, run.device, data->get(), &groups);
@@ -138,8 +205,8 @@ int Run(const Status& parsed) {
   if (!agreed.ok()) return Fail(agreed, 2);
   Trainer& trainer = **created;
   if (plan) trainer.SetMemoryPlan(*plan);  // reserves the offloads' pinned buffers
-  if (!FLAGS_load.empty()) {
-    const Status loaded = trainer.Load(FLAGS_load);
+  if (!run.resume_dir.empty()) {
+    const Status loaded = trainer.Load(run.resume_dir);
     agreed = world.AllAgree(
         loaded.ok() ? loaded
                     : Status(loaded.code(), "--load " + FLAGS_load + ": " + loaded.message()));
@@ -176,7 +243,46 @@ int Run(const Status& parsed) {
   const auto floor = (*data)->CrossEntropyFloor(run.model.seq_length);
   const nlohmann::json description = RunDescription(run);
   bool offload_policy_reported = false;
+  const int64_t first_step = trainer.step();
+  // The step whose checkpoint --save holds: the one resumed from, when it lies there.
+  int64_t saved_step =
+      !run.resume_dir.empty() &&
+              SamePath(std::filesystem::path(run.resume_dir).parent_path(), FLAGS_save)
+          ? first_step
+          : -1;
+  const auto save = [&] {  // collective
+    const Status saved = world.AllAgree(trainer.Save(FLAGS_save, description));
+    if (!saved.ok()) return saved;
+    saved_step = trainer.step();
+    if (leader) {
+      printf("saved checkpoint %s/%s\n", FLAGS_save.c_str(),
+             CheckpointStepDirName(saved_step).c_str());
+    }
+    return Status::Ok();
+  };
+  RunStop stop(world_comm.get(), started, first_step);
   while (trainer.step() < run.trainer.train_steps) {
+    SetCommFailureStep(trainer.step());
+    const std::string why = stop.Check(trainer.step());  // collective
+    if (!why.empty()) {
+      const int64_t step = trainer.step();
+      const bool saving = !FLAGS_save.empty() && step > 0;
+      if (saving && step != saved_step) {
+        agreed = save();
+        if (!agreed.ok()) return Fail(agreed, 1);
+      }
+      if (leader) {
+        const std::string outcome =
+            saving ? "checkpoint " + FLAGS_save + "/" + CheckpointStepDirName(step) +
+                         ": continue with --load=" + FLAGS_save
+                   : (FLAGS_save.empty() ? "nothing saved (no --save)" : "nothing to save");
+        printf("stopped at step %lld: %s; %s (exit code %d)\n", (long long)step, why.c_str(),
+               outcome.c_str(), kExitStoppedEarly);
+      }
+      fflush(stdout);
+      return kExitStoppedEarly;
+    }
+    SetCommFailureStep(trainer.step() + 1);
     const bool traced =
         trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
     const StepStats stats = trainer.TrainStep(traced);
@@ -223,11 +329,8 @@ int Run(const Status& parsed) {
     }
     if (!FLAGS_save.empty() &&
         (last || (FLAGS_save_interval > 0 && step % FLAGS_save_interval == 0))) {
-      agreed = world.AllAgree(trainer.Save(FLAGS_save, description));  // collective
+      agreed = save();
       if (!agreed.ok()) return Fail(agreed, 1);
-      if (leader) {
-        printf("saved checkpoint %s/%s\n", FLAGS_save.c_str(), CheckpointStepDirName(step).c_str());
-      }
     }
   }
   return 0;
@@ -237,6 +340,8 @@ int Run(const Status& parsed) {
 }  // namespace moe
 
 int main(int argc, char** argv) {
+  const auto started = std::chrono::steady_clock::now();  // --exit_duration_in_mins counts from it
+  moe::InstallStopSignalHandlers();  // first: a signal during the start stops before step 1
   gflags::SetUsageMessage("trains a Mixture-of-Experts GPT (see README.md)");
   gflags::SetArgv(argc, const_cast<const char**>(argv));  // the program name gflags' help shows
   FLAGS_logtostderr = true;  // a default: --logtostderr=false still wins
@@ -257,5 +362,5 @@ int main(int argc, char** argv) {
     }
   }
   google::InitGoogleLogging(argv[0], &moe::LogPrefix);
-  return moe::Run(parsed.status());
+  return moe::Run(parsed.status(), started);
 }

@@ -9,7 +9,9 @@
 #include <gflags/gflags.h>
 
 #include "apps/moe_train/flag_table.h"
+#include "apps/common/output_checks.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/checkpoint_scan.h"
 #include "modules/model_shape.h"
 
 namespace moe {
@@ -108,9 +110,19 @@ void NoteChangedTrainingFlags(const nlohmann::json& state, int64_t step, RunConf
 
 Status CheckResume(RunConfig* run) {
   if (FLAGS_load.empty()) return Status::Ok();
+  if (!FLAGS_save.empty() && SamePath(FLAGS_load, FLAGS_save)) {
+    const CheckpointRootEntries entries = ListCheckpointRoot(FLAGS_load);
+    if (entries.step_dirs.empty() && !entries.latest) {
+      run->notes.push_back("resume: --load " + FLAGS_load +
+                           " holds no checkpoint yet (it is --save): training from step 0");
+      return Status::Ok();
+    }
+  }
   StatusOr<CheckpointState> read = ReadCheckpointState(FLAGS_load);
   if (!read.ok()) return InvalidArgument("--load " + FLAGS_load + ": " + read.status().message());
   const std::string& dir = read->dir;
+  if (!read->note.empty()) run->notes.push_back("resume: " + read->note);
+  run->resume_dir = dir;
   const nlohmann::json& state = read->state;
   if (!state.is_object() || !state.contains("model") || !state["model"].is_object()) {
     return InvalidArgument("--load " + dir + ": state.json has no model shape");
@@ -140,7 +152,7 @@ Status CheckResume(RunConfig* run) {
                            state["optimizer_step"].dump() + " is beyond its step " +
                            std::to_string(step));
   }
-  if (run->trainer.train_steps <= step) {
+  if (run->trainer.train_steps <= step && FLAGS_dump_reference_case.empty()) {
     return InvalidArgument("--train_steps=" + std::to_string(run->trainer.train_steps) +
                            " is not beyond step " + std::to_string(step) + " of --load " + dir +
                            ": nothing to train (--train_steps counts from step 0)");

@@ -1,11 +1,15 @@
-// --load, checked before any work (Trainer::Load then only restores): the path resolves to a
-// checkpoint (engine/io/checkpoint.h) whose state.json parses, with counters a save writes (step,
-// optimizer_step <= step, consumed_train_samples: integers >= 0), and whose tensor files' headers
-// are whole (a truncated or corrupt file is refused here, not after the model is built); its model
-// shape equals this run's, else one line naming each field that differs as its flag, with both
-// values ("--load ckpt: the checkpoint's model differs in --hidden_size (checkpoint 64, this run
-// 128)"); --train_steps is beyond the checkpoint's step, else the run would end having trained
-// nothing; and --trace_steps lie after that step.
+// --load, checked before any work (Trainer::Load then only restores RunConfig::resume_dir): the
+// path resolves to a checkpoint (engine/io/checkpoint.h: a root resolves to its newest complete
+// step directory, with a note when that is not the one its `latest` names) whose state.json
+// parses, with counters a save writes (step, optimizer_step <= step, consumed_train_samples:
+// integers >= 0), and whose tensor files' headers are whole (a truncated or corrupt file is
+// refused here, not after the model is built); its model shape equals this run's, else one line
+// naming each field that differs as its flag, with both values ("--load ckpt: the checkpoint's
+// model differs in --hidden_size (checkpoint 64, this run 128)"); --train_steps is beyond the
+// checkpoint's step, else the run would end having trained nothing (unless
+// --dump_reference_case, which does not train); and --trace_steps lie after that step. --load
+// naming the --save root while it holds no checkpoint yet (no step directory, no `latest`) trains
+// from step 0, with a note: one command line then serves a job's first start and every restart.
 //
 // The resumed run continues the checkpoint's data stream: its seed keys the data order (and, for
 // --data_format=synthetic, the Markov chain itself), so a run that does not give --seed takes the

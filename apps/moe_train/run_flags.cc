@@ -59,6 +59,10 @@ DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
 DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage");
 DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage");
+DEFINE_double(distributed_timeout_minutes, 10,
+              "a collective or transfer that has not finished after this long ends the job: one "
+              "line naming it, the ranks that did not arrive and the step, exit code 1 "
+              "(Megatron-LM's option)");
 DEFINE_bool(use_distributed_optimizer, false,
             "shard the f32 master weights and AdamW moments over the data-parallel ranks "
             "(reduce-scatter gradients, all-gather weights; Megatron-LM's option)");
@@ -68,9 +72,20 @@ DEFINE_string(data_path, "", "megatron: path prefix of .bin/.idx; flat: the toke
 // Evaluation, checkpoints, output.
 DEFINE_int64(eval_interval, 100, "evaluate every N steps");
 DEFINE_int64(eval_steps, 8, "validation batches per evaluation");
-DEFINE_string(save, "", "checkpoint root directory (empty: no checkpoints)");
+DEFINE_string(save, "",
+              "checkpoint root directory (empty: no checkpoints), locked by the run; on SIGTERM, "
+              "SIGINT or SIGUSR1 the run saves the step it finishes and exits with code 75");
 DEFINE_int64(save_interval, 0, "checkpoint every N steps");
-DEFINE_string(load, "", "resume from a checkpoint root or step directory");
+DEFINE_string(load, "",
+              "resume from a checkpoint root (its newest complete step directory) or a step "
+              "directory; naming --save while it holds no checkpoint yet starts from step 0");
+DEFINE_int64(exit_interval, 0,
+             "stop after a step that is a multiple of N, saving it when --save is set; exit code "
+             "75 (Megatron-LM's option)");
+DEFINE_double(exit_duration_in_mins, 0,
+              "stop before the run, counted from its start, would pass this many minutes (when "
+              "the next step would end after it), saving when --save is set; exit code 75 "
+              "(Megatron-LM's option)");
 DEFINE_string(dump_reference_case, "",
               "write one micro-batch's weights, loss and gradients to this directory and exit "
               "(for tests/reference/torch_reference.py)");
@@ -114,8 +129,14 @@ StatusOr<Device> ParseDevice(const std::string& text) {
   return InvalidArgument("--device=" + text + " must be cpu, cuda, cuda:N or auto");
 }
 
-// The relations between training flags.
-Status CheckTraining(const TrainerOptions& t) {
+// The relations between training flags. A reference dump refuses the loop's flags as unused
+// (flag_rules.h), so their defaults are not checked against anything either: it runs one
+// micro-batch, its global batch.
+Status CheckTraining(TrainerOptions& t) {
+  if (!FLAGS_dump_reference_case.empty()) {
+    t.global_batch_size = t.micro_batch_size;
+    return Status::Ok();
+  }
   if (t.global_batch_size % t.micro_batch_size != 0) {
     return InvalidArgument(
         "--global_batch_size=" + std::to_string(t.global_batch_size) +

@@ -38,6 +38,9 @@ DECLARE_int64(eval_interval);
 DECLARE_int64(save_interval);
 DECLARE_string(save);
 DECLARE_string(load);
+DECLARE_int64(exit_interval);
+DECLARE_double(exit_duration_in_mins);
+DECLARE_double(distributed_timeout_minutes);
 DECLARE_string(dump_reference_case);
 DECLARE_string(metrics_file);
 // How --metrics_file begins: every line is a JSON object (RunLog, run_log.h).
@@ -59,6 +62,8 @@ struct RunConfig {
   // --trace_steps: the traced steps [first, last] (1-based); empty (last < first) without
   // --trace_file.
   std::pair<int64_t, int64_t> trace_steps{0, -1};
+  // The step directory that --load resolves to (resume_check.h); "" to train from step 0.
+  std::string resume_dir;
   // What the validation adjusted, one log line each (e.g. the clamped warmup).
   std::vector<std::string> notes;
 

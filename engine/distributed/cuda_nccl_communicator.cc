@@ -46,12 +46,14 @@ int Count(ncclComm_t comm) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm`.
-  NcclCommunicator(ncclComm_t comm, Stream& stream, std::chrono::milliseconds timeout)
+  // Takes ownership of `comm`; `census` may be null.
+  NcclCommunicator(ncclComm_t comm, Stream& stream, std::chrono::milliseconds timeout,
+                   std::unique_ptr<PeerCensus> census)
       : Communicator(UserRank(comm), Count(comm), stream, timeout),
         comm_(comm),
         cuda_stream_(AsCudaStream(stream)),
-        device_index_(stream.device().index) {
+        device_index_(stream.device().index),
+        census_(std::move(census)) {
     CommWatchdog::Hooks hooks;
     hooks.thread_setup = [device = device_index_] { MOE_CUDA_CALL(cudaSetDevice(device)); };
     hooks.async_error = [comm]() -> std::string {
@@ -62,6 +64,12 @@ class NcclCommunicator final : public Communicator {
       return std::string(ncclGetErrorString(result)) + ": " + ncclGetLastError(comm);
     };
     hooks.abort = [comm] { ncclCommAbort(comm); };
+    if (census_ != nullptr) {
+      hooks.census = [census = census_.get()](const std::string& operation,
+                                              std::chrono::milliseconds grace) {
+        return census->Take(operation, grace);
+      };
+    }
     watchdog_ = std::make_unique<CommWatchdog>("NCCL rank " + std::to_string(rank()) + "/" +
                                                    std::to_string(size()) + " on " +
                                                    stream.device().ToString(),
@@ -148,7 +156,8 @@ class NcclCommunicator final : public Communicator {
     Watched("Split", [&] {  // a null config: the parent's
       MOE_NCCL_CALL(ncclCommSplit(comm_, color, key, &split, /*config=*/nullptr));
     });
-    return std::make_unique<NcclCommunicator>(split, stream, timeout());
+    std::unique_ptr<PeerCensus> census = census_ ? census_->Split(color, key) : nullptr;
+    return std::make_unique<NcclCommunicator>(split, stream, timeout(), std::move(census));
   }
 
   // Runs `enqueue` under the watchdog, from the host call (which may block, e.g. while NCCL
@@ -170,6 +179,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   CudaStream& cuda_stream_;
   const int device_index_;
+  const std::unique_ptr<PeerCensus> census_;  // outlives the watchdog, whose failure takes it
   std::unique_ptr<CommWatchdog> watchdog_;
   Tensor barrier_buffer_;  // (1) f32, summed by Barrier (its value never matters)
 };
@@ -183,15 +193,15 @@ std::string NewNcclUniqueId() {
 }
 
 std::unique_ptr<Communicator> NewNcclCommunicator(const std::string& unique_id, int rank, int size,
-                                                  Stream& stream,
-                                                  std::chrono::milliseconds timeout) {
+                                                  Stream& stream, std::chrono::milliseconds timeout,
+                                                  std::unique_ptr<PeerCensus> census) {
   CHECK_EQ(unique_id.size(), sizeof(ncclUniqueId::internal));
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
   MOE_CUDA_CALL(cudaSetDevice(AsCudaStream(stream).device().index));
   ncclComm_t comm = nullptr;
   MOE_NCCL_CALL(ncclCommInitRank(&comm, size, id, rank));
-  return std::make_unique<NcclCommunicator>(comm, stream, timeout);
+  return std::make_unique<NcclCommunicator>(comm, stream, timeout, std::move(census));
 }
 
 }  // namespace moe

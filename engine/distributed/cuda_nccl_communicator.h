@@ -13,8 +13,10 @@
 // An operation is watched from its host call on (ncclGroupEnd blocks the host while NCCL connects
 // to a new peer, so a peer that never comes hangs there) until the comm stream has passed it. On
 // an asynchronous error, or an operation not finished `timeout` after its call, the watchdog calls
-// ncclCommAbort and ends the process, and mpirun then ends the other ranks. The communicator is
-// created in NCCL's default blocking mode.
+// ncclCommAbort and ends the process, and mpirun then ends the other ranks. With a PeerCensus (an
+// MPI communicator of the same ranks beside it: mpi_world.cc), a timeout's message names the
+// ranks that did not arrive, and one rank reports it; Split splits the census alike. The
+// communicator is created in NCCL's default blocking mode.
 #pragma once
 
 #include <chrono>
@@ -23,6 +25,7 @@
 #include <string>
 
 #include "engine/distributed/communicator.h"
+#include "engine/distributed/peer_census.h"
 
 namespace moe {
 
@@ -32,9 +35,10 @@ inline constexpr size_t kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 std::string NewNcclUniqueId();
 
 // Collective over `size` processes that pass the same id: this process is `rank`. `stream` is a
-// CudaStream; its device is selected for the calling thread.
+// CudaStream; its device is selected for the calling thread. `census`: of the same ranks, or
+// null (one process).
 std::unique_ptr<Communicator> NewNcclCommunicator(const std::string& unique_id, int rank, int size,
-                                                  Stream& stream,
-                                                  std::chrono::milliseconds timeout);
+                                                  Stream& stream, std::chrono::milliseconds timeout,
+                                                  std::unique_ptr<PeerCensus> census);
 
 }  // namespace moe

@@ -99,7 +99,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::mil
     : Communicator(CommRank(comm), CommSize(comm), stream, timeout),
       comm_(comm),
       cpu_stream_(AsCpuStream(stream)),
-      watchdog_("MPI rank " + std::to_string(rank()) + "/" + std::to_string(size()), timeout) {}
+      census_(MpiPeerCensus::Duplicating(comm)),
+      watchdog_("MPI rank " + std::to_string(rank()) + "/" + std::to_string(size()), timeout,
+                {.census = [census = census_.get()](const std::string& operation,
+                                                    std::chrono::milliseconds grace) {
+                  return census->Take(operation, grace);
+                }}) {}
 
 MpiCommunicator::~MpiCommunicator() {
   cpu_stream_.Synchronize();

@@ -15,7 +15,8 @@
 //
 // Threads: every communicator's worker and the host thread call MPI at the same time, each on its
 // own MPI communicator, so MPI must provide MPI_THREAD_MULTIPLE (World::Init checks it). Messages
-// larger than MPI's int counts are sent in chunks.
+// larger than MPI's int counts are sent in chunks. A timed-out operation names the ranks that did
+// not arrive at it (mpi_peer_census.h).
 #pragma once
 
 #include <mpi.h>
@@ -29,6 +30,7 @@
 
 #include "engine/distributed/comm_watchdog.h"
 #include "engine/distributed/communicator.h"
+#include "engine/distributed/mpi_peer_census.h"
 #include "engine/runtime/cpu_stream.h"
 
 namespace moe {
@@ -61,6 +63,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;
   CpuStream& cpu_stream_;
+  const std::unique_ptr<MpiPeerCensus> census_;  // outlives the watchdog, whose failure takes it
   CommWatchdog watchdog_;
 };
 

@@ -1,11 +1,13 @@
 // World::Init for builds with MPI (see world.h).
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine/core/mpi_check.h"
 #include "engine/distributed/mpi_communicator.h"
+#include "engine/distributed/mpi_peer_census.h"
 #include "engine/distributed/world.h"
 #if MOE_WITH_CUDA
 #include "engine/distributed/cuda_nccl_communicator.h"
@@ -46,7 +48,8 @@ class MpiWorld final : public World {
       std::string id(kNcclUniqueIdBytes, '\0');
       if (rank() == 0) id = NewNcclUniqueId();
       MOE_MPI_CALL(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, host_comm_));
-      return NewNcclCommunicator(id, rank(), size(), stream, timeout);
+      return NewNcclCommunicator(id, rank(), size(), stream, timeout,
+                                 MpiPeerCensus::Duplicating(host_comm_));
     }
 #endif
     MPI_Comm comm = MPI_COMM_NULL;
@@ -74,6 +77,15 @@ class MpiWorld final : public World {
                  std::to_string(size()) + " ranks failed)";
     }
     return Status(static_cast<StatusCode>(header[0]), std::move(message));
+  }
+
+  std::string Broadcast(const std::string& data, int root) override {
+    uint64_t length = data.size();
+    MOE_MPI_CALL(MPI_Bcast(&length, 1, MPI_UINT64_T, root, host_comm_));
+    std::string out = rank() == root ? data : std::string(length, '\0');
+    CHECK_LE(length, uint64_t{1} << 30) << "World::Broadcast is for small documents";
+    MOE_MPI_CALL(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, root, host_comm_));
+    return out;
   }
 
  private:

@@ -42,13 +42,16 @@ class SingleProcessWorld final : public World {
                                                 std::chrono::milliseconds timeout) override {
 #if MOE_WITH_CUDA
     if (stream.device().is_cuda()) {
-      return NewNcclCommunicator(NewNcclUniqueId(), /*rank=*/0, /*size=*/1, stream, timeout);
+      return NewNcclCommunicator(NewNcclUniqueId(), /*rank=*/0, /*size=*/1, stream, timeout,
+                                 /*census=*/nullptr);
     }
 #endif
     return std::make_unique<SingleRankCommunicator>(stream, timeout);
   }
 
   Status AllAgree(const Status& local) override { return local; }
+
+  std::string Broadcast(const std::string& data, int) override { return data; }
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "engine/core/device.h"
 #include "engine/core/status.h"
@@ -47,6 +48,10 @@ class World {
   // which rank it was and how many failed, e.g. "--pipeline_parallel=3 does not divide 4 ranks
   // (rank 0; 4 of 4 ranks failed)". Lets every rank exit non-zero together with one message.
   virtual Status AllAgree(const Status& local) = 0;
+
+  // Collective, host-blocking: root's `data` (any length) on every rank; for small host-side
+  // documents compared before any communicator exists (e.g. the run's configuration).
+  virtual std::string Broadcast(const std::string& data, int root) = 0;
 
  protected:
   World(int rank, int size, int local_rank, int local_size);

@@ -14,6 +14,7 @@
 
 #include <glog/logging.h>
 
+#include "engine/io/checkpoint_scan.h"
 #include "engine/io/safetensors.h"
 
 namespace moe {
@@ -21,7 +22,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kLatest = "latest";
+constexpr const char* kLatest = kLatestCheckpointFile;
+constexpr const char* kLatestTemporary = "latest.tmp";
+constexpr const char* kTemporaryStepMark = ".tmp-";  // .step_00000100.tmp-<pid>
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
@@ -110,6 +113,15 @@ bool IsCheckpointStepDirName(const std::string& name) {
          name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
 }
 
+bool IsCheckpointTemporaryName(const std::string& name) {
+  if (name == kLatestTemporary) return true;
+  const size_t mark = name.find(kTemporaryStepMark);
+  if (name.empty() || name[0] != '.' || mark == std::string::npos) return false;
+  const std::string pid = name.substr(mark + std::strlen(kTemporaryStepMark));
+  return IsCheckpointStepDirName(name.substr(1, mark - 1)) && !pid.empty() &&
+         pid.find_first_not_of("0123456789") == std::string::npos;
+}
+
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite) {
@@ -132,7 +144,7 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
                               " already exists; refusing to overwrite it");
   }
 
-  const fs::path tmp = root_dir / (std::string(".") + name + ".tmp-" + std::to_string(::getpid()));
+  const fs::path tmp = root_dir / ("." + name + kTemporaryStepMark + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);  // our own leftover from an earlier failed save, if any
   if (!fs::create_directory(tmp, ec)) {
     return FailedPrecondition("cannot write to checkpoint root " + Quoted(root_dir) + ": " +
@@ -146,93 +158,69 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
   }
   MOE_RETURN_IF_ERROR(SyncDirectory(root_dir));
 
-  const fs::path latest_tmp = root_dir / (std::string(kLatest) + ".tmp");
+  const fs::path latest_tmp = root_dir / kLatestTemporary;
   MOE_RETURN_IF_ERROR(WriteFileDurably(latest_tmp, name + "\n"));
   MOE_RETURN_IF_ERROR(Rename(latest_tmp, root_dir / kLatest, 0));
   return SyncDirectory(root_dir);
 }
 
-StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+namespace {
+
+// The step directory `path` denotes, and why a root's is not the one its `latest` names.
+StatusOr<ResumeChoice> Resolve(const std::string& path) {
   const fs::path dir(path);
   std::error_code ec;
   if (!fs::exists(dir, ec)) return NotFound("checkpoint " + Quoted(dir) + " does not exist");
-  if (fs::is_regular_file(dir / kLatest, ec)) {
-    std::ifstream in(dir / kLatest);
-    std::string name, more;
-    std::getline(in, name);
-    const bool one_line = !std::getline(in, more);  // as Save writes it: the name and "\n"
-    const bool plain = one_line && !name.empty() && name != "." && name != ".." &&
-                       name.find('/') == std::string::npos;
-    if (!plain) {
-      return DataLoss("checkpoint root " + Quoted(dir) +
-                      ": 'latest' does not hold a directory name");
-    }
-    if (!fs::is_directory(dir / name, ec)) {
-      return NotFound("checkpoint root " + Quoted(dir) + ": 'latest' names '" + name +
-                      "', which is not a directory");
-    }
-    return (dir / name).string();
-  }
-  if (fs::is_regular_file(dir / kStateFile, ec)) return dir.string();
-  return FailedPrecondition(Quoted(dir) + " is neither a checkpoint root (no 'latest') nor a " +
-                            "step directory (no 'state.json')");
-}
-
-namespace {
-
-// The step directory `path` denotes and its state.json, parsed (no tensor file is opened).
-StatusOr<CheckpointState> ParseCheckpointState(const std::string& path) {
-  MOE_ASSIGN_OR_RETURN(const std::string resolved, ResolveCheckpointDir(path));
-  const fs::path dir(resolved);
-  std::ifstream in(dir / kStateFile);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return DataLoss("cannot read " + Quoted(dir / kStateFile));
-  CheckpointState out{resolved, {}};
-  try {
-    out.state = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
-  }
-  return out;
+  if (fs::is_regular_file(dir / kStateFile, ec)) return ResumeChoice{dir.string(), ""};
+  return ChooseResumeDir(path);
 }
 
 }  // namespace
 
-StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
-  MOE_ASSIGN_OR_RETURN(CheckpointState out, ParseCheckpointState(path));
-  for (const char* file : {kModelFile, kOptimizerFile}) {
-    MOE_RETURN_IF_ERROR(CheckSafetensorsLayout((fs::path(out.dir) / file).string()));
-  }
-  return out;
+StatusOr<std::string> ResolveCheckpointDir(const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(ResumeChoice choice, Resolve(path));
+  return std::move(choice.dir);
 }
 
-std::vector<std::string> ListCheckpointEntries(const std::string& root) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return names;
-  bool latest = false;
-  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name == kLatest) {
-      latest = true;
-    } else if (name.rfind("step_", 0) == 0 && it->is_directory(ec)) {
-      names.push_back(name);
-    }
+namespace {
+
+// The state.json of step directory `dir`, parsed (no tensor file is opened).
+StatusOr<nlohmann::json> ParseStateFile(const fs::path& dir) {
+  std::ifstream in(dir / kStateFile);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return DataLoss("cannot read " + Quoted(dir / kStateFile));
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(Quoted(dir / kStateFile) + " is not valid JSON: " + e.what());
   }
-  std::sort(names.begin(), names.end());
-  if (latest) names.push_back(kLatest);
-  return names;
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> ReadStepDirectory(const std::string& dir) {
+  MOE_ASSIGN_OR_RETURN(nlohmann::json state, ParseStateFile(dir));
+  for (const char* file : {kModelFile, kOptimizerFile}) {
+    MOE_RETURN_IF_ERROR(CheckSafetensorsLayout((fs::path(dir) / file).string()));
+  }
+  return state;
+}
+
+StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(ResumeChoice choice, Resolve(path));
+  MOE_ASSIGN_OR_RETURN(nlohmann::json state, ReadStepDirectory(choice.dir));
+  return CheckpointState{std::move(choice.dir), std::move(state), std::move(choice.note)};
 }
 
 StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
                                         const std::vector<NamedTensor>& optimizer, bool subset) {
   // The loads below run the layout checks as they open the files (per bucket under the
-  // distributed optimizer): ReadCheckpointState's would be a second pass.
-  MOE_ASSIGN_OR_RETURN(CheckpointState read, ParseCheckpointState(path));
-  const fs::path dir(read.dir);
-  nlohmann::json state = std::move(read.state);
+  // distributed optimizer): ReadStepDirectory's would be a second pass.
+  MOE_ASSIGN_OR_RETURN(const ResumeChoice choice, Resolve(path));
+  const fs::path dir(choice.dir);
+  MOE_ASSIGN_OR_RETURN(nlohmann::json state, ParseStateFile(dir));
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
   MOE_RETURN_IF_ERROR(load((dir / kModelFile).string(), model, NonFiniteValues::kRefuse));
   MOE_RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer, NonFiniteValues::kRefuse));

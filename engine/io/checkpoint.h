@@ -12,11 +12,19 @@
 // renames it into place, fsyncs root, then replaces `latest` the same way (latest.tmp, fsync,
 // rename). With `overwrite`, an existing step directory is swapped out atomically by
 // renameat2(RENAME_EXCHANGE) (a local Linux filesystem: ext4, xfs, btrfs, tmpfs, overlayfs) and
-// then removed. `latest` always names the checkpoint saved last. Leftover .tmp directories of
-// crashed saves are never followed; a later save by the same pid removes its own. One process
-// (e.g. rank 0) saves to a root at a time.
+// then removed. `latest` always names the checkpoint saved last. Leftover temporaries of
+// interrupted saves (IsCheckpointTemporaryName) are never followed; a later save by the same pid
+// removes its own, and the run that holds the root's lock removes them all (checkpoint_scan.h).
+// One process (e.g. rank 0) saves to a root at a time.
 //
-// Load accepts a root (follows `latest`) or a step directory. Every expected tensor must be in the
+// A step directory is complete when every file of it is whole (ReadStepDirectory: state.json
+// parses as JSON, and each tensor file passes the reader's layout checks (its header is
+// whole JSON, and its tensors fill the data exactly to the file's end, so a truncated file
+// fails). Save publishes a directory only once all three are written and fsynced, so an
+// incomplete one was damaged afterwards.
+//
+// Load accepts a root (its newest complete step directory, which is normally the one `latest`
+// names: checkpoint_scan.h) or a step directory. Every expected tensor must be in the
 // file with the expected shape, and the file must hold no others (LoadSafetensors' rules,
 // including f32 <-> bf16 conversion and finite values only), unless `subset`
 // (LoadSafetensorsSubset: a part of the model, such as one pipeline rank's stages, loads from a
@@ -44,24 +52,31 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
 std::string CheckpointStepDirName(int64_t step);
 // Whether `name` is named as step directories are: "step_" and digits only.
 bool IsCheckpointStepDirName(const std::string& name);
+// Whether `name` is one of Save's temporaries in a root: a step directory being written
+// (".step_00000100.tmp-<pid>") or the next `latest` ("latest.tmp").
+bool IsCheckpointTemporaryName(const std::string& name);
+// The file of a root that names the step directory saved last.
+inline constexpr const char* kLatestCheckpointFile = "latest";
 
-// The step directory that `path` denotes: a root's `latest`, or `path` itself if it holds a
-// state.json.
+// The step directory that `path` denotes: `path` itself if it holds a state.json, else the
+// newest complete step directory of the root `path` (ChooseResumeDir, checkpoint_scan.h).
 StatusOr<std::string> ResolveCheckpointDir(const std::string& path);
 
-// The step directory `path` denotes (ResolveCheckpointDir) and its state.json, parsed, once its
-// two tensor files' headers and layouts have passed the reader's checks (CheckSafetensorsLayout:
-// a truncated or corrupt file is found here): for checks made before any tensor is allocated
-// (model shape, step).
+// The state.json of step directory `dir`, parsed, once its two tensor files' headers and layouts
+// have passed the reader's checks (CheckSafetensorsLayout): OK when the directory is complete
+// (see the top), else an error saying which file is not whole.
+StatusOr<nlohmann::json> ReadStepDirectory(const std::string& dir);
+
+// The step directory `path` denotes (ResolveCheckpointDir) and its state.json
+// (ReadStepDirectory): for checks made before any tensor is allocated (model shape, step).
+// `note` says why a root resolved to another step directory than its `latest` names ("" when
+// it did not: ChooseResumeDir).
 struct CheckpointState {
   std::string dir;
   nlohmann::json state;
+  std::string note;
 };
 StatusOr<CheckpointState> ReadCheckpointState(const std::string& path);
-
-// The names of root's step directories ("step_00000100"), sorted, and `latest` if present
-// ("latest" last); empty if root holds none (or does not exist).
-std::vector<std::string> ListCheckpointEntries(const std::string& root);
 
 // Loads model.safetensors and optimizer.safetensors of the resolved step directory into the
 // given tensors and returns its state.json. With `subset`, the files may hold further tensors.

@@ -46,6 +46,13 @@ StatusOr<std::unique_ptr<TokenSource>> OpenTokenSource(const DataOptions& option
   return OpenFlatDataset(options.path, type, options.vocab_size, options.validation_fraction);
 }
 
+std::vector<std::string> DataSourceFiles(const DataOptions& options) {
+  if (options.format == "synthetic" || options.path.empty()) return {};
+  if (options.format != "megatron") return {options.path};
+  const MegatronDatasetFiles files = MegatronFiles(options.path);
+  return {files.idx, files.bin};
+}
+
 BatchSampler::BatchSampler(const TokenSource* source, int64_t seq_length, int64_t batch_size,
                            uint64_t seed, int64_t train_windows, int64_t validation_windows)
     : source_(source),

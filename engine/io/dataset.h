@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/core/status.h"
 #include "engine/io/synthetic_dataset.h"
@@ -42,6 +43,10 @@ struct DataOptions {
 };
 
 StatusOr<std::unique_ptr<TokenSource>> OpenTokenSource(const DataOptions& options);
+
+// The files OpenTokenSource reads for `options`: none for synthetic data, the token file for the
+// flat formats, PREFIX.idx and PREFIX.bin for megatron (whether they exist or not).
+std::vector<std::string> DataSourceFiles(const DataOptions& options);
 
 class BatchSampler {
  public:

@@ -130,17 +130,22 @@ StatusOr<IndexSummary> CheckIndex(const MappedFile& idx, const MappedFile& bin) 
 
 }  // namespace
 
+MegatronDatasetFiles MegatronFiles(const std::string& prefix) {
+  return {prefix + ".idx", prefix + ".bin"};
+}
+
 StatusOr<std::unique_ptr<TokenSource>> OpenMegatronDataset(const std::string& prefix,
                                                            int64_t vocab_size,
                                                            double validation_fraction) {
-  StatusOr<std::unique_ptr<MappedFile>> idx = MappedFile::Open(prefix + ".idx");
+  const MegatronDatasetFiles files = MegatronFiles(prefix);
+  StatusOr<std::unique_ptr<MappedFile>> idx = MappedFile::Open(files.idx);
   if (!idx.ok() && idx.status().code() == StatusCode::kNotFound) {
     return NotFound(idx.status().message() +
                     " (for --data_format=megatron, --data_path is the prefix of PREFIX.bin and "
                     "PREFIX.idx)");
   }
   if (!idx.ok()) return idx.status();
-  MOE_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin, MappedFile::Open(prefix + ".bin"));
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin, MappedFile::Open(files.bin));
   MOE_ASSIGN_OR_RETURN(const IndexSummary index, CheckIndex(**idx, *bin));
   const std::string description = "megatron " + prefix + " (" +
                                   std::to_string(index.num_documents) + " documents, " +

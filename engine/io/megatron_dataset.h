@@ -33,6 +33,13 @@
 
 namespace moe {
 
+// The dataset's two files: PREFIX.idx and PREFIX.bin.
+struct MegatronDatasetFiles {
+  std::string idx;
+  std::string bin;
+};
+MegatronDatasetFiles MegatronFiles(const std::string& prefix);
+
 StatusOr<std::unique_ptr<TokenSource>> OpenMegatronDataset(const std::string& prefix,
                                                            int64_t vocab_size,
                                                            double validation_fraction);

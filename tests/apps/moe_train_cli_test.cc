@@ -231,6 +231,9 @@ std::vector<Refusal> RuleCases() {
        "--first_stage_layers=1" + pipeline + "one process holds every layer"},
       {"--last_stage_layers=1",
        "--last_stage_layers=1" + pipeline + "one process holds every layer"},
+      {"--distributed_timeout_minutes=1",
+       "--distributed_timeout_minutes=1 needs more than one rank (mpirun): one process waits for "
+       "no peer"},
       {"--data_path=$D/tokens.bin",
        "--data_path=$D/tokens.bin needs --data_format=megatron|flat_u16|flat_u32: the synthetic "
        "data reads no file"},
@@ -259,7 +262,8 @@ std::vector<Refusal> RuleCases() {
        {"train_steps=5", "global_batch_size=32", "lr=0.001", "min_lr=0.0001", "warmup_steps=2",
         "weight_decay=0", "clip_grad=0", "adam_beta2=0.99", "exp_avg_dtype=bf16", "eval_interval=5",
         "eval_steps=2", "save=$D/ckpt", "metrics_file=$D/m.jsonl", "log_interval=5",
-        "trace_file=$D/t.json", "offload_modules=core_attn", "moe_wgrad_micro_batches=2"}) {
+        "trace_file=$D/t.json", "offload_modules=core_attn", "moe_wgrad_micro_batches=2",
+        "exit_interval=5", "exit_duration_in_mins=1"}) {
     cases.push_back({"--dump_reference_case=$D/ref --" + flag,
                      "--" + flag +
                          " needs a training run (not --dump_reference_case): it is "
@@ -314,6 +318,9 @@ std::vector<Refusal> RangeCases() {
       {"offload_prefetch_layers=-1", "[0, 1048576]"},
       {"moe_wgrad_micro_batches=0", "[1, 1024]"},
       {"recompute_num_layers=-2", "[-1, 1048576]"},
+      {"exit_interval=-1", "[0, 1099511627776]"},
+      {"exit_duration_in_mins=-1", "[0, 1000000]"},
+      {"distributed_timeout_minutes=0", "(0, 10000]"},
   };
   std::vector<Refusal> cases;
   for (const auto& [flag, range] : outside) {
@@ -375,9 +382,11 @@ INSTANTIATE_TEST_SUITE_P(
             [](const std::string& d) { WriteFile(d + "/tokens.bin", std::string(64, '\x07')); }},
         Refusal{"--metrics_file=$D/out.json --trace_file=$D/out.json",
                 "--metrics_file and --trace_file name the same path $D/out.json"},
+        // Only incomplete checkpoints: --load would not resume, so it is not suggested (a
+        // root with a complete one: MoeTrainTest.ASecondRunIntoTheSameSaveIsRefusedUnless...).
         Refusal{"--save=$D/ckpt",
-                "--save $D/ckpt already holds checkpoints (up to step_00000004); resume with "
-                "--load=$D/ckpt, or save to a new directory",
+                "--save $D/ckpt holds checkpoints, none of them complete (cannot read "
+                "'$D/ckpt/step_00000004/state.json'): remove them, or save to a new directory",
                 [](const std::string& d) {
                   fs::create_directories(d + "/ckpt/step_00000004");
                   WriteFile(d + "/ckpt/latest", "step_00000004\n");

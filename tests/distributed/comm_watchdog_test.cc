@@ -1,8 +1,13 @@
 // CommWatchdog: finished operations pass; an operation that outlives the timeout, or an
-// asynchronous backend error, aborts the backend and ends the process with a message.
+// asynchronous backend error, aborts the backend and ends the process with a message (through
+// the app's handler when one is installed, with what the census found); time the process spent
+// stopped does not count.
 #include "engine/distributed/comm_watchdog.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <iostream>
@@ -66,6 +71,50 @@ TEST_F(CommWatchdogDeathTest, AnOperationPastTheTimeoutEndsTheProcess) {
       },
       "backend aborted(.|\n)*communicator test comm timed out: Recv of f32\\[4\\] \\(16 bytes\\) "
       "from rank 1 has not finished");
+}
+
+// An app's handler gets the message, with what the census found, instead of LOG(FATAL).
+TEST_F(CommWatchdogDeathTest, ATimeoutGoesToTheHandlerWithTheCensus) {
+  EXPECT_EXIT(
+      {
+        SetCommFailureHandler([](const std::string& message) {
+          std::cerr << "handled: " << message << std::endl;
+          _exit(7);
+        });
+        CommWatchdog::Hooks hooks;
+        hooks.census = [](const std::string& operation, milliseconds) {
+          CommWatchdog::Census census;
+          census.finding = "rank 3 did not arrive at " + operation;
+          return census;
+        };
+        CommWatchdog watchdog("test comm", milliseconds(100), hooks);
+        watchdog.Track("Barrier", [] { return false; });
+        std::this_thread::sleep_for(std::chrono::seconds(10));
+      },
+      ::testing::ExitedWithCode(7),
+      "handled: communicator test comm timed out: Barrier has not finished after [0-9]+ ms "
+      "\\(timeout 100 ms\\); rank 3 did not arrive at Barrier \\(rank");
+}
+
+// A process stopped (SIGSTOP) for longer than the timeout does not blame its peers when it
+// resumes: the operation's clock restarts, and the process lives on past the rest of the test.
+TEST(CommWatchdogTest, TimeFrozenDoesNotCount) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    CommWatchdog watchdog("test comm", std::chrono::seconds(2));
+    watchdog.Track("Recv of f32[4] (16 bytes) from rank 1", [] { return false; });
+    std::this_thread::sleep_for(std::chrono::seconds(4));  // frozen for 3 of them
+    _exit(0);
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  kill(child, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  kill(child, SIGCONT);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the watchdog ended the resumed process (status " << status << ")";
 }
 
 TEST_F(CommWatchdogDeathTest, AnAsynchronousErrorEndsTheProcess) {

@@ -246,7 +246,7 @@ TEST_F(CheckpointTest, BadRootsAndPathsAreClearErrors) {
             "checkpoint '" + missing + "' does not exist");
   EXPECT_EQ(LoadCheckpoint(dir_.string(), {}, {}).status().message(),
             Quoted(dir_) +
-                " is neither a checkpoint root (no 'latest') nor a step directory (no "
+                " is neither a checkpoint root (no step directory) nor a step directory (no "
                 "'state.json')");
 
   ASSERT_TRUE(SaveCheckpoint(root_, 3, saved.model, saved.optimizer, {{"k", 1}}).ok());
