@@ -93,6 +93,15 @@ void BroadcastBytes(void* data, size_t bytes, int root, MPI_Comm comm) {
   }
 }
 
+// The watchdog asks `census` which peers reached a timed-out operation.
+CommWatchdog::Hooks CensusHooks(MpiPeerCensus* census) {
+  CommWatchdog::Hooks hooks;
+  hooks.census = [census](const std::string& operation, std::chrono::milliseconds grace) {
+    return census->Take(operation, grace);
+  };
+  return hooks;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::milliseconds timeout)
@@ -101,10 +110,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Stream& stream, std::chrono::mil
       cpu_stream_(AsCpuStream(stream)),
       census_(MpiPeerCensus::Duplicating(comm)),
       watchdog_("MPI rank " + std::to_string(rank()) + "/" + std::to_string(size()), timeout,
-                {.census = [census = census_.get()](const std::string& operation,
-                                                    std::chrono::milliseconds grace) {
-                  return census->Take(operation, grace);
-                }}) {}
+                CensusHooks(census_.get())) {}
 
 MpiCommunicator::~MpiCommunicator() {
   cpu_stream_.Synchronize();
