@@ -8,8 +8,8 @@
 
 #include <gflags/gflags.h>
 
-#include "apps/moe_train/flag_table.h"
 #include "apps/common/output_checks.h"
+#include "apps/moe_train/flag_table.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/checkpoint_scan.h"
 #include "modules/model_shape.h"
