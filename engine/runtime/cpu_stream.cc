@@ -65,7 +65,7 @@ void CpuStream::CopyAsync(void* dst, const void* src, size_t bytes) {
       const auto latency = CpuCopyLatency();
       if (latency.count() > 0) std::this_thread::sleep_for(latency);
     }
-    std::memcpy(dst, src, bytes);
+    if (bytes > 0) std::memcpy(dst, src, bytes);  // an empty tensor may have no storage
   });
 }
 

@@ -52,7 +52,9 @@ void Cast(const Tensor& src, const Tensor& dst) {
 }
 
 // The compute stream runs inline, so src is final: a plain copy.
-void ReadSmallToHost(const Tensor& src, void* dst) { std::memcpy(dst, src.data(), src.nbytes()); }
+void ReadSmallToHost(const Tensor& src, void* dst) {
+  if (src.nbytes() > 0) std::memcpy(dst, src.data(), src.nbytes());  // an empty tensor has no data
+}
 
 void Add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const float* pa = a.data<float>();
