@@ -15,6 +15,7 @@
 #include <glog/logging.h>
 
 #include "engine/io/checkpoint_scan.h"
+#include "engine/io/quoted.h"
 #include "engine/io/safetensors.h"
 
 namespace moe {
@@ -28,8 +29,6 @@ constexpr const char* kTemporaryStepMark = ".tmp-";  // .step_00000100.tmp-<pid>
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
-
-std::string Quoted(const fs::path& path) { return std::string("'") + path.string() + "'"; }
 
 std::string ErrnoText() { return std::strerror(errno); }
 

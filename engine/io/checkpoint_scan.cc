@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/io/checkpoint.h"
+#include "engine/io/quoted.h"
 
 namespace moe {
 namespace {
@@ -18,8 +19,6 @@ int64_t StepOfName(const std::string& name) {
   const std::string digits = name.substr(name.find('_') + 1);
   return digits.size() > 18 ? -1 : std::stoll(digits);
 }
-
-std::string Quoted(const std::string& text) { return "'" + text + "'"; }
 
 // OK if root/name is complete (see the top), else why not.
 Status CheckComplete(const std::string& root, const std::string& name) {

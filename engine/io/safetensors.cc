@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/bfloat16.h"
+#include "engine/io/quoted.h"
 #include "engine/kernels/ops.h"
 
 namespace moe {
@@ -43,8 +44,6 @@ const char* DTypeCodeOf(DType dtype) {
   }
   LOG(FATAL) << "no safetensors code for dtype " << DTypeName(dtype);
 }
-
-std::string Quoted(const std::string& path) { return std::string("'") + path + "'"; }
 
 std::string ErrnoText() { return std::strerror(errno); }
 
