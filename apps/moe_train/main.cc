@@ -260,28 +260,31 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
     }
     return Status::Ok();
   };
+  // A stop asked for (run_stop.h): the step reached is saved unless it is already, one line says
+  // why, and the run ends with kExitStoppedEarly. Collective.
+  const auto stop_early = [&](const std::string& why) {
+    const int64_t step = trainer.step();
+    const bool saving = !FLAGS_save.empty() && step > 0;
+    if (saving && step != saved_step) {
+      const Status saved = save();
+      if (!saved.ok()) return Fail(saved, 1);
+    }
+    if (leader) {
+      const std::string outcome =
+          saving ? "checkpoint " + FLAGS_save + "/" + CheckpointStepDirName(step) +
+                       ": continue with --load=" + FLAGS_save
+                 : (FLAGS_save.empty() ? "nothing saved (no --save)" : "nothing to save");
+      printf("stopped at step %lld: %s; %s (exit code %d)\n", (long long)step, why.c_str(),
+             outcome.c_str(), kExitStoppedEarly);
+    }
+    fflush(stdout);
+    return kExitStoppedEarly;
+  };
   RunStop stop(world_comm.get(), started, first_step);
   while (trainer.step() < run.trainer.train_steps) {
     SetCommFailureStep(trainer.step());
     const std::string why = stop.Check(trainer.step());  // collective
-    if (!why.empty()) {
-      const int64_t step = trainer.step();
-      const bool saving = !FLAGS_save.empty() && step > 0;
-      if (saving && step != saved_step) {
-        agreed = save();
-        if (!agreed.ok()) return Fail(agreed, 1);
-      }
-      if (leader) {
-        const std::string outcome =
-            saving ? "checkpoint " + FLAGS_save + "/" + CheckpointStepDirName(step) +
-                         ": continue with --load=" + FLAGS_save
-                   : (FLAGS_save.empty() ? "nothing saved (no --save)" : "nothing to save");
-        printf("stopped at step %lld: %s; %s (exit code %d)\n", (long long)step, why.c_str(),
-               outcome.c_str(), kExitStoppedEarly);
-      }
-      fflush(stdout);
-      return kExitStoppedEarly;
-    }
+    if (!why.empty()) return stop_early(why);
     SetCommFailureStep(trainer.step() + 1);
     const bool traced =
         trace != nullptr && trainer.step() + 1 >= trace_first && trainer.step() + 1 <= trace_last;
