@@ -13,22 +13,22 @@ SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
     : name_(name),
       config_(config),
       layer_(layer),
-      qkv_proj_(parameters.CreateStack(
-          std::vector<ParameterSpec>{{name + ".q_proj.weight",
-                                      {config.hidden_size, config.hidden_size},
-                                      Init::kNormal,
-                                      config.init_std},
-                                     {name + ".k_proj.weight",
-                                      {config.kv_dim(), config.hidden_size},
-                                      Init::kNormal,
-                                      config.init_std},
-                                     {name + ".v_proj.weight",
-                                      {config.kv_dim(), config.hidden_size},
-                                      Init::kNormal,
-                                      config.init_std}})),
+      qkv_proj_(
+          parameters.CreateStack(std::vector<ParameterSpec>{{name + ".q_proj.weight",
+                                                             {config.q_dim(), config.hidden_size},
+                                                             Init::kNormal,
+                                                             config.init_std},
+                                                            {name + ".k_proj.weight",
+                                                             {config.kv_dim(), config.hidden_size},
+                                                             Init::kNormal,
+                                                             config.init_std},
+                                                            {name + ".v_proj.weight",
+                                                             {config.kv_dim(), config.hidden_size},
+                                                             Init::kNormal,
+                                                             config.init_std}})),
       o_proj_(parameters.Create(
           {name + ".o_proj.weight",
-           {config.hidden_size, config.hidden_size},
+           {config.hidden_size, config.q_dim()},
            Init::kNormal,
            config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})),
       rotary_table_(rotary_table) {}
@@ -36,7 +36,7 @@ SelfAttention::SelfAttention(ParameterSet& parameters, const std::string& name,
 const Tensor& RotaryTable::On(Device device) {
   if (!table_.defined()) {
     table_ = Tensor::Empty({config_.seq_length, config_.head_dim() / 2, 2}, DType::kF32, device);
-    ops::RopeTable(config_.rope_base, table_);
+    ops::RopeTable(config_.rotary_base, table_);
   }
   return table_;
 }
@@ -85,7 +85,7 @@ Tensor SelfAttention::Backward(SavedTensors& saved, const Tensor& dy) {
     out = Tensor::Empty(q.shape(), q.dtype(), q.device());
     lse = Tensor::Empty({q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, q.device());
     ops::AttentionForward(q, k, v, out, lse);
-    out = out.View({dy.dim(0), config_.hidden_size});
+    out = out.View({dy.dim(0), config_.q_dim()});
   }
   Tensor dout = LinearBackward(dy, out, o_proj_);
 

@@ -1,7 +1,7 @@
 // Causal self-attention with RoPE and grouped KV heads.
 //   x (tokens = batch * seq, hidden) -> y (tokens, hidden).
-//   Weights (PyTorch layout): q_proj (hidden, hidden), k_proj and v_proj (kv_dim, hidden),
-//   o_proj (hidden, hidden); o_proj initialised with std / sqrt(2 * num_layers). q_proj, k_proj
+//   Weights (PyTorch layout): q_proj (q_dim, hidden), k_proj and v_proj (kv_dim, hidden),
+//   o_proj (hidden, q_dim), q_dim = heads * head_dim (GptConfig); o_proj initialised with std / sqrt(2 * num_layers). q_proj, k_proj
 //   and v_proj are one parameter stack: one GEMM each way computes all three projections, and
 //   ops::RopeQkvForward / RopeQkvBackward move the heads between the packed product and q, k, v.
 // Saved tensors, each in its offload group for `layer`:

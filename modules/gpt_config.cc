@@ -3,10 +3,11 @@
 namespace moe {
 
 Status CheckModel(const GptConfig& m) {
-  if (m.hidden_size % m.num_attention_heads != 0) {
+  if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0) {
     return InvalidArgument(
         "--hidden_size=" + std::to_string(m.hidden_size) +
-        " is not a multiple of --num_attention_heads=" + std::to_string(m.num_attention_heads));
+        " is not a multiple of --num_attention_heads=" + std::to_string(m.num_attention_heads) +
+        " (or set the head dimension with --kv_channels)");
   }
   if (m.num_attention_heads % m.num_query_groups != 0) {
     return InvalidArgument(
@@ -14,8 +15,18 @@ Status CheckModel(const GptConfig& m) {
         " is not a multiple of --num_query_groups=" + std::to_string(m.num_query_groups));
   }
   if (m.head_dim() % 2 != 0) {
-    return InvalidArgument("--hidden_size / --num_attention_heads = " +
-                           std::to_string(m.head_dim()) + " must be even for rotary embeddings");
+    return InvalidArgument(
+        (m.kv_channels > 0 ? std::string("--kv_channels")
+                           : std::string("--hidden_size / --num_attention_heads")) +
+        " = " + std::to_string(m.head_dim()) + " must be even for rotary embeddings");
+  }
+  if (m.qk_layernorm_across_heads && !m.qk_layernorm) {
+    return InvalidArgument("--qk_layernorm_across_heads needs --qk_layernorm");
+  }
+  if (m.qk_layernorm || m.moe_router_pre_softmax) {  // the modules follow in the next change
+    return InvalidArgument(
+        std::string(m.qk_layernorm ? "--qk_layernorm" : "--moe_router_pre_softmax") +
+        " is not implemented in this build");
   }
   if (m.moe_router_topk > m.num_experts) {
     return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
@@ -28,9 +39,16 @@ Status CheckModel(const GptConfig& m) {
   return Status::Ok();
 }
 
+int64_t GptConfig::qk_norm_parameters() const {
+  if (!qk_layernorm) return 0;
+  return qk_layernorm_across_heads ? q_dim() + kv_dim() : 2 * head_dim();
+}
+
 int64_t GptConfig::attention_parameters() const {
-  // q and o projections (hidden x hidden), k and v (hidden x kv_dim), two norms.
-  return 2 * hidden_size * hidden_size + 2 * hidden_size * kv_dim() + 2 * hidden_size;
+  // q and o projections (hidden x q_dim), k and v (hidden x kv_dim), the two layer norms and the
+  // query and key norms.
+  return 2 * hidden_size * q_dim() + 2 * hidden_size * kv_dim() + 2 * hidden_size +
+         qk_norm_parameters();
 }
 
 int64_t GptConfig::total_parameters() const {
@@ -55,7 +73,7 @@ double GptConfig::train_flops_per_token() const {
   // average seq/2 keys, 2 FLOPs each per head dim, times 3 for forward + backward.
   const double matmul_parameters =
       static_cast<double>(active_parameters() - vocab_size * hidden_size);
-  const double attention = 3.0 * 2.0 * 2.0 * num_layers * hidden_size * (seq_length / 2.0);
+  const double attention = 3.0 * 2.0 * 2.0 * num_layers * q_dim() * (seq_length / 2.0);
   return 6.0 * matmul_parameters + attention;
 }
 

@@ -31,13 +31,27 @@ struct GptConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 128;
   int64_t num_attention_heads = 2;
-  int64_t num_query_groups = 1;   // KV heads
+  int64_t num_query_groups = 1;  // KV heads
+  // The attention head dimension (Megatron's --kv_channels); 0: hidden_size / num_attention_heads.
+  // Qwen3-30B-A3B's is 128 on a hidden size of 2048 over 32 heads.
+  int64_t kv_channels = 0;
+  // An RMSNorm of the queries and the keys before RoPE (Megatron's --qk_layernorm): Qwen3's, one
+  // weight of head_dim shared by every head and applied to each; with qk_layernorm_across_heads,
+  // OLMoE's, one over each token's whole query projection (heads * head_dim) and one over its
+  // keys (num_query_groups * head_dim).
+  bool qk_layernorm = false;
+  bool qk_layernorm_across_heads = false;
   int64_t ffn_hidden_size = 256;  // dense layers
   int64_t num_experts = 4;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 128;  // per expert
   float moe_aux_loss_coeff = 1e-2f;
-  float moe_z_loss_coeff = 0.0f;                            // 0 disables the z-loss
+  float moe_z_loss_coeff = 0.0f;  // 0 disables the z-loss
+  // Megatron's --moe_router_pre_softmax: the gate weights of a token's top-k experts are their
+  // probabilities under the softmax over all experts (OLMoE, norm_topk_prob false). Off: those
+  // probabilities renormalised to sum 1 over the top k, the softmax of the top-k logits (Qwen3-MoE
+  // and Mixtral, norm_topk_prob true).
+  bool moe_router_pre_softmax = false;
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kFused;  // as --moe_grouped_mlp
   RecomputeModules recompute;                               // how the model runs, not its shape
   int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
@@ -54,11 +68,14 @@ struct GptConfig {
   int64_t first_dense_layers = 1;
   int64_t seq_length = 64;
   int64_t vocab_size = 256;
-  float rope_base = 10000.0f;
-  float norm_eps = 1e-5f;
+  float rotary_base = 10000.0f;  // RoPE's base (Hugging Face's rope_theta)
+  float norm_epsilon = 1e-5f;    // every RMSNorm's epsilon
   float init_std = 0.02f;
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const {
+    return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+  }
+  int64_t q_dim() const { return num_attention_heads * head_dim(); }  // the query projection's
   int64_t kv_dim() const { return num_query_groups * head_dim(); }
   bool is_moe_layer(int64_t layer) const { return layer >= first_dense_layers; }
   // What `layer` recomputes: its recompute_by_layer entry, else `recompute` in the first
@@ -71,6 +88,7 @@ struct GptConfig {
   int64_t num_moe_layers() const { return num_layers - std::min(num_layers, first_dense_layers); }
 
   // Parameter counts: all of them, and those one token's forward touches (top-k experts only).
+  int64_t qk_norm_parameters() const;  // the query and key norms' weights, 0 without them
   int64_t attention_parameters() const;
   int64_t dense_mlp_parameters() const { return 3 * hidden_size * ffn_hidden_size; }
   int64_t expert_parameters() const { return 3 * hidden_size * moe_ffn_hidden_size; }
@@ -83,9 +101,11 @@ struct GptConfig {
 };
 
 // The relations between the fields (each field's own range is its flag's, in moe_train's flag
-// table): hidden_size a multiple of num_attention_heads, that of num_query_groups, an even head
-// dim, moe_router_topk <= num_experts, first_dense_layers <= num_layers. The error names the
-// fields as flags (--hidden_size=66 is not a multiple of --num_attention_heads=4).
+// table): hidden_size a multiple of num_attention_heads unless kv_channels sets the head dim,
+// num_attention_heads a multiple of num_query_groups, an even head dim,
+// qk_layernorm_across_heads only with qk_layernorm, moe_router_topk <= num_experts,
+// first_dense_layers <= num_layers. The error names the fields as flags (--hidden_size=66 is not
+// a multiple of --num_attention_heads=4).
 Status CheckModel(const GptConfig& m);
 
 }  // namespace moe

@@ -28,7 +28,7 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
   }
   if (stage.last) {
     final_norm_ =
-        std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size, config.norm_eps);
+        std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size, config.norm_epsilon);
     head_ = std::make_unique<LmHeadLoss>(parameters, config_);
   }
 }

@@ -335,8 +335,6 @@ nlohmann::json Trainer::ModelConfig() const {
   nlohmann::json config = ModelShapeJson(config_);
   config["moe_aux_loss_coeff"] = config_.moe_aux_loss_coeff;
   config["moe_z_loss_coeff"] = config_.moe_z_loss_coeff;
-  config["rope_base"] = config_.rope_base;
-  config["norm_eps"] = config_.norm_eps;
   return config;
 }
 

@@ -62,15 +62,22 @@ const std::vector<std::string>& FlagGroups() {
 const std::vector<FlagRow>& FlagTable() {
   static const std::vector<FlagRow> kRows = {
       Range("num_layers", "model", 1, k2e20),
-      Range("hidden_size", "model", 1, k2e20, "a multiple of --num_attention_heads"),
+      Range("hidden_size", "model", 1, k2e20,
+            "a multiple of --num_attention_heads unless --kv_channels is set"),
       Range("num_attention_heads", "model", 1, 1 << 16),
       Range("num_query_groups", "model", 1, 1 << 16, "divides --num_attention_heads"),
+      Range("kv_channels", "model", 0, 1 << 16, "0: --hidden_size / --num_attention_heads; even"),
+      Text("qk_layernorm", "model"),
+      Text("qk_layernorm_across_heads", "model"),
+      Positive("rotary_base", "model", 1e12),
+      Positive("norm_epsilon", "model", 1),
       Range("ffn_hidden_size", "model", 1, 1 << 24),
       Range("num_experts", "model", 1, 1 << 16),
       Range("moe_router_topk", "model", 1, 1 << 16, "<= --num_experts"),
       Range("moe_ffn_hidden_size", "model", 1, 1 << 24),
       Range("moe_aux_loss_coeff", "model", 0, 100),
       Range("moe_z_loss_coeff", "model", 0, 100),
+      Text("moe_router_pre_softmax", "model"),
       Range("first_dense_layers", "model", 0, k2e20, "<= --num_layers"),
       Range("seq_length", "model", 1, 1 << 24),
       Range("vocab_size", "model", 2, 2147483647.0),  // OpenTokenSource's bounds

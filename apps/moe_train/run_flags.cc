@@ -19,12 +19,24 @@ DEFINE_int64(num_layers, 2, "transformer layers");
 DEFINE_int64(hidden_size, 128, "model width");
 DEFINE_int64(num_attention_heads, 2, "query heads");
 DEFINE_int64(num_query_groups, 1, "key/value heads (grouped-query attention)");
+DEFINE_int64(kv_channels, 0, "attention head dimension (0: --hidden_size / --num_attention_heads)");
+DEFINE_bool(qk_layernorm, false,
+            "RMSNorm of queries and keys before RoPE, one head_dim weight shared by the heads "
+            "(Qwen3)");
+DEFINE_bool(qk_layernorm_across_heads, false,
+            "with --qk_layernorm: one norm over all query heads and one over all key heads of a "
+            "token (OLMoE)");
+DEFINE_double(rotary_base, 10000, "RoPE base (Hugging Face rope_theta)");
+DEFINE_double(norm_epsilon, 1e-5, "epsilon of every RMSNorm");
 DEFINE_int64(ffn_hidden_size, 256, "dense MLP width");
 DEFINE_int64(num_experts, 4, "experts per MoE layer");
 DEFINE_int64(moe_router_topk, 2, "experts per token");
 DEFINE_int64(moe_ffn_hidden_size, 128, "expert MLP width");
 DEFINE_double(moe_aux_loss_coeff, 1e-2, "load-balancing loss coefficient");
 DEFINE_double(moe_z_loss_coeff, 0.0, "router z-loss coefficient (0: off)");
+DEFINE_bool(moe_router_pre_softmax, false,
+            "gate weights = the top-k experts' softmax probabilities over all experts, not "
+            "renormalised over the k (OLMoE); off: renormalised (Qwen3-MoE, Mixtral)");
 DEFINE_string(moe_grouped_mlp, "fused",
               "the experts' grouped MLP: fused (grouped GEMMs over all experts) | unfused "
               "(per-expert GEMMs)");
@@ -262,12 +274,18 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   m.hidden_size = FLAGS_hidden_size;
   m.num_attention_heads = FLAGS_num_attention_heads;
   m.num_query_groups = FLAGS_num_query_groups;
+  m.kv_channels = FLAGS_kv_channels;
+  m.qk_layernorm = FLAGS_qk_layernorm;
+  m.qk_layernorm_across_heads = FLAGS_qk_layernorm_across_heads;
+  m.rotary_base = static_cast<float>(FLAGS_rotary_base);
+  m.norm_epsilon = static_cast<float>(FLAGS_norm_epsilon);
   m.ffn_hidden_size = FLAGS_ffn_hidden_size;
   m.num_experts = FLAGS_num_experts;
   m.moe_router_topk = FLAGS_moe_router_topk;
   m.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   m.moe_aux_loss_coeff = static_cast<float>(FLAGS_moe_aux_loss_coeff);
   m.moe_z_loss_coeff = static_cast<float>(FLAGS_moe_z_loss_coeff);
+  m.moe_router_pre_softmax = FLAGS_moe_router_pre_softmax;
   MOE_ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
   m.moe_wgrad_micro_batches = FLAGS_moe_wgrad_micro_batches;
   m.first_dense_layers = FLAGS_first_dense_layers;

@@ -100,7 +100,8 @@ INSTANTIATE_TEST_SUITE_P(
     Flags, RefusalTest,
     ::testing::Values(
         Refusal{"--hidden_size=66 --num_attention_heads=4",
-                "--hidden_size=66 is not a multiple of --num_attention_heads=4"},
+                "--hidden_size=66 is not a multiple of --num_attention_heads=4 (or set the head "
+                "dimension with --kv_channels)"},
         Refusal{"--num_attention_heads=4 --num_query_groups=3",
                 "--num_attention_heads=4 is not a multiple of --num_query_groups=3"},
         Refusal{"--moe_router_topk=5", "--moe_router_topk=5 exceeds --num_experts=4"},
@@ -512,7 +513,9 @@ TEST(MoeTrainTest, ResumeProblemsNameWhatIsWrong) {
   ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=3 --hidden_size=64 --num_layers=3",
                  "--load " + step_dir +
                      ": the checkpoint's model differs in --hidden_size "
-                     "(checkpoint 128, this run 64), --num_layers (checkpoint 2, this run 3)"});
+                     "(checkpoint 128, this run 64), --kv_channels (checkpoint 64, this run 32), "
+                     "--num_layers "
+                     "(checkpoint 2, this run 3)"});
   ExpectRefused({"--load=" + dir.Path("ckpt") + " --train_steps=1",
                  "--train_steps=1 is not beyond step 1 of --load " + step_dir +
                      ": nothing to train (--train_steps counts from step 0)"});

@@ -39,8 +39,8 @@ TEST(MoeTrainFlagsTest, TheDefaultModelIsGptConfigsDefault) {
   EXPECT_EQ(flags.first_dense_layers, defaults.first_dense_layers);
   EXPECT_EQ(flags.seq_length, defaults.seq_length);
   EXPECT_EQ(flags.vocab_size, defaults.vocab_size);
-  EXPECT_EQ(flags.rope_base, defaults.rope_base);
-  EXPECT_EQ(flags.norm_eps, defaults.norm_eps);
+  EXPECT_EQ(flags.rotary_base, defaults.rotary_base);
+  EXPECT_EQ(flags.norm_epsilon, defaults.norm_epsilon);
   EXPECT_EQ(flags.init_std, defaults.init_std);
   // And any field added to GptConfig later.
   EXPECT_TRUE(flags == defaults) << "a GptConfig field not compared above differs";

@@ -52,5 +52,32 @@ TEST(ModelShapeTest, FieldsThatCannotChangeTheModelAreNotCompared) {
   EXPECT_EQ(ModelShapeDifferences(saved, all_dense), "");
 }
 
+// A checkpoint written before kv_channels, the query/key norm, rotary_base, norm_epsilon and
+// moe_router_pre_softmax existed holds none of them: it fits the model with that build's values
+// (head dim hidden / heads, base 10000, epsilon 1e-5, no norm, renormalised gates), no other.
+TEST(ModelShapeTest, ACheckpointFromBeforeTheLaterFieldsHasTheirOldValues) {
+  const GptConfig c = testing::TinyModel();
+  nlohmann::json saved = ModelShapeJson(c);
+  for (const char* key : {"kv_channels", "qk_layernorm", "qk_layernorm_across_heads", "rotary_base",
+                          "norm_epsilon", "moe_router_pre_softmax"}) {
+    ASSERT_TRUE(saved.contains(key)) << key;
+    saved.erase(key);
+  }
+  EXPECT_EQ(ModelShapeDifferences(saved, c), "");
+  GptConfig explicit_head = c;
+  explicit_head.kv_channels = c.hidden_size / c.num_attention_heads;
+  EXPECT_EQ(ModelShapeDifferences(saved, explicit_head), "");
+
+  GptConfig qwen3_like = c;
+  qwen3_like.kv_channels = 2 * c.head_dim();
+  qwen3_like.qk_layernorm = true;
+  qwen3_like.rotary_base = 1e6f;
+  EXPECT_EQ(ModelShapeDifferences(saved, qwen3_like),
+            "--kv_channels (checkpoint " + std::to_string(c.head_dim()) + ", this run " +
+                std::to_string(2 * c.head_dim()) +
+                "), --qk_layernorm (checkpoint false, this run true), --rotary_base (checkpoint "
+                "10000.0, this run 1000000.0)");
+}
+
 }  // namespace
 }  // namespace moe

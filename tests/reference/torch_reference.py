@@ -38,9 +38,9 @@ def attention(x, p, name, cfg):
     tokens, seq = x.shape[0], cfg["seq_length"]
     batch = tokens // seq
     heads, groups = cfg["num_attention_heads"], cfg["num_query_groups"]
-    d = cfg["hidden_size"] // heads
-    q = rope((x @ p[name + ".q_proj.weight"].T).view(tokens, heads, d), seq, cfg["rope_base"])
-    k = rope((x @ p[name + ".k_proj.weight"].T).view(tokens, groups, d), seq, cfg["rope_base"])
+    d = cfg["kv_channels"]
+    q = rope((x @ p[name + ".q_proj.weight"].T).view(tokens, heads, d), seq, cfg["rotary_base"])
+    k = rope((x @ p[name + ".k_proj.weight"].T).view(tokens, groups, d), seq, cfg["rotary_base"])
     v = (x @ p[name + ".v_proj.weight"].T).view(tokens, groups, d)
     q = q.view(batch, seq, heads, d).transpose(1, 2)
     k = k.view(batch, seq, groups, d).transpose(1, 2).repeat_interleave(heads // groups, dim=1)
@@ -83,7 +83,7 @@ def moe(x, p, name, cfg):
 
 
 def model_loss(p, ids, targets, cfg):
-    eps = cfg["norm_eps"]
+    eps = cfg["norm_epsilon"]
     x = p["embedding.weight"][ids]
     aux_total = torch.zeros((), dtype=x.dtype)
     for layer in range(cfg["num_layers"]):
