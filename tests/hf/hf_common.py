@@ -485,16 +485,16 @@ def loading_problems(info):
     return {key: value for key, value in dict(info).items() if value}
 
 
-def hf_loss_and_grads(model, batch):
-    """batch: (B, S + 1) int64 on the model's device; inputs batch[:, :-1], targets batch[:, 1:].
-    loss = mean cross-entropy of the model's logits against the targets, computed in float64
-    from the logits, backward through the model. Returns (loss, {hf_name: grad}) with zeros
-    for a parameter that got no gradient."""
+def hf_loss_and_grads(model, ids, targets):
+    """ids, targets: (B, S) int64 on the model's device. loss = mean cross-entropy of the
+    model's logits for ids against targets, computed in float64 from the logits, backward
+    through the model. Returns (loss, {hf_name: grad}) with zeros for a parameter that got no
+    gradient."""
     import torch
     import torch.nn.functional as F
 
     model.zero_grad(set_to_none=True)
-    ids, targets = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+    ids, targets = ids.contiguous(), targets.contiguous()
     logits = model(input_ids=ids, use_cache=False).logits
     vocab = logits.shape[-1]
     loss = F.cross_entropy(logits.to(torch.float64).reshape(-1, vocab), targets.reshape(-1))
