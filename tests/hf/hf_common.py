@@ -482,7 +482,13 @@ def loading_problems(info):
     keys, error messages, conversion errors: whatever this transformers reports)."""
     if info is None:
         return {}
-    return {key: value for key, value in dict(info).items() if value}
+    if hasattr(info, "items"):
+        items = dict(info.items())
+    elif hasattr(info, "__dataclass_fields__"):
+        items = {name: getattr(info, name) for name in info.__dataclass_fields__}
+    else:
+        items = dict(vars(info))
+    return {key: value for key, value in items.items() if value}
 
 
 def hf_loss_and_grads(model, ids, targets):

@@ -29,6 +29,7 @@ Paths, commands and tolerances are the constants below.
 """
 import argparse
 import json
+import math
 import os
 import random
 import shlex
@@ -102,7 +103,7 @@ def run(command, log_path):
     started = time.time()
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=COMMAND_TIMEOUT_S)
+                              text=True, errors="replace", timeout=COMMAND_TIMEOUT_S)
         status, output = done.returncode, done.stdout
     except subprocess.TimeoutExpired as error:
         status, output = 124, (error.stdout or "") + f"\n(timed out after {COMMAND_TIMEOUT_S} s)"
@@ -333,12 +334,18 @@ def judge_export(checks, fixture, imported, work):
     with open(os.path.join(exported, "config.json")) as f:
         config = json.load(f)
     print("  config.json: " + json.dumps(config, sort_keys=True))
+    def same(a, b):  # floats to f32 rounding (an exporter may keep epsilon as a float)
+        if isinstance(a, float) or isinstance(b, float):
+            return isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
+                math.isclose(a, b, rel_tol=1e-6)
+        return a == b
+
     mismatched = {k: (config.get(k), v) for k, v in expected["config"].items()
                   if k in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
                            "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size",
                            "moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
-                           "tie_word_embeddings") and config.get(k) != v}
-    if hc.rope_theta(config) != hc.rope_theta(expected["config"]):
+                           "tie_word_embeddings") and not same(config.get(k), v)}
+    if not same(hc.rope_theta(config), hc.rope_theta(expected["config"])):
         mismatched["rotary base"] = (hc.rope_theta(config), hc.rope_theta(expected["config"]))
     try:
         if hc.num_experts(config) != hc.num_experts(expected["config"]):
