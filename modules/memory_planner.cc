@@ -12,6 +12,7 @@
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
+#include "modules/layout_estimate.h"
 #include "modules/memory_estimate.h"
 #include "modules/offload_groups.h"
 
@@ -562,20 +563,9 @@ double MemoryPlan::peak_bytes() const {
 }
 
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
-  PartitionOptions layout;
-  const MemoryEstimateOptions& run = request.run;
-  layout.num_layers = static_cast<int>(run.model.num_layers);
-  layout.pipeline_size = static_cast<int>(run.pipeline_parallel);
-  layout.virtual_chunks = static_cast<int>(run.virtual_pipeline);
-  layout.first_stage_layers = static_cast<int>(run.first_stage_layers);
-  layout.last_stage_layers = static_cast<int>(run.last_stage_layers);
-  MOE_ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
-  ScheduleSpec spec;
-  spec.pipeline_size = layout.pipeline_size;
-  spec.virtual_chunks = layout.virtual_chunks;
-  spec.microbatches = static_cast<int>(run.micro_batches);
-  spec.kind = DefaultScheduleKind(spec.pipeline_size, spec.virtual_chunks);
-  MOE_ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
+  MOE_ASSIGN_OR_RETURN(const PipelineLayout layout, MakePipelineLayout(request.run));
+  const LayerPartition& partition = layout.partition;
+  const std::vector<RankActions>& schedule = layout.schedule;
 
   const std::vector<Candidate> candidates = Candidates(request);
   MemoryPlan plan;
