@@ -205,8 +205,9 @@ class RankModel {
         forwarded.erase({a.microbatch, a.chunk});
         held -= pass.resident;
         prefetched = 0;
-        const Pass* next = nullptr;
-        for (size_t j = index + 1; j < actions_.size() && next == nullptr; ++j) {
+        const Pass* next = nullptr;  // none when no other pass is in flight (no need to look)
+        for (size_t j = index + 1; j < actions_.size() && next == nullptr && !forwarded.empty();
+             ++j) {
           const Action& b = actions_[j];
           if (b.kind == Action::Kind::kBackward && forwarded.count({b.microbatch, b.chunk})) {
             next = &passes[b.chunk];
