@@ -167,10 +167,13 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   agreed = world.AllAgree(device.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   run.device = *device;
+  StatusOr<LayoutMemoryEstimate> estimate = EstimateRunMemory(run);
+  agreed = world.AllAgree(estimate.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
   // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
   const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
-  agreed =
-      world.AllAgree(CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
+  agreed = world.AllAgree(
+      CheckMemoryFits(run, *estimate, capacity, run.device.is_cuda() ? 1 : world.local_size()));
   if (!agreed.ok()) return Fail(agreed, 2);
   std::optional<MemoryPlan> plan;
   std::optional<MemoryReplanner> replanner;
@@ -236,6 +239,7 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   if (leader) {
     log.emplace(run);
     log->Summary(**data, trainer.step());
+    printf("%s\n", MemoryEstimateLine(*estimate, run.trainer.virtual_pipeline).c_str());
     for (const std::string& note : run.notes) printf("%s\n", note.c_str());
     fflush(stdout);
     if (plan) log->Plan(*plan, /*table=*/true);
