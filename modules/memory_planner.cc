@@ -664,14 +664,18 @@ std::string MemoryPlanTable(const MemoryPlan& plan) {
     out += line;
   }
   for (size_t rank = 0; rank < plan.ranks.size(); ++rank) {
-    const RankPlanSummary& r = plan.ranks[rank];
-    snprintf(line, sizeof(line),
-             "  rank %zu: predicted peak %s (%s keeping everything), predicted cost %.1f ms per "
-             "step\n",
-             rank, Size(r.peak_bytes).c_str(), Size(r.baseline_peak_bytes).c_str(), r.exposed_ms);
-    out += line;
+    out += RankPlanLine(plan, static_cast<int>(rank)) + "\n";
   }
   return out;
+}
+
+std::string RankPlanLine(const MemoryPlan& plan, int rank) {
+  const RankPlanSummary& r = plan.ranks[rank];
+  char line[256];
+  snprintf(line, sizeof(line),
+           "  rank %d: predicted peak %s (%s keeping everything), predicted cost %.1f ms per step",
+           rank, Size(r.peak_bytes).c_str(), Size(r.baseline_peak_bytes).c_str(), r.exposed_ms);
+  return line;
 }
 
 }  // namespace moe
