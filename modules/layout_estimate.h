@@ -17,8 +17,9 @@
 // - Workspace: the larger of the head's forward (HeadForwardWorkspace, on the rank with the last
 //   stage) and one layer's backward (its saves without recompute, the larger kind's).
 // With one stage the figures are EstimateTrainingMemory's, exactly; with a pipeline each rank's
-// own, which that function bounds (tests/modules/layout_estimate_test.cc). Nothing is allocated:
-// a model of any size is estimated in microseconds per layer.
+// own, where that function counts one bound for every rank: the largest stage, both ends, every
+// layer as not recomputed (tests/modules/layout_estimate_test.cc). Nothing is allocated: a model
+// of any size is estimated in microseconds per layer.
 #pragma once
 
 #include <vector>
