@@ -250,8 +250,8 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   if (leader) {
     log.emplace(run);
     log->Summary(**data, trainer.step());
-    printf("%s\n", MemoryEstimateLine(*estimate, run.trainer.virtual_pipeline).c_str());
     for (const std::string& note : run.notes) printf("%s\n", note.c_str());
+    printf("%s\n", MemoryEstimateLine(*estimate, run.trainer.virtual_pipeline).c_str());
     fflush(stdout);
     if (plan) log->Plan(*plan, /*table=*/true);
   }
