@@ -47,9 +47,9 @@ class Fields {
       return InvalidArgument("config.json has no \"" + std::string(key) + "\"");
     }
     const nlohmann::json& v = config_[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) {
       return InvalidArgument("config.json: \"" + std::string(key) + "\" is " + v.dump() +
-                             ", not an integer >= 0");
+                             ", not an integer >= 1");
     }
     return v.get<int64_t>();
   }
@@ -136,7 +136,7 @@ StatusOr<int64_t> ExpertCount(const Fields& f) {
 
 // qwen3_moe's dense layers: those in mlp_only_layers, and those decoder_sparse_step skips. They
 // must be the first ones: returns how many.
-StatusOr<int64_t> Qwen3DenseLayers(const Fields& f, int64_t layers, int64_t experts) {
+StatusOr<int64_t> Qwen3DenseLayers(const Fields& f, int64_t layers) {
   std::set<int64_t> dense;
   if (f.Has("mlp_only_layers")) {
     const nlohmann::json& list = f.At("mlp_only_layers");
@@ -153,9 +153,8 @@ StatusOr<int64_t> Qwen3DenseLayers(const Fields& f, int64_t layers, int64_t expe
     }
   }
   MOE_ASSIGN_OR_RETURN(const int64_t step, f.Integer("decoder_sparse_step", 1));
-  if (step < 1) return InvalidArgument("config.json: \"decoder_sparse_step\" 0 must be >= 1");
   for (int64_t i = 0; i < layers; ++i) {
-    if (experts == 0 || (i + 1) % step != 0) dense.insert(i);
+    if ((i + 1) % step != 0) dense.insert(i);
   }
   const int64_t count = static_cast<int64_t>(dense.size());
   if (count > 0 && *dense.rbegin() != count - 1) {
@@ -223,9 +222,6 @@ StatusOr<HfModel> HfModelFromConfig(const nlohmann::json& config) {
   MOE_ASSIGN_OR_RETURN(c.num_query_groups, f.Integer("num_key_value_heads", c.num_attention_heads));
   MOE_ASSIGN_OR_RETURN(c.vocab_size, f.Integer("vocab_size"));
   MOE_ASSIGN_OR_RETURN(out.max_position_embeddings, f.Integer("max_position_embeddings"));
-  if (c.num_attention_heads == 0) {
-    return InvalidArgument("config.json: \"num_attention_heads\" 0 must be >= 1");
-  }
   if (!f.Has("head_dim") && c.hidden_size % c.num_attention_heads != 0) {
     return InvalidArgument("config.json: \"hidden_size\" " + std::to_string(c.hidden_size) +
                            " is not a multiple of \"num_attention_heads\" " +
@@ -246,7 +242,7 @@ StatusOr<HfModel> HfModelFromConfig(const nlohmann::json& config) {
     case HfModelType::kQwen3Moe: {
       c.qk_layernorm = true;
       MOE_ASSIGN_OR_RETURN(c.moe_ffn_hidden_size, f.Integer("moe_intermediate_size"));
-      MOE_ASSIGN_OR_RETURN(c.first_dense_layers, Qwen3DenseLayers(f, c.num_layers, c.num_experts));
+      MOE_ASSIGN_OR_RETURN(c.first_dense_layers, Qwen3DenseLayers(f, c.num_layers));
       if (c.first_dense_layers > 0) {
         MOE_ASSIGN_OR_RETURN(c.ffn_hidden_size, f.Integer("intermediate_size"));
       }

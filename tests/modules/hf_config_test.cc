@@ -209,8 +209,10 @@ TEST(HfConfigTest, RefusesWhatTheModelCannotRepresentInOneLineNamingTheField) {
        "\"head_dim\" 32 x 2 heads is not supported: OLMoE's q_norm spans hidden_size 128"},
       {"missing", MixtralConfig, "num_experts_per_tok", nullptr,
        "config.json has no \"num_experts_per_tok\""},
+      {"zero", MixtralConfig, "num_key_value_heads", 0,
+       "config.json: \"num_key_value_heads\" is 0, not an integer >= 1"},
       {"mistyped", MixtralConfig, "hidden_size", "64",
-       "config.json: \"hidden_size\" is \"64\", not an integer >= 0"},
+       "config.json: \"hidden_size\" is \"64\", not an integer >= 1"},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.what);
