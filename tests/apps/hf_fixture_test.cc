@@ -29,9 +29,7 @@ constexpr const char* kDumpFlags =
     " --device=cpu --moe_aux_loss_coeff=0 --micro_batch_size=2 --seq_length=32 "
     "--data_format=flat_u32 --seed=1234";
 
-fs::path FixturesDir() {  // this file is tests/apps/hf_fixture_test.cc
-  return fs::path(__FILE__).parent_path().parent_path() / "hf" / "fixtures";
-}
+fs::path FixturesDir() { return fs::path(MOE_SOURCE_DIR) / "tests" / "hf" / "fixtures"; }
 
 std::vector<std::string> FixtureTypes() {
   std::vector<std::string> out;

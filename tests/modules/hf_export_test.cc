@@ -69,17 +69,17 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
   return out;
 }
 
-TEST(HfExportTest, ImportOfTheF32ExportIsTheCheckpointBitForBit) {
+// Exports `config`'s checkpoint in f32 (type inferred, several small shards), checks the files,
+// imports them back and expects the checkpoint's weights bit for bit.
+void ExpectRoundTrip(const GptConfig& config, HfModelType type) {
   ScopedTempDir temp;
-  const GptConfig config = Model();
   const auto ours = SaveCheckpointOf(config, temp.Path("run"));
   HfExportOptions options{temp.Path("run"), temp.Path("hf"), std::nullopt, DType::kF32, 20000};
   StatusOr<HfExportSummary> exported = ExportHfCheckpoint(options);
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
-  EXPECT_EQ(exported->type, HfModelType::kMixtral);  // no query/key norm
+  EXPECT_EQ(exported->type, type);
   EXPECT_EQ(exported->checkpoint_dir, temp.Path("run/step_00000007"));
   EXPECT_GT(exported->shards, 3);
-
   // The shards: named as transformers names them, each at most 20000 bytes of tensors unless one
   // tensor alone, covered by the index.
   const nlohmann::json index = ReadJson(temp.Path("hf/model.safetensors.index.json"));
@@ -110,6 +110,7 @@ TEST(HfExportTest, ImportOfTheF32ExportIsTheCheckpointBitForBit) {
   StatusOr<HfModel> back = HfModelFromConfig(hf_config);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   back->config.seq_length = back->max_position_embeddings;
+  EXPECT_EQ(back->type, type);
   EXPECT_EQ(ModelShapeDifferences(ModelShapeJson(back->config), config), "");
 
   StatusOr<HfImportSummary> imported = ImportHfCheckpoint({temp.Path("hf"), temp.Path("again"), 0});
@@ -117,6 +118,24 @@ TEST(HfExportTest, ImportOfTheF32ExportIsTheCheckpointBitForBit) {
   const auto again = ReadAllTensors(temp.Path("again/step_00000000"));
   ASSERT_EQ(again.size(), ours.size());
   for (const auto& [name, values] : ours) EXPECT_EQ(Bits(again.at(name)), Bits(values)) << name;
+}
+
+TEST(HfExportTest, ImportOfTheF32ExportIsTheCheckpointBitForBit) {
+  ExpectRoundTrip(Model(), HfModelType::kMixtral);  // no query/key norm
+}
+
+// Needs the query/key norm in this build (CheckModel accepts --qk_layernorm): skipped until then.
+TEST(HfExportTest, QueryKeyNormModelsRoundTripToo) {
+  GptConfig qwen3 = Model();
+  qwen3.qk_layernorm = true;
+  qwen3.kv_channels = 16;
+  qwen3.first_dense_layers = 1;
+  qwen3.moe_router_pre_softmax = true;
+  GptConfig olmoe = Model();
+  olmoe.qk_layernorm = olmoe.qk_layernorm_across_heads = true;
+  if (const Status status = CheckModel(qwen3); !status.ok()) GTEST_SKIP() << status.message();
+  ExpectRoundTrip(qwen3, HfModelType::kQwen3Moe);
+  ExpectRoundTrip(olmoe, HfModelType::kOlmoe);
 }
 
 TEST(HfExportTest, Bf16IsEachWeightRoundedToNearestEven) {
