@@ -3,7 +3,7 @@
 // the CPU (--dump_reference_case of the fixture's token file, judge.py's flags) equals the loss
 // transformers computed (expected.json) within 1e-5 relative, on the same tokens. One test per
 // fixture directory there; HfFixturesTest.AllThreeTypesAreCommitted fails when one of qwen3_moe,
-// mixtral and olmoe is missing (disabled until the fixtures are committed: remove DISABLED_ then).
+// mixtral and olmoe is missing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,10 +92,9 @@ INSTANTIATE_TEST_SUITE_P(Committed, HfFixtureTest, ::testing::ValuesIn(FixtureTy
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
-GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(HfFixtureTest);
 
-// Enable (remove DISABLED_) once tests/hf/fixtures/ is committed, so a lost fixture fails CI.
-TEST(HfFixturesTest, DISABLED_AllThreeTypesAreCommitted) {
+// A lost fixture fails, rather than leaving fewer cases above.
+TEST(HfFixturesTest, AllThreeTypesAreCommitted) {
   const std::vector<std::string> found = FixtureTypes();
   for (const char* type : {"mixtral", "olmoe", "qwen3_moe"}) {
     EXPECT_TRUE(std::count(found.begin(), found.end(), type))

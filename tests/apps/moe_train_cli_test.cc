@@ -22,6 +22,7 @@
 
 #include "tests/testing/command.h"
 #include "tests/testing/safetensors_edit.h"
+#include "tests/testing/source_tree.h"
 
 namespace moe {
 namespace {
@@ -30,10 +31,7 @@ namespace fs = std::filesystem;
 using testing::ScopedTempDir;
 using testing::SplitCommandResult;
 
-// The source tree's configs/ (this file is tests/apps/moe_train_cli_test.cc).
-std::string ConfigPath(const std::string& name) {
-  return (fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs" / name).string();
-}
+using testing::ConfigPath;
 
 // Runs moe_train with `dir` as its working directory, so that a file it creates by a relative
 // name is seen too.

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/command.h"
+#include "tests/testing/source_tree.h"
 
 namespace moe {
 namespace {
@@ -22,10 +23,7 @@ namespace {
 using testing::CommandResult;
 using testing::SplitCommandResult;
 
-// The source tree's configs/ (this file is tests/apps/moe_train_dry_run_cli_test.cc).
-const std::string kConfigs =
-    (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs")
-        .string();
+const std::string kConfigs = testing::ConfigPath();
 
 const std::string kSmallRun =
     "--device=cpu --train_steps=1 --warmup_steps=1 --eval_interval=0 --eval_steps=1 ";

@@ -23,6 +23,7 @@
 #include "apps/moe_train/run_summary.h"
 #include "modules/model_presets.h"
 #include "modules/model_shape.h"
+#include "tests/testing/source_tree.h"
 
 namespace moe {
 namespace {
@@ -30,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The source tree's configs/ (this file is tests/apps/presets_test.cc).
-const fs::path kConfigs = fs::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+const fs::path kConfigs = testing::ConfigPath();
 
 struct PresetFile {
   std::vector<std::string> flagfiles;  // as given to moe_train; the last is the one checked

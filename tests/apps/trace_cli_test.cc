@@ -13,6 +13,7 @@
 
 #include "tests/testing/command.h"
 #include "tests/testing/moe_train_run.h"
+#include "tests/testing/source_tree.h"
 
 namespace moe {
 namespace {
@@ -23,11 +24,7 @@ using testing::BadInput;
 using testing::RunMoeTrain;
 
 // configs/tiny.flags of this source tree.
-std::string TinyFlags() {
-  return (std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs" /
-          "tiny.flags")
-      .string();
-}
+std::string TinyFlags() { return testing::ConfigPath("tiny.flags"); }
 
 json ReadJson(const std::string& path) {
   std::ifstream file(path);
