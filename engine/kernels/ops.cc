@@ -415,24 +415,41 @@ void CheckRopeTable(const Tensor& table) {
       << "rope table must be (seq, head_dim / 2, 2): " << table.DebugString();
 }
 
+// x (tokens, heads, head_dim) against the table, as the rotations read them; an undefined table
+// passes (an unrotated move of heads).
+void CheckRopeHeads(const Tensor& x, const Tensor& table) {
+  CheckFloat(x, "rope heads");
+  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
+      << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
+  if (!table.defined()) return;
+  CheckRopeTable(table);
+  CHECK(table.dim(1) == x.dim(2) / 2)
+      << "rope table " << table.DebugString() << " is not for head_dim " << x.dim(2);
+  CHECK(x.dim(0) % table.dim(0) == 0)
+      << "rope: tokens " << x.dim(0) << " not a multiple of seq " << table.dim(0);
+}
+
 // qkv (tokens, (heads + 2 kv_heads) head_dim) against q (tokens, heads, head_dim) and k, v (tokens,
 // kv_heads, head_dim), as RopeQkvForward takes them and RopeQkvBackward their gradients.
 void CheckRopeQkv(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
                   const Tensor& v) {
   CheckFloat(qkv, "rope qkv");
-  CHECK(q.ndim() == 3 && q.dim(2) % 2 == 0)
-      << "rope q takes (tokens, heads, even head_dim): " << q.DebugString();
+  CheckRopeHeads(q, table);
   const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
   CHECK(k.ndim() == 3 && k.dim(0) == tokens && k.dim(2) == d)
       << "rope k " << k.DebugString() << " does not go with q " << q.DebugString();
   CheckShape(v, k.shape(), "rope v");
   CheckShape(qkv, {tokens, (heads + 2 * k.dim(1)) * d}, "rope qkv");
-  CheckRopeTable(table);
-  CHECK(table.dim(1) == d / 2) << "rope table " << table.DebugString() << " is not for head_dim "
-                               << d;
-  CHECK(tokens % table.dim(0) == 0)
-      << "rope: tokens " << tokens << " not a multiple of seq " << table.dim(0);
   for (const Tensor* t : {&q, &k, &v}) CheckSameDType(qkv, *t, "rope qkv");
+}
+
+// x and y (tokens, heads, head_dim) of one shape and dtype, as RopeForward and RopeBackward take
+// them; the table defined.
+void CheckRope(const Tensor& x, const Tensor& table, const Tensor& y) {
+  CHECK(table.defined()) << "rope without a table";
+  CheckRopeHeads(x, table);
+  CheckShape(y, x.shape(), "rope output");
+  CheckSameDType(x, y, "rope");
 }
 }  // namespace
 
@@ -454,6 +471,18 @@ void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const
   const Device device = CommonDevice({&dq, &dk, &dv, &table, &dqkv});
   CheckRopeQkv(dqkv, table, dq, dk, dv);
   MOE_DISPATCH(device, RopeQkvBackward, dq, dk, dv, table, dqkv);
+}
+
+void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
+  const Device device = CommonDevice({&x, &table, &y});
+  CheckRope(x, table, y);
+  MOE_DISPATCH(device, RopeForward, x, table, y);
+}
+
+void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &table, &dx});
+  CheckRope(dy, table, dx);
+  MOE_DISPATCH(device, RopeBackward, dy, table, dx);
 }
 
 // ---------------------------------------------------------------- attention

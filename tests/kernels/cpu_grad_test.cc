@@ -189,6 +189,26 @@ TEST_F(CpuGradTest, RopeQkvBackwardIsTheGradientAndTheInverse) {
   EXPECT_LT(RelativeError(ToFloats(back), ToFloats(qkv)), 1e-6);
 }
 
+TEST_F(CpuGradTest, RopeBackwardIsTheGradientAndTheInverse) {
+  const int64_t seq = 3, tokens = 2 * seq, heads = 2, d = 6;
+  Tensor table = Poisoned({seq, d / 2, 2});
+  ops::RopeTable(100.0f, table);
+  Tensor x = Random({tokens, heads, d}), dy = Random({tokens, heads, d});
+  Tensor y = Poisoned({tokens, heads, d});
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::RopeForward(x, table, y);
+    return WeightedSum(y, r);
+  };
+  Tensor dx = Poisoned({tokens, heads, d});
+  ops::RopeBackward(dy, table, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+
+  loss();
+  ops::RopeBackward(y, table, y);  // in place
+  EXPECT_LT(RelativeError(ToFloats(y), ToFloats(x)), 1e-6);
+}
+
 TEST_F(CpuGradTest, AttentionWithGroupedKvHeads) {
   const int64_t batch = 2, seq = 5, heads = 4, kv_heads = 2, d = 8;
   const Shape q_shape = {batch, seq, heads, d}, kv_shape = {batch, seq, kv_heads, d};
