@@ -776,8 +776,8 @@ void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
   MOE_DISPATCH(device, ZLossBackward, logits, grad, dlogits);
 }
 
-void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
-                       const Tensor& weights, const Tensor& indices) {
+void RouterGateForward(const Tensor& logits, bool renormalize, const Tensor& probs,
+                       const Tensor& values, const Tensor& weights, const Tensor& indices) {
   [[maybe_unused]] const Device device =
       CommonDevice({&logits, &probs, &values, &weights, &indices});
   CheckRouterMatrix(logits, "router logits");
@@ -787,18 +787,23 @@ void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& 
   CheckShape(weights, values.shape(), "router weights");
   CheckDType(weights, DType::kF32, "router weights");
 #if MOE_WITH_CUDA
-  if (device.is_cuda() && cuda::TryRouterGateForward(logits, probs, values, weights, indices)) {
+  if (device.is_cuda() &&
+      cuda::TryRouterGateForward(logits, renormalize, probs, values, weights, indices)) {
     return;
   }
 #endif
   SoftmaxForward(logits, probs);
   TopK(probs, values, indices);
-  NormalizeRowsForward(values, weights);
+  if (renormalize) {
+    NormalizeRowsForward(values, weights);
+  } else {
+    Copy(values, weights);
+  }
 }
 
 void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
                         const Tensor& probs, const Tensor& offsets, float balance_grad,
-                        const Tensor& dlogits) {
+                        bool renormalize, const Tensor& dlogits) {
   const Device device = CommonDevice({&dweights, &values, &indices, &probs, &offsets, &dlogits});
   CheckRouterMatrix(probs, "router probs");
   CheckRouterTopK(values, indices, probs);
@@ -810,12 +815,15 @@ void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tens
   CheckFloat(dlogits, "router dlogits");
 #if MOE_WITH_CUDA
   if (device.is_cuda() && cuda::TryRouterGateBackward(dweights, values, indices, probs, offsets,
-                                                      balance_grad, dlogits)) {
+                                                      balance_grad, renormalize, dlogits)) {
     return;
   }
 #endif
-  Tensor dvalues = Tensor::Empty(values.shape(), DType::kF32, device);
-  NormalizeRowsBackward(dweights, values, dvalues);
+  Tensor dvalues = dweights;
+  if (renormalize) {
+    dvalues = Tensor::Empty(values.shape(), DType::kF32, device);
+    NormalizeRowsBackward(dweights, values, dvalues);
+  }
   Tensor dprobs = Tensor::Empty(probs.shape(), DType::kF32, device);
   TopKBackward(dvalues, indices, dprobs);
   LoadBalancingLossBackward(offsets, values.dim(1), balance_grad, dprobs);

@@ -293,6 +293,42 @@ TEST_F(CpuGradTest, TopKBackwardScattersToTheChosenColumns) {
   ExpectGradient("dx", x, ToFloats(dx), loss);
 }
 
+// The gate's backward, renormalised and not (pre-softmax), is the gradient of sum(weights * R)
+// plus balance_grad times the load-balancing loss at the forward's routing (its counts fixed).
+// The logits are a shuffled ladder 0.1 apart, so a perturbation never changes the top k.
+TEST_F(CpuGradTest, RouterGateBackwardWithAndWithoutRenormalisation) {
+  const int64_t tokens = 5, experts = 6, k = 2;
+  const float balance_grad = 0.3f;
+  std::vector<float> ladder(tokens * experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int> rank(experts);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), rng_);
+    for (int64_t e = 0; e < experts; ++e) ladder[t * experts + e] = 0.1f * rank[e] - 0.3f;
+  }
+  Tensor logits = Floats(ladder, {tokens, experts}), dweights = Random({tokens, k});
+  const std::vector<float> r = ToFloats(dweights);
+  for (bool renormalize : {true, false}) {
+    SCOPED_TRACE(renormalize ? "renormalised" : "pre-softmax");
+    Tensor probs = Poisoned({tokens, experts}), values = Poisoned({tokens, k});
+    Tensor weights = Poisoned({tokens, k}), indices = Poisoned({tokens, k}, DType::kI32);
+    ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+    Tensor order = Poisoned({tokens * k}, DType::kI32),
+           offsets = Poisoned({experts + 1}, DType::kI32);
+    ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
+    Tensor balance = Poisoned({1});
+    auto loss = [&] {
+      ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+      ops::LoadBalancingLossForward(probs, offsets, k, balance);
+      return WeightedSum(weights, r) + balance_grad * ToFloats(balance)[0];
+    };
+    Tensor dlogits = Poisoned({tokens, experts});
+    ops::RouterGateBackward(dweights, values, indices, probs, offsets, balance_grad, renormalize,
+                            dlogits);
+    ExpectGradient("dlogits", logits, ToFloats(dlogits), loss);
+  }
+}
+
 TEST_F(CpuGradTest, GatherRowsAndGatherSumRowsAreEachOthersAdjoint) {
   const int64_t n = 6, h = 3, copies = 2;
   // Each of n rows gathered `copies` times, in shuffled order.

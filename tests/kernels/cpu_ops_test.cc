@@ -577,6 +577,48 @@ TEST_F(CpuOpsTest, TopKTiesGoToTheLowerColumn) {
   EXPECT_EQ(ToInts(indices), (std::vector<int32_t>{1, 2, 0, 1}));
 }
 
+// The gate against its definition: probs = softmax(logits) (double reference), values and
+// indices TopK's, weights = values renormalised to sum 1, or values themselves without
+// renormalisation (--moe_router_pre_softmax).
+TEST_F(CpuOpsTest, RouterGateRenormalisesTheTopKOrKeepsThem) {
+  const int64_t tokens = 7, experts = 6, k = 3;
+  const Tensor logits = Random({tokens, experts}, 2.0f);
+  const std::vector<float> x = ToFloats(logits);
+  for (bool renormalize : {true, false}) {
+    SCOPED_TRACE(renormalize ? "renormalised" : "pre-softmax");
+    Tensor probs = Poisoned({tokens, experts}), values = Poisoned({tokens, k});
+    Tensor weights = Poisoned({tokens, k}), indices = Poisoned({tokens, k}, DType::kI32);
+    ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+    std::vector<float> want_probs(x.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      double sum = 0;
+      for (int64_t e = 0; e < experts; ++e)
+        sum += std::exp(static_cast<double>(x[t * experts + e]));
+      for (int64_t e = 0; e < experts; ++e) {
+        want_probs[t * experts + e] = static_cast<float>(std::exp(x[t * experts + e]) / sum);
+      }
+    }
+    EXPECT_LT(RelativeError(ToFloats(probs), want_probs), kTolerance);
+    Tensor want_values = Poisoned({tokens, k}), want_indices = Poisoned({tokens, k}, DType::kI32);
+    ops::TopK(probs, want_values, want_indices);
+    EXPECT_EQ(ToFloats(values), ToFloats(want_values));
+    EXPECT_EQ(ToInts(indices), ToInts(want_indices));
+    const std::vector<float> v = ToFloats(values);
+    std::vector<float> want_weights = v;
+    if (renormalize) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        double sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += v[t * k + j];
+        for (int64_t j = 0; j < k; ++j)
+          want_weights[t * k + j] = static_cast<float>(v[t * k + j] / sum);
+      }
+      EXPECT_LT(RelativeError(ToFloats(weights), want_weights), kTolerance);
+    } else {
+      EXPECT_EQ(ToFloats(weights), want_weights);
+    }
+  }
+}
+
 // order and offsets of SortByKey against its definition: a stable sort by key, and bucket
 // starts = the number of smaller keys.
 TEST_F(CpuOpsTest, SortByKeyIsStableWithEmptyBuckets) {

@@ -90,6 +90,22 @@ class ModuleGradTest : public testing::OpTest {
         });
   }
 
+  // Top-2 of 4 routing is discontinuous: a perturbation that flips a token's expert choice breaks
+  // the central difference (about one seed in five does). So the MoE layer's check uses fixed
+  // inputs and weights whose routing margins exceed every perturbation; the other checks draw
+  // fresh ones.
+  void CheckMoeLayerWithClearRouting() {
+    constexpr uint32_t kSeedWithClearRouting = 1;
+    rng_.seed(kSeedWithClearRouting);
+    ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
+    config_.init_std = 1.0f;
+    MoeLayer layer(parameters, "moe", config_, 0);
+    Check(
+        parameters, Random({12, config_.hidden_size}),
+        [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
+        [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+  }
+
   GptConfig config_ = TinyConfig();
   ParameterSet parameters_{Device::CPU(), DType::kF32, testing::TestSeed()};
 };
@@ -128,19 +144,12 @@ TEST_F(ModuleGradTest, FusedGroupedMlpWithEmptyAndCrowdedExperts) {
   CheckGroupedMlp(GroupedMlpKind::kFused);
 }
 
-TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {
-  // Top-2 of 4 routing is discontinuous: a perturbation that flips a token's expert choice breaks
-  // the central difference (about one seed in five does). So this check uses fixed inputs and
-  // weights whose routing margins exceed every perturbation; the other checks draw fresh ones.
-  constexpr uint32_t kSeedWithClearRouting = 1;
-  rng_.seed(kSeedWithClearRouting);
-  ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
-  config_.init_std = 1.0f;
-  MoeLayer layer(parameters, "moe", config_, 0);
-  Check(
-      parameters, Random({12, config_.hidden_size}),
-      [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
-      [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) { CheckMoeLayerWithClearRouting(); }
+
+// The gate weights as the softmax's top-k probabilities, not renormalised (OLMoE).
+TEST_F(ModuleGradTest, MoeLayerWithPreSoftmaxRouting) {
+  config_.moe_router_pre_softmax = true;
+  CheckMoeLayerWithClearRouting();
 }
 
 TEST_F(ModuleGradTest, TransformerLayerWithMoe) {
