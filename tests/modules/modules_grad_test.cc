@@ -128,6 +128,31 @@ TEST_F(ModuleGradTest, SelfAttention) {
       [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
 }
 
+// The query/key norm per head (Qwen3) and across heads (OLMoE), on a head dim that is not
+// hidden / heads (6, not 16 / 4): q_dim 24 against hidden 16. The norms' weights are drawn
+// around 1, so their gradients are not those of ones.
+TEST_F(ModuleGradTest, SelfAttentionWithQueryKeyNorms) {
+  config_.kv_channels = 6;
+  config_.qk_layernorm = true;
+  for (bool across : {false, true}) {
+    SCOPED_TRACE(across ? "across heads" : "per head");
+    config_.qk_layernorm_across_heads = across;
+    ParameterSet parameters(Device::CPU(), DType::kF32, testing::TestSeed());
+    RotaryTable rotary_table(config_);
+    SelfAttention attention(parameters, "attn", config_, 0, rotary_table);
+    for (const auto& [norm, width_across] :
+         {std::pair{"attn.q_norm.weight", 24}, std::pair{"attn.k_norm.weight", 12}}) {
+      const Tensor& w = parameters.Get(norm).master;
+      EXPECT_EQ(w.numel(), across ? width_across : 6) << norm;
+      ops::Add(w, Random(w.shape(), 0.5f), w);
+    }
+    Check(
+        parameters, Random({2 * config_.seq_length, config_.hidden_size}),
+        [&](SavedTensors& s, const Tensor& x) { return attention.Forward(s, x); },
+        [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
+  }
+}
+
 TEST_F(ModuleGradTest, DenseMlp) {
   DenseMlp mlp(parameters_, "mlp", config_);
   Check(
