@@ -12,6 +12,7 @@
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
+#include "modules/layout_estimate.h"
 #include "modules/memory_estimate.h"
 #include "modules/offload_groups.h"
 
@@ -204,8 +205,9 @@ class RankModel {
         forwarded.erase({a.microbatch, a.chunk});
         held -= pass.resident;
         prefetched = 0;
-        const Pass* next = nullptr;
-        for (size_t j = index + 1; j < actions_.size() && next == nullptr; ++j) {
+        const Pass* next = nullptr;  // none when no other pass is in flight (no need to look)
+        for (size_t j = index + 1; j < actions_.size() && next == nullptr && !forwarded.empty();
+             ++j) {
           const Action& b = actions_[j];
           if (b.kind == Action::Kind::kBackward && forwarded.count({b.microbatch, b.chunk})) {
             next = &passes[b.chunk];
@@ -564,20 +566,9 @@ double MemoryPlan::peak_bytes() const {
 }
 
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request) {
-  PartitionOptions layout;
-  const MemoryEstimateOptions& run = request.run;
-  layout.num_layers = static_cast<int>(run.model.num_layers);
-  layout.pipeline_size = static_cast<int>(run.pipeline_parallel);
-  layout.virtual_chunks = static_cast<int>(run.virtual_pipeline);
-  layout.first_stage_layers = static_cast<int>(run.first_stage_layers);
-  layout.last_stage_layers = static_cast<int>(run.last_stage_layers);
-  MOE_ASSIGN_OR_RETURN(const LayerPartition partition, LayerPartition::Create(layout));
-  ScheduleSpec spec;
-  spec.pipeline_size = layout.pipeline_size;
-  spec.virtual_chunks = layout.virtual_chunks;
-  spec.microbatches = static_cast<int>(run.micro_batches);
-  spec.kind = DefaultScheduleKind(spec.pipeline_size, spec.virtual_chunks);
-  MOE_ASSIGN_OR_RETURN(const std::vector<RankActions> schedule, BuildSchedule(spec));
+  MOE_ASSIGN_OR_RETURN(const PipelineLayout layout, MakePipelineLayout(request.run));
+  const LayerPartition& partition = layout.partition;
+  const std::vector<RankActions>& schedule = layout.schedule;
 
   const std::vector<Candidate> candidates = Candidates(request);
   MemoryPlan plan;
@@ -675,14 +666,18 @@ std::string MemoryPlanTable(const MemoryPlan& plan) {
     out += line;
   }
   for (size_t rank = 0; rank < plan.ranks.size(); ++rank) {
-    const RankPlanSummary& r = plan.ranks[rank];
-    snprintf(line, sizeof(line),
-             "  rank %zu: predicted peak %s (%s keeping everything), predicted cost %.1f ms per "
-             "step\n",
-             rank, Size(r.peak_bytes).c_str(), Size(r.baseline_peak_bytes).c_str(), r.exposed_ms);
-    out += line;
+    out += RankPlanLine(plan, static_cast<int>(rank)) + "\n";
   }
   return out;
+}
+
+std::string RankPlanLine(const MemoryPlan& plan, int rank) {
+  const RankPlanSummary& r = plan.ranks[rank];
+  char line[256];
+  snprintf(line, sizeof(line),
+           "  rank %d: predicted peak %s (%s keeping everything), predicted cost %.1f ms per step",
+           rank, Size(r.peak_bytes).c_str(), Size(r.baseline_peak_bytes).c_str(), r.exposed_ms);
+  return line;
 }
 
 }  // namespace moe

@@ -125,7 +125,10 @@ double PlanPinnedBytes(const MemoryPlan& plan, const std::set<std::string>& unpo
 StatusOr<MemoryPlan> PlanMemory(const MemoryPlanRequest& request);
 
 // "memory plan (budget ...): rank layer candidate MiB decision exposed-ms" rows and a line per rank
-// with the predicted peak.
+// with the predicted peak (RankPlanLine).
 std::string MemoryPlanTable(const MemoryPlan& plan);
+// "  rank 0: predicted peak 1.25 GiB (2.50 GiB keeping everything), predicted cost 3.1 ms per
+// step".
+std::string RankPlanLine(const MemoryPlan& plan, int rank);
 
 }  // namespace moe

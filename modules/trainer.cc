@@ -15,6 +15,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
 #include "engine/kernels/ops.h"
+#include "engine/pipeline/layout.h"
 #include "engine/runtime/device_context.h"
 #include "engine/runtime/step_timeline.h"
 #include "modules/model_shape.h"
@@ -29,6 +30,17 @@ int GroupRank(const Communicator* group) { return group != nullptr ? group->rank
 
 }  // namespace
 
+Status CheckBatchSplit(const TrainerOptions& options, int data_size) {
+  if (options.micro_batch_size >= 1 &&
+      options.global_batch_size % (options.micro_batch_size * data_size) == 0) {
+    return Status::Ok();
+  }
+  return InvalidArgument(
+      "--global_batch_size=" + std::to_string(options.global_batch_size) +
+      " is not a multiple of --micro_batch_size=" + std::to_string(options.micro_batch_size) +
+      " x data-parallel size " + std::to_string(data_size));
+}
+
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
                                                    const TrainerOptions& options, Device device,
                                                    const TokenSource* source,
@@ -40,32 +52,23 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
     return InvalidArgument("--virtual_pipeline=" + std::to_string(options.virtual_pipeline) +
                            " must be positive");
   }
-  if (options.micro_batch_size < 1 ||
-      options.global_batch_size % (options.micro_batch_size * data_size) != 0) {
-    return InvalidArgument(
-        "--global_batch_size=" + std::to_string(options.global_batch_size) +
-        " is not a multiple of --micro_batch_size=" + std::to_string(options.micro_batch_size) +
-        " x data-parallel size " + std::to_string(data_size));
-  }
+  MOE_RETURN_IF_ERROR(CheckBatchSplit(options, data_size));
   PartitionOptions layout;
   layout.num_layers = static_cast<int>(config.num_layers);
   layout.pipeline_size = pipeline_size;
   layout.virtual_chunks = options.virtual_pipeline;
   layout.first_stage_layers = options.first_stage_layers;
   layout.last_stage_layers = options.last_stage_layers;
-  MOE_ASSIGN_OR_RETURN(LayerPartition partition, LayerPartition::Create(layout));
-  ScheduleSpec spec;
-  spec.pipeline_size = pipeline_size;
-  spec.virtual_chunks = options.virtual_pipeline;
-  spec.microbatches =
-      static_cast<int>(options.global_batch_size / (options.micro_batch_size * data_size));
-  spec.kind = DefaultScheduleKind(pipeline_size, options.virtual_pipeline);
-  MOE_ASSIGN_OR_RETURN(std::vector<RankActions> schedule, BuildSchedule(spec));
+  MOE_ASSIGN_OR_RETURN(
+      PipelineLayout pipeline_layout,
+      PipelineLayout::Create(layout, static_cast<int>(options.global_batch_size /
+                                                      (options.micro_batch_size * data_size))));
   MOE_ASSIGN_OR_RETURN(
       BatchSampler sampler,
       BatchSampler::Create(source, config.seq_length, options.micro_batch_size, options.seed));
-  return std::unique_ptr<Trainer>(new Trainer(config, options, device, std::move(sampler), groups,
-                                              partition, std::move(schedule[GroupRank(pipeline)])));
+  return std::unique_ptr<Trainer>(
+      new Trainer(config, options, device, std::move(sampler), groups, pipeline_layout.partition,
+                  std::move(pipeline_layout.schedule[GroupRank(pipeline)])));
 }
 
 Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device device,

@@ -120,6 +120,10 @@ struct TrainerOptions {
   OptimizerDTypes optimizer_dtypes;
 };
 
+// The global batch splits into whole micro-batches on each of `data_size` replicas, else the
+// error (naming the flags) that Trainer::Create gives.
+Status CheckBatchSplit(const TrainerOptions& options, int data_size);
+
 struct StepStats {
   double loss = 0;      // mean cross-entropy over the global batch
   double aux_loss = 0;  // summed over MoE layers, averaged over the global batch's micro-batches

@@ -32,6 +32,8 @@ bool SeveralMicroBatches(const Context& c) {
 bool Training(const Context&) { return FLAGS_dump_reference_case.empty(); }
 bool OneProcess(const Context& c) { return c.world_size == 1; }
 bool SeveralRanks(const Context& c) { return c.world_size > 1; }
+bool DryRun(const Context& c) { return c.dry_run; }
+bool NotDryRun(const Context& c) { return !c.dry_run; }
 // --device=cuda:N names a GPU, which only means something in one process.
 bool DeviceIndexGiven(const Context&) { return FLAGS_device.rfind("cuda:", 0) == 0; }
 
@@ -123,6 +125,13 @@ const std::vector<FlagRule>& FlagRules() {
       {"memory_budget_gib", nullptr, kTrainingRun, Training, kNotUsed},
       {"exit_interval", nullptr, kTrainingRun, Training, kNotUsed},
       {"exit_duration_in_mins", nullptr, kTrainingRun, Training, kNotUsed},
+      // A dry run (dry_run.h) plans a run on other machines; its knobs mean nothing to a run.
+      {"dry_run_world_size", nullptr, "--dry_run", DryRun,
+       "a run's world size is the number of processes mpirun starts"},
+      {"dry_run_device_memory_gib", nullptr, "--dry_run", DryRun,
+       "a run checks the memory of the device it has"},
+      {"dry_run_json", nullptr, "--dry_run", DryRun, "without it there is no dry-run report"},
+      {"dump_reference_case", nullptr, "no --dry_run", NotDryRun, "a dry run computes nothing"},
   };
   return kRules;
 }

@@ -1,6 +1,7 @@
 // The one table of flags that only mean something together with another feature (offload knobs
 // without --offload_modules, pipeline knobs without a pipeline, data knobs with the synthetic
-// data, checkpoint knobs without --save, trace knobs without --trace_file, ...). A flag that the
+// data, checkpoint knobs without --save, trace knobs without --trace_file, the dry run's knobs
+// without --dry_run, ...). A flag that the
 // user set (on the command line or in a flagfile) while its feature is off would be silently
 // unused: CheckFlagRules refuses it in one line, "--offload_fraction=0.5 needs --offload_modules:
 // without it nothing is offloaded". Every row is tested (tests/apps/moe_train_cli_test.cc).
@@ -16,7 +17,8 @@ namespace moe {
 // What the rules look at besides the flags.
 struct FlagRuleContext {
   int world_size = 1;
-  bool cuda = false;  // --device resolves to a GPU
+  bool cuda = false;     // --device resolves to a GPU
+  bool dry_run = false;  // --dry_run (dry_run.h)
 };
 
 struct FlagRule {

@@ -54,8 +54,8 @@ std::string RangeText(const FlagRow& row, const std::string& type) {
 
 const std::vector<std::string>& FlagGroups() {
   static const std::vector<std::string> kGroups = {
-      "model",         "expert layer",  "training",   "parallelism", "data", "eval, checkpoints",
-      "seeing a step", "memory budget", "offloading", "recompute"};
+      "model",         "expert layer",  "training",   "parallelism", "data",   "eval, checkpoints",
+      "seeing a step", "memory budget", "offloading", "recompute",   "dry run"};
   return kGroups;
 }
 
@@ -130,6 +130,10 @@ const std::vector<FlagRow>& FlagTable() {
       Text("recompute_modules", "recompute"),
       Range("recompute_num_layers", "recompute", -1, k2e20,
             "-1: every layer; else 1 to --num_layers"),
+      Text("dry_run", "dry run"),
+      Range("dry_run_world_size", "dry run", 1, 1 << 20, "a multiple of --pipeline_parallel"),
+      Positive("dry_run_device_memory_gib", "dry run", 1048576),
+      Text("dry_run_json", "dry run"),
   };
   return kRows;
 }
@@ -191,7 +195,9 @@ std::string FlagHelp(const std::string& program, bool short_form) {
   out << program << ": trains a Mixture-of-Experts GPT (README.md).\n"
       << "usage: " << program << " [--flagfile=FILE] [--name=value ...]   "
       << "(under mpirun: mpirun -np N " << program << " ...)\n"
-      << "Every flag is checked before any work; a problem is one line and exit code 2.\n";
+      << "Every flag is checked before any work; a problem is one line and exit code 2.\n"
+      << "--dry_run: what the run needs per rank of --dry_run_world_size ranks, and whether it "
+         "fits, without running it.\n";
   auto print = [&](const std::string& name, const FlagRow* row) {
     const auto* info = infos.at(name);
     if (short_form) {

@@ -29,7 +29,7 @@ struct FlagRow {
 };
 
 // In README order: model, expert layer, training, parallelism, data, eval, checkpoints, seeing a
-// step, offloading, recompute.
+// step, memory budget, offloading, recompute, dry run.
 const std::vector<std::string>& FlagGroups();
 const std::vector<FlagRow>& FlagTable();
 

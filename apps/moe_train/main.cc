@@ -19,6 +19,8 @@
 // not an abort; so is a communicator that fails or times out (comm_failure_exit.h). SIGTERM, SIGINT
 // and SIGUSR1, --exit_interval and --exit_duration_in_mins stop every rank at the same step, which
 // is saved, with exit code 75 (run_stop.h); a second signal ends the process at once.
+// `--dry_run` (dry_run.h) is none of this: one process checks the flags for
+// --dry_run_world_size ranks, prints what the layout needs and exits, before MPI or a device.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +36,7 @@
 #include "apps/common/output_checks.h"
 #include "apps/moe_train/comm_failure_exit.h"
 #include "apps/moe_train/config_digest.h"
+#include "apps/moe_train/dry_run.h"
 #include "apps/moe_train/flag_table.h"
 #include "apps/moe_train/memory_check.h"
 #include "apps/moe_train/memory_replan.h"
@@ -141,6 +144,14 @@ std::chrono::milliseconds DistributedTimeout() {
       std::max<int64_t>(1, static_cast<int64_t>(FLAGS_distributed_timeout_minutes * 60000)));
 }
 
+// --dry_run (dry_run.h): one process, before MPI and any device; a layout that does not fit is a
+// result (exit 0), a flag or layout a run would refuse the same line and exit code 2.
+int DryRunMain(const Status& parsed) {
+  if (!parsed.ok()) return Fail(parsed, 2);
+  const Status done = DryRun();
+  return done.ok() ? 0 : Fail(done, 2);
+}
+
 int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   // Declared first: the World outlives every communicator below.
   StatusOr<std::unique_ptr<World>> initialized = World::Init();
@@ -167,10 +178,13 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   agreed = world.AllAgree(device.status());
   if (!agreed.ok()) return Fail(agreed, 2);
   run.device = *device;
+  StatusOr<LayoutMemoryEstimate> estimate = EstimateRunMemory(run);
+  agreed = world.AllAgree(estimate.status());
+  if (!agreed.ok()) return Fail(agreed, 2);
   // CPU ranks of one host share its memory; each CUDA rank has its own GPU.
   const size_t capacity = DeviceContext::Get(run.device).allocator().capacity_bytes();
-  agreed =
-      world.AllAgree(CheckMemoryFits(run, capacity, run.device.is_cuda() ? 1 : world.local_size()));
+  agreed = world.AllAgree(
+      CheckMemoryFits(run, *estimate, capacity, run.device.is_cuda() ? 1 : world.local_size()));
   if (!agreed.ok()) return Fail(agreed, 2);
   std::optional<MemoryPlan> plan;
   std::optional<MemoryReplanner> replanner;
@@ -237,6 +251,7 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
     log.emplace(run);
     log->Summary(**data, trainer.step());
     for (const std::string& note : run.notes) printf("%s\n", note.c_str());
+    printf("%s\n", MemoryEstimateLine(*estimate, run.trainer.virtual_pipeline).c_str());
     fflush(stdout);
     if (plan) log->Plan(*plan, /*table=*/true);
   }
@@ -365,5 +380,5 @@ int main(int argc, char** argv) {
     }
   }
   google::InitGoogleLogging(argv[0], &moe::LogPrefix);
-  return moe::Run(parsed.status(), started);
+  return FLAGS_dry_run ? moe::DryRunMain(parsed.status()) : moe::Run(parsed.status(), started);
 }

@@ -6,6 +6,7 @@
 #include "apps/moe_train/flag_table.h"
 #include "engine/core/check.h"
 #include "modules/memory_estimate.h"
+#include "modules/trainer.h"
 
 namespace moe {
 namespace {
@@ -29,7 +30,34 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
 
 }  // namespace
 
-Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sharing) {
+StatusOr<LayoutMemoryEstimate> EstimateRunMemory(const RunConfig& run) {
+  MOE_RETURN_IF_ERROR(CheckBatchSplit(run.trainer, run.data_parallel));
+  return EstimateLayoutMemory(EstimateOptions(run));
+}
+
+double CheckedBytes(const RunConfig& run, const RankMemoryEstimate& rank) {
+  const MemoryEstimate& e = rank.memory;
+  return run.trainer.offload ? e.state_bytes + e.workspace_bytes : e.total_bytes;
+}
+
+std::string MemoryEstimateLine(const LayoutMemoryEstimate& estimate, int virtual_pipeline) {
+  const RankMemoryEstimate& r = estimate.busiest();
+  const MemoryEstimate& e = r.memory;
+  const std::string where = estimate.ranks.size() == 1
+                                ? " per rank"
+                                : " on pipeline rank " + std::to_string(r.rank) +
+                                      ", the busiest of " + std::to_string(estimate.ranks.size());
+  const std::string in_flight = std::to_string(r.passes_in_flight) +
+                                (virtual_pipeline > 1 ? " chunk pass" : " micro-batch") +
+                                (r.passes_in_flight == 1 ? "" : "es") + " in flight";
+  return "memory: estimated " + Bytes(e.total_bytes) + where + ": weights " +
+         Bytes(r.weight_bytes) + ", gradients " + Bytes(r.gradient_bytes) + ", optimizer " +
+         Bytes(r.optimizer_bytes) + ", activations " + Bytes(e.activation_bytes) + " (" +
+         in_flight + "), workspace " + Bytes(e.workspace_bytes);
+}
+
+Status CheckMemoryFits(const RunConfig& run, const LayoutMemoryEstimate& estimate,
+                       size_t capacity_bytes, int ranks_sharing) {
   if (capacity_bytes == 0) return Status::Ok();
   if (run.memory_budget) {  // the planner decides what fits in the budget
     const double rank_capacity = UsableBytes(run.device, capacity_bytes) / ranks_sharing;
@@ -40,12 +68,12 @@ Status CheckMemoryFits(const RunConfig& run, size_t capacity_bytes, int ranks_sh
         (ranks_sharing > 1 ? ", shared by " + std::to_string(ranks_sharing) + " ranks on this host"
                            : ""));
   }
-  const MemoryEstimate e = EstimateTrainingMemory(EstimateOptions(run));
-  // Refuse only what cannot fit: the counted bytes (memory_estimate.h), without the activations
+  const MemoryEstimate& e = estimate.busiest().memory;
+  // Refuse only what cannot fit: the counted bytes (layout_estimate.h), without the activations
   // when offloading keeps fewer of them on the device than the estimate counts, against what the
   // device leaves a run (apps/common/device_capacity.h).
   const bool fewer_activations = run.trainer.offload.has_value();
-  const double counted = fewer_activations ? e.state_bytes + e.workspace_bytes : e.total_bytes;
+  const double counted = CheckedBytes(run, estimate.busiest());
   if (counted * ranks_sharing <= UsableBytes(run.device, capacity_bytes)) return Status::Ok();
   std::string per_rank =
       ranks_sharing > 1 ? " for each of " + std::to_string(ranks_sharing) + " ranks on this host"

@@ -125,9 +125,10 @@ StatusOr<DType> ParseOptimizerDType(const char* flag, const std::string& text) {
                          kOptimizerDTypeNames);
 }
 
-StatusOr<Device> ParseDevice(const std::string& text) {
+// `dry_run`: --device=auto is the target machine's GPU (dry_run.h), wherever this process runs.
+StatusOr<Device> ParseDevice(const std::string& text, bool dry_run) {
   if (text == "cpu") return Device::CPU();
-  if (text == "auto") return CudaDeviceCount() > 0 ? Device::CUDA(0) : Device::CPU();
+  if (text == "auto") return dry_run || CudaDeviceCount() > 0 ? Device::CUDA(0) : Device::CPU();
   if (text == "cuda") return Device::CUDA(0);
   int index = 0;
   const char* digits = text.data() + std::min<size_t>(text.size(), 5);
@@ -261,12 +262,13 @@ Status CheckOutputFlags(int world_size) {
 
 }  // namespace
 
-StatusOr<RunConfig> ValidateFlags(int world_size) {
+StatusOr<RunConfig> ValidateFlags(int world_size, bool dry_run) {
   MOE_RETURN_IF_ERROR(CheckFlagRanges());
   FlagRuleContext context;
   context.world_size = world_size;
-  context.cuda =
-      FLAGS_device.rfind("cuda", 0) == 0 || (FLAGS_device == "auto" && CudaDeviceCount() > 0);
+  context.dry_run = dry_run;
+  context.cuda = FLAGS_device.rfind("cuda", 0) == 0 ||
+                 (FLAGS_device == "auto" && (dry_run || CudaDeviceCount() > 0));
   MOE_RETURN_IF_ERROR(CheckFlagRules(context));
   RunConfig run;
   GptConfig& m = run.model;
@@ -320,7 +322,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
                         "): warmup clamped to " + std::to_string(t.train_steps) + " steps");
     t.warmup_steps = t.train_steps;
   }
-  MOE_RETURN_IF_ERROR(CheckOutputFlags(world_size));
+  if (!dry_run) MOE_RETURN_IF_ERROR(CheckOutputFlags(world_size));
   MOE_ASSIGN_OR_RETURN(run.trace_steps, ParseTraceSteps(t.train_steps));
   MOE_RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
@@ -348,8 +350,8 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
   run.data.vocab_size = m.vocab_size;
   run.data.synthetic.seed = t.seed;
 
-  MOE_ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device));
-  const Status available = CheckDeviceAvailable(run.device);
+  MOE_ASSIGN_OR_RETURN(run.device, ParseDevice(FLAGS_device, dry_run));
+  const Status available = dry_run ? Status::Ok() : CheckDeviceAvailable(run.device);
   if (!available.ok())
     return InvalidArgument("--device=" + FLAGS_device + ": " + available.message());
   if (run.device.is_cuda() && m.head_dim() != 64 && m.head_dim() != 128) {
@@ -363,7 +365,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size) {
     MOE_ASSIGN_OR_RETURN(m.recompute, RecomputeFromFlags(run.trainer.offload));
     MOE_ASSIGN_OR_RETURN(m.recompute_num_layers, RecomputeNumLayersFromFlags(m));
   }
-  MOE_RETURN_IF_ERROR(CheckResume(&run));
+  if (!dry_run) MOE_RETURN_IF_ERROR(CheckResume(&run));
   return run;
 }
 

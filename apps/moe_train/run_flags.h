@@ -5,6 +5,9 @@
 // (apps/common/output_checks.h), the layout against the world size (the layer split and the batch
 // split are Trainer::Create's), data format, device, offloading, and the checkpoint to resume from
 // (resume_check.h). Memory (memory_check.h) needs the device and is checked by main.
+// A dry run (`dry_run`, dry_run.h) checks the flags of a run on another machine: `world_size` is
+// --dry_run_world_size, the device named is assumed present (--device=auto is a GPU there), and
+// what names that machine's files (outputs, --load) is not looked at.
 // --warmup_steps longer than the run is clamped to --train_steps (a smoke run of a preset with
 // --train_steps=5 then runs), with a note that main prints.
 #pragma once
@@ -80,6 +83,6 @@ std::string TraceFilePath(int rank, int world_size);
 // ValidateFlags has refused a --pipeline_parallel that does not divide the world).
 int64_t DataParallelSize(int world_size);
 
-StatusOr<RunConfig> ValidateFlags(int world_size);
+StatusOr<RunConfig> ValidateFlags(int world_size, bool dry_run = false);
 
 }  // namespace moe

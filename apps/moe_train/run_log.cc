@@ -8,7 +8,6 @@
 #include "apps/moe_train/run_summary.h"
 #include "apps/moe_train/throughput.h"
 #include "engine/core/byte_units.h"
-#include "engine/pipeline/schedule.h"
 #include "modules/memory_estimate.h"
 
 namespace moe {
@@ -39,11 +38,7 @@ void RunLog::Metrics(const nlohmann::json& record) {
 void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   const GptConfig& m = run_.model;
   const TrainerOptions& t = run_.trainer;
-  printf("moe_train: %s, %s compute; gradients %s; AdamW moments exp_avg %s, exp_avg_sq %s\n",
-         run_.device.ToString().c_str(),
-         run_.device.is_cuda() ? "bf16 (f32 master weights)" : "f32",
-         DTypeName(t.optimizer_dtypes.grad), DTypeName(t.optimizer_dtypes.exp_avg),
-         DTypeName(t.optimizer_dtypes.exp_avg_sq));
+  printf("moe_train: %s\n", PrecisionSummary(run_).c_str());
   printf("model: %s\n", ModelSummary(m).c_str());
   // Weights, gradients and AdamW state per parameter on each rank (memory_estimate.h), and what
   // that makes for the whole model (a pipeline rank holds its stages' share).
@@ -64,10 +59,7 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
     printf("data: entropy floor %.4f nats/token (the lowest reachable loss)\n", *floor);
   }
   printf("batch: %s\n", BatchSummary(run_).c_str());
-  printf("parallel: %d ranks = pipeline %d x data %d; %d chunk(s) per pipeline rank, schedule %s\n",
-         run_.pipeline_parallel * run_.data_parallel, run_.pipeline_parallel, run_.data_parallel,
-         t.virtual_pipeline,
-         ScheduleKindName(DefaultScheduleKind(run_.pipeline_parallel, t.virtual_pipeline)));
+  printf("parallel: %s\n", ParallelSummary(run_).c_str());
   // Flag values as they can be passed back (flag_table.h).
   printf("optimizer: AdamW, betas %s, %s, eps %s, weight decay %s, gradient clip %s\n",
          FlagValueText("adam_beta1").c_str(), FlagValueText("adam_beta2").c_str(),

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "engine/pipeline/schedule.h"
+
 namespace moe {
 namespace {
 
@@ -54,6 +56,22 @@ std::string BatchSummary(const RunConfig& run) {
            run.data_parallel, (long long)t.global_batch_size,
            (long long)(t.global_batch_size * run.model.seq_length));
   return buffer;
+}
+
+std::string PrecisionSummary(const RunConfig& run) {
+  const OptimizerDTypes& d = run.trainer.optimizer_dtypes;
+  return run.device.ToString() + ", " +
+         (run.device.is_cuda() ? "bf16 (f32 master weights)" : "f32") + " compute; gradients " +
+         DTypeName(d.grad) + "; AdamW moments exp_avg " + DTypeName(d.exp_avg) + ", exp_avg_sq " +
+         DTypeName(d.exp_avg_sq);
+}
+
+std::string ParallelSummary(const RunConfig& run) {
+  const int chunks = run.trainer.virtual_pipeline;
+  return std::to_string(run.pipeline_parallel * run.data_parallel) + " ranks = pipeline " +
+         std::to_string(run.pipeline_parallel) + " x data " + std::to_string(run.data_parallel) +
+         "; " + std::to_string(chunks) + " chunk(s) per pipeline rank, schedule " +
+         ScheduleKindName(DefaultScheduleKind(run.pipeline_parallel, chunks));
 }
 
 }  // namespace moe

@@ -1,5 +1,6 @@
 // What moe_train's start-up summary (RunLog::Summary) says of the run's shape, one text each for
-// the lines it prints after "model: ", "parameters: " and "batch: ". The preset flagfiles
+// the lines it prints after "moe_train: ", "model: ", "parameters: ", "batch: " and "parallel: "
+// (and --dry_run, dry_run.h, prints). The preset flagfiles
 // (configs/*.flags) quote these lines in their header comments; tests/apps/presets_test.cc
 // checks the quotes against these functions.
 #pragma once
@@ -20,5 +21,9 @@ std::string ModelSummary(const GptConfig& m);
 std::string ParameterCounts(const GptConfig& m);
 // "micro 8 x accumulation 2 x data-parallel 1 = 16 sequences, 1024 tokens/step".
 std::string BatchSummary(const RunConfig& run);
+// "cpu, f32 compute; gradients f32; AdamW moments exp_avg f32, exp_avg_sq f32".
+std::string PrecisionSummary(const RunConfig& run);
+// "4 ranks = pipeline 2 x data 2; 1 chunk(s) per pipeline rank, schedule 1f1b".
+std::string ParallelSummary(const RunConfig& run);
 
 }  // namespace moe

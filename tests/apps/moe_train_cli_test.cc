@@ -270,6 +270,16 @@ std::vector<Refusal> RuleCases() {
                          " needs a training run (not --dump_reference_case): it is "
                          "unused there"});
   }
+  cases.push_back({"--dry_run_world_size=4",
+                   "--dry_run_world_size=4 needs --dry_run: a run's world size is the number of "
+                   "processes mpirun starts"});
+  cases.push_back({"--dry_run_device_memory_gib=40",
+                   "--dry_run_device_memory_gib=40 needs --dry_run: a run checks the memory of "
+                   "the device it has"});
+  cases.push_back({"--dry_run_json",
+                   "--dry_run_json=true needs --dry_run: without it there is no dry-run report"});
+  cases.push_back({"--dry_run --dump_reference_case=$D/ref",
+                   "--dump_reference_case=$D/ref needs no --dry_run: a dry run computes nothing"});
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(RuleTable, RefusalTest, ::testing::ValuesIn(RuleCases()));
@@ -322,6 +332,8 @@ std::vector<Refusal> RangeCases() {
       {"exit_interval=-1", "[0, 1099511627776]"},
       {"exit_duration_in_mins=-1", "[0, 1000000]"},
       {"distributed_timeout_minutes=0", "(0, 10000]"},
+      {"dry_run_world_size=0", "[1, 1048576]"},
+      {"dry_run_device_memory_gib=-80", "(0, 1048576]"},
   };
   std::vector<Refusal> cases;
   for (const auto& [flag, range] : outside) {
@@ -780,7 +792,7 @@ TEST(MoeTrainTest, HelpShowsTheProjectsFlagsFirst) {
   for (const std::string group :
        {"\nmodel:\n  --num_layers=2\n", "\nexpert layer:\n", "\ntraining:\n", "\nparallelism:\n",
         "\ndata:\n", "\neval, checkpoints:\n", "\nseeing a step:\n", "\noffloading:\n",
-        "\nrecompute:\n"}) {
+        "\nrecompute:\n", "\ndry run:\n  --dry_run=false\n"}) {
     const size_t at = help.out.find(group);
     ASSERT_NE(at, std::string::npos) << group << help.out;
     EXPECT_GT(at, last) << group;

@@ -68,7 +68,7 @@ TEST(MoeTrainClusterTest, ASecondSignalDuringTheSaveEndsTheRunAndSparesTheCheckp
   // Large enough that a save takes a while: the second signal comes while its temporary exists.
   const std::string large =
       " --hidden_size=256 --num_experts=8 --moe_ffn_hidden_size=512 --save_interval=2";
-  for (int attempt = 0; attempt < 5; ++attempt) {
+  for (int attempt = 0; attempt < 10; ++attempt) {
     const ScopedTempDir dir;
     const std::string root = dir.Path("ckpt");
     BackgroundCommand run(testing::SmallEndlessRun() + large + " --save=" + root, dir.Path("out"));
@@ -86,7 +86,9 @@ TEST(MoeTrainClusterTest, ASecondSignalDuringTheSaveEndsTheRunAndSparesTheCheckp
       continue;
     }
     run.Signal(SIGTERM);
-    EXPECT_EQ(run.Wait(60), 128 + SIGTERM) << run.Output();
+    const int code = run.Wait(60);
+    if (code == 75) continue;  // the save was over before the second signal came: try again
+    EXPECT_EQ(code, 128 + SIGTERM) << run.Output();
     const int64_t step = testing::ResumeStep(root);
     EXPECT_GE(step, 2);
     const CommandResult resumed = testing::RunCommand(testing::SmallEndlessRun() + large +
@@ -99,7 +101,7 @@ TEST(MoeTrainClusterTest, ASecondSignalDuringTheSaveEndsTheRunAndSparesTheCheckp
     EXPECT_FALSE(HasTemporaries(root));
     return;
   }
-  FAIL() << "no save was caught in progress in 5 attempts";
+  FAIL() << "no save was caught in progress in 10 attempts";
 }
 
 TEST(MoeTrainClusterTest, ExitIntervalStopsAtEachMultipleAndSaves) {

@@ -313,8 +313,8 @@ def num_experts(cfg):
 
 def moe_train_flags(cfg):
     """The moe_train model flags (our names) of a Hugging Face config.json dict of model_type
-    qwen3_moe, mixtral or olmoe; None where a value is not pinned down (qk_layernorm for OLMoE:
-    whether --qk_layernorm_across_heads needs --qk_layernorm too is the trainer's choice)."""
+    qwen3_moe, mixtral or olmoe (OLMoE's norms over whole projections: --qk_layernorm with
+    --qk_layernorm_across_heads)."""
     model_type = cfg["model_type"]
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or hidden // heads
@@ -333,7 +333,7 @@ def moe_train_flags(cfg):
         pre_softmax, qk, across = False, False, False
     elif model_type == "olmoe":
         first_dense, ffn_moe, ffn_dense = 0, cfg["intermediate_size"], None
-        pre_softmax, qk, across = not cfg.get("norm_topk_prob", False), None, True
+        pre_softmax, qk, across = not cfg.get("norm_topk_prob", False), True, True
     else:
         raise ValueError(f"model_type {model_type!r}: not one of qwen3_moe, mixtral, olmoe")
     flags = {

@@ -53,9 +53,7 @@ HF_CONVERT = "{build}/apps/hf_convert"
 IMPORT_COMMAND = ["{hf_convert}", "import", "--hf_dir={hf_dir}", "--out={ckpt}"]
 EXPORT_COMMAND = ["{hf_convert}", "export", "--load={ckpt}", "--out={hf_dir}"]
 MODEL_FLAGS_FILE = "model.flags"  # hf_convert import writes CKPT/model.flags (a gflags flagfile)
-# Without that file: the fixture's expected.json flags; OLMoE's --qk_layernorm (which
-# expected.json leaves open) is then this.
-FALLBACK_OLMOE_QK_LAYERNORM = True
+# Without that file: the fixture's expected.json flags.
 LOAD_FLAGS = ["--load={ckpt}", "--finetune"]
 SEQ_LENGTH, MICRO_BATCH = 32, 2
 DUMP_FLAGS = ["--moe_aux_loss_coeff=0", f"--micro_batch_size={MICRO_BATCH}",
@@ -132,12 +130,7 @@ def model_flags(ckpt, expected, checks, label):
         checks.record(f"{label} {MODEL_FLAGS_FILE}", False,
                       f"{path} missing; running with expected.json's flags instead")
         flags = []
-        for name, value in want.items():
-            if value is None and name == "qk_layernorm":
-                value = FALLBACK_OLMOE_QK_LAYERNORM
-            if value is not None:
-                flags.append(hc.flag_text(name, value))
-        return flags
+        return [hc.flag_text(name, value) for name, value in want.items() if value is not None]
     with open(path) as f:
         text = f.read()
     print(f"  {path}: " + " ".join(line.strip() for line in text.splitlines() if line.strip()))

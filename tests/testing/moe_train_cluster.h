@@ -15,10 +15,16 @@
 
 namespace moe::testing {
 
-// moe_train on the CPU with a small model, logging every step, that never ends by itself.
+// moe_train with a small model, logging every step, that never ends by itself: on the CPU, or on
+// the GPU in a test's CUDA twin (MOE_TEST_ON_CUDA).
 inline std::string SmallEndlessRun() {
-  return std::string(MOE_TRAIN_BINARY) +
-         " --device=cpu --num_layers=2 --hidden_size=32 --seq_length=16 --eval_steps=1 "
+#ifdef MOE_TEST_ON_CUDA
+  const char* device = " --device=cuda --hidden_size=128";  // head dim 64: CUDA attention's least
+#else
+  const char* device = " --device=cpu --hidden_size=32";
+#endif
+  return std::string(MOE_TRAIN_BINARY) + device +
+         " --num_layers=2 --seq_length=16 --eval_steps=1 "
          "--eval_interval=0 --warmup_steps=1 --log_interval=1 --train_steps=1000000000";
 }
 
