@@ -3,14 +3,15 @@
 
 Reads DIR/reference.safetensors and DIR/config.json, written by
 `moe_train --dump_reference_case=DIR` (weights, one micro-batch, our loss and gradients),
-rebuilds the same model from its definition in float64 (with the options config.json names: head
-dimension kv_channels, the query/key RMSNorm of Qwen3 (qk_layernorm: one weight of head_dim
-applied to every head) or of OLMoE (also qk_layernorm_across_heads: one weight over each token's
-whole query and key projections), rotary_base, norm_epsilon, and gate weights that are the
-softmax's top-k probabilities as they are (moe_router_pre_softmax) or renormalised to sum 1),
-recomputes loss = mean cross-entropy +
+rebuilds the same model from its definition in float64, recomputes loss = mean cross-entropy +
 MoE aux losses and every parameter gradient, and compares them with ours by relative error
 ||ours - reference|| / ||reference||. Exits non-zero if any exceeds --tolerance.
+
+The model options config.json names: the head dimension kv_channels; qk_layernorm, an RMSNorm of
+the queries and keys before RoPE, Qwen3's (one weight of head_dim applied to each head) or with
+qk_layernorm_across_heads OLMoE's (one weight over each token's whole query projection, one over
+its keys); rotary_base; norm_epsilon; moe_router_pre_softmax, gate weights that are the softmax's
+top-k probabilities as they are (else renormalised to sum 1).
 
 usage: torch_reference.py DIR --tolerance 1e-3
 """
