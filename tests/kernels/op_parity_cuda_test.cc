@@ -143,6 +143,37 @@ std::span<const int32_t> HostOffsetsWhereNeeded(const OpRun& r, const std::vecto
              : std::span<const int32_t>();
 }
 
+// The router's gate forward and backward on `experts` columns, top k. The logits of a row are a
+// shuffled ladder (steps of 0.05), so no two probabilities lie within rounding of each other and
+// both devices pick the same experts.
+void RunRouterGate(OpRun& r, int64_t experts, int64_t k, bool renormalize) {
+  const int64_t tokens = 333;
+  std::vector<float> ladder(tokens * experts);
+  const std::vector<int32_t> shuffle = r.RandomInts(tokens * experts, 1 << 30);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> rank(experts);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::sort(rank.begin(), rank.end(), [&](int32_t a, int32_t b) {
+      return shuffle[t * experts + a] < shuffle[t * experts + b];
+    });
+    for (int64_t c = 0; c < experts; ++c) ladder[t * experts + c] = 0.05f * rank[c] - 3.0f;
+  }
+  Tensor logits = r.F32(ladder, {tokens, experts}), probs = r.OutF32({tokens, experts});
+  Tensor values = r.OutF32({tokens, k}), weights = r.OutF32({tokens, k});
+  Tensor indices = r.OutI32({tokens, k});
+  ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+  Tensor order = r.OutI32({tokens * k}), offsets = r.OutI32({experts + 1});
+  ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
+  Tensor dlogits = r.Out({tokens, experts});
+  ops::RouterGateBackward(r.InF32({tokens, k}), values, indices, probs, offsets, 0.3f, renormalize,
+                          dlogits);
+  r.Read("probs", probs);
+  r.Read("values", values);
+  r.Read("weights", weights);
+  r.Read("indices", indices);
+  r.Read("dlogits", dlogits);
+}
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -586,43 +617,14 @@ std::vector<OpCase> Cases() {
     r.Read("inverse", inverse);
   });
   // The gate in one kernel a way (experts in 1, 4 and 8 registers a lane, k up to 32) and the
-  // separate ops where a row exceeds a warp (300 experts); bf16 runs store dlogits in bf16. The
-  // logits of a row are a shuffled ladder (steps of 0.05), so no two probabilities lie within
-  // rounding of each other and both devices pick the same experts.
-  // Each with the top k renormalised and, "_pre_softmax", without.
+  // separate ops where a row exceeds a warp (300 experts); bf16 runs store dlogits in bf16. Each
+  // with the top k renormalised and, "_pre_softmax", without.
   for (const auto& [experts, k] :
        {std::pair<int64_t, int64_t>{20, 4}, {128, 8}, {200, 32}, {300, 8}}) {
     for (const bool renormalize : {true, false}) {
       add("router_gate_" + std::to_string(experts) + "_top" + std::to_string(k) +
               (renormalize ? "" : "_pre_softmax"),
-          [experts, k, renormalize](OpRun& r) {
-            const int64_t tokens = 333;
-            std::vector<float> ladder(tokens * experts);
-            const std::vector<int32_t> shuffle = r.RandomInts(tokens * experts, 1 << 30);
-            for (int64_t t = 0; t < tokens; ++t) {
-              std::vector<int32_t> rank(experts);
-              std::iota(rank.begin(), rank.end(), 0);
-              std::sort(rank.begin(), rank.end(), [&](int32_t a, int32_t b) {
-                return shuffle[t * experts + a] < shuffle[t * experts + b];
-              });
-              for (int64_t c = 0; c < experts; ++c)
-                ladder[t * experts + c] = 0.05f * rank[c] - 3.0f;
-            }
-            Tensor logits = r.F32(ladder, {tokens, experts}), probs = r.OutF32({tokens, experts});
-            Tensor values = r.OutF32({tokens, k}), weights = r.OutF32({tokens, k});
-            Tensor indices = r.OutI32({tokens, k});
-            ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
-            Tensor order = r.OutI32({tokens * k}), offsets = r.OutI32({experts + 1});
-            ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
-            Tensor dlogits = r.Out({tokens, experts});
-            ops::RouterGateBackward(r.InF32({tokens, k}), values, indices, probs, offsets, 0.3f,
-                                    renormalize, dlogits);
-            r.Read("probs", probs);
-            r.Read("values", values);
-            r.Read("weights", weights);
-            r.Read("indices", indices);
-            r.Read("dlogits", dlogits);
-          });
+          [experts, k, renormalize](OpRun& r) { RunRouterGate(r, experts, k, renormalize); });
     }
   }
   add("sum_l2norm", [](OpRun& r) {
