@@ -18,6 +18,7 @@
 #include "engine/pipeline/layout.h"
 #include "engine/runtime/device_context.h"
 #include "engine/runtime/step_timeline.h"
+#include "modules/checkpoint_state.h"
 #include "modules/model_shape.h"
 #include "modules/offload_groups.h"
 
@@ -427,35 +428,43 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   for (const auto& stage : stages) {
     for (const WholeParameterState* p : stage) CollectTensor(*p, &model, &optimizer);
   }
-  const nlohmann::json state = {{"step", step_},
-                                {"optimizer_step", optimizer_.step()},
-                                {"consumed_train_samples", sampler_.consumed_train_samples()},
-                                {"seed", options_.seed},
-                                {"model", ModelShapeJson(config_)},
-                                {"run", description}};
+  const nlohmann::json state =
+      TrainingCheckpointState(step_, optimizer_.step(), sampler_.consumed_train_samples(),
+                              options_.seed, config_, description);
   return SaveCheckpoint(root, step_, model, optimizer, state, /*overwrite=*/true);
 }
 
-StatusOr<nlohmann::json> Trainer::LoadShardedState(const std::string& dir) {
+StatusOr<nlohmann::json> Trainer::LoadShardedState(const std::string& dir, bool weights_only) {
   nlohmann::json state;
   for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
-    const WholeBucketState whole = parameters_.NewWholeBucketState(b);
+    const WholeBucketState whole = parameters_.NewWholeBucketState(b);  // zeroed moments
     std::vector<NamedTensor> model, optimizer;
     for (const WholeParameterState& p : whole.parameters) CollectTensor(p, &model, &optimizer);
-    MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/true));
+    if (weights_only) {
+      MOE_ASSIGN_OR_RETURN(state, LoadCheckpointWeights(dir, model, /*subset=*/true));
+    } else {
+      MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/true));
+    }
     parameters_.AssignBucketState(b, whole);
   }
   return state;
 }
 
-Status Trainer::Load(const std::string& path) {
+Status Trainer::Load(const std::string& path) { return LoadFrom(path, /*weights_only=*/false); }
+
+Status Trainer::LoadWeights(const std::string& path) {
+  return LoadFrom(path, /*weights_only=*/true);
+}
+
+Status Trainer::LoadFrom(const std::string& path, bool weights_only) {
   WaitForWeights();
   MOE_ASSIGN_OR_RETURN(const CheckpointState peek, ReadCheckpointState(path));
   const std::string& dir = peek.dir;
   if (!peek.state.is_object() || !peek.state.contains("model")) {
     return DataLoss("checkpoint " + dir + ": state.json has no model shape");
   }
-  const std::string differences = ModelShapeDifferences(peek.state["model"], config_);
+  const std::string differences = ModelShapeDifferences(
+      peek.state["model"], config_, weights_only ? ShapeFields::kParameters : ShapeFields::kAll);
   if (!differences.empty()) {
     return InvalidArgument("checkpoint " + dir + ": its model differs in " + differences);
   }
@@ -463,15 +472,20 @@ Status Trainer::Load(const std::string& path) {
   // under the distributed optimizer keeps its shard of their state).
   nlohmann::json state;
   if (shard_group() != nullptr) {
-    MOE_ASSIGN_OR_RETURN(state, LoadShardedState(dir));
+    MOE_ASSIGN_OR_RETURN(state, LoadShardedState(dir, weights_only));
   } else {
     std::vector<NamedTensor> model, optimizer;
     for (const auto& p : parameters_.all()) {
       CollectTensor({p->name, p->master, p->exp_avg, p->exp_avg_sq}, &model, &optimizer);
     }
-    MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
+    if (weights_only) {
+      MOE_ASSIGN_OR_RETURN(state, LoadCheckpointWeights(dir, model, /*subset=*/!whole_model()));
+    } else {
+      MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
+    }
     parameters_.SyncValuesFromMasters();
   }
+  if (weights_only) return Status::Ok();  // step, AdamW and the data stay at their start
   for (const char* key : {"step", "optimizer_step", "consumed_train_samples"}) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
       return DataLoss("checkpoint " + dir + ": state.json has no integer \"" + key + "\"");

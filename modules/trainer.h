@@ -51,7 +51,8 @@
 // Checkpoints hold the f32 master weights (model.safetensors, by parameter name), the AdamW
 // moments in their dtypes (optimizer.safetensors, "<name>.exp_avg" / "<name>.exp_avg_sq", f32 or
 // bf16 each: TrainerOptions::optimizer_dtypes) and state.json (step,
-// data position, seed, model shape, and whatever run description the caller adds). Everything
+// data position, seed, model shape, and whatever run description the caller adds:
+// checkpoint_state.h). Everything
 // the loop does is a function of that state, so a resumed run repeats an uninterrupted one bit
 // for bit. Reference dumps need the whole model on this rank (no pipeline).
 //
@@ -196,6 +197,12 @@ class Trainer {
   // Restores this rank's weights and optimizer state, step and data position. The checkpoint's
   // model shape must equal this trainer's; its layout may differ. Every rank calls it.
   Status Load(const std::string& path);
+  // Megatron-LM's --finetune: restores this rank's weights alone (the f32 masters and the values
+  // from them) from any checkpoint, also a weights-only one (checkpoint_state.h); the optimizer
+  // state, step and data position stay as a new trainer has them (fresh, 0, the start). Only the
+  // fields that set parameter names and shapes must match (ShapeFields::kParameters). Every rank
+  // calls it, before the first step.
+  Status LoadWeights(const std::string& path);
 
   // For reference checks against another implementation: one forward and backward of the
   // first training micro-batch, written to dir/kReferenceCaseTensors (the f32 master weights
@@ -225,8 +232,10 @@ class Trainer {
   Communicator* shard_group() const;
   // Later compute waits for the weights still being gathered (weight_gather_), if any.
   void WaitForWeights();
-  // Load of a sharded state: bucket by bucket, the whole bucket read into transient buffers.
-  StatusOr<nlohmann::json> LoadShardedState(const std::string& dir);
+  Status LoadFrom(const std::string& path, bool weights_only);  // Load, LoadWeights
+  // Load of a sharded state: bucket by bucket, the whole bucket read into transient buffers (the
+  // moments left zero when weights_only).
+  StatusOr<nlohmann::json> LoadShardedState(const std::string& dir, bool weights_only);
   nlohmann::json ModelConfig() const;  // the shape plus every numeric hyper-parameter
 
   GptConfig config_;

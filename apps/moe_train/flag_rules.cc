@@ -20,6 +20,7 @@ bool Recomputing(const Context&) { return !FLAGS_recompute_modules.empty(); }
 bool Pipeline(const Context&) { return FLAGS_pipeline_parallel > 1; }
 bool FileData(const Context&) { return FLAGS_data_format != "synthetic"; }
 bool Saving(const Context&) { return !FLAGS_save.empty(); }
+bool Loading(const Context&) { return !FLAGS_load.empty(); }
 bool Tracing(const Context&) { return !FLAGS_trace_file.empty(); }
 bool Cuda(const Context& c) { return c.cuda; }
 bool MoeLayers(const Context&) { return FLAGS_first_dense_layers < FLAGS_num_layers; }
@@ -83,6 +84,7 @@ const std::vector<FlagRule>& FlagRules() {
        "the synthetic data reads no file"},
       // Checkpoints and outputs.
       {"save_interval", nullptr, "--save", Saving, "without it no checkpoint is written"},
+      {"finetune", nullptr, "--load", Loading, "it starts from --load's weights"},
       {"trace_steps", nullptr, "--trace_file", Tracing, "without it nothing is traced"},
       {"peak_flops", nullptr, "a CUDA device", Cuda, "MFU is reported on CUDA only"},
       // Model: knobs of layers the model does not have.

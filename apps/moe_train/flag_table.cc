@@ -113,6 +113,7 @@ const std::vector<FlagRow>& FlagTable() {
       Text("save", "eval, checkpoints"),
       Range("save_interval", "eval, checkpoints", 0, k2e40, "0: only at the end"),
       Text("load", "eval, checkpoints"),
+      Text("finetune", "eval, checkpoints"),
       Range("exit_interval", "eval, checkpoints", 0, k2e40, "0: off"),
       Range("exit_duration_in_mins", "eval, checkpoints", 0, 1e6, "0: off"),
       Text("metrics_file", "eval, checkpoints"),

@@ -220,7 +220,8 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   Trainer& trainer = **created;
   if (plan) trainer.SetMemoryPlan(*plan);  // reserves the offloads' pinned buffers
   if (!run.resume_dir.empty()) {
-    const Status loaded = trainer.Load(run.resume_dir);
+    const Status loaded =
+        run.finetune ? trainer.LoadWeights(run.resume_dir) : trainer.Load(run.resume_dir);
     agreed = world.AllAgree(
         loaded.ok() ? loaded
                     : Status(loaded.code(), "--load " + FLAGS_load + ": " + loaded.message()));

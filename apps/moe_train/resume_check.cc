@@ -12,6 +12,7 @@
 #include "apps/moe_train/flag_table.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/checkpoint_scan.h"
+#include "modules/checkpoint_state.h"
 #include "modules/model_shape.h"
 
 namespace moe {
@@ -106,10 +107,34 @@ void NoteChangedTrainingFlags(const nlohmann::json& state, int64_t step, RunConf
                        " this run's values apply");
 }
 
+// --finetune: the checkpoint's parameters are this model's; the rest of its model may differ
+// (noted), and nothing else of it is used.
+Status CheckFinetune(const nlohmann::json& state, const std::string& dir, RunConfig* run) {
+  const std::string shapes =
+      ModelShapeDifferences(state["model"], run->model, ShapeFields::kParameters);
+  if (!shapes.empty()) {
+    return InvalidArgument("--load " + dir + " --finetune: the checkpoint's parameters differ in " +
+                           shapes);
+  }
+  const std::string others = ModelShapeDifferences(state["model"], run->model);
+  run->finetune = true;
+  run->notes.push_back(
+      "finetune: the weights of " + dir + " at step 0, a fresh optimizer, the data from the start" +
+      (others.empty()
+           ? ""
+           : "; the checkpoint's model differs in " + others + ": this run's values apply"));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CheckResume(RunConfig* run) {
   if (FLAGS_load.empty()) return Status::Ok();
+  if (FLAGS_finetune && !FLAGS_save.empty() && SamePath(FLAGS_load, FLAGS_save)) {
+    return InvalidArgument("--finetune trains afresh from --load's weights: --save " + FLAGS_save +
+                           " must be another directory (a restart resumes with --load=" +
+                           FLAGS_save + " and no --finetune)");
+  }
   if (!FLAGS_save.empty() && SamePath(FLAGS_load, FLAGS_save)) {
     const CheckpointRootEntries entries = ListCheckpointRoot(FLAGS_load);
     if (entries.step_dirs.empty() && !entries.latest) {
@@ -126,6 +151,12 @@ Status CheckResume(RunConfig* run) {
   const nlohmann::json& state = read->state;
   if (!state.is_object() || !state.contains("model") || !state["model"].is_object()) {
     return InvalidArgument("--load " + dir + ": state.json has no model shape");
+  }
+  if (FLAGS_finetune) return CheckFinetune(state, dir, run);
+  if (IsWeightsOnlyCheckpoint(state)) {
+    return InvalidArgument("--load " + dir +
+                           " holds model weights only (no optimizer state, e.g. an hf_convert "
+                           "import): add --finetune to train from them with a fresh optimizer");
   }
   const std::string differences = ModelShapeDifferences(state["model"], run->model);
   if (!differences.empty()) {

@@ -11,6 +11,15 @@
 // naming the --save root while it holds no checkpoint yet (no step directory, no `latest`) trains
 // from step 0, with a note: one command line then serves a job's first start and every restart.
 //
+// A weights-only checkpoint (modules/checkpoint_state.h: an hf_convert import) is refused
+// without --finetune, in one line that says to add it. With --finetune (Megatron-LM's: the
+// weights alone; Trainer::LoadWeights) only the fields that set parameter names and shapes must
+// equal this run's (another --seq_length, --rotary_base, --norm_epsilon, --moe_router_topk or
+// --moe_router_pre_softmax is noted and used); the run starts at step 0 with a fresh optimizer and
+// its own seed's data order, so no counter, --train_steps or --trace_steps check applies; and
+// --save must be another directory than --load (a restart resumes from --save without
+// --finetune).
+//
 // The resumed run continues the checkpoint's data stream: its seed keys the data order (and, for
 // --data_format=synthetic, the Markov chain itself), so a run that does not give --seed takes the
 // checkpoint's, with a note. A --seed or data source (--data_format, --data_path) given that

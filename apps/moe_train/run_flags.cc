@@ -91,6 +91,10 @@ DEFINE_int64(save_interval, 0, "checkpoint every N steps");
 DEFINE_string(load, "",
               "resume from a checkpoint root (its newest complete step directory) or a step "
               "directory; naming --save while it holds no checkpoint yet starts from step 0");
+DEFINE_bool(finetune, false,
+            "start from --load's model weights alone (Megatron-LM's option): step 0, a fresh "
+            "optimizer, the data from the start; the checkpoint's parameter shapes must be this "
+            "model's (--seq_length, --rotary_base, ... may differ); e.g. an hf_convert import");
 DEFINE_int64(exit_interval, 0,
              "stop after a step that is a multiple of N, saving it when --save is set; exit code "
              "75 (Megatron-LM's option)");

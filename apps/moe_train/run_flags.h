@@ -41,6 +41,7 @@ DECLARE_int64(eval_interval);
 DECLARE_int64(save_interval);
 DECLARE_string(save);
 DECLARE_string(load);
+DECLARE_bool(finetune);
 DECLARE_int64(exit_interval);
 DECLARE_double(exit_duration_in_mins);
 DECLARE_double(distributed_timeout_minutes);
@@ -67,6 +68,8 @@ struct RunConfig {
   std::pair<int64_t, int64_t> trace_steps{0, -1};
   // The step directory that --load resolves to (resume_check.h); "" to train from step 0.
   std::string resume_dir;
+  // --finetune: only resume_dir's weights are loaded (Trainer::LoadWeights).
+  bool finetune = false;
   // What the validation adjusted, one log line each (e.g. the clamped warmup).
   std::vector<std::string> notes;
 

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 constexpr const char* kLatest = kLatestCheckpointFile;
 constexpr const char* kLatestTemporary = "latest.tmp";
 constexpr const char* kTemporaryStepMark = ".tmp-";  // .step_00000100.tmp-<pid>
-constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kModelFile = kCheckpointModelFile;
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 
@@ -74,10 +74,10 @@ Status Rename(const fs::path& from, const fs::path& to, unsigned int flags) {
 }
 
 // Fills `dir` (which exists and is empty) with the checkpoint files and makes them durable.
-Status WriteStepFiles(const fs::path& dir, int64_t step, const std::vector<NamedTensor>& model,
+Status WriteStepFiles(const fs::path& dir, int64_t step, const ModelFileWriter& write_model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state) {
   const SafetensorsMetadata metadata = {{"format", "pt"}, {"step", std::to_string(step)}};
-  MOE_RETURN_IF_ERROR(WriteSafetensors((dir / kModelFile).string(), model, metadata));
+  MOE_RETURN_IF_ERROR(write_model((dir / kModelFile).string(), metadata));
   MOE_RETURN_IF_ERROR(WriteSafetensors((dir / kOptimizerFile).string(), optimizer, metadata));
   MOE_RETURN_IF_ERROR(WriteFileDurably(dir / kStateFile, state.dump(2) + "\n"));
   return SyncDirectory(dir);
@@ -124,6 +124,16 @@ bool IsCheckpointTemporaryName(const std::string& name) {
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite) {
+  const ModelFileWriter write_model = [&](const std::string& path,
+                                          const SafetensorsMetadata& metadata) {
+    return WriteSafetensors(path, model, metadata);
+  };
+  return SaveCheckpointWith(root, step, write_model, optimizer, state, overwrite);
+}
+
+Status SaveCheckpointWith(const std::string& root, int64_t step, const ModelFileWriter& write_model,
+                          const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
+                          bool overwrite) {
   CHECK_GE(step, 0) << "checkpoint step";
   const fs::path root_dir(root);
   std::error_code ec;
@@ -149,7 +159,7 @@ Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<N
     return FailedPrecondition("cannot write to checkpoint root " + Quoted(root_dir) + ": " +
                               (ec ? ec.message() : Quoted(tmp) + " exists"));
   }
-  Status status = WriteStepFiles(tmp, step, model, optimizer, state);
+  Status status = WriteStepFiles(tmp, step, write_model, optimizer, state);
   if (status.ok()) status = PublishDirectory(tmp, final_dir, exists);
   if (!status.ok()) {
     fs::remove_all(tmp, ec);
@@ -212,9 +222,11 @@ StatusOr<CheckpointState> ReadCheckpointState(const std::string& path) {
   return CheckpointState{std::move(choice.dir), std::move(state), std::move(choice.note)};
 }
 
-StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
-                                        const std::vector<NamedTensor>& model,
-                                        const std::vector<NamedTensor>& optimizer, bool subset) {
+namespace {
+
+// LoadCheckpoint, and with `optimizer` null LoadCheckpointWeights.
+StatusOr<nlohmann::json> LoadFiles(const std::string& path, const std::vector<NamedTensor>& model,
+                                   const std::vector<NamedTensor>* optimizer, bool subset) {
   // The loads below run the layout checks as they open the files (per bucket under the
   // distributed optimizer): ReadStepDirectory's would be a second pass.
   MOE_ASSIGN_OR_RETURN(const ResumeChoice choice, Resolve(path));
@@ -222,8 +234,24 @@ StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
   MOE_ASSIGN_OR_RETURN(nlohmann::json state, ParseStateFile(dir));
   const auto load = subset ? LoadSafetensorsSubset : LoadSafetensors;
   MOE_RETURN_IF_ERROR(load((dir / kModelFile).string(), model, NonFiniteValues::kRefuse));
-  MOE_RETURN_IF_ERROR(load((dir / kOptimizerFile).string(), optimizer, NonFiniteValues::kRefuse));
+  if (optimizer != nullptr) {
+    MOE_RETURN_IF_ERROR(
+        load((dir / kOptimizerFile).string(), *optimizer, NonFiniteValues::kRefuse));
+  }
   return state;
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
+                                        const std::vector<NamedTensor>& model,
+                                        const std::vector<NamedTensor>& optimizer, bool subset) {
+  return LoadFiles(path, model, &optimizer, subset);
+}
+
+StatusOr<nlohmann::json> LoadCheckpointWeights(const std::string& path,
+                                               const std::vector<NamedTensor>& model, bool subset) {
+  return LoadFiles(path, model, nullptr, subset);
 }
 
 }  // namespace moe

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@
 
 #include "engine/core/status.h"
 #include "engine/io/named_tensor.h"
+#include "engine/io/safetensors.h"
 
 namespace moe {
 
@@ -47,6 +49,14 @@ namespace moe {
 Status SaveCheckpoint(const std::string& root, int64_t step, const std::vector<NamedTensor>& model,
                       const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
                       bool overwrite = false);
+// Writes model.safetensors at `path` with `metadata` (a converter streaming it, say).
+using ModelFileWriter =
+    std::function<Status(const std::string& path, const SafetensorsMetadata& metadata)>;
+// SaveCheckpoint with model.safetensors written by `write_model` (e.g. tensor by tensor by a
+// SafetensorsWriter, never holding the model), everything else as SaveCheckpoint.
+Status SaveCheckpointWith(const std::string& root, int64_t step, const ModelFileWriter& write_model,
+                          const std::vector<NamedTensor>& optimizer, const nlohmann::json& state,
+                          bool overwrite = false);
 
 // The name of step `step`'s directory under a root: "step_00000100".
 std::string CheckpointStepDirName(int64_t step);
@@ -57,6 +67,8 @@ bool IsCheckpointStepDirName(const std::string& name);
 bool IsCheckpointTemporaryName(const std::string& name);
 // The file of a root that names the step directory saved last.
 inline constexpr const char* kLatestCheckpointFile = "latest";
+// The file of a step directory that holds the model's tensors.
+inline constexpr const char* kCheckpointModelFile = "model.safetensors";
 
 // The step directory that `path` denotes: `path` itself if it holds a state.json, else the
 // newest complete step directory of the root `path` (ChooseResumeDir, checkpoint_scan.h).
@@ -84,5 +96,10 @@ StatusOr<nlohmann::json> LoadCheckpoint(const std::string& path,
                                         const std::vector<NamedTensor>& model,
                                         const std::vector<NamedTensor>& optimizer,
                                         bool subset = false);
+// LoadCheckpoint of model.safetensors alone (optimizer.safetensors is not opened): the weights,
+// for a run that starts from them with a fresh optimizer (--finetune).
+StatusOr<nlohmann::json> LoadCheckpointWeights(const std::string& path,
+                                               const std::vector<NamedTensor>& model,
+                                               bool subset = false);
 
 }  // namespace moe

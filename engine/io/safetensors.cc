@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -28,22 +29,26 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr const char* kMetadataKey = "__metadata__";
 
-struct DTypeCode {
-  DType dtype;
+// The storage types a file may hold: the engine's dtypes, and F16, which only
+// SafetensorsReader reads (widened to f32).
+struct StorageCode {
   const char* code;
+  uint64_t element_size;
+  std::optional<DType> dtype;
 };
-constexpr DTypeCode kDTypeCodes[] = {{DType::kF32, "F32"},
-                                     {DType::kBF16, "BF16"},
-                                     {DType::kI32, "I32"},
-                                     {DType::kI64, "I64"},
-                                     {DType::kU8, "U8"}};
+constexpr StorageCode kStorageCodes[] = {{"F32", 4, DType::kF32}, {"BF16", 2, DType::kBF16},
+                                         {"I32", 4, DType::kI32}, {"I64", 8, DType::kI64},
+                                         {"U8", 1, DType::kU8},   {"F16", 2, std::nullopt}};
 
 const char* DTypeCodeOf(DType dtype) {
-  for (const DTypeCode& c : kDTypeCodes) {
+  for (const StorageCode& c : kStorageCodes) {
     if (c.dtype == dtype) return c.code;
   }
   LOG(FATAL) << "no safetensors code for dtype " << DTypeName(dtype);
 }
+
+// Which storage types a reader accepts: the engine's dtypes, or those and F16.
+enum class Codes { kDTypes, kWithF16 };
 
 std::string ErrnoText() { return std::strerror(errno); }
 
@@ -59,7 +64,13 @@ class ScopedFd {
  public:
   explicit ScopedFd(int fd) : fd_(fd) {}
   ScopedFd(ScopedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  ScopedFd& operator=(ScopedFd&&) = delete;
+  ScopedFd& operator=(ScopedFd&& other) noexcept {
+    if (this != &other) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
   ~ScopedFd() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -103,10 +114,13 @@ Status ReadAt(int fd, uint64_t offset, void* data, size_t bytes, const std::stri
 // One tensor as the header describes it; [begin, end) are offsets into the data buffer.
 struct Entry {
   std::string name;
-  DType dtype = DType::kF32;
+  const StorageCode* storage = nullptr;
   Shape shape;
   uint64_t begin = 0;
   uint64_t end = 0;
+
+  // Files opened with Codes::kDTypes hold only these.
+  DType dtype() const { return storage->dtype.value(); }
 };
 
 std::string RangeString(uint64_t begin, uint64_t end) {
@@ -114,7 +128,8 @@ std::string RangeString(uint64_t begin, uint64_t end) {
 }
 
 std::string EntryString(const Entry& e) {
-  return std::string(DTypeName(e.dtype)) + ShapeString(e.shape);
+  return std::string(e.storage->dtype ? DTypeName(*e.storage->dtype) : e.storage->code) +
+         ShapeString(e.shape);
 }
 
 // An open, validated file: entries sorted by offset, tiling [0, data_size) exactly.
@@ -156,7 +171,7 @@ bool ParseEntryFields(const nlohmann::json& value, Entry* entry, std::string* dt
 }
 
 Status ParseEntry(const std::string& path, const std::string& name, const nlohmann::json& value,
-                  Entry* entry) {
+                  Codes codes, Entry* entry) {
   entry->name = name;
   std::string code;
   if (!ParseEntryFields(value, entry, &code)) {
@@ -164,16 +179,15 @@ Status ParseEntry(const std::string& path, const std::string& name, const nlohma
                     "' is malformed (needs \"dtype\": string, \"shape\": [non-negative integers], "
                     "\"data_offsets\": [begin, end])");
   }
-  const DTypeCode* known = nullptr;
-  for (const DTypeCode& c : kDTypeCodes) {
-    if (code == c.code) known = &c;
+  for (const StorageCode& c : kStorageCodes) {
+    if (code == c.code && (c.dtype || codes == Codes::kWithF16)) entry->storage = &c;
   }
-  if (known == nullptr) {
+  if (entry->storage == nullptr) {
     return DataLoss(Quoted(path) + ": tensor '" + name + "' has unsupported dtype '" +
-                    OneLine(code) + "' (supported: F32, BF16, I32, I64, U8)");
+                    OneLine(code) + "' (supported: F32, BF16, " +
+                    (codes == Codes::kWithF16 ? "F16, " : "") + "I32, I64, U8)");
   }
-  entry->dtype = known->dtype;
-  uint64_t nbytes = DTypeSize(entry->dtype);
+  uint64_t nbytes = entry->storage->element_size;
   for (int64_t d : entry->shape) {
     if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes)) {
       return DataLoss(Quoted(path) + ": tensor '" + name + "' has an impossibly large shape " +
@@ -222,7 +236,7 @@ Status CheckLayout(const std::string& path, std::vector<Entry>& entries, uint64_
   return Status::Ok();
 }
 
-StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
+StatusOr<ParsedFile> OpenSafetensors(const std::string& path, Codes codes = Codes::kDTypes) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     const std::string message = "cannot open " + Quoted(path) + ": " + ErrnoText();
@@ -270,7 +284,7 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
       continue;
     }
     Entry entry;
-    MOE_RETURN_IF_ERROR(ParseEntry(path, key, value, &entry));
+    MOE_RETURN_IF_ERROR(ParseEntry(path, key, value, codes, &entry));
     file.entries.push_back(std::move(entry));
   }
   MOE_RETURN_IF_ERROR(CheckLayout(path, file.entries, file_size - file.data_start));
@@ -280,11 +294,11 @@ StatusOr<ParsedFile> OpenSafetensors(const std::string& path) {
 // The index of the first f32 or bf16 value of `e` that is NaN or infinite, or -1 (also for the
 // integer dtypes).
 int64_t FirstNonFinite(const Entry& e, const std::vector<uint8_t>& bytes) {
-  if (!IsFloating(e.dtype)) return -1;
-  const size_t n = bytes.size() / DTypeSize(e.dtype);
+  if (!IsFloating(e.dtype())) return -1;
+  const size_t n = bytes.size() / DTypeSize(e.dtype());
   for (size_t i = 0; i < n; ++i) {
     float v;
-    if (e.dtype == DType::kF32) {
+    if (e.dtype() == DType::kF32) {
       std::memcpy(&v, bytes.data() + 4 * i, 4);
     } else {
       BFloat16 b;
@@ -306,12 +320,12 @@ Status LoadEntry(const ParsedFile& file, const Entry& e, const Tensor& dst,
     return DataLoss("tensor '" + e.name + "' in " + Quoted(file.path) +
                     " holds a non-finite value (NaN or infinity) at element " + std::to_string(at));
   }
-  if (e.dtype == dst.dtype()) {
+  if (e.dtype() == dst.dtype()) {
     ops::CopyFromHost(bytes.data(), dst);
     return Status::Ok();
   }
   const size_t n = static_cast<size_t>(dst.numel());
-  if (e.dtype == DType::kF32) {  // to bf16
+  if (e.dtype() == DType::kF32) {  // to bf16
     std::vector<BFloat16> narrow(n);
     for (size_t i = 0; i < n; ++i) {
       float v;
@@ -337,49 +351,119 @@ bool Convertible(DType from, DType to) {
 
 }  // namespace
 
-Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                        const SafetensorsMetadata& metadata) {
-  std::set<std::string> names;
-  for (const NamedTensor& t : tensors) {
+// The writer's state: the open file, where its data starts, and each tensor's place there.
+struct SafetensorsWriter::File {
+  std::string path;
+  ScopedFd fd{-1};
+  uint64_t data_start = 0;
+  struct Place {
+    uint64_t begin;
+    int64_t numel;
+    DType dtype;
+  };
+  std::unordered_map<std::string, Place> places;
+};
+
+StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const std::string& path, const std::vector<TensorSpec>& tensors,
+    const SafetensorsMetadata& metadata) {
+  std::vector<const TensorSpec*> order;
+  for (const TensorSpec& t : tensors) {
     CHECK(!t.name.empty() && t.name != kMetadataKey) << "bad tensor name '" << t.name << "'";
-    CHECK(names.insert(t.name).second) << "tensor name '" << t.name << "' appears twice";
-    CHECK(t.tensor.defined()) << "tensor '" << t.name << "' is undefined";
+    order.push_back(&t);
   }
-  std::vector<const NamedTensor*> order;
-  for (const NamedTensor& t : tensors) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(), [](const NamedTensor* a, const NamedTensor* b) {
-    return DTypeSize(a->tensor.dtype()) > DTypeSize(b->tensor.dtype());
+  std::stable_sort(order.begin(), order.end(), [](const TensorSpec* a, const TensorSpec* b) {
+    return DTypeSize(a->dtype) > DTypeSize(b->dtype);
   });
 
+  auto file = std::make_unique<File>();
+  file->path = path;
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header[kMetadataKey] = metadata;
   uint64_t offset = 0;
-  for (const NamedTensor* t : order) {
-    const uint64_t end = offset + t->tensor.nbytes();
-    header[t->name] = {{"dtype", DTypeCodeOf(t->tensor.dtype())},
-                       {"shape", t->tensor.shape()},
-                       {"data_offsets", {offset, end}}};
+  for (const TensorSpec* t : order) {
+    const int64_t numel = NumElements(t->shape);
+    const uint64_t end = offset + static_cast<uint64_t>(numel) * DTypeSize(t->dtype);
+    CHECK(file->places.emplace(t->name, File::Place{offset, numel, t->dtype}).second)
+        << "tensor name '" << t->name << "' appears twice";
+    header[t->name] = {
+        {"dtype", DTypeCodeOf(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text = header.dump();
   text.resize((text.size() + 7) / 8 * 8, ' ');
   uint8_t length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+  file->data_start = 8 + text.size();
 
-  ScopedFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
-  MOE_RETURN_IF_ERROR(WriteAll(fd.get(), length_bytes, 8, path));
-  MOE_RETURN_IF_ERROR(WriteAll(fd.get(), text.data(), text.size(), path));
-  std::vector<uint8_t> buffer;
-  for (const NamedTensor* t : order) {
-    buffer.resize(t->tensor.nbytes());
-    ops::CopyToHost(t->tensor, buffer.data());
-    MOE_RETURN_IF_ERROR(WriteAll(fd.get(), buffer.data(), buffer.size(), path));
+  file->fd = ScopedFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (file->fd.get() < 0) {
+    return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
   }
-  if (::fsync(fd.get()) != 0 || fd.Close() != 0) {
-    return Internal("cannot write " + Quoted(path) + ": " + ErrnoText());
+  MOE_RETURN_IF_ERROR(WriteAll(file->fd.get(), length_bytes, 8, path));
+  MOE_RETURN_IF_ERROR(WriteAll(file->fd.get(), text.data(), text.size(), path));
+  if (::ftruncate(file->fd.get(), static_cast<off_t>(file->data_start + offset)) != 0) {
+    return Internal("cannot size " + Quoted(path) + ": " + ErrnoText());
+  }
+  return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(std::move(file)));
+}
+
+SafetensorsWriter::SafetensorsWriter(std::unique_ptr<File> file) : file_(std::move(file)) {}
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+Status SafetensorsWriter::Write(const std::string& name, int64_t begin, int64_t count,
+                                const void* data) {
+  CHECK(file_->fd.get() >= 0) << "write to " << file_->path << " after Finish";
+  const auto it = file_->places.find(name);
+  CHECK(it != file_->places.end()) << "no tensor '" << name << "' in " << file_->path;
+  const File::Place& place = it->second;
+  CHECK(begin >= 0 && count >= 0 && begin + count <= place.numel)
+      << "elements [" << begin << ", " << begin + count << ") of '" << name << "' (" << place.numel
+      << ")";
+  const char* p = static_cast<const char*>(data);
+  const uint64_t element_size = DTypeSize(place.dtype);
+  uint64_t offset = file_->data_start + place.begin + static_cast<uint64_t>(begin) * element_size;
+  size_t bytes = static_cast<size_t>(count) * element_size;
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(file_->fd.get(), p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Internal("cannot write " + Quoted(file_->path) + ": " + ErrnoText());
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+DType SafetensorsWriter::dtype(const std::string& name) const {
+  const auto it = file_->places.find(name);
+  CHECK(it != file_->places.end()) << "no tensor '" << name << "' in " << file_->path;
+  return it->second.dtype;
+}
+
+Status SafetensorsWriter::Finish() {
+  if (::fsync(file_->fd.get()) != 0 || file_->fd.Close() != 0) {
+    return Internal("cannot write " + Quoted(file_->path) + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                        const SafetensorsMetadata& metadata) {
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const NamedTensor& t : tensors) {
+    CHECK(t.tensor.defined()) << "tensor '" << t.name << "' is undefined";
+    specs.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  }
+  MOE_ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsWriter> writer,
+                       SafetensorsWriter::Create(path, specs, metadata));
+  std::vector<uint8_t> buffer;
+  for (const NamedTensor& t : tensors) {
+    buffer.resize(t.tensor.nbytes());
+    ops::CopyToHost(t.tensor, buffer.data());
+    MOE_RETURN_IF_ERROR(writer->Write(t.name, 0, t.tensor.numel(), buffer.data()));
+  }
+  return writer->Finish();
 }
 
 namespace {
@@ -407,9 +491,9 @@ Status LoadNamed(const std::string& path, const std::vector<NamedTensor>& destin
       return InvalidArgument("tensor '" + d.name + "' in " + Quoted(path) + " has shape " +
                              ShapeString(e.shape) + ", expected " + ShapeString(d.tensor.shape()));
     }
-    if (!Convertible(e.dtype, d.tensor.dtype())) {
+    if (!Convertible(e.dtype(), d.tensor.dtype())) {
       return InvalidArgument("tensor '" + d.name + "' in " + Quoted(path) + " has dtype " +
-                             DTypeName(e.dtype) + ", expected " + DTypeName(d.tensor.dtype()) +
+                             DTypeName(e.dtype()) + ", expected " + DTypeName(d.tensor.dtype()) +
                              " (only f32 and bf16 convert into each other)");
     }
     sources.push_back(&e);
@@ -448,12 +532,141 @@ StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   contents.metadata = file.metadata;
   for (const Entry& e : file.entries) {
     HostTensor& t = contents.tensors[e.name];
-    t.dtype = e.dtype;
+    t.dtype = e.dtype();
     t.shape = e.shape;
     t.bytes.resize(e.end - e.begin);
     MOE_RETURN_IF_ERROR(file.Read(e, t.bytes.data()));
   }
   return contents;
+}
+
+// --- SafetensorsReader ---------------------------------------------------------------------------
+
+struct SafetensorsReader::File {
+  ParsedFile parsed;
+  std::vector<TensorInfo> tensors;                  // parsed.entries' order
+  std::unordered_map<std::string, size_t> by_name;  // index into both
+};
+
+namespace {
+
+// IEEE half-precision bits to float, exactly (subnormals, infinities and NaNs included).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {  // infinity or NaN
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+constexpr int64_t kReadChunkElements = int64_t{1} << 22;  // 8 MiB of a 2-byte type per read
+constexpr int64_t kCopyChunkElements = int64_t{1} << 22;  // 16 MiB of f32 per part
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(ParsedFile parsed, OpenSafetensors(path, Codes::kWithF16));
+  auto file = std::make_unique<File>(File{std::move(parsed), {}, {}});
+  for (const Entry& e : file->parsed.entries) {
+    file->by_name[e.name] = file->tensors.size();
+    file->tensors.push_back({e.name, e.storage->code, e.shape});
+  }
+  return std::unique_ptr<SafetensorsReader>(new SafetensorsReader(std::move(file)));
+}
+
+SafetensorsReader::SafetensorsReader(std::unique_ptr<File> file) : file_(std::move(file)) {}
+SafetensorsReader::~SafetensorsReader() = default;
+
+const std::string& SafetensorsReader::path() const { return file_->parsed.path; }
+
+const std::vector<SafetensorsReader::TensorInfo>& SafetensorsReader::tensors() const {
+  return file_->tensors;
+}
+
+const SafetensorsReader::TensorInfo* SafetensorsReader::Find(const std::string& name) const {
+  const auto it = file_->by_name.find(name);
+  return it == file_->by_name.end() ? nullptr : &file_->tensors[it->second];
+}
+
+Status SafetensorsReader::ReadF32(const std::string& name, int64_t begin, int64_t count,
+                                  float* out) const {
+  const auto it = file_->by_name.find(name);
+  CHECK(it != file_->by_name.end()) << "no tensor '" << name << "' in " << path();
+  const Entry& e = file_->parsed.entries[it->second];
+  const int64_t numel = NumElements(e.shape);
+  CHECK(begin >= 0 && count >= 0 && begin + count <= numel)
+      << "elements [" << begin << ", " << begin + count << ") of '" << name << "' (" << numel
+      << ")";
+  const std::string code = e.storage->code;
+  if (code != "F32" && code != "BF16" && code != "F16") {
+    return InvalidArgument("tensor '" + name + "' in " + Quoted(path()) + " is " + code +
+                           ", not a float (F32, BF16 or F16)");
+  }
+  const uint64_t size = e.storage->element_size;
+  const uint64_t start = file_->parsed.data_start + e.begin + static_cast<uint64_t>(begin) * size;
+  if (code == "F32") {
+    return ReadAt(file_->parsed.fd.get(), start, out, static_cast<size_t>(count) * 4, path());
+  }
+  const bool half = code == "F16";
+  std::vector<uint16_t> narrow(static_cast<size_t>(std::min(count, kReadChunkElements)));
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min<int64_t>(count - done, kReadChunkElements);
+    MOE_RETURN_IF_ERROR(ReadAt(file_->parsed.fd.get(), start + static_cast<uint64_t>(done) * 2,
+                               narrow.data(), static_cast<size_t>(n) * 2, path()));
+    for (int64_t i = 0; i < n; ++i) {
+      out[done + i] = half ? HalfToFloat(narrow[i]) : BFloat16ToFloat(BFloat16{narrow[i]});
+    }
+    done += n;
+  }
+  return Status::Ok();
+}
+
+Status CopySafetensorsElements(const SafetensorsReader& from, const std::string& from_name,
+                               int64_t from_begin, SafetensorsWriter& to,
+                               const std::string& to_name, int64_t to_begin, int64_t count,
+                               NonFiniteValues non_finite) {
+  const DType dtype = to.dtype(to_name);
+  CHECK(dtype == DType::kF32 || dtype == DType::kBF16)
+      << "copy into '" << to_name << "' of dtype " << DTypeName(dtype);
+  std::vector<float> values(static_cast<size_t>(std::min(count, kCopyChunkElements)));
+  std::vector<BFloat16> narrow(dtype == DType::kBF16 ? values.size() : 0);
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(count - done, kCopyChunkElements);
+    MOE_RETURN_IF_ERROR(from.ReadF32(from_name, from_begin + done, n, values.data()));
+    if (non_finite == NonFiniteValues::kRefuse) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(values[i])) {
+          return DataLoss("tensor '" + from_name + "' in " + Quoted(from.path()) +
+                          " holds a non-finite value (NaN or infinity) at element " +
+                          std::to_string(from_begin + done + i));
+        }
+      }
+    }
+    const void* data = values.data();
+    if (dtype == DType::kBF16) {
+      for (int64_t i = 0; i < n; ++i) narrow[i] = FloatToBFloat16(values[i]);
+      data = narrow.data();
+    }
+    MOE_RETURN_IF_ERROR(to.Write(to_name, to_begin + done, n, data));
+    done += n;
+  }
+  return Status::Ok();
 }
 
 }  // namespace moe

@@ -1,12 +1,16 @@
 // safetensors: bit-exact round trips of every dtype (views and empty tensors included), the byte
 // layout parsed by hand, f32 <-> bf16 conversion on load, name/shape/dtype checks, and one Status
-// per kind of corrupt file.
+// per kind of corrupt file. In parts: a file written piece by piece in any order is the file
+// written whole; the reader widens F32, BF16 and F16 ranges to f32 exactly; a copy rounds to bf16
+// to nearest even and refuses non-finite values when asked.
 #include "engine/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -16,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/bfloat16.h"
 #include "engine/kernels/ops.h"
 #include "tests/testing/tensor_testing.h"
 
@@ -31,6 +36,13 @@ std::vector<uint8_t> HostBytes(const Tensor& t) {
   std::vector<uint8_t> bytes(t.nbytes());
   ops::CopyToHost(t, bytes.data());
   return bytes;
+}
+
+// The bits of each value (so -0.0 differs from 0.0).
+std::vector<uint32_t> Bits(const std::vector<float>& values) {
+  std::vector<uint32_t> out(values.size());
+  std::memcpy(out.data(), values.data(), values.size() * 4);
+  return out;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -407,6 +419,129 @@ TEST_F(SafetensorsTest, TruncatedFileIsReported) {
               "run past the end of the data buffer");
   ExpectError(CheckSafetensorsLayout(path), StatusCode::kDataLoss, path,
               "run past the end of the data buffer");
+}
+
+TEST_F(SafetensorsTest, AFileWrittenInPartsIsTheFileWrittenWhole) {
+  const std::vector<NamedTensor> tensors = Sample();
+  ASSERT_TRUE(WriteSafetensors(Path("whole.safetensors"), tensors, {{"step", "3"}}).ok());
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const NamedTensor& t : tensors)
+    specs.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  StatusOr<std::unique_ptr<SafetensorsWriter>> writer =
+      SafetensorsWriter::Create(Path("parts.safetensors"), specs, {{"step", "3"}});
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  for (auto t = tensors.rbegin(); t != tensors.rend(); ++t) {  // backwards, each in two parts
+    const std::vector<uint8_t> bytes = HostBytes(t->tensor);
+    const int64_t n = t->tensor.numel(), half = n / 2;
+    const size_t size = DTypeSize(t->tensor.dtype());
+    EXPECT_EQ((*writer)->dtype(t->name), t->tensor.dtype());
+    ASSERT_TRUE((*writer)->Write(t->name, half, n - half, bytes.data() + half * size).ok());
+    ASSERT_TRUE((*writer)->Write(t->name, 0, half, bytes.data()).ok());
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+  EXPECT_EQ(ReadFile(Path("parts.safetensors")), ReadFile(Path("whole.safetensors")));
+}
+
+TEST_F(SafetensorsTest, TheReaderWidensEveryFloatTypeExactly) {
+  const std::vector<float> f32 = {1.5f, -0.0f, 3e-38f, 7.25f, -1e30f, 0.1f};
+  const Tensor bf16 = FromFloats({1.0f, -2.5f, 3.0e38f, 0.1f}, {2, 2}, DType::kBF16, Device::CPU());
+  ASSERT_TRUE(WriteSafetensors(Path("a.safetensors"),
+                               {{"f32", FromFloats(f32, {2, 3}, DType::kF32, Device::CPU())},
+                                {"bf16", bf16},
+                                {"i32", FromInts({1, 2}, {2}, Device::CPU())}},
+                               {})
+                  .ok());
+  StatusOr<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::Open(Path("a.safetensors"));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_EQ((*reader)->tensors().size(), 3u);
+  ASSERT_NE((*reader)->Find("bf16"), nullptr);
+  EXPECT_EQ((*reader)->Find("bf16")->dtype, "BF16");
+  EXPECT_EQ((*reader)->Find("bf16")->shape, (Shape{2, 2}));
+  EXPECT_EQ((*reader)->Find("nope"), nullptr);
+  std::vector<float> out(4, 99.0f);
+  ASSERT_TRUE((*reader)->ReadF32("f32", 2, 3, out.data()).ok());
+  EXPECT_EQ(Bits({out[0], out[1], out[2]}), Bits({f32[2], f32[3], f32[4]}));
+  ASSERT_TRUE((*reader)->ReadF32("bf16", 0, 4, out.data()).ok());
+  EXPECT_EQ(out, ::moe::testing::ToFloats(bf16));
+  const Status integer = (*reader)->ReadF32("i32", 0, 2, out.data());
+  EXPECT_EQ(integer.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(integer.message().find("tensor 'i32' in '" + Path("a.safetensors") +
+                                   "' is I32, not a float (F32, BF16 or F16)"),
+            std::string::npos)
+      << integer.message();
+
+  // F16, which no engine dtype stores (the strict readers refuse it: EachCorruption...): normal,
+  // negative zero, the largest, the smallest subnormal, a subnormal, infinity.
+  const uint16_t halves[] = {0x3C00, 0x8000, 0x7BFF, 0x0001, 0x0234, 0xFC00};
+  const float want[] = {1.0f,
+                        -0.0f,
+                        65504.0f,
+                        std::ldexp(1.0f, -24),
+                        0x234 * std::ldexp(1.0f, -24),
+                        -std::numeric_limits<float>::infinity()};
+  std::string bytes = RawFile(R"({"h":{"dtype":"F16","shape":[6],"data_offsets":[0,12]}}  )", 12);
+  std::memcpy(bytes.data() + bytes.size() - 12, halves, 12);
+  WriteFile(Path("h.safetensors"), bytes);
+  reader = SafetensorsReader::Open(Path("h.safetensors"));
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> wide(6);
+  ASSERT_TRUE((*reader)->ReadF32("h", 0, 6, wide.data()).ok());
+  EXPECT_EQ(Bits(wide), Bits(std::vector<float>(want, want + 6)));
+}
+
+TEST_F(SafetensorsTest, ACopyRoundsToBF16AndRefusesNonFiniteValuesWhenAsked) {
+  std::mt19937 rng(::moe::testing::TestSeed());
+  std::vector<float> values = ::moe::testing::RandomFloats(1000, rng, 3.0f);
+  values[7] = 1.0f + std::ldexp(1.0f, -8);                         // a tie: stays 1.0
+  values[8] = 1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -7);  // a tie: rounds up to even
+  ASSERT_TRUE(WriteSafetensors(Path("src.safetensors"),
+                               {{"w", FromFloats(values, {10, 100}, DType::kF32, Device::CPU())}},
+                               {})
+                  .ok());
+  StatusOr<std::unique_ptr<SafetensorsReader>> reader =
+      SafetensorsReader::Open(Path("src.safetensors"));
+  ASSERT_TRUE(reader.ok());
+  StatusOr<std::unique_ptr<SafetensorsWriter>> writer = SafetensorsWriter::Create(
+      Path("dst.safetensors"), {{"a", DType::kBF16, {4, 100}}, {"b", DType::kF32, {600}}}, {});
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE(
+      CopySafetensorsElements(**reader, "w", 0, **writer, "a", 0, 400, NonFiniteValues::kRefuse)
+          .ok());
+  ASSERT_TRUE(
+      CopySafetensorsElements(**reader, "w", 400, **writer, "b", 0, 600, NonFiniteValues::kRefuse)
+          .ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+  StatusOr<SafetensorsContents> copied = ReadSafetensors(Path("dst.safetensors"));
+  ASSERT_TRUE(copied.ok());
+  const std::vector<uint8_t>& a = copied->tensors.at("a").bytes;
+  for (int i = 0; i < 400; ++i) {  // round to nearest even, by hand
+    uint32_t u;
+    std::memcpy(&u, &values[i], 4);
+    const uint16_t want = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    uint16_t got;
+    std::memcpy(&got, a.data() + 2 * i, 2);
+    ASSERT_EQ(got, want) << "element " << i << " " << values[i];
+  }
+  EXPECT_EQ(std::memcmp(copied->tensors.at("b").bytes.data(), values.data() + 400, 600 * 4), 0);
+
+  values[517] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(WriteSafetensors(Path("src.safetensors"),
+                               {{"w", FromFloats(values, {10, 100}, DType::kF32, Device::CPU())}},
+                               {})
+                  .ok());
+  reader = SafetensorsReader::Open(Path("src.safetensors"));
+  ASSERT_TRUE(reader.ok());
+  writer = SafetensorsWriter::Create(Path("dst.safetensors"), {{"b", DType::kF32, {600}}}, {});
+  ASSERT_TRUE(writer.ok());
+  EXPECT_TRUE(
+      CopySafetensorsElements(**reader, "w", 400, **writer, "b", 0, 600, NonFiniteValues::kKeep)
+          .ok());
+  ExpectError(
+      CopySafetensorsElements(**reader, "w", 400, **writer, "b", 0, 600, NonFiniteValues::kRefuse),
+      StatusCode::kDataLoss, Path("src.safetensors"),
+      "tensor 'w' in '" + Path("src.safetensors") +
+          "' holds a non-finite value (NaN or infinity) at element 517");
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
-// The checkpoint's model shape: which fields must agree, and the message that names the others.
+// The checkpoint's model shape: which fields must agree (all of them, or for --finetune those that
+// set parameter shapes), the message that names the others, the model read back from it, and
+// the flagfile that gives it.
 #include "modules/model_shape.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "tests/testing/tiny_model.h"
 
@@ -77,6 +81,59 @@ TEST(ModelShapeTest, ACheckpointFromBeforeTheLaterFieldsHasTheirOldValues) {
                 std::to_string(2 * c.head_dim()) +
                 "), --qk_layernorm (checkpoint false, this run true), --rotary_base (checkpoint "
                 "10000.0, this run 1000000.0)");
+}
+
+// --finetune compares what sets the parameters' names and shapes, nothing else.
+TEST(ModelShapeTest, AFinetuneComparesOnlyTheFieldsThatSetParameters) {
+  const GptConfig c = testing::TinyModel();
+  GptConfig other = c;
+  other.seq_length = 4 * c.seq_length;
+  other.rotary_base = 5e5f;
+  other.norm_epsilon = 1e-6f;
+  other.moe_router_topk = 4;
+  other.moe_router_pre_softmax = true;
+  EXPECT_EQ(ModelShapeDifferences(ModelShapeJson(c), other, ShapeFields::kParameters), "");
+  EXPECT_NE(ModelShapeDifferences(ModelShapeJson(c), other), "");
+  other.num_experts = 8;
+  other.qk_layernorm = true;
+  EXPECT_EQ(ModelShapeDifferences(ModelShapeJson(c), other, ShapeFields::kParameters),
+            "--num_experts (checkpoint 4, this run 8), --qk_layernorm (checkpoint false, this run "
+            "true)");
+}
+
+TEST(ModelShapeTest, TheModelReadsBackFromItsShape) {
+  GptConfig c = testing::TinyModel();
+  c.kv_channels = 16;
+  c.rotary_base = 1e6f;
+  c.norm_epsilon = 1e-6f;
+  StatusOr<GptConfig> back = GptConfigFromModelShape(ModelShapeJson(c));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(ModelShapeJson(*back), ModelShapeJson(c));
+  EXPECT_EQ(back->rotary_base, 1e6f);
+  EXPECT_EQ(back->norm_epsilon, 1e-6f);
+  nlohmann::json saved = ModelShapeJson(c);
+  saved["num_layers"] = "2";
+  EXPECT_EQ(GptConfigFromModelShape(saved).status().message(),
+            "the model shape has no integer \"num_layers\"");
+}
+
+TEST(ModelShapeTest, TheFlagfileGivesTheFieldsThatMatterShortest) {
+  GptConfig c = testing::TinyModel();
+  c.first_dense_layers = 0;
+  c.norm_epsilon = 1e-6f;
+  c.rotary_base = 1e6f;
+  const std::string flags = ModelShapeFlagfile(c);
+  EXPECT_NE(flags.find("--norm_epsilon=1e-06\n"), std::string::npos) << flags;
+  EXPECT_NE(flags.find("--rotary_base=1e+06\n"), std::string::npos) << flags;
+  EXPECT_NE(flags.find("--first_dense_layers=0\n"), std::string::npos) << flags;
+  EXPECT_NE(flags.find("--qk_layernorm=false\n"), std::string::npos) << flags;
+  EXPECT_NE(flags.find("--kv_channels=8\n"), std::string::npos) << flags;
+  EXPECT_EQ(flags.find("--ffn_hidden_size"), std::string::npos) << flags;
+  c.first_dense_layers = c.num_layers;
+  const std::string dense = ModelShapeFlagfile(c);
+  EXPECT_NE(dense.find("--ffn_hidden_size=64\n"), std::string::npos) << dense;
+  EXPECT_EQ(dense.find("--num_experts"), std::string::npos) << dense;
+  EXPECT_EQ(std::count(flags.begin(), flags.end(), '\n'), 16);  // 17 fields, ffn_hidden_size out
 }
 
 }  // namespace
