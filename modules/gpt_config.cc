@@ -23,11 +23,6 @@ Status CheckModel(const GptConfig& m) {
   if (m.qk_layernorm_across_heads && !m.qk_layernorm) {
     return InvalidArgument("--qk_layernorm_across_heads needs --qk_layernorm");
   }
-  if (m.qk_layernorm || m.moe_router_pre_softmax) {  // the modules follow in the next change
-    return InvalidArgument(
-        std::string(m.qk_layernorm ? "--qk_layernorm" : "--moe_router_pre_softmax") +
-        " is not implemented in this build");
-  }
   if (m.moe_router_topk > m.num_experts) {
     return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
                            " exceeds --num_experts=" + std::to_string(m.num_experts));

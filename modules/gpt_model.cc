@@ -27,8 +27,8 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
         std::make_unique<TransformerLayer>(parameters, config_, layer, rotary_table_));
   }
   if (stage.last) {
-    final_norm_ =
-        std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size, config.norm_epsilon);
+    final_norm_ = std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size,
+                                            config.norm_epsilon);
     head_ = std::make_unique<LmHeadLoss>(parameters, config_);
   }
 }

@@ -22,9 +22,9 @@ double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDT
 }
 
 double LayerParameters(const GptConfig& m, bool moe_layer) {
-  const double h = D(m.hidden_size);
-  const double kv = D(m.num_query_groups) * (h / D(m.num_attention_heads));
-  const double attention = 2 * h * h + 2 * h * kv + 2 * h;  // GptConfig::attention_parameters
+  const double h = D(m.hidden_size), q = D(m.q_dim()), kv = D(m.kv_dim());
+  // GptConfig::attention_parameters
+  const double attention = 2 * h * q + 2 * h * kv + 2 * h + D(m.qk_norm_parameters());
   if (!moe_layer) return attention + 3 * h * D(m.ffn_hidden_size);
   return attention + h * D(m.num_experts) + D(m.num_experts) * 3 * h * D(m.moe_ffn_hidden_size);
 }
@@ -35,20 +35,29 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
                                         bool moe_layer, bool cuda, const RecomputeModules& r) {
   const double b = ComputeBytes(cuda);
   const double tokens = D(micro_batch_size) * D(m.seq_length);
-  const double h = D(m.hidden_size), kv = D(m.num_query_groups) * D(m.head_dim()),
+  const double h = D(m.hidden_size), q = D(m.q_dim()), kv = D(m.kv_dim()),
                heads = D(m.num_attention_heads);
   std::vector<SavedTensorSize> out;
   const auto add = [&out](const char* group, double bytes) { out.push_back({group, bytes}); };
   // Attention: each norm saves its input and f32 rstd; the norm's output (the attention's and
-  // the MLP's input) is dropped by layernorm recompute; out and lse by core_attn recompute.
+  // the MLP's input) is dropped by layernorm recompute; out and lse by core_attn recompute. The
+  // query and key norms save their inputs (q and k before the norm) and rstd, one per head or,
+  // across heads, one per token.
   add(kAttnNormGroup, tokens * b * h);
   add(kAttnNormGroup, tokens * 4);
+  if (m.qk_layernorm) {
+    const bool across = m.qk_layernorm_across_heads;
+    add(kQkvLinearGroup, tokens * b * q);
+    add(kQkvLinearGroup, tokens * 4 * (across ? 1 : heads));
+    add(kQkvLinearGroup, tokens * b * kv);
+    add(kQkvLinearGroup, tokens * 4 * (across ? 1 : D(m.num_query_groups)));
+  }
   if (!r.layernorm) add(kQkvLinearGroup, tokens * b * h);
-  add(kCoreAttnGroup, tokens * b * h);                        // q
+  add(kCoreAttnGroup, tokens * b * q);                        // q
   add(kCoreAttnGroup, tokens * b * kv);                       // k
   add(kCoreAttnGroup, tokens * b * kv);                       // v
   if (!r.core_attn) add(kCoreAttnGroup, tokens * 4 * heads);  // lse
-  if (!r.core_attn) add(kAttnProjGroup, tokens * b * h);      // out
+  if (!r.core_attn) add(kAttnProjGroup, tokens * b * q);      // out
   add(kMlpNormGroup, tokens * b * h);
   add(kMlpNormGroup, tokens * 4);
   if (!r.layernorm) add("", tokens * b * h);  // the MLP's input: router.x, mlp.x or moe.input

@@ -11,8 +11,9 @@
 //   (last stage); with one stage, all of them (GptConfig::total_parameters, recomputed in doubles).
 // - Activations: the tensors forward saves for backward, per layer per micro-batch
 //   (ActivationBytesPerLayer, in compute bytes: 4 on the CPU, 2 on CUDA; routing tensors f32/i32),
-//   less what GptConfig::recompute drops: attention: norm input, its input (the norm output), q,
-//   k, v, output, log-sum-exp; dense MLP: norm input, input, fc1 output; MoE: norm input, router
+//   less what GptConfig::recompute drops: attention: norm input, its input (the norm output),
+//   the query and key norms' inputs and rstd (where it has them), q, k, v, output,
+//   log-sum-exp; dense MLP: norm input, input, fc1 output; MoE: norm input, router
 //   input, logits and probabilities, permuted rows, fc1 output per routed row (tokens x top-k)
 //   and, on the fused path, the activation, routing indices and weights. The embedding and
 //   head (HeadActivationBytes): ids, the final norm's input and rstd, and the head's input

@@ -255,7 +255,9 @@ class RankModel {
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length);
     const double h = D(m.hidden_size), b = ComputeBytes(request_.run.cuda);
     if (module == kLayerNormRecompute) return Ms(0, 4 * tokens * h * b);
-    if (module == kCoreAttnRecompute) return Ms(AttentionCoreFlops(), 4 * tokens * h * b);
+    if (module == kCoreAttnRecompute) {
+      return Ms(AttentionCoreFlops(), 4 * tokens * D(m.q_dim()) * b);
+    }
     if (!moe) return 0;
     const double rows = tokens * D(m.moe_router_topk), f = D(m.moe_ffn_hidden_size);
     if (module == kMoeActRecompute) {
@@ -308,8 +310,7 @@ class RankModel {
   }
   double AttentionCoreFlops() const {  // causal: half of QK^T and PV
     const GptConfig& m = request_.run.model;
-    return 2 * D(request_.run.micro_batch_size) * D(m.seq_length) * D(m.seq_length) *
-           D(m.hidden_size);
+    return 2 * D(request_.run.micro_batch_size) * D(m.seq_length) * D(m.seq_length) * D(m.q_dim());
   }
   double MoeFlops() const {
     const GptConfig& m = request_.run.model;
@@ -319,17 +320,18 @@ class RankModel {
   }
   // What a layer's backward allocates beside its saves, at its largest: the MLP's gradients of
   // its rows and of the tokens, or the attention's: q, k and v's with their packed copy (the
-  // output's gradient, as large as q's, is freed before the copy; the copy outlives q, k and v's
-  // to meet the input's, as large as q's). The unfused grouped MLP holds its rows' output,
-  // activation, fc1 output and input gradients at once, and recomputes its activation (it never
-  // saves it); the fused one has the activation's gradient only inside
+  // output's gradient, as large as q's, is freed before the copy; the query and key norms'
+  // input gradients replace q's and k's before it; the copy outlives q, k and v's to meet the
+  // input's, hidden wide). The unfused grouped MLP holds its rows' output, activation, fc1
+  // output and input gradients at once, and recomputes its activation (it never saves it); the
+  // fused one has the activation's gradient only inside
   // ops::GroupedMatmulSwigluBackward, if at all (output + activation + fc1 output), then output +
   // fc1 output + input.
   double BackwardWorkspace(int layer) const {
     const GptConfig& m = request_.run.model;
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
-    const double b = ComputeBytes(request_.run.cuda), kv = D(m.num_query_groups) * D(m.head_dim());
-    const double attention = tokens * 2 * (h + 2 * kv) * b;
+    const double b = ComputeBytes(request_.run.cuda), q = D(m.q_dim()), kv = D(m.kv_dim());
+    const double attention = tokens * std::max(2 * (q + 2 * kv), q + 2 * kv + h) * b;
     if (!m.is_moe_layer(layer)) {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
     }
@@ -342,8 +344,8 @@ class RankModel {
   double LayerForwardMs(int layer) const {
     const GptConfig& m = request_.run.model;
     const double tokens = D(request_.run.micro_batch_size) * D(m.seq_length), h = D(m.hidden_size);
-    const double kv = D(m.num_query_groups) * D(m.head_dim());
-    double flops = 2 * tokens * (2 * h * h + 2 * h * kv) + AttentionCoreFlops();
+    const double q = D(m.q_dim()), kv = D(m.kv_dim());
+    double flops = 2 * tokens * (2 * h * q + 2 * h * kv) + AttentionCoreFlops();
     flops += m.is_moe_layer(layer) ? MoeFlops() : 6 * tokens * h * D(m.ffn_hidden_size);
     return Ms(flops, SumRounded(Saves(m.is_moe_layer(layer), {})));
   }

@@ -23,7 +23,8 @@ Routing Router::Forward(SavedTensors& saved, const Tensor& x) {
   Tensor top_values = Tensor::Empty({tokens, k}, DType::kF32, device);
   routing.weights = Tensor::Empty({tokens, k}, DType::kF32, device);
   routing.experts = Tensor::Empty({tokens, k}, DType::kI32, device);
-  ops::RouterGateForward(logits, probs, top_values, routing.weights, routing.experts);
+  ops::RouterGateForward(logits, !config_.moe_router_pre_softmax, probs, top_values,
+                         routing.weights, routing.experts);
 
   routing.order = Tensor::Empty({tokens * k}, DType::kI32, device);
   routing.offsets = Tensor::Empty({experts + 1}, DType::kI32, device);
@@ -60,7 +61,8 @@ void Router::Backward(SavedTensors& saved, const Tensor& dweights, float aux_gra
   const Tensor x = saved.Load(name_ + ".x");
   Tensor dlogits = Tensor::Empty(probs.shape(), z_loss ? DType::kF32 : x.dtype(), device);
   ops::RouterGateBackward(dweights, top_values, experts, probs, offsets,
-                          aux_grad * config_.moe_aux_loss_coeff, dlogits);
+                          aux_grad * config_.moe_aux_loss_coeff, !config_.moe_router_pre_softmax,
+                          dlogits);
   Tensor dlogits_compute = dlogits;
   if (z_loss) {
     ops::ZLossBackward(saved.Load(name_ + ".logits"), aux_grad * config_.moe_z_loss_coeff, dlogits);

@@ -1,5 +1,6 @@
 // MoE router: logits = x router^T in f32 (tokens, experts); probs = softmax(logits); the top-k
-// probabilities per token, renormalised to sum to 1, weight the chosen experts.
+// probabilities per token, renormalised to sum to 1 (or as they are, with
+// GptConfig::moe_router_pre_softmax), weight the chosen experts.
 // Auxiliary losses, each times its coefficient: the load-balancing loss (Switch / Megatron
 // aux_loss over the token counts per expert) and, when its coefficient is non-zero, the z-loss.
 // Saves (no offload group): x, logits (z-loss only), probs, top-k values and indices, the
@@ -17,7 +18,7 @@
 namespace moe {
 
 struct Routing {
-  Tensor weights;   // (tokens, k) f32, rows sum to 1
+  Tensor weights;   // (tokens, k) f32, rows sum to 1 unless moe_router_pre_softmax
   Tensor experts;   // (tokens, k) i32
   Tensor order;     // (tokens * k) i32: choices t*k+j sorted stably by expert
   Tensor offsets;   // (experts + 1) i32: each expert's first row in the sorted order

@@ -13,9 +13,11 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
                                    RotaryTable& rotary_table)
     : config_(config),
       layer_(layer),
-      attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size, config.norm_epsilon),
+      attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size,
+                 config.norm_epsilon),
       attention_(parameters, LayerName(layer) + ".attention", config, layer, rotary_table),
-      mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size, config.norm_epsilon) {
+      mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size,
+                config.norm_epsilon) {
   if (config.is_moe_layer(layer)) {
     moe_mlp_ = std::make_unique<MoeLayer>(parameters, LayerName(layer) + ".moe", config, layer);
   } else {

@@ -23,15 +23,21 @@ std::string ModelSummary(const GptConfig& m) {
           ? "fused grouped MLP, weight gradients once per " +
                 std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
           : "fused grouped MLP";
+  const std::string routing = (m.moe_router_pre_softmax ? "pre-softmax, " : "") + grouped_mlp;
+  std::string attention = "kv " + std::to_string(m.num_query_groups);
+  if (m.q_dim() != m.hidden_size) attention += ", head dim " + std::to_string(m.head_dim());
+  if (m.qk_layernorm) {
+    attention += m.qk_layernorm_across_heads ? ", QK norm across heads" : ", QK norm";
+  }
   char buffer[512];
   snprintf(buffer, sizeof(buffer),
-           "%lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (kv %lld), experts %lld "
+           "%lld layers (%lld dense, %lld MoE), hidden %lld, heads %lld (%s), experts %lld "
            "top-%lld (%s), expert ffn %lld, seq %lld, vocab %lld",
            (long long)m.num_layers, (long long)std::min(m.num_layers, m.first_dense_layers),
            (long long)m.num_moe_layers(), (long long)m.hidden_size,
-           (long long)m.num_attention_heads, (long long)m.num_query_groups,
-           (long long)m.num_experts, (long long)m.moe_router_topk, grouped_mlp.c_str(),
-           (long long)m.moe_ffn_hidden_size, (long long)m.seq_length, (long long)m.vocab_size);
+           (long long)m.num_attention_heads, attention.c_str(), (long long)m.num_experts,
+           (long long)m.moe_router_topk, routing.c_str(), (long long)m.moe_ffn_hidden_size,
+           (long long)m.seq_length, (long long)m.vocab_size);
   return buffer;
 }
 

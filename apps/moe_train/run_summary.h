@@ -13,7 +13,9 @@
 namespace moe {
 
 // "8 layers (1 dense, 7 MoE), hidden 512, heads 8 (kv 4), experts 8 top-2 (fused grouped MLP),
-// expert ffn 1024, seq 1024, vocab 32000".
+// expert ffn 1024, seq 1024, vocab 32000"; the attention's parentheses add ", head dim 128" where
+// heads x head dim is not the hidden size and ", QK norm" (", QK norm across heads"), the
+// experts' "pre-softmax, " with --moe_router_pre_softmax.
 std::string ModelSummary(const GptConfig& m);
 // "130.32M total, 64.26M active per token" (GptConfig::total_parameters, active_parameters).
 std::string ParameterCounts(const GptConfig& m);

@@ -415,24 +415,41 @@ void CheckRopeTable(const Tensor& table) {
       << "rope table must be (seq, head_dim / 2, 2): " << table.DebugString();
 }
 
+// x (tokens, heads, head_dim) against the table, as the rotations read them; an undefined table
+// passes (an unrotated move of heads).
+void CheckRopeHeads(const Tensor& x, const Tensor& table) {
+  CheckFloat(x, "rope heads");
+  CHECK(x.ndim() == 3 && x.dim(2) % 2 == 0)
+      << "rope takes (tokens, heads, even head_dim): " << x.DebugString();
+  if (!table.defined()) return;
+  CheckRopeTable(table);
+  CHECK(table.dim(1) == x.dim(2) / 2)
+      << "rope table " << table.DebugString() << " is not for head_dim " << x.dim(2);
+  CHECK(x.dim(0) % table.dim(0) == 0)
+      << "rope: tokens " << x.dim(0) << " not a multiple of seq " << table.dim(0);
+}
+
 // qkv (tokens, (heads + 2 kv_heads) head_dim) against q (tokens, heads, head_dim) and k, v (tokens,
 // kv_heads, head_dim), as RopeQkvForward takes them and RopeQkvBackward their gradients.
 void CheckRopeQkv(const Tensor& qkv, const Tensor& table, const Tensor& q, const Tensor& k,
                   const Tensor& v) {
   CheckFloat(qkv, "rope qkv");
-  CHECK(q.ndim() == 3 && q.dim(2) % 2 == 0)
-      << "rope q takes (tokens, heads, even head_dim): " << q.DebugString();
+  CheckRopeHeads(q, table);
   const int64_t tokens = q.dim(0), heads = q.dim(1), d = q.dim(2);
   CHECK(k.ndim() == 3 && k.dim(0) == tokens && k.dim(2) == d)
       << "rope k " << k.DebugString() << " does not go with q " << q.DebugString();
   CheckShape(v, k.shape(), "rope v");
   CheckShape(qkv, {tokens, (heads + 2 * k.dim(1)) * d}, "rope qkv");
-  CheckRopeTable(table);
-  CHECK(table.dim(1) == d / 2) << "rope table " << table.DebugString() << " is not for head_dim "
-                               << d;
-  CHECK(tokens % table.dim(0) == 0)
-      << "rope: tokens " << tokens << " not a multiple of seq " << table.dim(0);
   for (const Tensor* t : {&q, &k, &v}) CheckSameDType(qkv, *t, "rope qkv");
+}
+
+// x and y (tokens, heads, head_dim) of one shape and dtype, as RopeForward and RopeBackward take
+// them; the table defined.
+void CheckRope(const Tensor& x, const Tensor& table, const Tensor& y) {
+  CHECK(table.defined()) << "rope without a table";
+  CheckRopeHeads(x, table);
+  CheckShape(y, x.shape(), "rope output");
+  CheckSameDType(x, y, "rope");
 }
 }  // namespace
 
@@ -454,6 +471,18 @@ void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const
   const Device device = CommonDevice({&dq, &dk, &dv, &table, &dqkv});
   CheckRopeQkv(dqkv, table, dq, dk, dv);
   MOE_DISPATCH(device, RopeQkvBackward, dq, dk, dv, table, dqkv);
+}
+
+void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
+  const Device device = CommonDevice({&x, &table, &y});
+  CheckRope(x, table, y);
+  MOE_DISPATCH(device, RopeForward, x, table, y);
+}
+
+void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
+  const Device device = CommonDevice({&dy, &table, &dx});
+  CheckRope(dy, table, dx);
+  MOE_DISPATCH(device, RopeBackward, dy, table, dx);
 }
 
 // ---------------------------------------------------------------- attention
@@ -747,8 +776,8 @@ void ZLossBackward(const Tensor& logits, float grad, const Tensor& dlogits) {
   MOE_DISPATCH(device, ZLossBackward, logits, grad, dlogits);
 }
 
-void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
-                       const Tensor& weights, const Tensor& indices) {
+void RouterGateForward(const Tensor& logits, bool renormalize, const Tensor& probs,
+                       const Tensor& values, const Tensor& weights, const Tensor& indices) {
   [[maybe_unused]] const Device device =
       CommonDevice({&logits, &probs, &values, &weights, &indices});
   CheckRouterMatrix(logits, "router logits");
@@ -758,18 +787,23 @@ void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& 
   CheckShape(weights, values.shape(), "router weights");
   CheckDType(weights, DType::kF32, "router weights");
 #if MOE_WITH_CUDA
-  if (device.is_cuda() && cuda::TryRouterGateForward(logits, probs, values, weights, indices)) {
+  if (device.is_cuda() &&
+      cuda::TryRouterGateForward(logits, renormalize, probs, values, weights, indices)) {
     return;
   }
 #endif
   SoftmaxForward(logits, probs);
   TopK(probs, values, indices);
-  NormalizeRowsForward(values, weights);
+  if (renormalize) {
+    NormalizeRowsForward(values, weights);
+  } else {
+    Copy(values, weights);
+  }
 }
 
 void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
                         const Tensor& probs, const Tensor& offsets, float balance_grad,
-                        const Tensor& dlogits) {
+                        bool renormalize, const Tensor& dlogits) {
   const Device device = CommonDevice({&dweights, &values, &indices, &probs, &offsets, &dlogits});
   CheckRouterMatrix(probs, "router probs");
   CheckRouterTopK(values, indices, probs);
@@ -781,12 +815,15 @@ void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tens
   CheckFloat(dlogits, "router dlogits");
 #if MOE_WITH_CUDA
   if (device.is_cuda() && cuda::TryRouterGateBackward(dweights, values, indices, probs, offsets,
-                                                      balance_grad, dlogits)) {
+                                                      balance_grad, renormalize, dlogits)) {
     return;
   }
 #endif
-  Tensor dvalues = Tensor::Empty(values.shape(), DType::kF32, device);
-  NormalizeRowsBackward(dweights, values, dvalues);
+  Tensor dvalues = dweights;
+  if (renormalize) {
+    dvalues = Tensor::Empty(values.shape(), DType::kF32, device);
+    NormalizeRowsBackward(dweights, values, dvalues);
+  }
   Tensor dprobs = Tensor::Empty(probs.shape(), DType::kF32, device);
   TopKBackward(dvalues, indices, dprobs);
   LoadBalancingLossBackward(offsets, values.dim(1), balance_grad, dprobs);

@@ -86,20 +86,22 @@ void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor
                                  std::span<const int32_t> host_offsets, const Tensor& h,
                                  const Tensor& scale, const Tensor& dh, const Tensor& dscale);
 // The MoE router's gate: SoftmaxForward(logits, probs), TopK(probs, values, indices), then
-// NormalizeRowsForward(values, weights). logits, probs (tokens, experts) f32; values, weights
-// (tokens, k) f32, 1 <= k <= experts; indices (tokens, k) i32.
+// NormalizeRowsForward(values, weights) where `renormalize` (the top k's probabilities rescaled to
+// sum 1), else weights = values (Megatron's --moe_router_pre_softmax). logits, probs (tokens,
+// experts) f32; values, weights (tokens, k) f32, 1 <= k <= experts; indices (tokens, k) i32.
 // CUDA: one kernel where a row fits a warp (experts <= 256, k <= 32): the same formulas, the
 // softmax's sum in another order.
-void RouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
-                       const Tensor& weights, const Tensor& indices);
-// Its backward with the load-balancing loss's gradient: NormalizeRowsBackward(dweights, values,
-// dvalues), TopKBackward(dvalues, indices, dprobs), LoadBalancingLossBackward(offsets, k,
-// balance_grad, dprobs), then SoftmaxBackward(dprobs, probs, dlogits) computed in f32 and
-// stored in dlogits' dtype (f32 or bf16) =. dweights (tokens, k) f32; values, indices and probs
-// as RouterGateForward wrote them; offsets (experts + 1) i32 as SortByKey wrote them.
+void RouterGateForward(const Tensor& logits, bool renormalize, const Tensor& probs,
+                       const Tensor& values, const Tensor& weights, const Tensor& indices);
+// Its backward with the load-balancing loss's gradient: dvalues = NormalizeRowsBackward(dweights,
+// values) where `renormalize` (as the forward's), else dweights; TopKBackward(dvalues, indices,
+// dprobs), LoadBalancingLossBackward(offsets, k, balance_grad, dprobs), then
+// SoftmaxBackward(dprobs, probs, dlogits) computed in f32 and stored in dlogits' dtype (f32 or
+// bf16) =. dweights (tokens, k) f32; values, indices and probs as RouterGateForward wrote them;
+// offsets (experts + 1) i32 as SortByKey wrote them.
 // CUDA: one kernel where the forward's is one (the softmax backward's sum in another order).
 void RouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
                         const Tensor& probs, const Tensor& offsets, float balance_grad,
-                        const Tensor& dlogits);
+                        bool renormalize, const Tensor& dlogits);
 
 }  // namespace moe::ops

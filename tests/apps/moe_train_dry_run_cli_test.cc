@@ -205,7 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "--virtual_pipeline=2 needs --pipeline_parallel > 1: chunks interleave across "
                 "pipeline ranks"},
         Refused{"--hidden_size=66 --num_attention_heads=4",
-                "--hidden_size=66 is not a multiple of --num_attention_heads=4"},
+                "--hidden_size=66 is not a multiple of --num_attention_heads=4 (or set the head "
+                "dimension with --kv_channels)"},
         // The target's GPU (--device=auto) takes head dims 64 and 128, on a machine without one.
         Refused{"--hidden_size=96",
                 "--hidden_size / --num_attention_heads = 48: the CUDA attention kernels take head "

@@ -189,6 +189,26 @@ TEST_F(CpuGradTest, RopeQkvBackwardIsTheGradientAndTheInverse) {
   EXPECT_LT(RelativeError(ToFloats(back), ToFloats(qkv)), 1e-6);
 }
 
+TEST_F(CpuGradTest, RopeBackwardIsTheGradientAndTheInverse) {
+  const int64_t seq = 3, tokens = 2 * seq, heads = 2, d = 6;
+  Tensor table = Poisoned({seq, d / 2, 2});
+  ops::RopeTable(100.0f, table);
+  Tensor x = Random({tokens, heads, d}), dy = Random({tokens, heads, d});
+  Tensor y = Poisoned({tokens, heads, d});
+  const std::vector<float> r = ToFloats(dy);
+  auto loss = [&] {
+    ops::RopeForward(x, table, y);
+    return WeightedSum(y, r);
+  };
+  Tensor dx = Poisoned({tokens, heads, d});
+  ops::RopeBackward(dy, table, dx);
+  ExpectGradient("dx", x, ToFloats(dx), loss);
+
+  loss();
+  ops::RopeBackward(y, table, y);  // in place
+  EXPECT_LT(RelativeError(ToFloats(y), ToFloats(x)), 1e-6);
+}
+
 TEST_F(CpuGradTest, AttentionWithGroupedKvHeads) {
   const int64_t batch = 2, seq = 5, heads = 4, kv_heads = 2, d = 8;
   const Shape q_shape = {batch, seq, heads, d}, kv_shape = {batch, seq, kv_heads, d};
@@ -271,6 +291,42 @@ TEST_F(CpuGradTest, TopKBackwardScattersToTheChosenColumns) {
   Tensor dx = Poisoned({rows, cols});
   ops::TopKBackward(dvalues, indices, dx);
   ExpectGradient("dx", x, ToFloats(dx), loss);
+}
+
+// The gate's backward, renormalised and not (pre-softmax), is the gradient of sum(weights * R)
+// plus balance_grad times the load-balancing loss at the forward's routing (its counts fixed).
+// The logits are a shuffled ladder 0.1 apart, so a perturbation never changes the top k.
+TEST_F(CpuGradTest, RouterGateBackwardWithAndWithoutRenormalisation) {
+  const int64_t tokens = 5, experts = 6, k = 2;
+  const float balance_grad = 0.3f;
+  std::vector<float> ladder(tokens * experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int> rank(experts);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::shuffle(rank.begin(), rank.end(), rng_);
+    for (int64_t e = 0; e < experts; ++e) ladder[t * experts + e] = 0.1f * rank[e] - 0.3f;
+  }
+  Tensor logits = Floats(ladder, {tokens, experts}), dweights = Random({tokens, k});
+  const std::vector<float> r = ToFloats(dweights);
+  for (bool renormalize : {true, false}) {
+    SCOPED_TRACE(renormalize ? "renormalised" : "pre-softmax");
+    Tensor probs = Poisoned({tokens, experts}), values = Poisoned({tokens, k});
+    Tensor weights = Poisoned({tokens, k}), indices = Poisoned({tokens, k}, DType::kI32);
+    ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+    Tensor order = Poisoned({tokens * k}, DType::kI32),
+           offsets = Poisoned({experts + 1}, DType::kI32);
+    ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
+    Tensor balance = Poisoned({1});
+    auto loss = [&] {
+      ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+      ops::LoadBalancingLossForward(probs, offsets, k, balance);
+      return WeightedSum(weights, r) + balance_grad * ToFloats(balance)[0];
+    };
+    Tensor dlogits = Poisoned({tokens, experts});
+    ops::RouterGateBackward(dweights, values, indices, probs, offsets, balance_grad, renormalize,
+                            dlogits);
+    ExpectGradient("dlogits", logits, ToFloats(dlogits), loss);
+  }
 }
 
 TEST_F(CpuGradTest, GatherRowsAndGatherSumRowsAreEachOthersAdjoint) {

@@ -392,6 +392,64 @@ TEST_F(CpuOpsTest, RopeQkvForwardRotatesQAndKAndCopiesV) {
   EXPECT_EQ(ToFloats(v), want_v);
 }
 
+// Without a table the move only splits (and packs back): every head copied, bit for bit.
+TEST_F(CpuOpsTest, RopeQkvWithoutATableCopiesEveryHead) {
+  const int64_t tokens = 6, heads = 3, kv_heads = 1, d = 6, slots = heads + 2 * kv_heads;
+  Tensor qkv = Random({tokens, slots * d});
+  Tensor q = Poisoned({tokens, heads, d}), k = Poisoned({tokens, kv_heads, d});
+  Tensor v = Poisoned({tokens, kv_heads, d});
+  ops::RopeQkvForward(qkv, Tensor(), q, k, v);
+  const std::vector<float> in = ToFloats(qkv), got_q = ToFloats(q), got_k = ToFloats(k),
+                           got_v = ToFloats(v);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const float* want = &in[(t * slots + slot) * d];
+      const float* got = slot < heads              ? &got_q[(t * heads + slot) * d]
+                         : slot < heads + kv_heads ? &got_k[(t * kv_heads + slot - heads) * d]
+                                                   : &got_v[(t * kv_heads) * d];
+      EXPECT_EQ(std::vector<float>(got, got + d), std::vector<float>(want, want + d))
+          << "token " << t << " slot " << slot;
+    }
+  }
+  Tensor back = Poisoned({tokens, slots * d});
+  ops::RopeQkvBackward(q, k, v, Tensor(), back);
+  EXPECT_EQ(ToFloats(back), in);
+}
+
+// RopeForward rotates one tensor's heads with RopeQkvForward's arithmetic (checked against its
+// definition above): the bits of its q, out of place and in place; RopeBackward likewise has the
+// bits of RopeQkvBackward's q part.
+TEST_F(CpuOpsTest, RopeForwardHasTheBitsOfRopeQkvForwardsQueries) {
+  const int64_t seq = 5, tokens = 2 * seq, heads = 3, d = 10;
+  Tensor table = Poisoned({seq, d / 2, 2});
+  ops::RopeTable(500.0f, table);
+  Tensor qkv = Random({tokens, (heads + 2) * d});
+  Tensor q = Poisoned({tokens, heads, d}), k = Poisoned({tokens, 1, d}),
+         v = Poisoned({tokens, 1, d});
+  Tensor raw_q = Poisoned({tokens, heads, d}), raw_k = Poisoned({tokens, 1, d});
+  ops::RopeQkvForward(qkv, table, q, k, v);
+  ops::RopeQkvForward(qkv, Tensor(), raw_q, raw_k, v);
+  Tensor rotated = Poisoned({tokens, heads, d});
+  ops::RopeForward(raw_q, table, rotated);
+  EXPECT_EQ(testing::FloatBits(rotated), testing::FloatBits(q));
+  ops::RopeForward(raw_q, table, raw_q);
+  EXPECT_EQ(testing::FloatBits(raw_q), testing::FloatBits(q));
+
+  Tensor dq = Random({tokens, heads, d}), dqkv = Poisoned({tokens, (heads + 2) * d});
+  ops::RopeQkvBackward(dq, k, v, table, dqkv);
+  Tensor dq_raw = Poisoned({tokens, heads, d});
+  ops::RopeBackward(dq, table, dq_raw);
+  const std::vector<float> packed = ToFloats(dqkv), got = ToFloats(dq_raw);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* want = &packed[t * (heads + 2) * d];
+    EXPECT_EQ(std::vector<float>(got.begin() + t * heads * d, got.begin() + (t + 1) * heads * d),
+              std::vector<float>(want, want + heads * d))
+        << "token " << t;
+  }
+  ops::RopeBackward(dq, table, dq);
+  EXPECT_EQ(ToFloats(dq), got);
+}
+
 // ---------------------------------------------------------------- attention
 
 // Causal GQA attention through an explicit masked (seq, seq) score matrix, in double.
@@ -517,6 +575,48 @@ TEST_F(CpuOpsTest, TopKTiesGoToTheLowerColumn) {
   ops::TopK(Floats({1, 3, 3, 2, 5, 5, 5, 5}, {2, 4}), values, indices);
   EXPECT_EQ(ToFloats(values), (std::vector<float>{3, 3, 5, 5}));
   EXPECT_EQ(ToInts(indices), (std::vector<int32_t>{1, 2, 0, 1}));
+}
+
+// The gate against its definition: probs = softmax(logits) (double reference), values and
+// indices TopK's, weights = values renormalised to sum 1, or values themselves without
+// renormalisation (--moe_router_pre_softmax).
+TEST_F(CpuOpsTest, RouterGateRenormalisesTheTopKOrKeepsThem) {
+  const int64_t tokens = 7, experts = 6, k = 3;
+  const Tensor logits = Random({tokens, experts}, 2.0f);
+  const std::vector<float> x = ToFloats(logits);
+  for (bool renormalize : {true, false}) {
+    SCOPED_TRACE(renormalize ? "renormalised" : "pre-softmax");
+    Tensor probs = Poisoned({tokens, experts}), values = Poisoned({tokens, k});
+    Tensor weights = Poisoned({tokens, k}), indices = Poisoned({tokens, k}, DType::kI32);
+    ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+    std::vector<float> want_probs(x.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      double sum = 0;
+      for (int64_t e = 0; e < experts; ++e)
+        sum += std::exp(static_cast<double>(x[t * experts + e]));
+      for (int64_t e = 0; e < experts; ++e) {
+        want_probs[t * experts + e] = static_cast<float>(std::exp(x[t * experts + e]) / sum);
+      }
+    }
+    EXPECT_LT(RelativeError(ToFloats(probs), want_probs), kTolerance);
+    Tensor want_values = Poisoned({tokens, k}), want_indices = Poisoned({tokens, k}, DType::kI32);
+    ops::TopK(probs, want_values, want_indices);
+    EXPECT_EQ(ToFloats(values), ToFloats(want_values));
+    EXPECT_EQ(ToInts(indices), ToInts(want_indices));
+    const std::vector<float> v = ToFloats(values);
+    std::vector<float> want_weights = v;
+    if (renormalize) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        double sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += v[t * k + j];
+        for (int64_t j = 0; j < k; ++j)
+          want_weights[t * k + j] = static_cast<float>(v[t * k + j] / sum);
+      }
+      EXPECT_LT(RelativeError(ToFloats(weights), want_weights), kTolerance);
+    } else {
+      EXPECT_EQ(ToFloats(weights), want_weights);
+    }
+  }
 }
 
 // order and offsets of SortByKey against its definition: a stable sort by key, and bucket

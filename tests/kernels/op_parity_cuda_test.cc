@@ -143,6 +143,37 @@ std::span<const int32_t> HostOffsetsWhereNeeded(const OpRun& r, const std::vecto
              : std::span<const int32_t>();
 }
 
+// The router's gate forward and backward on `experts` columns, top k. The logits of a row are a
+// shuffled ladder (steps of 0.05), so no two probabilities lie within rounding of each other and
+// both devices pick the same experts.
+void RunRouterGate(OpRun& r, int64_t experts, int64_t k, bool renormalize) {
+  const int64_t tokens = 333;
+  std::vector<float> ladder(tokens * experts);
+  const std::vector<int32_t> shuffle = r.RandomInts(tokens * experts, 1 << 30);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> rank(experts);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::sort(rank.begin(), rank.end(), [&](int32_t a, int32_t b) {
+      return shuffle[t * experts + a] < shuffle[t * experts + b];
+    });
+    for (int64_t c = 0; c < experts; ++c) ladder[t * experts + c] = 0.05f * rank[c] - 3.0f;
+  }
+  Tensor logits = r.F32(ladder, {tokens, experts}), probs = r.OutF32({tokens, experts});
+  Tensor values = r.OutF32({tokens, k}), weights = r.OutF32({tokens, k});
+  Tensor indices = r.OutI32({tokens, k});
+  ops::RouterGateForward(logits, renormalize, probs, values, weights, indices);
+  Tensor order = r.OutI32({tokens * k}), offsets = r.OutI32({experts + 1});
+  ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
+  Tensor dlogits = r.Out({tokens, experts});
+  ops::RouterGateBackward(r.InF32({tokens, k}), values, indices, probs, offsets, 0.3f, renormalize,
+                          dlogits);
+  r.Read("probs", probs);
+  r.Read("values", values);
+  r.Read("weights", weights);
+  r.Read("indices", indices);
+  r.Read("dlogits", dlogits);
+}
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -311,8 +342,10 @@ std::vector<OpCase> Cases() {
     });
   }
   // Rows a block holds in registers (h 384; 2048 with several rows a block), and rows wider than
-  // a block's vectors (1030: element accesses, each row walked twice).
-  for (const auto& [rows, h] : {std::pair<int64_t, int64_t>{67, 384}, {1100, 2048}, {600, 1030}}) {
+  // a block's vectors (1030: element accesses, each row walked twice); the query/key norm's
+  // heads (64 and 128 wide, one warp a row, many rows a backward block).
+  for (const auto& [rows, h] :
+       {std::pair<int64_t, int64_t>{67, 384}, {1100, 2048}, {600, 1030}, {1500, 64}, {4096, 128}}) {
     const std::string name = h == 384 ? "rmsnorm" : "rmsnorm_" + std::to_string(h);
     add(name, [rows, h](OpRun& r) {
       Tensor x = r.In({rows, h}), w = r.In({h}), dy = r.In({rows, h});
@@ -398,6 +431,31 @@ std::vector<OpCase> Cases() {
       r.Read("k", k);
       r.Read("v", v);
       r.Read("dqkv", dqkv);
+    });
+    // The query/key norm's path: the split without a table (and its backward), then the
+    // rotation of one tensor's heads, apart and in place, each way.
+    add(std::string("rope_heads_") + (d == 64 ? "d64" : "odd_half"), [d, kv_heads](OpRun& r) {
+      const int64_t batch = 2, seq = 300, heads = 6, tokens = batch * seq;
+      const Shape qkv_shape = {tokens, (heads + 2 * kv_heads) * d};
+      const Shape q_shape = {tokens, heads, d}, kv_shape = {tokens, kv_heads, d};
+      Tensor table = r.OutF32({seq, d / 2, 2});
+      ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
+      Tensor qkv = r.In(qkv_shape), q = r.Out(q_shape), k = r.Out(kv_shape), v = r.Out(kv_shape);
+      Tensor dq = r.In(q_shape), dk = r.In(kv_shape), dv = r.In(kv_shape), dqkv = r.Out(qkv_shape);
+      ops::RopeQkvForward(qkv, Tensor(), q, k, v);
+      ops::RopeQkvBackward(dq, dk, dv, Tensor(), dqkv);
+      Tensor rotated = r.Out(q_shape), unrotated = r.Out(q_shape);
+      ops::RopeForward(q, table, rotated);
+      ops::RopeBackward(dq, table, unrotated);
+      ops::RopeForward(k, table, k);
+      ops::RopeBackward(dk, table, dk);
+      r.Read("q", q);
+      r.Read("v", v);
+      r.Read("dqkv", dqkv);
+      r.Read("rotated", rotated);
+      r.Read("unrotated", unrotated);
+      r.Read("k rotated in place", k);
+      r.Read("dk unrotated in place", dk);
     });
   }
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
@@ -559,38 +617,15 @@ std::vector<OpCase> Cases() {
     r.Read("inverse", inverse);
   });
   // The gate in one kernel a way (experts in 1, 4 and 8 registers a lane, k up to 32) and the
-  // separate ops where a row exceeds a warp (300 experts); bf16 runs store dlogits in bf16. The
-  // logits of a row are a shuffled ladder (steps of 0.05), so no two probabilities lie within
-  // rounding of each other and both devices pick the same experts.
+  // separate ops where a row exceeds a warp (300 experts); bf16 runs store dlogits in bf16. Each
+  // with the top k renormalised and, "_pre_softmax", without.
   for (const auto& [experts, k] :
        {std::pair<int64_t, int64_t>{20, 4}, {128, 8}, {200, 32}, {300, 8}}) {
-    add("router_gate_" + std::to_string(experts) + "_top" + std::to_string(k), [experts,
-                                                                                k](OpRun& r) {
-      const int64_t tokens = 333;
-      std::vector<float> ladder(tokens * experts);
-      const std::vector<int32_t> shuffle = r.RandomInts(tokens * experts, 1 << 30);
-      for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<int32_t> rank(experts);
-        std::iota(rank.begin(), rank.end(), 0);
-        std::sort(rank.begin(), rank.end(), [&](int32_t a, int32_t b) {
-          return shuffle[t * experts + a] < shuffle[t * experts + b];
-        });
-        for (int64_t c = 0; c < experts; ++c) ladder[t * experts + c] = 0.05f * rank[c] - 3.0f;
-      }
-      Tensor logits = r.F32(ladder, {tokens, experts}), probs = r.OutF32({tokens, experts});
-      Tensor values = r.OutF32({tokens, k}), weights = r.OutF32({tokens, k});
-      Tensor indices = r.OutI32({tokens, k});
-      ops::RouterGateForward(logits, probs, values, weights, indices);
-      Tensor order = r.OutI32({tokens * k}), offsets = r.OutI32({experts + 1});
-      ops::SortByKey(indices.View({tokens * k}), experts, order, offsets);
-      Tensor dlogits = r.Out({tokens, experts});
-      ops::RouterGateBackward(r.InF32({tokens, k}), values, indices, probs, offsets, 0.3f, dlogits);
-      r.Read("probs", probs);
-      r.Read("values", values);
-      r.Read("weights", weights);
-      r.Read("indices", indices);
-      r.Read("dlogits", dlogits);
-    });
+    for (const bool renormalize : {true, false}) {
+      add("router_gate_" + std::to_string(experts) + "_top" + std::to_string(k) +
+              (renormalize ? "" : "_pre_softmax"),
+          [experts, k, renormalize](OpRun& r) { RunRouterGate(r, experts, k, renormalize); });
+    }
   }
   add("sum_l2norm", [](OpRun& r) {
     Tensor a = r.In({100003}), b = r.In({317, 5});
@@ -794,6 +829,41 @@ TEST(RmsNormForwardTest, ResidualHasTheBitsOfAddThenNorm) {
     EXPECT_EQ(testing::FloatBits(x), testing::FloatBits(sum)) << c.where;
     EXPECT_EQ(testing::FloatBits(fused_y), testing::FloatBits(y)) << c.where;
     EXPECT_EQ(testing::FloatBits(fused_rstd), testing::FloatBits(rstd)) << c.where;
+  });
+}
+
+// RopeForward rotates one tensor's heads with RopeQkvForward's kernel: the bits of its q, apart
+// and in place, from the heads the split without a table copies out; RopeBackward likewise has
+// the bits of RopeQkvBackward's q part. bf16 and f32, 16-byte and element accesses.
+TEST(RopeForwardTest, HasTheBitsOfRopeQkvForwardsQueries) {
+  ForEachBitsCase("head dim", {128, 2 * 333}, [](const BitsCase& c) {
+    const int64_t seq = 70, tokens = 2 * seq, heads = 4, kv_heads = 2, d = c.size;
+    const int64_t width = (heads + 2 * kv_heads) * d;
+    const Tensor table = PoisonedTensor({seq, d / 2, 2}, DType::kF32, c.gpu);
+    ops::RopeTable(1e6f, table);
+    const Tensor qkv = testing::RandomTensor({tokens, width}, c.dtype, c.gpu, c.rng);
+    const auto heads_of = [&](int64_t n) { return PoisonedTensor({tokens, n, d}, c.dtype, c.gpu); };
+    const Tensor q = heads_of(heads), k = heads_of(kv_heads), v = heads_of(kv_heads);
+    const Tensor raw_q = heads_of(heads), raw_k = heads_of(kv_heads);
+    ops::RopeQkvForward(qkv, table, q, k, v);
+    ops::RopeQkvForward(qkv, Tensor(), raw_q, raw_k, v);
+    const Tensor rotated = heads_of(heads);
+    ops::RopeForward(raw_q, table, rotated);
+    ops::RopeForward(raw_q, table, raw_q);
+    EXPECT_EQ(testing::FloatBits(rotated), testing::FloatBits(q)) << c.where;
+    EXPECT_EQ(testing::FloatBits(raw_q), testing::FloatBits(q)) << c.where;
+
+    const Tensor dq = testing::RandomTensor({tokens, heads, d}, c.dtype, c.gpu, c.rng);
+    const Tensor dqkv = PoisonedTensor({tokens, width}, c.dtype, c.gpu);
+    ops::RopeQkvBackward(dq, k, v, table, dqkv);
+    const Tensor dq_raw = heads_of(heads);
+    ops::RopeBackward(dq, table, dq_raw);
+    const std::vector<uint32_t> packed = testing::FloatBits(dqkv), got = testing::FloatBits(dq_raw);
+    for (int64_t t = 0; t < tokens; ++t) {
+      ASSERT_TRUE(std::equal(got.begin() + t * heads * d, got.begin() + (t + 1) * heads * d,
+                             packed.begin() + t * width))
+          << "token " << t << ", " << c.where;
+    }
   });
 }
 

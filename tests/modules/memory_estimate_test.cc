@@ -14,8 +14,17 @@
 namespace moe {
 namespace {
 
+// moe_train's default model with Qwen3's query/key norm on a head dim other than hidden / heads
+// (96 on 2 heads: q_dim 192 beside hidden 128).
+GptConfig QkNormModel() {
+  GptConfig m = testing::DefaultRunModel();
+  m.kv_channels = 96;
+  m.qk_layernorm = true;
+  return m;
+}
+
 TEST(MemoryEstimateTest, CountsTheModelsParametersAndTheTrainersState) {
-  for (const GptConfig& m : {testing::TinyModel(), testing::DefaultRunModel()}) {
+  for (const GptConfig& m : {testing::TinyModel(), testing::DefaultRunModel(), QkNormModel()}) {
     MemoryEstimateOptions o;
     o.model = m;
     const MemoryEstimate e = EstimateTrainingMemory(o);
@@ -125,7 +134,7 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
   fused_moe_act.recompute.moe_act = true;
   for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{testing::DefaultRunModel(), 8, 16},
                         Case{testing::DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
-                        Case{fused_moe_act, 64, 64}}) {
+                        Case{fused_moe_act, 64, 64}, Case{QkNormModel(), 64, 64}}) {
     TrainerOptions options;
     options.micro_batch_size = c.micro;
     options.global_batch_size = c.global;

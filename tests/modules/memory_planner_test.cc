@@ -129,28 +129,35 @@ TEST(MemoryPlannerWeightGradTest, CountsTheOperandsHeldForALaterMicroBatch) {
   EXPECT_NEAR(measured - measured_each, pending, 0.1 * pending + kMiB);
 }
 
-// Every group's bytes per micro-batch, as the planner counts them and as the model saved them.
+// Every group's bytes per micro-batch, as the planner counts them and as the model saved them;
+// also with Qwen3's query/key norm on a head dim other than hidden / heads (128 on 2 heads beside
+// hidden 128), whose inputs qkv_linear holds.
 TEST_P(MemoryPlannerTest, PlansWithTheBytesTheModelSaves) {
-  const GptConfig model = Model(GetParam());
-  MemoryPlan everything;
-  for (int layer = 0; layer < model.num_layers; ++layer) {
-    everything.recompute_by_layer.push_back({});
-    for (const std::string& g : EligibleOffloadGroups(model.moe_grouped_mlp)) {
-      everything.offload.insert({layer, g});
+  GptConfig qk_norm = Model(GetParam());
+  qk_norm.qk_layernorm = true;
+  qk_norm.kv_channels = 128;
+  for (const GptConfig& model : {Model(GetParam()), qk_norm}) {
+    SCOPED_TRACE(model.qk_layernorm ? "query/key norm" : "plain");
+    MemoryPlan everything;
+    for (int layer = 0; layer < model.num_layers; ++layer) {
+      everything.recompute_by_layer.push_back({});
+      for (const std::string& g : EligibleOffloadGroups(model.moe_grouped_mlp)) {
+        everything.offload.insert({layer, g});
+      }
     }
-  }
-  const TrainedRun run = Train(model, &everything);
-  std::map<std::string, double> counted;
-  for (int layer = 0; layer < model.num_layers; ++layer) {
-    for (const SavedTensorSize& s :
-         LayerSaves(model, kMicro, model.is_moe_layer(layer), kDevice.is_cuda(), {})) {
-      if (!s.group.empty()) counted[s.group] += s.bytes;
+    const TrainedRun run = Train(model, &everything);
+    std::map<std::string, double> counted;
+    for (int layer = 0; layer < model.num_layers; ++layer) {
+      for (const SavedTensorSize& s :
+           LayerSaves(model, kMicro, model.is_moe_layer(layer), kDevice.is_cuda(), {})) {
+        if (!s.group.empty()) counted[s.group] += s.bytes;
+      }
     }
-  }
-  ASSERT_FALSE(run.offload.empty());
-  for (const OffloadGroupSummary& group : run.offload) {
-    EXPECT_EQ(static_cast<double>(group.bytes), counted[group.name]) << group.name;
-    EXPECT_EQ(group.skipped, 0) << group.name;
+    ASSERT_FALSE(run.offload.empty());
+    for (const OffloadGroupSummary& group : run.offload) {
+      EXPECT_EQ(static_cast<double>(group.bytes), counted[group.name]) << group.name;
+      EXPECT_EQ(group.skipped, 0) << group.name;
+    }
   }
 }
 

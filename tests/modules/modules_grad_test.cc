@@ -90,6 +90,22 @@ class ModuleGradTest : public testing::OpTest {
         });
   }
 
+  // Top-2 of 4 routing is discontinuous: a perturbation that flips a token's expert choice breaks
+  // the central difference (about one seed in five does). So the MoE layer's check uses fixed
+  // inputs and weights whose routing margins exceed every perturbation; the other checks draw
+  // fresh ones.
+  void CheckMoeLayerWithClearRouting() {
+    constexpr uint32_t kSeedWithClearRouting = 1;
+    rng_.seed(kSeedWithClearRouting);
+    ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
+    config_.init_std = 1.0f;
+    MoeLayer layer(parameters, "moe", config_, 0);
+    Check(
+        parameters, Random({12, config_.hidden_size}),
+        [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
+        [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+  }
+
   GptConfig config_ = TinyConfig();
   ParameterSet parameters_{Device::CPU(), DType::kF32, testing::TestSeed()};
 };
@@ -112,6 +128,31 @@ TEST_F(ModuleGradTest, SelfAttention) {
       [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
 }
 
+// The query/key norm per head (Qwen3) and across heads (OLMoE), on a head dim that is not
+// hidden / heads (6, not 16 / 4): q_dim 24 against hidden 16. The norms' weights are drawn
+// around 1, so their gradients are not those of ones.
+TEST_F(ModuleGradTest, SelfAttentionWithQueryKeyNorms) {
+  config_.kv_channels = 6;
+  config_.qk_layernorm = true;
+  for (bool across : {false, true}) {
+    SCOPED_TRACE(across ? "across heads" : "per head");
+    config_.qk_layernorm_across_heads = across;
+    ParameterSet parameters(Device::CPU(), DType::kF32, testing::TestSeed());
+    RotaryTable rotary_table(config_);
+    SelfAttention attention(parameters, "attn", config_, 0, rotary_table);
+    for (const auto& [norm, width_across] :
+         {std::pair{"attn.q_norm.weight", 24}, std::pair{"attn.k_norm.weight", 12}}) {
+      const Tensor& w = parameters.Get(norm).master;
+      EXPECT_EQ(w.numel(), across ? width_across : 6) << norm;
+      ops::Add(w, Random(w.shape(), 0.5f), w);
+    }
+    Check(
+        parameters, Random({2 * config_.seq_length, config_.hidden_size}),
+        [&](SavedTensors& s, const Tensor& x) { return attention.Forward(s, x); },
+        [&](SavedTensors& s, const Tensor& dy) { return attention.Backward(s, dy); });
+  }
+}
+
 TEST_F(ModuleGradTest, DenseMlp) {
   DenseMlp mlp(parameters_, "mlp", config_);
   Check(
@@ -128,19 +169,12 @@ TEST_F(ModuleGradTest, FusedGroupedMlpWithEmptyAndCrowdedExperts) {
   CheckGroupedMlp(GroupedMlpKind::kFused);
 }
 
-TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) {
-  // Top-2 of 4 routing is discontinuous: a perturbation that flips a token's expert choice breaks
-  // the central difference (about one seed in five does). So this check uses fixed inputs and
-  // weights whose routing margins exceed every perturbation; the other checks draw fresh ones.
-  constexpr uint32_t kSeedWithClearRouting = 1;
-  rng_.seed(kSeedWithClearRouting);
-  ParameterSet parameters(Device::CPU(), DType::kF32, kSeedWithClearRouting);
-  config_.init_std = 1.0f;
-  MoeLayer layer(parameters, "moe", config_, 0);
-  Check(
-      parameters, Random({12, config_.hidden_size}),
-      [&](SavedTensors& s, const Tensor& x) { return layer.Forward(s, x, Aux()); },
-      [&](SavedTensors& s, const Tensor& dy) { return layer.Backward(s, dy, 1.0f); });
+TEST_F(ModuleGradTest, MoeLayerWithAuxLosses) { CheckMoeLayerWithClearRouting(); }
+
+// The gate weights as the softmax's top-k probabilities, not renormalised (OLMoE).
+TEST_F(ModuleGradTest, MoeLayerWithPreSoftmaxRouting) {
+  config_.moe_router_pre_softmax = true;
+  CheckMoeLayerWithClearRouting();
 }
 
 TEST_F(ModuleGradTest, TransformerLayerWithMoe) {

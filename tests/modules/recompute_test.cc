@@ -31,6 +31,7 @@ struct Case {
   RecomputeModules recompute;
   GroupedMlpKind mlp;
   int64_t num_layers = -1;  // GptConfig::recompute_num_layers
+  bool qk_norm = false;     // Qwen3's query/key norm, on a head dim other than hidden / heads
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -55,15 +56,24 @@ std::vector<Case> Cases() {
     r.moe = true;
     cases.push_back({"layernorm_moe_core_attn" + path, r, mlp});
     cases.push_back({"layernorm_moe_core_attn_in_layer_0" + path, r, mlp, /*num_layers=*/1});
+    if (mlp == GroupedMlpKind::kFused) {
+      cases.push_back({"qk_norm_layernorm_moe_core_attn" + path, r, mlp, -1, /*qk_norm=*/true});
+    }
   }
   return cases;
 }
 
-// The shared tiny model (one dense layer, one MoE layer); on CUDA with head dim 64.
+// The shared tiny model (one dense layer, one MoE layer); on CUDA with head dim 64. With the
+// query/key norm, a head dim of 12 (128 on CUDA) on 4 heads: q_dim 48 (512) beside hidden 32
+// (256).
 GptConfig Model(const Case& c) {
   GptConfig config = testing::TinyModel();
   if (kDevice.is_cuda()) config.hidden_size = 256;
   config.moe_grouped_mlp = c.mlp;
+  if (c.qk_norm) {
+    config.qk_layernorm = true;
+    config.kv_channels = kDevice.is_cuda() ? 128 : 12;
+  }
   return config;
 }
 

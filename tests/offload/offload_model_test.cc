@@ -37,6 +37,15 @@ GptConfig TestModel() {
   return c;
 }
 
+// With OLMoE's query/key norm (across heads) on a head dim other than hidden / heads: 12 (128 on
+// CUDA) on 4 heads.
+GptConfig QkNormModel() {
+  GptConfig c = TestModel();
+  c.qk_layernorm = c.qk_layernorm_across_heads = true;
+  c.kv_channels = kDevice.is_cuda() ? 128 : 12;
+  return c;
+}
+
 std::set<std::string> UnfusedGroups() {
   return {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
 }
@@ -91,11 +100,8 @@ float MicroBatch(GptModel& model, uint32_t seed, OffloadManager* manager) {
   return testing::ToFloats(result.loss_sum)[0];
 }
 
-// Every gradient, bit for bit, over several micro-batches (the first one included), with the
-// copy streams slowed down so that a missing wait reads a buffer before its copy has landed.
-TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
-  testing::LatencyKnob knob(std::chrono::microseconds(1500));
-  const GptConfig config = TestModel();
+// Every gradient of `config` with every unfused group offloaded, against none.
+void ExpectBitIdenticalGradients(const GptConfig& config) {
   ParameterSet reference_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
   ParameterSet offload_parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
   GptModel reference(config, reference_parameters);
@@ -120,6 +126,16 @@ TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
             << a.name << " step " << step << " prefetch " << prefetch;
       }
     }
+  }
+}
+
+// Every gradient, bit for bit, over several micro-batches (the first one included), with the
+// copy streams slowed down so that a missing wait reads a buffer before its copy has landed.
+TEST(OffloadModelTest, GradientsAreBitIdenticalWithSlowCopyStreams) {
+  testing::LatencyKnob knob(std::chrono::microseconds(1500));
+  for (const GptConfig& config : {TestModel(), QkNormModel()}) {
+    SCOPED_TRACE(config.qk_layernorm ? "query/key norm" : "plain");
+    ExpectBitIdenticalGradients(config);
   }
 }
 
@@ -155,9 +171,10 @@ TEST(OffloadModelTest, TrainingIsBitIdentical) {
 }
 
 // The keys moved by one configuration, in the warm-up step and the next one (the same).
-std::set<std::string> MovedKeys(const std::set<std::string>& groups, int64_t min_bytes = 0) {
+std::set<std::string> MovedKeys(const std::set<std::string>& groups, int64_t min_bytes = 0,
+                                const GptConfig& config = TestModel()) {
   ParameterSet parameters(kDevice, kCompute, 7, /*optimizer_state=*/false);
-  GptModel model(TestModel(), parameters);
+  GptModel model(config, parameters);
   OffloadManager manager(kDevice, Options(groups, min_bytes));
   std::set<std::string> first;
   for (uint32_t step = 0; step < 2; ++step) {
@@ -178,6 +195,15 @@ TEST(OffloadModelTest, ExactlyTheSelectedGroupsMove) {
   EXPECT_EQ(MovedKeys({"attn_norm"}), (Keys{"layers.0.attn_norm.x", "layers.0.attn_norm.rstd",
                                             "layers.1.attn_norm.x", "layers.1.attn_norm.rstd"}));
   EXPECT_EQ(MovedKeys({"qkv_linear"}), (Keys{"layers.0.attention.x", "layers.1.attention.x"}));
+  // With the query/key norm, qkv_linear also holds what the norms saved: q and k before them and
+  // their rstd.
+  Keys qkv_and_norms;
+  for (int layer : {0, 1}) {
+    for (const char* t : {"x", "q_norm.x", "q_norm.rstd", "k_norm.x", "k_norm.rstd"}) {
+      qkv_and_norms.insert("layers." + std::to_string(layer) + ".attention." + t);
+    }
+  }
+  EXPECT_EQ(MovedKeys({"qkv_linear"}, 0, QkNormModel()), qkv_and_norms);
   Keys core;
   for (int layer : {0, 1}) {
     for (const char* t : {"q", "k", "v", "lse"}) {

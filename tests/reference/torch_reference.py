@@ -7,6 +7,12 @@ rebuilds the same model from its definition in float64, recomputes loss = mean c
 MoE aux losses and every parameter gradient, and compares them with ours by relative error
 ||ours - reference|| / ||reference||. Exits non-zero if any exceeds --tolerance.
 
+The model options config.json names: the head dimension kv_channels; qk_layernorm, an RMSNorm of
+the queries and keys before RoPE, Qwen3's (one weight of head_dim applied to each head) or with
+qk_layernorm_across_heads OLMoE's (one weight over each token's whole query projection, one over
+its keys); rotary_base; norm_epsilon; moe_router_pre_softmax, gate weights that are the softmax's
+top-k probabilities as they are (else renormalised to sum 1).
+
 usage: torch_reference.py DIR --tolerance 1e-3
 """
 import argparse
@@ -34,13 +40,27 @@ def rope(x, seq, base):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def query_or_key(x, p, name, heads, cfg):
+    """The query or key heads (tokens, heads, d) of projection `name` (q or k): normalised when
+    the model has the query/key norm (over each head, or over the token's whole projection
+    across heads), then rotated."""
+    tokens, d = x.shape[0], cfg["kv_channels"]
+    y = x @ p[f"{name}_proj.weight"].T
+    if cfg["qk_layernorm"] and cfg["qk_layernorm_across_heads"]:
+        y = rms_norm(y, p[f"{name}_norm.weight"], cfg["norm_epsilon"])
+    y = y.view(tokens, heads, d)
+    if cfg["qk_layernorm"] and not cfg["qk_layernorm_across_heads"]:
+        y = rms_norm(y, p[f"{name}_norm.weight"], cfg["norm_epsilon"])
+    return rope(y, cfg["seq_length"], cfg["rotary_base"])
+
+
 def attention(x, p, name, cfg):
     tokens, seq = x.shape[0], cfg["seq_length"]
     batch = tokens // seq
     heads, groups = cfg["num_attention_heads"], cfg["num_query_groups"]
     d = cfg["kv_channels"]
-    q = rope((x @ p[name + ".q_proj.weight"].T).view(tokens, heads, d), seq, cfg["rotary_base"])
-    k = rope((x @ p[name + ".k_proj.weight"].T).view(tokens, groups, d), seq, cfg["rotary_base"])
+    q = query_or_key(x, p, name + ".q", heads, cfg)
+    k = query_or_key(x, p, name + ".k", groups, cfg)
     v = (x @ p[name + ".v_proj.weight"].T).view(tokens, groups, d)
     q = q.view(batch, seq, heads, d).transpose(1, 2)
     k = k.view(batch, seq, groups, d).transpose(1, 2).repeat_interleave(heads // groups, dim=1)
@@ -66,7 +86,7 @@ def moe(x, p, name, cfg):
     logits = x @ p[name + ".router.weight"].T
     probs = logits.softmax(-1)
     values, chosen = probs.topk(k, dim=-1)
-    weights = values / values.sum(-1, keepdim=True)
+    weights = values if cfg["moe_router_pre_softmax"] else values / values.sum(-1, keepdim=True)
     counts = torch.bincount(chosen.flatten(), minlength=experts).to(x.dtype)
     aux = cfg["moe_aux_loss_coeff"] * experts / (tokens * tokens * k) * (counts * probs.sum(0)).sum()
     if cfg["moe_z_loss_coeff"] != 0:

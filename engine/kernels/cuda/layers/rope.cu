@@ -3,8 +3,10 @@
 // d), f32 or bf16; position of row r is r % seq, seq = table.dim(0); rotate-half pairs (i, i +
 // d/2), i < d/2, of q's and k's heads turn by angle pos * base^(-2i/d):
 //   y_i = x_i cos - x_{i+d/2} sin;  y_{i+d/2} = x_{i+d/2} cos + x_i sin;
-// v's heads are copied. Forward moves heads out of qkv, backward into it with the inverse
-// rotation (sin negated).
+// v's heads are copied, and so is every head without a table. Forward moves heads out of qkv,
+// backward into it with the inverse rotation (sin negated). RopeForward / RopeBackward rotate one
+// (tokens, heads, d) tensor, in place or not: the same kernel, that tensor being a packed one with
+// q's heads only (no k or v).
 // RopeTable computes the (seq, d/2) {cos, sin} pairs once, one thread each, in double like the
 // CPU reference (a float angle loses ~1e-4 rad at positions in the thousands); it runs once per
 // model chunk, so its speed does not matter. The move only streams: a grid-stride loop over
@@ -32,13 +34,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// q, k and v as the kernel moves heads between them and the packed qkv.
+// q, k and v as the kernel moves heads between them and the packed qkv (k and v null with no
+// kv_heads: a lone tensor).
 template <typename T>
 struct SplitHeads {
   T* q;
   T* k;
   T* v;
   uint32_t heads, kv_heads;
+  uint32_t rotated;  // the first slots, q's and k's heads, rotated; 0 without a table
 
   // Token t's head `slot` of heads + 2 kv_heads: q's, then k's, then v's; d elements each.
   __device__ T* Head(uint32_t t, uint32_t slot, uint32_t d) const {
@@ -50,8 +54,9 @@ struct SplitHeads {
 };
 
 // items = tokens * (heads + 2 kv_heads) * (half / kVec); table (positions, half) {cos, sin}
-// pairs. Moves kVec pairs of one head from qkv to split, rotating q's and k's by their angle
-// (kToPacked: back, by minus their angle: the gradient's inverse rotation).
+// pairs. Moves kVec pairs of one head from qkv to split, rotating those of the first
+// split.rotated slots by their angle (kToPacked: back, by minus their angle: the gradient's
+// inverse rotation). A thread reads its pairs before it writes them: qkv and split may alias.
 template <typename T, int kVec, bool kToPacked>
 __global__ void __launch_bounds__(kThreads)
     RopeQkvKernel(T* qkv, SplitHeads<T> split, const float* table, uint32_t items, uint32_t half,
@@ -69,7 +74,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* from = kToPacked ? separate : packed;
     T* to = kToPacked ? packed : separate;
     const Floats<kVec> lo = LoadFloats<kVec>(from), hi = LoadFloats<kVec>(from + half);
-    if (slot >= split.heads + split.kv_heads) {  // v: copied
+    if (slot >= split.rotated) {  // v, or any head without a table: copied
       StoreFloats<kVec>(to, lo);
       StoreFloats<kVec>(to + half, hi);
       continue;
@@ -88,28 +93,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Moves every head between qkv and q, k, v, rotating q's and k's pairs by their angle (to_packed:
-// into qkv, by minus their angle).
-void MoveHeads(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+// Moves every head between `packed` and q, k, v (k and v undefined: `packed` and q are one
+// tensor's heads), rotating q's and k's pairs by their angle where there is a table (to_packed:
+// into `packed`, by minus their angle).
+void MoveHeads(const Tensor& packed, const Tensor& q, const Tensor& k, const Tensor& v,
                const Tensor& table, bool to_packed) {
-  if (qkv.numel() == 0) return;
+  if (packed.numel() == 0) return;
   const int64_t half = q.dim(2) / 2;
-  CHECK_LT(qkv.numel() / 2, int64_t{1} << 31)
-      << "rope: too many pairs for 32-bit items " << qkv.DebugString();
-  CHECK_LT(table.numel(), int64_t{1} << 31) << table.DebugString();
-  CHECK(reinterpret_cast<uintptr_t>(table.data()) % sizeof(float2) == 0) << table.DebugString();
-  const cudaStream_t stream = StreamOf(qkv);
-  DispatchFloat(qkv.dtype(), [&]<typename T>(TypeTag<T>) {
-    const SplitHeads<T> split{Ptr<T>(q), Ptr<T>(k), Ptr<T>(v), static_cast<uint32_t>(q.dim(1)),
-                              static_cast<uint32_t>(k.dim(1))};
-    DispatchVec(half, {qkv.data(), q.data(), k.data(), v.data(), table.data()},
+  const uint32_t heads = static_cast<uint32_t>(q.dim(1));
+  const uint32_t kv_heads = k.defined() ? static_cast<uint32_t>(k.dim(1)) : 0;
+  CHECK_LT(packed.numel() / 2, int64_t{1} << 31)
+      << "rope: too many pairs for 32-bit items " << packed.DebugString();
+  if (table.defined()) {
+    CHECK_LT(table.numel(), int64_t{1} << 31) << table.DebugString();
+    CHECK(reinterpret_cast<uintptr_t>(table.data()) % sizeof(float2) == 0) << table.DebugString();
+  }
+  const uint32_t positions = table.defined() ? static_cast<uint32_t>(table.dim(0)) : 1;
+  const uint32_t rotated = table.defined() ? heads + kv_heads : 0;
+  const cudaStream_t stream = StreamOf(packed);
+  DispatchFloat(packed.dtype(), [&]<typename T>(TypeTag<T>) {
+    const SplitHeads<T> split{Ptr<T>(q), Ptr<T>(k), Ptr<T>(v), heads, kv_heads, rotated};
+    DispatchVec(half, {packed.data(), q.data(), Ptr<T>(k), Ptr<T>(v), Ptr<float>(table)},
                 [&]<int kVec>(VecTag<kVec>) {
-                  const int64_t items = qkv.numel() / 2 / kVec;
+                  const int64_t items = packed.numel() / 2 / kVec;
                   const auto kernel =
                       to_packed ? RopeQkvKernel<T, kVec, true> : RopeQkvKernel<T, kVec, false>;
                   kernel<<<BlocksFor(items, kThreads), kThreads, 0, stream>>>(
-                      Ptr<T>(qkv), split, Ptr<const float>(table), static_cast<uint32_t>(items),
-                      static_cast<uint32_t>(half), static_cast<uint32_t>(table.dim(0)));
+                      Ptr<T>(packed), split, Ptr<const float>(table), static_cast<uint32_t>(items),
+                      static_cast<uint32_t>(half), positions);
                   MOE_CUDA_CHECK_LAUNCH();
                 });
   });
@@ -133,6 +144,14 @@ void RopeQkvForward(const Tensor& qkv, const Tensor& table, const Tensor& q, con
 void RopeQkvBackward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& table,
                      const Tensor& dqkv) {
   MoveHeads(dqkv, dq, dk, dv, table, /*to_packed=*/true);
+}
+
+void RopeForward(const Tensor& x, const Tensor& table, const Tensor& y) {
+  MoveHeads(x, y, Tensor(), Tensor(), table, /*to_packed=*/false);
+}
+
+void RopeBackward(const Tensor& dy, const Tensor& table, const Tensor& dx) {
+  MoveHeads(dx, dy, Tensor(), Tensor(), table, /*to_packed=*/true);
 }
 
 }  // namespace moe::cuda

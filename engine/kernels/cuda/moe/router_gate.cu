@@ -4,9 +4,11 @@
 //   Forward: softmax (the row's max and sum by warp butterflies), the probabilities stored, then
 //   k picks in TopK's order (topk_order.cuh: one integer maximum a pick), each broadcast from the
 //   lane holding it and added to the picks' sum in pick order; lane j writes value, index and
-//   value / sum. The same formulas as the three ops; the softmax's sum in another order.
-//   Backward: every lane walks the row's k picks (NormalizeRowsBackward's sums in pick order) and
-//   keeps the gradients of its own columns, adds the load-balancing term of its columns (computed
+//   value / sum (value without renormalisation). The same formulas as the three ops; the
+//   softmax's sum in another order.
+//   Backward: every lane walks the row's k picks (NormalizeRowsBackward's sums in pick order, or
+//   the picks' gradients as they are without renormalisation) and keeps the gradients of its
+//   own columns, adds the load-balancing term of its columns (computed
 //   once per warp, load_balancing.cuh), then the softmax backward with the row's dot product by
 //   a butterfly, stored once in dlogits' dtype.
 // One launch each way instead of softmax, top-k and renormalisation (forward) and four kernels
@@ -44,8 +46,8 @@ __device__ __forceinline__ float AtSlot(const float (&values)[kCached], int slot
 
 template <int kCached>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    RouterGateForwardKernel(const float* logits, int64_t rows, int cols, int k, float* probs,
-                            float* values, float* weights, int32_t* indices) {
+    RouterGateForwardKernel(const float* logits, int64_t rows, int cols, int k, bool renormalize,
+                            float* probs, float* values, float* weights, int32_t* indices) {
   const int lane = threadIdx.x % 32;
   for (int64_t row = FirstRow(); row < rows; row += RowStride()) {
     float p[kCached];
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     if (lane < k) {
       values[row * k + lane] = my_value;
       indices[row * k + lane] = my_column;
-      weights[row * k + lane] = my_value / total;
+      weights[row * k + lane] = renormalize ? my_value / total : my_value;
     }
   }
 }
@@ -102,7 +104,7 @@ template <int kCached, typename T>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     RouterGateBackwardKernel(const float* dweights, const float* values, const int32_t* indices,
                              const float* probs, const int32_t* offsets, int64_t rows, int cols,
-                             int k, float balance_grad, T* dlogits) {
+                             int k, float balance_grad, bool renormalize, T* dlogits) {
   const int lane = threadIdx.x % 32;
   float balance[kCached];  // the load-balancing loss's gradient of this lane's columns
 #pragma unroll
@@ -115,9 +117,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   for (int64_t row = FirstRow(); row < rows; row += RowStride()) {
     const float* v = values + row * k;
     const float* dw = dweights + row * k;
-    float sum = 0.0f, dot = 0.0f;
-    for (int j = 0; j < k; ++j) sum += v[j];
-    for (int j = 0; j < k; ++j) dot += dw[j] * (v[j] / sum);
+    float sum = 1.0f, dot = 0.0f;  // without renormalisation dvalue = dw[j]
+    if (renormalize) {
+      sum = 0.0f;
+      for (int j = 0; j < k; ++j) sum += v[j];
+      for (int j = 0; j < k; ++j) dot += dw[j] * (v[j] / sum);
+    }
     float d[kCached] = {};
     for (int j = 0; j < k; ++j) {
       const int column = indices[row * k + j];
@@ -170,22 +175,23 @@ bool DispatchCached(int64_t cols, int64_t k, Launch launch) {
 
 }  // namespace
 
-bool TryRouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
-                          const Tensor& weights, const Tensor& indices) {
+bool TryRouterGateForward(const Tensor& logits, bool renormalize, const Tensor& probs,
+                          const Tensor& values, const Tensor& weights, const Tensor& indices) {
   const int64_t rows = logits.dim(0), cols = logits.dim(1), k = values.dim(1);
   return DispatchCached(cols, k, [&]<int kCached>(CachedTag<kCached>) {
     if (rows == 0) return;
     RouterGateForwardKernel<kCached>
         <<<BlocksFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, StreamOf(logits)>>>(
             Ptr<const float>(logits), rows, static_cast<int>(cols), static_cast<int>(k),
-            Ptr<float>(probs), Ptr<float>(values), Ptr<float>(weights), Ptr<int32_t>(indices));
+            renormalize, Ptr<float>(probs), Ptr<float>(values), Ptr<float>(weights),
+            Ptr<int32_t>(indices));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }
 
 bool TryRouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
                            const Tensor& probs, const Tensor& offsets, float balance_grad,
-                           const Tensor& dlogits) {
+                           bool renormalize, const Tensor& dlogits) {
   const int64_t rows = probs.dim(0), cols = probs.dim(1), k = values.dim(1);
   return DispatchCached(cols, k, [&]<int kCached>(CachedTag<kCached>) {
     if (rows == 0) return;
@@ -194,7 +200,7 @@ bool TryRouterGateBackward(const Tensor& dweights, const Tensor& values, const T
           <<<BlocksFor(rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, StreamOf(probs)>>>(
               Ptr<const float>(dweights), Ptr<const float>(values), Ptr<const int32_t>(indices),
               Ptr<const float>(probs), Ptr<const int32_t>(offsets), rows, static_cast<int>(cols),
-              static_cast<int>(k), balance_grad, Ptr<T>(dlogits));
+              static_cast<int>(k), balance_grad, renormalize, Ptr<T>(dlogits));
       MOE_CUDA_CHECK_LAUNCH();
     });
   });

@@ -9,10 +9,10 @@ namespace moe::cuda {
 
 // Each launches its kernel and returns true, or returns false having done nothing where a row
 // does not fit a warp: more than 256 experts (columns) or more than 32 picks (k).
-bool TryRouterGateForward(const Tensor& logits, const Tensor& probs, const Tensor& values,
-                          const Tensor& weights, const Tensor& indices);
+bool TryRouterGateForward(const Tensor& logits, bool renormalize, const Tensor& probs,
+                          const Tensor& values, const Tensor& weights, const Tensor& indices);
 bool TryRouterGateBackward(const Tensor& dweights, const Tensor& values, const Tensor& indices,
                            const Tensor& probs, const Tensor& offsets, float balance_grad,
-                           const Tensor& dlogits);
+                           bool renormalize, const Tensor& dlogits);
 
 }  // namespace moe::cuda
