@@ -5,6 +5,10 @@
 //   moe_100m               configs/moe_100m.flags
 //   qwen3_moe_8layer       configs/qwen3_moe_8layer.flags; optimizer_bench's default model;
 //                          attention_bench's default shape; moe_bench --shapes=qwen3 (one layer)
+//   qwen3_30b_a3b          configs/qwen3_30b_a3b.flags: the published model (Hugging Face config)
+//   qwen3_30b_a3b_8layer   configs/qwen3_30b_a3b_8layer.flags: its first 8 layers, for one GPU
+//   mixtral_8x7b           configs/mixtral_8x7b.flags: the published model
+//   olmoe_1b_7b            configs/olmoe_1b_7b.flags: the published model
 //   mixtral_moe_layer      moe_bench --shapes=mixtral
 //   deepseek_v3_moe_layer  moe_bench --shapes=deepseek
 //   tiny_moe_layer         moe_bench --shapes=tiny

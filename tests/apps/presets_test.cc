@@ -47,6 +47,10 @@ const std::vector<PresetFile>& PresetFiles() {
       {{"moe_100m.flags"}, "moe_100m", {"model", "parameters"}},
       {{"qwen3_moe_8layer.flags"}, "qwen3_moe_8layer", {"model", "parameters"}},
       {{"qwen3_moe_8layer.flags", "qwen3_moe_8layer_mb28.flags"}, "qwen3_moe_8layer", {"batch"}},
+      {{"qwen3_30b_a3b.flags"}, "qwen3_30b_a3b", {"model", "parameters"}},
+      {{"qwen3_30b_a3b_8layer.flags"}, "qwen3_30b_a3b_8layer", {"model", "parameters"}},
+      {{"mixtral_8x7b.flags"}, "mixtral_8x7b", {"model", "parameters"}},
+      {{"olmoe_1b_7b.flags"}, "olmoe_1b_7b", {"model", "parameters"}},
   };
   return kFiles;
 }
