@@ -1,7 +1,9 @@
 // The transformers fixtures committed under tests/hf/fixtures/<model_type>/ (tests/hf/README.md:
 // made by make_fixtures.py on the GPU machine): each imported with hf_convert, moe_train's loss on
 // the CPU (--dump_reference_case of the fixture's token file, judge.py's flags) equals the loss
-// transformers computed (expected.json) within 1e-5 relative, on the same tokens. One test per
+// transformers computed (expected.json) within 1e-5 relative, on the same tokens, and so do every
+// parameter's gradient norm and the named gradients' first values, within 1e-4 of the norm (a
+// test that the tensor mapping, the query/key norms and the gates are transformers'). One test per
 // fixture directory there; HfFixturesTest.AllThreeTypesAreCommitted fails when one of qwen3_moe,
 // mixtral and olmoe is missing.
 #include <gtest/gtest.h>
@@ -11,9 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/check.h"
 #include "engine/io/safetensors.h"
 #include "tests/testing/command.h"
 #include "tests/testing/moe_train_run.h"
@@ -24,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr double kLossTolerance = 1e-5;  // relative, as judge.py's CPU check
+constexpr double kGradTolerance = 1e-4;  // relative to the gradient's norm, as judge.py's
 // judge.py's DUMP_FLAGS: the first micro-batch of the token file is expected.json's tokens.
 constexpr const char* kDumpFlags =
     " --device=cpu --moe_aux_loss_coeff=0 --micro_batch_size=2 --seq_length=32 "
@@ -45,6 +50,38 @@ std::vector<int32_t> Ints(const HostTensor& t) {
   std::vector<int32_t> out(t.bytes.size() / 4);
   std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
   return out;
+}
+
+std::vector<float> Floats(const HostTensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+// The elements of our gradient that expected.json's key names (its key_format: NAME, NAME[e]
+// for expert e of a stacked parameter, NAME[e][a:b] for rows a..b-1 of that), row-major.
+std::vector<float> GradientPart(const SafetensorsContents& dump, const std::string& key) {
+  static const std::regex kKey(R"(([^\[]+)(?:\[(\d+)\])?(?:\[(\d+):(\d+)\])?)");
+  std::smatch m;
+  CHECK(std::regex_match(key, m, kKey)) << key;
+  const HostTensor& grad = dump.tensors.at("grad." + m[1].str());
+  std::vector<float> values = Floats(grad);
+  if (!m[2].matched) return values;
+  const int64_t per_expert = NumElements(grad.shape) / grad.shape[0];
+  const int64_t row = per_expert / grad.shape[1];
+  auto begin = values.begin() + std::stoll(m[2]) * per_expert;
+  auto end = begin + per_expert;
+  if (m[3].matched) {
+    end = begin + std::stoll(m[4]) * row;
+    begin += std::stoll(m[3]) * row;
+  }
+  return {begin, end};
+}
+
+double Norm(const std::vector<float>& values) {
+  double sum = 0;
+  for (float v : values) sum += static_cast<double>(v) * v;
+  return std::sqrt(sum);
 }
 
 class HfFixtureTest : public ::testing::TestWithParam<std::string> {};
@@ -86,6 +123,22 @@ TEST_P(HfFixtureTest, MoeTrainsCpuLossIsTransformers) {
   EXPECT_LE(std::abs(loss - reference) / std::abs(reference), kLossTolerance)
       << "moe_train " << loss << ", transformers " << reference << " ("
       << expected["versions"].dump() << ")";
+
+  // Every parameter's gradient norm, and the named parts' first values.
+  for (const auto& [name, norm] : expected["grad_norms"].items()) {
+    EXPECT_NEAR(Norm(GradientPart(*dump, name)), norm.get<double>(),
+                kGradTolerance * norm.get<double>())
+        << "the gradient of " << name;
+  }
+  for (const auto& [key, part] : expected["grads"].items()) {
+    const std::vector<float> ours = GradientPart(*dump, key);
+    const double norm = part["norm"].get<double>();
+    EXPECT_NEAR(Norm(ours), norm, kGradTolerance * norm) << key;
+    const std::vector<double> first = part["first"];
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_NEAR(ours.at(i), first[i], kGradTolerance * norm) << key << " element " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Committed, HfFixtureTest, ::testing::ValuesIn(FixtureTypes()),
