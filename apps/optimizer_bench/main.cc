@@ -34,6 +34,8 @@ DEFINE_int64(first_dense_layers, kDefaultModel.first_dense_layers, "dense layers
 DEFINE_int64(hidden_size, kDefaultModel.hidden_size, "hidden size");
 DEFINE_int64(num_attention_heads, kDefaultModel.num_attention_heads, "attention heads");
 DEFINE_int64(num_query_groups, kDefaultModel.num_query_groups, "key/value heads");
+DEFINE_int64(kv_channels, kDefaultModel.kv_channels,
+             "attention head dimension (0: --hidden_size / --num_attention_heads)");
 DEFINE_int64(num_experts, kDefaultModel.num_experts, "experts per MoE layer");
 DEFINE_int64(moe_ffn_hidden_size, kDefaultModel.moe_ffn_hidden_size, "expert ffn size");
 DEFINE_int64(vocab_size, kDefaultModel.vocab_size, "vocabulary");
@@ -65,6 +67,7 @@ int Run() {
       !BenchInRange(kProgram, "num_attention_heads", FLAGS_num_attention_heads, 1, 1 << 16) ||
       !BenchInRange(kProgram, "num_query_groups", FLAGS_num_query_groups, 1,
                     FLAGS_num_attention_heads) ||
+      !BenchInRange(kProgram, "kv_channels", FLAGS_kv_channels, 0, 1 << 16) ||
       !BenchInRange(kProgram, "num_experts", FLAGS_num_experts, 1, 1 << 16) ||
       !BenchInRange(kProgram, "moe_ffn_hidden_size", FLAGS_moe_ffn_hidden_size, 1, 1 << 24) ||
       !BenchInRange(kProgram, "vocab_size", FLAGS_vocab_size, 2, 2147483647) ||
@@ -84,6 +87,7 @@ int Run() {
   config.hidden_size = FLAGS_hidden_size;
   config.num_attention_heads = FLAGS_num_attention_heads;
   config.num_query_groups = FLAGS_num_query_groups;
+  config.kv_channels = FLAGS_kv_channels;
   config.num_experts = FLAGS_num_experts;
   config.moe_ffn_hidden_size = FLAGS_moe_ffn_hidden_size;
   config.vocab_size = FLAGS_vocab_size;
