@@ -114,7 +114,8 @@ INSTANTIATE_TEST_SUITE_P(
                                    "optimizer_bench: --first_dense_layers=3 must be in [0, 2]"},
                       BenchRefusal{kOptimizer + "--hidden_size=100 --num_attention_heads=16",
                                    "optimizer_bench: --hidden_size=100 is not a multiple of "
-                                   "--num_attention_heads=16"},
+                                   "--num_attention_heads=16 (or set the head dimension with "
+                                   "--kv_channels)"},
                       BenchRefusal{kOptimizer + "--copy_gib=nan",
                                    "optimizer_bench: --copy_gib=nan must be in [0.001, 1024]"},
                       // A copy of no element (was timed: nan% and inf% of its bandwidth).
