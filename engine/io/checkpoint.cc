@@ -15,6 +15,7 @@
 #include <glog/logging.h>
 
 #include "engine/io/checkpoint_scan.h"
+#include "engine/io/durable_files.h"
 #include "engine/io/quoted.h"
 #include "engine/io/safetensors.h"
 
@@ -29,42 +30,6 @@ constexpr const char* kTemporaryStepMark = ".tmp-";  // .step_00000100.tmp-<pid>
 constexpr const char* kModelFile = kCheckpointModelFile;
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
-
-std::string ErrnoText() { return std::strerror(errno); }
-
-// Writes `content` to `path` (replacing it) and fsyncs it.
-Status WriteFileDurably(const fs::path& path, const std::string& content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return FailedPrecondition("cannot create " + Quoted(path) + ": " + ErrnoText());
-  const char* p = content.data();
-  size_t left = content.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  bool ok = left == 0 && ::fsync(fd) == 0;
-  std::string error = ok ? "" : ErrnoText();
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    error = ErrnoText();
-  }
-  if (!ok) return Internal("cannot write " + Quoted(path) + ": " + error);
-  return Status::Ok();
-}
-
-// Makes the directory's entries (creations, renames) durable.
-Status SyncDirectory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Internal("cannot open directory " + Quoted(dir) + ": " + ErrnoText());
-  const bool ok = ::fsync(fd) == 0;
-  const std::string error = ok ? "" : ErrnoText();
-  ::close(fd);
-  if (!ok) return Internal("cannot sync directory " + Quoted(dir) + ": " + error);
-  return Status::Ok();
-}
 
 Status Rename(const fs::path& from, const fs::path& to, unsigned int flags) {
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) != 0) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/bfloat16.h"
+#include "engine/io/durable_files.h"
 #include "engine/io/quoted.h"
 #include "engine/kernels/ops.h"
 
@@ -49,8 +50,6 @@ const char* DTypeCodeOf(DType dtype) {
 
 // Which storage types a reader accepts: the engine's dtypes, or those and F16.
 enum class Codes { kDTypes, kWithF16 };
-
-std::string ErrnoText() { return std::strerror(errno); }
 
 // Strings from the file go into one-line messages: control characters become '?'.
 std::string OneLine(std::string text) {

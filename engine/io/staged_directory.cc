@@ -11,26 +11,12 @@
 
 #include <glog/logging.h>
 
+#include "engine/io/durable_files.h"
 #include "engine/io/quoted.h"
 
 namespace moe {
-namespace {
 
 namespace fs = std::filesystem;
-
-std::string ErrnoText() { return std::strerror(errno); }
-
-Status SyncDirectory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Internal("cannot open directory " + Quoted(dir) + ": " + ErrnoText());
-  const bool ok = ::fsync(fd) == 0;
-  const std::string error = ok ? "" : ErrnoText();
-  ::close(fd);
-  if (!ok) return Internal("cannot sync directory " + Quoted(dir) + ": " + error);
-  return Status::Ok();
-}
-
-}  // namespace
 
 Status StagedDirectory::CheckUnused(const std::string& path) {
   std::error_code error;
@@ -82,26 +68,7 @@ StagedDirectory::~StagedDirectory() {
 }
 
 Status StagedDirectory::WriteFile(const std::string& name, const std::string& content) const {
-  const std::string file = staging_ + "/" + name;
-  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return FailedPrecondition("cannot create " + Quoted(file) + ": " + ErrnoText());
-  const char* p = content.data();
-  size_t left = content.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  bool ok = left == 0 && ::fsync(fd) == 0;
-  std::string error = ok ? "" : ErrnoText();
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    error = ErrnoText();
-  }
-  if (!ok) return Internal("cannot write " + Quoted(file) + ": " + error);
-  return Status::Ok();
+  return WriteFileDurably(staging_ + "/" + name, content);
 }
 
 Status StagedDirectory::Publish() {
