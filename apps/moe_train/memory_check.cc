@@ -80,12 +80,18 @@ Status CheckMemoryFits(const RunConfig& run, const LayoutMemoryEstimate& estimat
                         : "";
   const std::string activations = fewer_activations ? "activations not counted (offloaded)"
                                                     : "activations " + Bytes(e.activation_bytes);
+  // Where the state alone does not fit, fewer activations cannot help: only more ranks can.
+  const bool state_alone = e.state_bytes * ranks_sharing > UsableBytes(run.device, capacity_bytes);
+  const std::string remedy =
+      state_alone ? "spread the model over more ranks under mpirun (--pipeline_parallel, "
+                    "--use_distributed_optimizer; plan it with --dry_run --dry_run_world_size=N) "
+                    "or reduce the model (--num_layers, --hidden_size, ...)"
+                  : "reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
+                    "--micro_batch_size, or add --recompute_modules or --offload_modules";
   return InvalidArgument("the run needs at least about " + Bytes(counted) + per_rank +
                          " (weights, gradients and optimizer state " + Bytes(e.state_bytes) + ", " +
                          activations + ", workspace " + Bytes(e.workspace_bytes) + ") but " +
-                         CapacityText(run.device, capacity_bytes) +
-                         ": reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
-                         "--micro_batch_size, or add --recompute_modules or --offload_modules");
+                         CapacityText(run.device, capacity_bytes) + ": " + remedy);
 }
 
 MemoryPlanRequest MemoryPlanRequestFor(const RunConfig& run) {
