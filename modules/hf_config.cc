@@ -64,6 +64,15 @@ class Fields {
     }
     return config_[key].get<double>();
   }
+  // A number in (0, max]: an epsilon, a rotary base.
+  StatusOr<double> PositiveNumber(const char* key, double max) const {
+    MOE_ASSIGN_OR_RETURN(const double value, Number(key));
+    if (!(value > 0 && value <= max)) {
+      return InvalidArgument("config.json: \"" + std::string(key) + "\" is " + config_[key].dump() +
+                             ", not a number in (0, " + nlohmann::json(max).dump() + "]");
+    }
+    return value;
+  }
   StatusOr<bool> Boolean(const char* key, bool fallback) const {
     if (!Has(key)) return fallback;
     if (!config_[key].is_boolean()) {
@@ -83,6 +92,9 @@ class Fields {
   const nlohmann::json& config_;
 };
 
+// moe_train's range of --rotary_base (its flag table) is (0, 1e12].
+constexpr double kMaxRotaryBase = 1e12;
+
 // The rotary base: rope_parameters (transformers 5) or rope_theta (4); refuses scaling.
 StatusOr<double> RotaryBase(const Fields& f, HfModelType type) {
   std::optional<double> base;
@@ -98,6 +110,10 @@ StatusOr<double> RotaryBase(const Fields& f, HfModelType type) {
       if (plain_type) continue;
       if (name == "rope_theta" && value.is_number()) {
         base = value.get<double>();
+        if (!(*base > 0 && *base <= kMaxRotaryBase)) {
+          return InvalidArgument("config.json: \"" + std::string(key) + "\" rope_theta " +
+                                 value.dump() + " is not a number in (0, 1e12]");
+        }
         continue;
       }
       return InvalidArgument("config.json: \"" + std::string(key) + "\" {\"" + name +
@@ -107,7 +123,7 @@ StatusOr<double> RotaryBase(const Fields& f, HfModelType type) {
     }
   }
   if (f.Has("rope_theta")) {
-    MOE_ASSIGN_OR_RETURN(const double top, f.Number("rope_theta"));
+    MOE_ASSIGN_OR_RETURN(const double top, f.PositiveNumber("rope_theta", kMaxRotaryBase));
     if (base && *base != top) {
       return InvalidArgument("config.json: \"rope_theta\" " + f.At("rope_theta").dump() +
                              " and rope_parameters' rope_theta " + nlohmann::json(*base).dump() +
@@ -228,7 +244,7 @@ StatusOr<HfModel> HfModelFromConfig(const nlohmann::json& config) {
                            std::to_string(c.num_attention_heads) + " and there is no \"head_dim\"");
   }
   MOE_ASSIGN_OR_RETURN(c.kv_channels, f.Integer("head_dim", c.hidden_size / c.num_attention_heads));
-  MOE_ASSIGN_OR_RETURN(const double epsilon, f.Number("rms_norm_eps"));
+  MOE_ASSIGN_OR_RETURN(const double epsilon, f.PositiveNumber("rms_norm_eps", 1.0));
   c.norm_epsilon = static_cast<float>(epsilon);
   MOE_ASSIGN_OR_RETURN(const double base, RotaryBase(f, *type));
   c.rotary_base = static_cast<float>(base);

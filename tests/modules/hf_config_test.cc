@@ -213,6 +213,15 @@ TEST(HfConfigTest, RefusesWhatTheModelCannotRepresentInOneLineNamingTheField) {
        "config.json: \"num_key_value_heads\" is 0, not an integer >= 1"},
       {"mistyped", MixtralConfig, "hidden_size", "64",
        "config.json: \"hidden_size\" is \"64\", not an integer >= 1"},
+      {"negative epsilon", Qwen3Config, "rms_norm_eps", -1e-6,
+       "config.json: \"rms_norm_eps\" is -1e-06, not a number in (0, 1.0]"},
+      {"zero base", MixtralConfig, "rope_theta", 0.0,
+       "config.json: \"rope_theta\" is 0.0, not a number in (0, "},
+      {"negative base",
+       Qwen3Config,
+       "rope_parameters",
+       {{"rope_type", "default"}, {"rope_theta", -5.0}},
+       "\"rope_parameters\" rope_theta -5.0 is not a number in (0, 1e12]"},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.what);
