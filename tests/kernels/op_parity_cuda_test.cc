@@ -174,6 +174,28 @@ void RunRouterGate(OpRun& r, int64_t experts, int64_t k, bool renormalize) {
   r.Read("dlogits", dlogits);
 }
 
+// The RoPE cases' tensors: 2 sequences of 300 tokens, 6 query heads and `kv_heads` of head dim d;
+// the table (its base differs with d), packed qkv and split q, k, v, and their gradients.
+struct RopeTensors {
+  static constexpr int64_t kSeq = 300, kHeads = 6, kTokens = 2 * kSeq;
+  RopeTensors(OpRun& r, int64_t d, int64_t kv_heads)
+      : table(Table(r, d)),
+        qkv(r.In({kTokens, (kHeads + 2 * kv_heads) * d})),
+        q(r.Out({kTokens, kHeads, d})),
+        k(r.Out({kTokens, kv_heads, d})),
+        v(r.Out({kTokens, kv_heads, d})),
+        dq(r.In(q.shape())),
+        dk(r.In(k.shape())),
+        dv(r.In(k.shape())),
+        dqkv(r.Out(qkv.shape())) {}
+  static Tensor Table(OpRun& r, int64_t d) {
+    Tensor table = r.OutF32({kSeq, d / 2, 2});
+    ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
+    return table;
+  }
+  Tensor table, qkv, q, k, v, dq, dk, dv, dqkv;
+};
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -418,44 +440,32 @@ std::vector<OpCase> Cases() {
   for (const int64_t d : {64, 2 * 333}) {
     const int64_t kv_heads = d == 64 ? 1 : 3;
     add(std::string("rope_qkv_") + (d == 64 ? "d64" : "odd_half"), [d, kv_heads](OpRun& r) {
-      const int64_t batch = 2, seq = 300, heads = 6, tokens = batch * seq;
-      const Shape qkv_shape = {tokens, (heads + 2 * kv_heads) * d};
-      const Shape q_shape = {tokens, heads, d}, kv_shape = {tokens, kv_heads, d};
-      Tensor table = r.OutF32({seq, d / 2, 2});
-      ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
-      Tensor qkv = r.In(qkv_shape), q = r.Out(q_shape), k = r.Out(kv_shape), v = r.Out(kv_shape);
-      Tensor dq = r.In(q_shape), dk = r.In(kv_shape), dv = r.In(kv_shape), dqkv = r.Out(qkv_shape);
-      ops::RopeQkvForward(qkv, table, q, k, v);
-      ops::RopeQkvBackward(dq, dk, dv, table, dqkv);
-      r.Read("q", q);
-      r.Read("k", k);
-      r.Read("v", v);
-      r.Read("dqkv", dqkv);
+      RopeTensors t(r, d, kv_heads);
+      ops::RopeQkvForward(t.qkv, t.table, t.q, t.k, t.v);
+      ops::RopeQkvBackward(t.dq, t.dk, t.dv, t.table, t.dqkv);
+      r.Read("q", t.q);
+      r.Read("k", t.k);
+      r.Read("v", t.v);
+      r.Read("dqkv", t.dqkv);
     });
     // The query/key norm's path: the split without a table (and its backward), then the
     // rotation of one tensor's heads, apart and in place, each way.
     add(std::string("rope_heads_") + (d == 64 ? "d64" : "odd_half"), [d, kv_heads](OpRun& r) {
-      const int64_t batch = 2, seq = 300, heads = 6, tokens = batch * seq;
-      const Shape qkv_shape = {tokens, (heads + 2 * kv_heads) * d};
-      const Shape q_shape = {tokens, heads, d}, kv_shape = {tokens, kv_heads, d};
-      Tensor table = r.OutF32({seq, d / 2, 2});
-      ops::RopeTable(d == 64 ? 10000.0f : 500000.0f, table);
-      Tensor qkv = r.In(qkv_shape), q = r.Out(q_shape), k = r.Out(kv_shape), v = r.Out(kv_shape);
-      Tensor dq = r.In(q_shape), dk = r.In(kv_shape), dv = r.In(kv_shape), dqkv = r.Out(qkv_shape);
-      ops::RopeQkvForward(qkv, Tensor(), q, k, v);
-      ops::RopeQkvBackward(dq, dk, dv, Tensor(), dqkv);
-      Tensor rotated = r.Out(q_shape), unrotated = r.Out(q_shape);
-      ops::RopeForward(q, table, rotated);
-      ops::RopeBackward(dq, table, unrotated);
-      ops::RopeForward(k, table, k);
-      ops::RopeBackward(dk, table, dk);
-      r.Read("q", q);
-      r.Read("v", v);
-      r.Read("dqkv", dqkv);
+      RopeTensors t(r, d, kv_heads);
+      ops::RopeQkvForward(t.qkv, Tensor(), t.q, t.k, t.v);
+      ops::RopeQkvBackward(t.dq, t.dk, t.dv, Tensor(), t.dqkv);
+      Tensor rotated = r.Out(t.q.shape()), unrotated = r.Out(t.q.shape());
+      ops::RopeForward(t.q, t.table, rotated);
+      ops::RopeBackward(t.dq, t.table, unrotated);
+      ops::RopeForward(t.k, t.table, t.k);
+      ops::RopeBackward(t.dk, t.table, t.dk);
+      r.Read("q", t.q);
+      r.Read("v", t.v);
+      r.Read("dqkv", t.dqkv);
       r.Read("rotated", rotated);
       r.Read("unrotated", unrotated);
-      r.Read("k rotated in place", k);
-      r.Read("dk unrotated in place", dk);
+      r.Read("k rotated in place", t.k);
+      r.Read("dk unrotated in place", t.dk);
     });
   }
   // Groups of 2, 1, 3 (bf16 dk/dv clusters of 3 blocks: uneven row shares), 4 and 16 (clusters
