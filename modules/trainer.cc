@@ -95,10 +95,10 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
     chunk_parameters_.push_back(parameters_.all().size());
   }
   const bool sharded = options_.use_distributed_optimizer && GroupSize(data_) > 1;
-  parameters_.AllocateBuckets(sharded ? GroupSize(data_) : 1, sharded ? GroupRank(data_) : 0,
-                              options_.bucket_bytes);
+  const StateShard shard = sharded ? StateShard{GroupSize(data_), GroupRank(data_)} : StateShard{};
+  parameters_.AllocateBuckets({shard, shard}, options_.bucket_bytes);
   if (sharded) {
-    weight_gather_ = std::make_unique<WeightGather>(*data_, parameters_,
+    weight_gather_ = std::make_unique<WeightGather>(replica_groups(), parameters_,
                                                     DeviceContext::Get(device_).compute_stream());
   }
   if (options_.offload)
@@ -154,7 +154,9 @@ GptStage Trainer::StageOf(int stage) const {
                   partition_.is_last_stage(stage)};
 }
 
-Communicator* Trainer::shard_group() const { return parameters_.shards() > 1 ? data_ : nullptr; }
+Communicator* Trainer::shard_group() const {
+  return parameters_.shards(ReplicaGroup::kData) > 1 ? data_ : nullptr;
+}
 
 void Trainer::WaitForWeights() {
   if (weight_gather_) weight_gather_->WaitAll();
@@ -195,7 +197,7 @@ StepStats Trainer::TrainStep(bool trace) {
   step.offload = offload_.get();
   std::optional<GradientSync> gradient_sync;  // data parallel: all-reduces overlap backward
   if (GroupSize(data_) > 1) {
-    gradient_sync.emplace(*data_, parameters_, context.compute_stream());
+    gradient_sync.emplace(replica_groups(), parameters_, context.compute_stream());
     step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
   }
   if (weight_gather_) {  // the last step's weights arrive as the forward needs them
@@ -216,7 +218,8 @@ StepStats Trainer::TrainStep(bool trace) {
   {
     const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
     WaitForWeights();  // the update writes the owned values
-    stats.grad_norm = optimizer_.Step(parameters_, stats.lr, pipeline_, shard_group()).grad_norm;
+    const NormGroups norm_groups{.model = pipeline_, .shard = {shard_group(), shard_group()}};
+    stats.grad_norm = optimizer_.Step(parameters_, stats.lr, norm_groups).grad_norm;
     parameters_.ZeroGrads();
   }
   // The host has waited for the device twice by now (RunPipelineStep reads its actions' timing
@@ -364,7 +367,7 @@ std::vector<WholeParameterState> Trainer::GatherWholeState() {
   }
   state.resize(all.size());
   for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
-    WholeBucketState whole = GatherBucketState(*data_, parameters_, b, /*root=*/0);
+    WholeBucketState whole = GatherBucketState(replica_groups(), parameters_, b, /*root=*/0);
     const size_t begin = parameters_.buckets()[b].layout.begin;
     for (size_t i = 0; i < whole.parameters.size(); ++i) {
       state[begin + i] = std::move(whole.parameters[i]);

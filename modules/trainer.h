@@ -230,6 +230,8 @@ class Trainer {
   GptStage StageOf(int stage) const;  // of partition_
   // The data group when the optimizer state is sharded over it, else nullptr.
   Communicator* shard_group() const;
+  // The replica groups' communicators: the data group for both (no expert parallelism yet).
+  ReplicaCommunicators replica_groups() const { return {data_, data_}; }
   // Later compute waits for the weights still being gathered (weight_gather_), if any.
   void WaitForWeights();
   Status LoadFrom(const std::string& path, bool weights_only);  // Load, LoadWeights

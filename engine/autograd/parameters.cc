@@ -16,24 +16,28 @@ namespace {
 
 constexpr int64_t kInitChunk = int64_t{1} << 20;
 
-// Fills `out` with the initial values of parameter `spec`'s elements from chunk `first_chunk` on:
-// chunk c of 2^20 elements is drawn from its own stream (seed, name, c), so chunks can be
-// generated in any order on any thread.
-void InitialValues(const ParameterSpec& spec, uint64_t seed, int64_t first_chunk,
-                   std::span<float> out) {
+// Fills `out` with the initial values of elements [first, first + out.size()) of the flattened
+// whole tensor that parameter `spec` is (part of): chunk c of 2^20 elements of the whole is drawn
+// from its own stream (seed, name, c), so chunks can be generated in any order on any thread, and
+// only the chunks that `out` meets are (the draws before `first` in its chunk skipped).
+void InitialValues(const ParameterSpec& spec, uint64_t seed, int64_t first, std::span<float> out) {
   if (spec.init != Init::kNormal) {
     std::fill(out.begin(), out.end(), spec.init == Init::kOnes ? 1.0f : 0.0f);
     return;
   }
-  const size_t chunk = kInitChunk;
-  const size_t chunks = (out.size() + chunk - 1) / chunk;
+  const int64_t end = first + static_cast<int64_t>(out.size());
+  const int64_t first_chunk = first / kInitChunk;
+  const size_t chunks = static_cast<size_t>((end + kInitChunk - 1) / kInitChunk - first_chunk);
   const uint64_t stream = StableHash(spec.name);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t c = next++; c < chunks; c = next++) {
-      Rng rng(seed, stream + 0x9e3779b97f4a7c15ull * (first_chunk + c));
-      for (size_t i = c * chunk; i < std::min(out.size(), (c + 1) * chunk); ++i) {
-        out[i] = static_cast<float>(rng.Normal() * spec.init_std);
+      const int64_t chunk = first_chunk + static_cast<int64_t>(c);
+      Rng rng(seed, stream + kSplitMix64Gamma * static_cast<uint64_t>(chunk));
+      const int64_t begin = std::max(first, chunk * kInitChunk);
+      rng.SkipNormals(static_cast<uint64_t>(begin - chunk * kInitChunk));
+      for (int64_t i = begin; i < std::min(end, (chunk + 1) * kInitChunk); ++i) {
+        out[static_cast<size_t>(i - first)] = static_cast<float>(rng.Normal() * spec.init_std);
       }
     }
   };
@@ -60,11 +64,12 @@ class InitialValueWriter {
     const int64_t numel = dst.numel();
     CHECK_EQ(numel, moe::NumElements(spec.shape)) << spec.name;
     const Tensor flat = dst.View({numel});
+    // Where the parameter begins in its whole tensor, flattened.
+    const int64_t offset = spec.first_row == 0 ? 0 : spec.first_row * (numel / spec.shape[0]);
     for (int64_t begin = 0; begin < numel; begin += kPiece) {
       const int64_t end = std::min(numel, begin + kPiece);
       float* host = Buffer(end - begin);
-      InitialValues(spec, seed_, begin / kInitChunk,
-                    std::span(host, static_cast<size_t>(end - begin)));
+      InitialValues(spec, seed_, offset + begin, std::span(host, static_cast<size_t>(end - begin)));
       ops::CopyFromHost(host, flat.Rows(begin, end));  // synchronous: the buffer is free again
     }
   }
@@ -91,6 +96,22 @@ class InitialValueWriter {
 // place in a bucket buffer.
 Tensor ParameterView(const Tensor& buffer, int64_t offset, const Shape& shape) {
   return buffer.Rows(offset, offset + moe::NumElements(shape)).View(shape);
+}
+
+// CHECKs that `spec` is whole, or rows of its whole_shape (ParameterSpec).
+void CheckPart(const ParameterSpec& spec) {
+  if (spec.whole_shape.empty()) {
+    CHECK_EQ(spec.first_row, 0) << spec.name << ": rows of no whole tensor";
+    return;
+  }
+  const Shape& whole = spec.whole_shape;
+  CHECK_EQ(spec.shape.size(), whole.size()) << spec.name << ": a part of another rank";
+  CHECK(!whole.empty());
+  CHECK(std::equal(spec.shape.begin() + 1, spec.shape.end(), whole.begin() + 1))
+      << spec.name << ": a part's trailing dimensions differ from its whole's";
+  CHECK(spec.first_row >= 0 && spec.first_row + spec.shape[0] <= whole[0])
+      << spec.name << ": rows [" << spec.first_row << ", " << spec.first_row + spec.shape[0]
+      << ") of a whole of " << whole[0];
 }
 
 // The matrix that a stack of `specs` forms: their rows, their columns.
@@ -147,6 +168,9 @@ ParameterStack& ParameterSet::CreateStack(std::span<const ParameterSpec> specs) 
     CHECK_EQ(spec.weight_decay, specs.front().weight_decay)
         << "stack member " << spec.name << ": weight decay differs from " << specs.front().name
         << "'s";
+    CHECK(spec.replicas == specs.front().replicas)
+        << "stack member " << spec.name << ": replica group differs from " << specs.front().name
+        << "'s";
   }
   ParameterStack& stack = *stacks_.emplace_back(std::make_unique<ParameterStack>());
   Add(specs, &stack);
@@ -165,6 +189,7 @@ void ParameterSet::Add(std::span<const ParameterSpec> specs, ParameterStack* sta
     for (const auto& p : parameters_) {
       CHECK(p->name != spec.name) << "parameter twice: " << spec.name;
     }
+    CheckPart(spec);
     auto p = std::make_unique<Parameter>();
     p->name = spec.name;
     p->weight_decay = spec.weight_decay;
@@ -185,6 +210,7 @@ void ParameterSet::Add(std::span<const ParameterSpec> specs, ParameterStack* sta
   OwnedSlice buffers;
   buffers.parameter = parameters_[first].get();
   buffers.parameters = static_cast<int>(specs.size());
+  buffers.replicas = specs.front().replicas;
   buffers.master = Tensor::Empty({numel}, DType::kF32, device_);
   InitialValueWriter writer(seed_);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -265,29 +291,38 @@ const Tensor& MaterializedGrad(Parameter& p) {
 }
 
 void ParameterSet::SyncValuesFromMasters() {
-  CHECK_EQ(shards(), 1) << "a sharded state has no whole masters to copy";
+  for (ReplicaGroup group : kReplicaGroups) {
+    CHECK_EQ(shards(group), 1) << "a sharded state has no whole masters to copy";
+  }
   if (compute_dtype_ == DType::kF32) return;
   for (auto& p : parameters_) ops::Cast(p->master, p->value);
 }
 
-void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) {
+void ParameterSet::AllocateBuckets(const BucketSharding& sharding, int64_t bucket_bytes) {
   CHECK(storage_ == Storage::kDeferred) << "AllocateBuckets of a set that is not deferred";
   CHECK(buckets_.empty()) << "AllocateBuckets twice";
-  CHECK(shard >= 0 && shard < shards) << "shard " << shard << " of " << shards;
+  for (ReplicaGroup group : kReplicaGroups) {
+    const StateShard& s = sharding[group];
+    CHECK(s.shard >= 0 && s.shard < s.shards)
+        << ReplicaGroupName(group) << " group: shard " << s.shard << " of " << s.shards;
+  }
+  sharding_ = sharding;
   const size_t n = specs_.size();
   std::vector<int64_t> numels;
+  std::vector<ReplicaGroup> replicas;
   const auto joins_previous = std::make_unique<bool[]>(n);
   for (size_t i = 0; i < n; ++i) {
     numels.push_back(moe::NumElements(specs_[i].shape));
+    replicas.push_back(specs_[i].replicas);
     joins_previous[i] = i > 0 && stack_of_[i] != nullptr && stack_of_[i] == stack_of_[i - 1];
   }
   const bool value_is_master = compute_dtype_ == DType::kF32;
   InitialValueWriter writer(seed_);
   for (BucketLayout& layout :
-       PlanBuckets(numels, {joins_previous.get(), n}, shards, bucket_bytes)) {
+       PlanBuckets(numels, {joins_previous.get(), n}, replicas, sharding, bucket_bytes)) {
     ParameterBucket b;
     b.layout = std::move(layout);
-    b.shard = shard;
+    b.shard = sharding[b.layout.replicas].shard;
     const int64_t owned = b.layout.shard_numel();
     b.value = Tensor::Empty({b.layout.numel}, compute_dtype_, device_);
     b.grad = Tensor::Empty({b.layout.numel}, dtypes_.grad, device_);
@@ -306,7 +341,7 @@ void ParameterSet::AllocateBuckets(int shards, int shard, int64_t bucket_bytes) 
       p.value = ParameterView(b.value, offset, spec.shape);
       p.value.set_is_parameter(true);
       p.grad = ParameterView(b.grad, offset, spec.shape);
-      if (shards == 1) {
+      if (b.layout.shards == 1) {
         p.master = ParameterView(b.master, offset, spec.shape);
         p.exp_avg = ParameterView(b.exp_avg, offset, spec.shape);
         p.exp_avg_sq = ParameterView(b.exp_avg_sq, offset, spec.shape);
@@ -396,7 +431,7 @@ std::vector<OwnedSlice> ParameterSet::OwnedSlices() const {
       size_t last = first + 1;
       while (last < stack_end && begin_of(last) < end) ++last;
       const int64_t state_begin = begin - b.owned_begin(), state_end = end - b.owned_begin();
-      slices.push_back({parameters_[first].get(), static_cast<int>(last - first),
+      slices.push_back({parameters_[first].get(), static_cast<int>(last - first), b.layout.replicas,
                         b.master.Rows(state_begin, state_end), b.grad.Rows(begin, end),
                         b.exp_avg.Rows(state_begin, state_end),
                         b.exp_avg_sq.Rows(state_begin, state_end), b.value.Rows(begin, end)});

@@ -14,9 +14,11 @@
 //   exp_avg, exp_avg_sq   AdamW moments, f32 or bf16 each (OptimizerDTypes).
 // Initial values are drawn on the host from (seed, name), in fixed chunks of 2^20 elements
 // generated in parallel, so they depend neither on the order of creation, nor on the device,
-// nor on the thread count: CPU and CUDA runs of one seed start from the same weights. They reach
-// the device through one reused 64 MiB host buffer, whatever the model's size.
-// Without optimizer state (benchmarks, evaluation) only value and grad exist.
+// nor on the thread count: CPU and CUDA runs of one seed start from the same weights. A
+// parameter that is part of a bigger tensor (ParameterSpec::whole_shape: a rank's experts out of
+// all of them) starts from exactly those elements of the whole's initial values, bit for bit. They
+// reach the device through one reused 64 MiB host buffer, whatever the model's size. Without
+// optimizer state (benchmarks, evaluation) only value and grad exist.
 //
 // Stacks (CreateStack): 2-D parameters with equal columns laid out back to back as the row blocks
 // of one matrix of each kind, so that one GEMM can use them as one weight; each stays a Parameter
@@ -29,11 +31,12 @@
 // buckets (parameter_buckets.h): per bucket one value buffer and one gradient buffer of which
 // the parameters' value and grad are views, and the optimizer state of the part of the bucket
 // this rank owns: master, exp_avg, exp_avg_sq of shard_numel elements (on the CPU the master is
-// the owned rows of the value buffer, as value is master). With one shard a rank owns every
-// bucket whole and each parameter's master and moments are views of the bucket's. Sharded over
-// `shards` ranks (the distributed optimizer), a rank holds the state of its 1/shards of every
-// bucket only: Parameter::exp_avg and exp_avg_sq are undefined, and so is master on CUDA (on
-// the CPU master stays value); OwnedSlices lists what the rank updates.
+// the owned rows of the value buffer, as value is master). Each bucket holds parameters of one
+// replica group (replica_group.h) and is sharded over that group's ranks (BucketSharding). With
+// one shard a rank owns the bucket whole and each parameter's master and moments are views of
+// the bucket's. Sharded over `shards` ranks (the distributed optimizer), a rank holds the state of
+// its 1/shards of the bucket only: its parameters' exp_avg and exp_avg_sq are undefined, and so
+// is master on CUDA (on the CPU master stays value); OwnedSlices lists what the rank updates.
 #pragma once
 
 #include <memory>
@@ -108,6 +111,15 @@ struct ParameterSpec {
   Init init = Init::kNormal;
   float init_std = 0.02f;    // for kNormal
   bool weight_decay = true;  // false for norms
+  ReplicaGroup replicas = ReplicaGroup::kData;
+  // A part of a bigger tensor: rows [first_row, first_row + shape[0]) of a tensor of whole_shape
+  // (the same trailing dimensions), whose initial values it starts from. Empty: the parameter is
+  // whole (first_row 0).
+  Shape whole_shape = {};
+  int64_t first_row = 0;
+
+  // The tensor the parameter is (part of): whole_shape, or shape.
+  const Shape& WholeShape() const { return whole_shape.empty() ? shape : whole_shape; }
 };
 
 // A bucket of a deferred set after AllocateBuckets (see the top).
@@ -131,6 +143,7 @@ struct OwnedSlice {
   // How many consecutive parameters (creation order) have elements in it: more than one only for
   // a stack's members.
   int parameters = 1;
+  ReplicaGroup replicas = ReplicaGroup::kData;  // the parameters'
   Tensor master, grad, exp_avg, exp_avg_sq;
   Tensor value;  // the compute copy of the same elements (on the CPU the master itself)
 };
@@ -162,8 +175,9 @@ class ParameterSet {
                                OptimizerDTypes dtypes = {});
 
   Parameter& Create(const ParameterSpec& spec);
-  // Creates `specs` (>= 1; each 2-D, equal columns, equal weight_decay; CHECKed) as consecutive
-  // parameters laid out as one stack (above). The reference stays valid for the set's lifetime.
+  // Creates `specs` (>= 1; each 2-D, equal columns, equal weight_decay and replicas; CHECKed) as
+  // consecutive parameters laid out as one stack (above). The reference stays valid for the set's
+  // lifetime.
   // Plain sets allocate the stack at once; a deferred set sets value and grad in AllocateBuckets;
   // a SpecsOnly set leaves them undefined.
   ParameterStack& CreateStack(std::span<const ParameterSpec> specs);
@@ -178,13 +192,15 @@ class ParameterSet {
   void SyncValuesFromMasters();
 
   // Deferred sets, once every parameter is created: allocates and initialises the buckets that
-  // PlanBuckets plans for the parameters and their stacks (shards, bucket_bytes), this rank owning
-  // part `shard` of each, and sets the stacks' value and grad.
-  void AllocateBuckets(int shards, int shard, int64_t bucket_bytes);
+  // PlanBuckets plans for the parameters and their stacks (their replica groups, the sharding's
+  // shard counts, bucket_bytes), this rank owning part sharding[group].shard of each bucket of
+  // that group, and sets the stacks' value and grad.
+  void AllocateBuckets(const BucketSharding& sharding, int64_t bucket_bytes);
   // In backward order; empty for a plain set.
   const std::vector<ParameterBucket>& buckets() const { return buckets_; }
-  // The ranks the optimizer state is sharded over (1: this rank holds all of it).
-  int shards() const { return buckets_.empty() ? 1 : buckets_.front().layout.shards; }
+  // The ranks of `group` that its buckets' optimizer state is sharded over (1: this rank holds
+  // all of it; always 1 for a plain set).
+  int shards(ReplicaGroup group) const { return sharding_[group].shards; }
   // Bucket b's whole state: new zeroed buffers (e.g. to load a checkpoint or gather shards into).
   WholeBucketState NewWholeBucketState(size_t b) const;
   // A new whole state of `shape` in this set's dtypes (f32 master, optimizer_dtypes()), not
@@ -213,6 +229,7 @@ class ParameterSet {
   std::vector<std::unique_ptr<Parameter>> parameters_;
   std::vector<ParameterSpec> specs_;
   std::vector<ParameterBucket> buckets_;
+  BucketSharding sharding_;  // AllocateBuckets'
   std::vector<std::unique_ptr<ParameterStack>> stacks_;
   std::vector<ParameterStack*> stack_of_;  // by creation index; nullptr: created alone
   std::vector<OwnedSlice> plain_slices_;   // a plain set's OwnedSlices: one per Create(Stack)

@@ -9,8 +9,10 @@
 
 namespace moe {
 
+inline constexpr uint64_t kSplitMix64Gamma = 0x9e3779b97f4a7c15ull;  // the state's step per draw
+
 inline uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  uint64_t z = (state += kSplitMix64Gamma);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
@@ -37,6 +39,8 @@ class Rng {
     const double u2 = Uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
+  // Moves on as `n` calls of Normal() would (two draws each, nothing cached), in O(1).
+  void SkipNormals(uint64_t n) { state_ += 2 * n * kSplitMix64Gamma; }
 
  private:
   uint64_t state_;

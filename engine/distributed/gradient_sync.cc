@@ -8,17 +8,29 @@
 
 namespace moe {
 
-GradientSync::GradientSync(Communicator& data, const ParameterSet& parameters, Stream& compute)
-    : data_(data),
+GradientSync::GradientSync(const ReplicaCommunicators& groups, const ParameterSet& parameters,
+                           Stream& compute)
+    : groups_(groups),
       parameters_(parameters),
       compute_(compute),
       final_(parameters.all().size(), false),
       issued_(parameters.buckets().size(), false) {
-  CHECK(data.size() > 1) << "a gradient reduction over one replica";
+  CHECK(groups.data != nullptr && groups.data->size() > 1)
+      << "a gradient reduction over one replica";
   CHECK(!parameters.buckets().empty()) << "gradient reduction of parameters without buckets";
-  CHECK(parameters.shards() == 1 || parameters.shards() == data.size())
-      << "optimizer state in " << parameters.shards() << " shards over " << data.size()
-      << " replicas";
+  for (size_t b = 0; b < parameters.buckets().size(); ++b) {
+    const BucketLayout& layout = parameters.buckets()[b].layout;
+    const Communicator* reducer = ReducerOf(b);
+    CHECK(layout.shards == 1 || (reducer != nullptr && layout.shards == reducer->size()))
+        << "bucket " << b << ": optimizer state in " << layout.shards << " shards over "
+        << (reducer != nullptr ? reducer->size() : 1) << " " << ReplicaGroupName(layout.replicas)
+        << " replicas";
+  }
+}
+
+Communicator* GradientSync::ReducerOf(size_t b) const {
+  Communicator* group = groups_[parameters_.buckets()[b].layout.replicas];
+  return group != nullptr && group->size() > 1 ? group : nullptr;
 }
 
 void GradientSync::GradsFinal(const std::string& prefix) {
@@ -41,33 +53,44 @@ void GradientSync::GradsFinal(const std::string& prefix) {
   if (ready.empty()) return;
   const std::unique_ptr<Event> produced = compute_.CreateEvent();
   produced->Record(compute_);
-  data_.stream().Wait(*produced);
+  std::vector<Communicator*> waited;  // the streams that wait for `produced`
   StepTimeline* timeline = TracingTimeline(compute_.device());
-  const bool sharded = parameters_.shards() > 1;
   for (size_t b : ready) {
+    Communicator* group = ReducerOf(b);
+    if (group == nullptr) continue;
+    if (std::find(waited.begin(), waited.end(), group) == waited.end()) {
+      group->stream().Wait(*produced);
+      waited.push_back(group);
+      if (std::find(used_.begin(), used_.end(), group) == used_.end()) used_.push_back(group);
+    }
     const ParameterBucket& bucket = buckets[b];
+    const bool sharded = bucket.layout.shards > 1;
+    const bool expert = bucket.layout.replicas == ReplicaGroup::kExpertData;
     const int span = timeline == nullptr
                          ? -1
                          : timeline->BeginSpan(
-                               TraceTrack::kDataParallelComm, data_.stream(),
+                               TraceTrack::kDataParallelComm, group->stream(),
                                std::string(sharded ? "reduce-scatter" : "all-reduce") + " bucket " +
-                                   std::to_string(b) + " (" + all[bucket.layout.begin]->name +
-                                   " .. " + all[bucket.layout.end - 1]->name + ")");
+                                   std::to_string(b) + (expert ? " (expert-data)" : "") + " (" +
+                                   all[bucket.layout.begin]->name + " .. " +
+                                   all[bucket.layout.end - 1]->name + ")");
     if (sharded) {
-      data_.ReduceScatterSum(bucket.grad,
-                             bucket.grad.Rows(bucket.owned_begin(), bucket.owned_end()));
+      group->ReduceScatterSum(bucket.grad,
+                              bucket.grad.Rows(bucket.owned_begin(), bucket.owned_end()));
     } else {
-      data_.AllReduceSum(bucket.grad);
+      group->AllReduceSum(bucket.grad);
     }
-    if (timeline != nullptr) timeline->EndSpan(span, data_.stream());
+    if (timeline != nullptr) timeline->EndSpan(span, group->stream());
   }
 }
 
 void GradientSync::Finish() {
   GradsFinal("");
-  const std::unique_ptr<Event> reduced = data_.stream().CreateEvent();
-  reduced->Record(data_.stream());
-  compute_.Wait(*reduced);
+  for (Communicator* group : used_) {
+    const std::unique_ptr<Event> reduced = group->stream().CreateEvent();
+    reduced->Record(group->stream());
+    compute_.Wait(*reduced);
+  }
 }
 
 }  // namespace moe

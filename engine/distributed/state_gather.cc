@@ -7,10 +7,12 @@
 
 namespace moe {
 
-WholeBucketState GatherBucketState(Communicator& data, const ParameterSet& parameters,
-                                   size_t bucket, int root) {
-  CHECK_EQ(parameters.shards(), data.size()) << "a state gathered over another group";
+WholeBucketState GatherBucketState(const ReplicaCommunicators& groups,
+                                   const ParameterSet& parameters, size_t bucket, int root) {
   const ParameterBucket& b = parameters.buckets().at(bucket);
+  CHECK(groups[b.layout.replicas] != nullptr) << "a state gathered over no group";
+  Communicator& data = *groups[b.layout.replicas];
+  CHECK_EQ(b.layout.shards, data.size()) << "a state gathered over another group";
   const Tensor* const mine[] = {&b.master, &b.exp_avg, &b.exp_avg_sq};
   WholeBucketState whole;
   if (data.rank() == root) whole = parameters.NewWholeBucketState(bucket);

@@ -6,26 +6,40 @@
 
 namespace moe {
 
-WeightGather::WeightGather(Communicator& data, const ParameterSet& parameters, Stream& compute)
-    : data_(data),
+WeightGather::WeightGather(const ReplicaCommunicators& groups, const ParameterSet& parameters,
+                           Stream& compute)
+    : groups_(groups),
       parameters_(parameters),
       compute_(compute),
       gathered_(parameters.buckets().size()) {
-  CHECK_EQ(parameters.shards(), data.size()) << "weights gathered over another group";
-  CHECK(compute.device() == data.device());
+  for (const ParameterBucket& bucket : parameters.buckets()) {
+    if (bucket.layout.shards == 1) continue;
+    const Communicator* group = groups[bucket.layout.replicas];
+    CHECK(group != nullptr && group->size() == bucket.layout.shards)
+        << "weights gathered over another group than the "
+        << ReplicaGroupName(bucket.layout.replicas) << " group's " << bucket.layout.shards
+        << " shards";
+    CHECK(compute.device() == group->device());
+  }
 }
 
 void WeightGather::Start() {
   const std::vector<ParameterBucket>& buckets = parameters_.buckets();
   const std::unique_ptr<Event> updated = compute_.CreateEvent();
   updated->Record(compute_);
-  data_.stream().Wait(*updated);
+  std::vector<Communicator*> waited;  // the streams that wait for `updated`
   for (size_t b = buckets.size(); b-- > 0;) {
     CHECK(gathered_[b] == nullptr) << "a weight gather started before the last was waited for";
     const ParameterBucket& bucket = buckets[b];
-    data_.AllGather(bucket.value.Rows(bucket.owned_begin(), bucket.owned_end()), bucket.value);
-    gathered_[b] = data_.stream().CreateEvent();
-    gathered_[b]->Record(data_.stream());
+    if (bucket.layout.shards == 1) continue;
+    Communicator* group = groups_[bucket.layout.replicas];
+    if (std::find(waited.begin(), waited.end(), group) == waited.end()) {
+      group->stream().Wait(*updated);
+      waited.push_back(group);
+    }
+    group->AllGather(bucket.value.Rows(bucket.owned_begin(), bucket.owned_end()), bucket.value);
+    gathered_[b] = group->stream().CreateEvent();
+    gathered_[b]->Record(group->stream());
   }
 }
 

@@ -1,9 +1,11 @@
-// WeightGather: after an optimizer step on a state sharded over the data group
-// (ParameterSet::shards() == data.size()) every rank holds new values for its owned part of each
-// bucket only; WeightGather sends them to every rank, overlapped with the next forward.
+// WeightGather: after an optimizer step on a state sharded over the replica groups (each bucket
+// over its own group, replica_group.h: ParameterBucket::layout.shards == the group's size) every
+// rank holds new values for its owned part of each sharded bucket only; WeightGather sends them to
+// every rank of the bucket's group, overlapped with the next forward. Buckets of one shard (their
+// group of one replica, or a state not sharded) are left alone.
 //
-// Start() enqueues one in-place AllGather per bucket of the value buffer (bf16 on CUDA; on the
-// CPU the f32 values, which are the master weights) on the data group's stream, after the compute
+// Start() enqueues one in-place AllGather per sharded bucket of the value buffer (bf16 on CUDA; on
+// the CPU the f32 values, which are the master weights) on its group's stream, after the compute
 // work enqueued so far (the update), in forward order (the embedding's bucket first), each
 // followed by an event, and returns at once. Before the next forward reads the weights named
 // `prefix`..., it calls WaitFor(prefix): later compute work waits for the gathers of the buckets
@@ -22,14 +24,15 @@
 #include <vector>
 
 #include "engine/autograd/parameters.h"
-#include "engine/distributed/communicator.h"
+#include "engine/distributed/replica_communicators.h"
 
 namespace moe {
 
 class WeightGather {
  public:
-  // `compute`: the stream the optimizer and the forward run on.
-  WeightGather(Communicator& data, const ParameterSet& parameters, Stream& compute);
+  // `groups`: the replica groups' communicators (each sharded bucket's group's of its shards'
+  // size); `compute`: the stream the optimizer and the forward run on.
+  WeightGather(const ReplicaCommunicators& groups, const ParameterSet& parameters, Stream& compute);
 
   // Enqueues the gathers; the previous ones must have been waited for.
   void Start();
@@ -39,7 +42,7 @@ class WeightGather {
   void WaitAll();
 
  private:
-  Communicator& data_;
+  ReplicaCommunicators groups_;
   const ParameterSet& parameters_;
   Stream& compute_;
   std::vector<std::unique_ptr<Event>> gathered_;  // by bucket: pending gather's event, or null

@@ -1,5 +1,6 @@
 #include "engine/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <glog/logging.h>
@@ -17,22 +18,42 @@ double SumOverGroup(Communicator* group, double value) {
   return sum;
 }
 
-}  // namespace
-
-StepReport AdamW::Step(ParameterSet& parameters, float lr, Communicator* model_group,
-                       Communicator* shard_group) {
-  CHECK_EQ(parameters.shards(), shard_group != nullptr ? shard_group->size() : 1)
-      << "the optimizer state's shards and the shard group differ";
-  for (const auto& p : parameters.all()) MaterializedGrad(*p);
-  const std::vector<OwnedSlice> slices = parameters.OwnedSlices();
+// The squared L2 norm of the gradients of `slices` of replica group `group`, in double.
+double SquaredNorm(const std::vector<OwnedSlice>& slices, ReplicaGroup group, Device device) {
   std::vector<Tensor> grads;
-  for (const OwnedSlice& s : slices) grads.push_back(s.grad);
-  Tensor norm = Tensor::Empty({1}, DType::kF32, parameters.device());
+  for (const OwnedSlice& s : slices) {
+    if (s.replicas == group) grads.push_back(s.grad);
+  }
+  Tensor norm = Tensor::Empty({1}, DType::kF32, device);
   ops::GlobalL2Norm(grads, norm);
   float owned_norm = 0;
   ops::CopyToHost(norm, &owned_norm);
-  double squared = static_cast<double>(owned_norm) * owned_norm;
-  squared = SumOverGroup(model_group, SumOverGroup(shard_group, squared));
+  return static_cast<double>(owned_norm) * owned_norm;
+}
+
+}  // namespace
+
+StepReport AdamW::Step(ParameterSet& parameters, float lr, const NormGroups& groups) {
+  for (ReplicaGroup group : kReplicaGroups) {
+    const Communicator* shard = groups.shard[group];
+    CHECK_EQ(parameters.shards(group), shard != nullptr ? shard->size() : 1)
+        << "the " << ReplicaGroupName(group)
+        << " group's optimizer state shards and its shard group differ";
+  }
+  for (const auto& p : parameters.all()) MaterializedGrad(*p);
+  const std::vector<OwnedSlice> slices = parameters.OwnedSlices();
+  const Device device = parameters.device();
+  double squared =
+      SumOverGroup(groups.shard.data, SquaredNorm(slices, ReplicaGroup::kData, device));
+  // Every rank of the expert and shard groups holds the same parameter specs: all of them sum.
+  const auto& specs = parameters.specs();
+  if (std::any_of(specs.begin(), specs.end(), [](const ParameterSpec& spec) {
+        return spec.replicas == ReplicaGroup::kExpertData;
+      })) {
+    const double expert = SquaredNorm(slices, ReplicaGroup::kExpertData, device);
+    squared += SumOverGroup(groups.expert, SumOverGroup(groups.shard.expert_data, expert));
+  }
+  squared = SumOverGroup(groups.model, squared);
   StepReport report;
   report.grad_norm = static_cast<float>(std::sqrt(squared));
 

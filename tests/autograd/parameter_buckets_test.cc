@@ -21,11 +21,20 @@
 namespace moe {
 namespace {
 
+// n parameters of the data group.
+std::vector<ReplicaGroup> Dense(size_t n) {
+  return std::vector<ReplicaGroup>(n, ReplicaGroup::kData);
+}
+
+// The data group's buckets in `shards`, this rank owning `shard`.
+BucketSharding DataShards(int shards, int shard = 0) { return {.data = {shards, shard}}; }
+
 TEST(PlanBucketsTest, CoalescesInReverseCreationOrderUpToTheTarget) {
   // f32 bytes: 400, 40, 4000, 40, 40, 400; target 480 bytes.
   const std::vector<int64_t> numels = {100, 10, 1000, 10, 10, 100};
   const std::array<bool, 6> alone{};
-  const std::vector<BucketLayout> buckets = PlanBuckets(numels, alone, /*shards=*/1, 480);
+  const std::vector<BucketLayout> buckets =
+      PlanBuckets(numels, alone, Dense(6), DataShards(1), 480);
   ASSERT_EQ(buckets.size(), 3u);
   // Backward order: {3, 4, 5} (480 bytes), {2} alone, {0, 1}.
   EXPECT_EQ(buckets[0].begin, 3u);
@@ -43,7 +52,8 @@ TEST(PlanBucketsTest, PadsToEqualAlignedShards) {
   const std::vector<int64_t> numels = {300, 5};
   const std::array<bool, 2> alone{};
   for (int shards : {1, 2, 3, 8}) {
-    const std::vector<BucketLayout> buckets = PlanBuckets(numels, alone, shards, int64_t{1} << 20);
+    const std::vector<BucketLayout> buckets =
+        PlanBuckets(numels, alone, Dense(2), DataShards(shards), int64_t{1} << 20);
     ASSERT_EQ(buckets.size(), 1u);
     const BucketLayout& b = buckets[0];
     EXPECT_EQ(b.offsets, (std::vector<int64_t>{0, 384}));
@@ -60,7 +70,8 @@ const std::array<bool, 5> kStackJoins = {false, false, true, true, false};
 
 TEST(PlanBucketsTest, AStackLiesBackToBackInOneBucketEvenBeyondTheTarget) {
   // Target 1000 bytes: without the stack, {3, 4} (840 bytes) would form the first bucket.
-  const std::vector<BucketLayout> buckets = PlanBuckets(kStackNumels, kStackJoins, 1, 1000);
+  const std::vector<BucketLayout> buckets =
+      PlanBuckets(kStackNumels, kStackJoins, Dense(5), DataShards(1), 1000);
   ASSERT_EQ(buckets.size(), 3u);
   EXPECT_EQ(buckets[0].begin, 4u);
   EXPECT_EQ(buckets[0].end, 5u);
@@ -75,7 +86,7 @@ TEST(PlanBucketsTest, AStackLiesBackToBackInOneBucketEvenBeyondTheTarget) {
 TEST(PlanBucketsTest, AStackStartsAlignedAndThePaddingFollowsIt) {
   for (int shards : {1, 2, 3, 8}) {
     const std::vector<BucketLayout> buckets =
-        PlanBuckets(kStackNumels, kStackJoins, shards, int64_t{1} << 20);
+        PlanBuckets(kStackNumels, kStackJoins, Dense(5), DataShards(shards), int64_t{1} << 20);
     ASSERT_EQ(buckets.size(), 1u);
     const BucketLayout& b = buckets[0];
     // The stack at 128 (aligned), its members contiguous; parameter 4 at 928 rounded up.
@@ -112,7 +123,7 @@ TEST(BucketedParameterSetTest, StartsFromThePlainSetsValuesAsViewsOfTheBuckets) 
     plain.Create(spec);
     bucketed.Create(spec);
   }
-  bucketed.AllocateBuckets(/*shards=*/1, /*shard=*/0, /*bucket_bytes=*/200 * 4);
+  bucketed.AllocateBuckets(DataShards(1), /*bucket_bytes=*/200 * 4);
   ASSERT_EQ(bucketed.buckets().size(), 2u);  // {c}, {a.weight, a.norm, b}
   for (size_t i = 0; i < plain.all().size(); ++i) {
     const Parameter& want = *plain.all()[i];
@@ -242,8 +253,8 @@ TEST(BucketedParameterSetTest, ShardsOwnEveryElementOnceAStackInOneSlice) {
     for (int shard = 0; shard < shards; ++shard) {
       ParameterSet set = ParameterSet::Deferred(Device::CPU(), DType::kF32, /*seed=*/5);
       const ParameterStack& stack = CreateAroundAStack(set);
-      set.AllocateBuckets(shards, shard, /*bucket_bytes=*/750 * 4);
-      EXPECT_EQ(set.shards(), shards);
+      set.AllocateBuckets(DataShards(shards, shard), /*bucket_bytes=*/750 * 4);
+      EXPECT_EQ(set.shards(ReplicaGroup::kData), shards);
       // {attn.norm, the stack, attn.proj} (2896 bytes), {embed}.
       ASSERT_EQ(set.buckets().size(), 2u);
       const ParameterBucket& bucket = set.buckets()[0];

@@ -42,7 +42,7 @@ TEST(ParameterInitTest, ValuesAreTheDocumentedStreamsAcrossPiecesAndStorages) {
 
   ParameterSet bucketed = ParameterSet::Deferred(Device::CPU(), DType::kF32, seed);
   const Parameter& p = bucketed.Create(spec);
-  bucketed.AllocateBuckets(/*shards=*/1, /*shard=*/0, /*bucket_bytes=*/int64_t{1} << 20);
+  bucketed.AllocateBuckets(/*sharding=*/{}, /*bucket_bytes=*/int64_t{1} << 20);
   EXPECT_EQ(testing::ToFloats(p.value), got);
 }
 

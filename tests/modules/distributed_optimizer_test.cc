@@ -118,7 +118,7 @@ void ExpectShardsUpdateAsTheWhole(const OptimizerDTypes& optimizer_dtypes) {
   ParameterSet whole =
       ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
   CreateParameters(whole);
-  whole.AllocateBuckets(1, 0, kBucketBytes);
+  whole.AllocateBuckets(/*sharding=*/{}, kBucketBytes);
   SetGrads(whole);
   ops::AdamWUpdate(AdamWUpdateEntries(whole.OwnedSlices()), config);
 
@@ -127,7 +127,7 @@ void ExpectShardsUpdateAsTheWhole(const OptimizerDTypes& optimizer_dtypes) {
     ParameterSet set =
         ParameterSet::Deferred(kDevice, testing::kTestCompute, /*seed=*/9, optimizer_dtypes);
     CreateParameters(set);
-    set.AllocateBuckets(kShards, shard, kBucketBytes);
+    set.AllocateBuckets({.data = {kShards, shard}}, kBucketBytes);
     ASSERT_EQ(set.buckets().size(), 4u);
     SetGrads(set);
     const std::vector<OwnedSlice> slices = set.OwnedSlices();
