@@ -15,42 +15,43 @@ bool FusedGroupedMlp::NeedsHostOffsets() const {
 }
 
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                                const Tensor& weights) {
+                                const Tensor& weights, int segment) {
   const Tensor host_offsets = NeedsHostOffsets() ? HostOffsets(offsets) : Tensor();
   const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
   const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
   const Device device = x.device();
-  saved.Save(name_ + ".offsets", offsets);
-  if (host_offsets.defined()) saved.Save(name_ + ".host_offsets", host_offsets);
-  saved.Save(name_ + ".weights", weights);
+  saved.Save(Key(".offsets", segment), offsets);
+  if (host_offsets.defined()) saved.Save(Key(".host_offsets", segment), host_offsets);
+  saved.Save(Key(".weights", segment), weights);
 
   ScopedSaveGroup group(saved, kFusedGroupMlpGroup, layer_);
-  saved.Save(name_ + ".x", x);
+  saved.Save(Key(".x", segment), x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::GroupedMatmulSwiglu(x, fc1_.value, offsets, host_rows, weights, h, a);
-  saved.Save(name_ + ".h", h);
-  if (!config_.recompute_in(layer_).moe_act) saved.Save(name_ + ".a", a);
+  saved.Save(Key(".h", segment), h);
+  if (!config_.recompute_in(layer_).moe_act) saved.Save(Key(".a", segment), a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
 }
 
-GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& dy,
-                                            bool last_of_step) {
-  const Tensor offsets = saved.Load(name_ + ".offsets");
-  const Tensor host_offsets = NeedsHostOffsets() ? saved.Load(name_ + ".host_offsets") : Tensor();
+GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Tensor& dy,
+                                                   int segment) {
+  const Tensor offsets = saved.Load(Key(".offsets", segment));
+  const Tensor host_offsets =
+      NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
   const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
-  const Tensor weights = saved.Load(name_ + ".weights");
+  const Tensor weights = saved.Load(Key(".weights", segment));
   const Device device = dy.device();
 
-  const Tensor h = saved.Load(name_ + ".h");
+  const Tensor h = saved.Load(Key(".h", segment));
   Tensor a;
   if (config_.recompute_in(layer_).moe_act) {
     a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, h.dtype(), device);
     ops::SwigluForward(h, weights, a);
   } else {
-    a = saved.Load(name_ + ".a");
+    a = saved.Load(Key(".a", segment));
   }
 
   Grads grads;
@@ -59,25 +60,38 @@ GroupedMlp::Grads FusedGroupedMlp::Backward(SavedTensors& saved, const Tensor& d
   ops::GroupedMatmulSwigluBackward(dy, fc2_.value, offsets, host_rows, h, weights, dh,
                                    grads.dweights);
 
-  const Tensor x = saved.Load(name_ + ".x");
+  const Tensor x = saved.Load(Key(".x", segment));
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
 
-  pending_.push_back({{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets});
-  if (last_of_step || static_cast<int64_t>(pending_.size()) >= config_.moe_wgrad_micro_batches) {
-    AddWeightGrads();
-  }
+  pending_.push_back(
+      {{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets, segment});
   return grads;
 }
 
+void FusedGroupedMlp::EndBackward(bool last_of_step) {
+  ++pending_micro_batches_;
+  if (last_of_step || pending_micro_batches_ >= config_.moe_wgrad_micro_batches) AddWeightGrads();
+  if (last_of_step) SumGradSlots();
+}
+
 void FusedGroupedMlp::AddWeightGrads() {
-  std::vector<ops::GroupedRows> fc2_parts, fc1_parts;
-  for (const PendingWeightGrads& p : pending_) {
-    fc2_parts.push_back(p.fc2);
-    fc1_parts.push_back(p.fc1);
+  pending_micro_batches_ = 0;
+  // Every pending part in one pass per weight, or with source slots one pass per source.
+  const int passes = UsesGradSlots() ? shard_.sources : 1;
+  for (int source = 0; source < passes; ++source) {
+    std::vector<ops::GroupedRows> fc2_parts, fc1_parts;
+    for (const PendingWeightGrads& p : pending_) {
+      if (passes > 1 && p.segment != source) continue;
+      fc2_parts.push_back(p.fc2);
+      fc1_parts.push_back(p.fc1);
+    }
+    if (fc2_parts.empty()) continue;
+    const GradTarget fc2 = WeightGradTarget(fc2_, source);
+    ops::GroupedMatmulWeightGrad(fc2_parts, fc2.grad, fc2.accumulate);
+    const GradTarget fc1 = WeightGradTarget(fc1_, source);
+    ops::GroupedMatmulWeightGrad(fc1_parts, fc1.grad, fc1.accumulate);
   }
-  ops::GroupedMatmulWeightGrad(fc2_parts, fc2_.grad, BeginGradWrite(fc2_));
-  ops::GroupedMatmulWeightGrad(fc1_parts, fc1_.grad, BeginGradWrite(fc1_));
   pending_.clear();
 }
 

@@ -31,9 +31,10 @@ namespace moe {
 class FusedGroupedMlp final : public GroupedMlp {
  public:
   using GroupedMlp::GroupedMlp;
-  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                 const Tensor& weights) override;
-  Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) override;
+  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets, const Tensor& weights,
+                 int segment = 0) override;
+  Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) override;
+  void EndBackward(bool last_of_step) override;
 
  private:
   // The operands of one micro-batch's weight gradients, not yet added.
@@ -41,6 +42,7 @@ class FusedGroupedMlp final : public GroupedMlp {
     ops::GroupedRows fc2;  // dy, a
     ops::GroupedRows fc1;  // dh, x
     Tensor host_offsets;   // what both parts' host_offsets view, or undefined
+    int segment = 0;
   };
 
   // Whether this layer's grouped GEMMs need host offsets (the same in forward and backward).
@@ -49,6 +51,7 @@ class FusedGroupedMlp final : public GroupedMlp {
   void AddWeightGrads();
 
   std::vector<PendingWeightGrads> pending_;
+  int64_t pending_micro_batches_ = 0;
 };
 
 }  // namespace moe

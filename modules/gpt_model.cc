@@ -10,7 +10,8 @@ namespace moe {
 GptModel::GptModel(const GptConfig& config, ParameterSet& parameters)
     : GptModel(config, parameters, GptStage{0, config.num_layers, true, true}) {}
 
-GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage)
+GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage,
+                   ExpertParallel* expert_parallel)
     : config_(config), stage_(stage) {
   CHECK(0 <= stage.layer_begin && stage.layer_begin <= stage.layer_end &&
         stage.layer_end <= config.num_layers)
@@ -23,8 +24,8 @@ GptModel::GptModel(const GptConfig& config, ParameterSet& parameters, const GptS
                                      config.init_std});
   }
   for (int64_t layer = stage.layer_begin; layer < stage.layer_end; ++layer) {
-    layers_.push_back(
-        std::make_unique<TransformerLayer>(parameters, config_, layer, rotary_table_));
+    layers_.push_back(std::make_unique<TransformerLayer>(parameters, config_, layer, rotary_table_,
+                                                         expert_parallel));
   }
   if (stage.last) {
     final_norm_ = std::make_unique<RmsNorm>(parameters, "final_norm", config.hidden_size,

@@ -51,7 +51,10 @@ class GptModel {
  public:
   // The whole model.
   GptModel(const GptConfig& config, ParameterSet& parameters);
-  GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage);
+  // expert_parallel: the MoE layers' under expert parallelism (moe_layer.h), else nullptr; the
+  // stage then holds its rank's experts only. It must outlive the model.
+  GptModel(const GptConfig& config, ParameterSet& parameters, const GptStage& stage,
+           ExpertParallel* expert_parallel = nullptr);
   GptModel(const GptModel&) = delete;  // its modules refer to its config
   GptModel& operator=(const GptModel&) = delete;
   // The parameters a stage creates, in creation order, without creating them.

@@ -10,32 +10,99 @@
 
 namespace moe {
 
+namespace {
+
+// One expert weight of `shard`'s experts: rows [first, first + count) of the whole (experts, rows,
+// cols) tensor, or the whole one.
+ParameterSpec ExpertWeightSpec(const std::string& name, const GptConfig& config,
+                               const ExpertShard& shard, int64_t rows, int64_t cols, float std) {
+  ParameterSpec spec{name, {config.num_experts, rows, cols}, Init::kNormal, std};
+  if (shard.count == 0 || shard.count == config.num_experts) return spec;
+  spec.whole_shape = spec.shape;
+  spec.shape[0] = shard.count;
+  spec.first_row = shard.first;
+  spec.replicas = ReplicaGroup::kExpertData;
+  return spec;
+}
+
+}  // namespace
+
 std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::string& name,
-                                           const GptConfig& config, int layer) {
+                                           const GptConfig& config, int layer,
+                                           const ExpertShard& shard) {
   switch (config.moe_grouped_mlp) {
     case GroupedMlpKind::kFused:
-      return std::make_unique<FusedGroupedMlp>(parameters, name, config, layer);
+      return std::make_unique<FusedGroupedMlp>(parameters, name, config, layer, shard);
     case GroupedMlpKind::kUnfused:
-      return std::make_unique<UnfusedGroupedMlp>(parameters, name, config, layer);
+      return std::make_unique<UnfusedGroupedMlp>(parameters, name, config, layer, shard);
   }
   LOG(FATAL) << "unknown grouped MLP kind " << static_cast<int>(config.moe_grouped_mlp);
 }
 
 GroupedMlp::GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
-                       int layer)
+                       int layer, const ExpertShard& shard)
     : name_(name),
       config_(config),
       layer_(layer),
-      fc1_(parameters.Create(
-          {name + ".fc1.weight",
-           {config.num_experts, 2 * config.moe_ffn_hidden_size, config.hidden_size},
-           Init::kNormal,
-           config.init_std})),
-      fc2_(parameters.Create(
-          {name + ".fc2.weight",
-           {config.num_experts, config.hidden_size, config.moe_ffn_hidden_size},
-           Init::kNormal,
-           config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))})) {}
+      shard_(shard),
+      fc1_(parameters.Create(ExpertWeightSpec(name + ".fc1.weight", config, shard,
+                                              2 * config.moe_ffn_hidden_size, config.hidden_size,
+                                              config.init_std))),
+      fc2_(parameters.Create(ExpertWeightSpec(
+          name + ".fc2.weight", config, shard, config.hidden_size, config.moe_ffn_hidden_size,
+          config.init_std / std::sqrt(2.0f * static_cast<float>(config.num_layers))))) {
+  CHECK(shard.sources >= 1) << name << ": " << shard.sources << " row sources";
+}
+
+GroupedMlp::Grads GroupedMlp::Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) {
+  Grads grads = BackwardSegment(saved, dy, 0);
+  EndBackward(last_of_step);
+  return grads;
+}
+
+std::string GroupedMlp::Key(const char* what, int segment) const {
+  return segment == 0 ? name_ + what : name_ + ".source" + std::to_string(segment) + what;
+}
+
+GroupedMlp::Slots& GroupedMlp::SlotsOf(const Parameter& w) {
+  return &w == &fc1_ ? fc1_slots_ : fc2_slots_;
+}
+
+bool GroupedMlp::UsesGradSlots() const {
+  return shard_.sources > 1 && !fc1_.value.device().is_cuda();
+}
+
+GroupedMlp::GradTarget GroupedMlp::WeightGradTarget(Parameter& w, int segment) {
+  if (!UsesGradSlots()) return {w.grad, BeginGradWrite(w)};
+  Slots& slots = SlotsOf(w);
+  if (slots.grads.empty()) {
+    for (int s = 0; s < shard_.sources; ++s) {
+      slots.grads.push_back(Tensor::Empty(w.grad.shape(), w.grad.dtype(), w.grad.device()));
+    }
+    slots.written.assign(shard_.sources, false);
+  }
+  const bool accumulate = slots.written[segment];
+  slots.written[segment] = true;
+  return {slots.grads[segment], accumulate};
+}
+
+void GroupedMlp::SumGradSlots() {
+  for (Parameter* w : {&fc1_, &fc2_}) {
+    Slots& slots = SlotsOf(*w);
+    if (slots.grads.empty()) continue;
+    CHECK(!BeginGradWrite(*w)) << w->name << ": gradient written beside its source slots";
+    // As the CPU all-reduce adds: in f32, source by source, rounded to the gradient's dtype once.
+    Tensor sum = Tensor::Empty(w->grad.shape(), DType::kF32, w->grad.device());
+    Tensor part = Tensor::Empty(sum.shape(), DType::kF32, sum.device());
+    for (size_t s = 0; s < slots.grads.size(); ++s) {
+      if (!slots.written[s]) ops::Fill(slots.grads[s], 0.0f);
+      slots.written[s] = false;
+      ops::Cast(slots.grads[s], s == 0 ? sum : part);
+      if (s > 0) ops::Add(sum, part, sum);
+    }
+    ops::Cast(sum, w->grad);
+  }
+}
 
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert) {
   return stacked.Rows(expert, expert + 1).View({p.value.dim(1), p.value.dim(2)});

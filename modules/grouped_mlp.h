@@ -10,11 +10,22 @@
 // Backward: dx (=) and dweights (rows) f32 (=); expert weight grads +=. A backward that is not
 // the step's last of this layer (last_of_step false) may leave its weight-gradient work to a later
 // one (the fused path, GptConfig::moe_wgrad_micro_batches); the last completes every gradient.
+//
+// Expert parallelism (ExpertShard): this rank holds experts [first, first + count) of the model's,
+// as rows [first, first + count) of the whole (num_experts, ...) weights (ParameterSpec part,
+// replicated over the expert-data group), and a micro-batch brings its rows in `sources` segments,
+// one per rank of the expert group, each run by its own Forward and BackwardSegment (saved apart,
+// offsets relative to the segment), so every GEMM has the shape it has on the source rank without
+// expert parallelism. On the CPU backend each source's weight gradients stay in a slot of their own
+// until the step's last backward, which sums the slots in rank order into the gradient (=): the
+// order and rounding of the data-parallel all-reduce they replace (communicator.h), so training is
+// bit-identical to one expert-parallel rank. On CUDA every segment adds into the gradient.
 #pragma once
 
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/autograd/parameters.h"
 #include "engine/autograd/saved_tensors.h"
@@ -22,30 +33,70 @@
 
 namespace moe {
 
+// The experts a rank holds and how many row segments a micro-batch brings (see the top).
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = 0;  // 0: all of them (no expert parallelism)
+  int sources = 1;
+};
+
 class GroupedMlp {
  public:
   struct Grads {
     Tensor dx;
     Tensor dweights;
   };
-  // Creates the expert weights name.fc1.weight and name.fc2.weight (shapes above). Public so the
-  // implementations can inherit it (an inherited constructor keeps the base's access).
-  GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer);
+  // Creates the expert weights name.fc1.weight and name.fc2.weight (shapes above, `shard.count`
+  // experts). Public so the implementations can inherit it (an inherited constructor keeps the
+  // base's access).
+  GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer,
+             const ExpertShard& shard = {});
   virtual ~GroupedMlp() = default;
+  // One segment's rows: x (rows, hidden), offsets (local experts + 1) from 0, weights (rows).
   virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                         const Tensor& weights) = 0;
-  virtual Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) = 0;
+                         const Tensor& weights, int segment = 0) = 0;
+  // One segment's backward, then, after a micro-batch's segments, EndBackward.
+  virtual Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) = 0;
+  virtual void EndBackward(bool last_of_step) = 0;
+  // The one-segment case: BackwardSegment(saved, dy, 0), then EndBackward(last_of_step).
+  Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step);
 
  protected:
+  // The saved-tensor name of `what` (".x", ...) for `segment`.
+  std::string Key(const char* what, int segment) const;
+  // Where segment `segment`'s weight gradients of w (fc1_ or fc2_) go, and whether they add (true)
+  // or store: w's gradient (BeginGradWrite), or on the CPU under expert parallelism the segment's
+  // slot (see the top).
+  struct GradTarget {
+    Tensor grad;
+    bool accumulate;
+  };
+  GradTarget WeightGradTarget(Parameter& w, int segment);
+  // Whether weight gradients go to source slots (CPU, several sources).
+  bool UsesGradSlots() const;
+  // At the step's last backward: the slots' sum in rank order into the gradients (=). Nothing
+  // without slots.
+  void SumGradSlots();
+
   const std::string name_;
   const GptConfig& config_;
   const int layer_;
+  const ExpertShard shard_;
   Parameter& fc1_;  // (experts, 2 * ffn, hidden)
   Parameter& fc2_;  // (experts, hidden, ffn)
+
+ private:
+  struct Slots {
+    std::vector<Tensor> grads;  // by source, w's gradient's shape and dtype
+    std::vector<bool> written;  // this step
+  };
+  Slots& SlotsOf(const Parameter& w);
+  Slots fc1_slots_, fc2_slots_;
 };
 
 std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::string& name,
-                                           const GptConfig& config, int layer);
+                                           const GptConfig& config, int layer,
+                                           const ExpertShard& shard = {});
 
 // Shared by the implementations.
 // Expert e's matrix of a stacked (experts, out, in) tensor (p's value, grad, ...).

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <utility>
 
 #include "engine/core/byte_units.h"
 #include "engine/distributed/gradient_sync.h"
@@ -42,6 +43,21 @@ Status CheckBatchSplit(const TrainerOptions& options, int data_size) {
       " x data-parallel size " + std::to_string(data_size));
 }
 
+Status CheckExpertParallel(const GptConfig& config, int expert_size) {
+  if (expert_size == 1) return Status::Ok();
+  const std::string flag = "--expert_model_parallel_size=" + std::to_string(expert_size);
+  if (config.num_moe_layers() == 0) {
+    return InvalidArgument(flag + " needs MoE layers (--first_dense_layers=" +
+                           std::to_string(config.first_dense_layers) +
+                           " of --num_layers=" + std::to_string(config.num_layers) + ")");
+  }
+  if (config.num_experts % expert_size != 0) {
+    return InvalidArgument(flag +
+                           " does not divide --num_experts=" + std::to_string(config.num_experts));
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
                                                    const TrainerOptions& options, Device device,
                                                    const TokenSource* source,
@@ -54,6 +70,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const GptConfig& config,
                            " must be positive");
   }
   MOE_RETURN_IF_ERROR(CheckBatchSplit(options, data_size));
+  MOE_RETURN_IF_ERROR(
+      CheckExpertParallel(config, GroupSize(groups != nullptr ? groups->expert.get() : nullptr)));
   PartitionOptions layout;
   layout.num_layers = static_cast<int>(config.num_layers);
   layout.pipeline_size = pipeline_size;
@@ -80,6 +98,8 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       device_(device),
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
+      expert_data_(groups != nullptr ? groups->expert_data.get() : nullptr),
+      expert_parallel_{groups != nullptr ? groups->expert.get() : nullptr, {}},
       parameters_(ParameterSet::Deferred(device, device.is_cuda() ? DType::kBF16 : DType::kF32,
                                          options.seed, options.optimizer_dtypes)),
       partition_(partition),
@@ -91,12 +111,18 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
   chunk_parameters_.push_back(0);
   for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
     const int stage = StageIndex(rank, chunk, partition.pipeline_size());
-    chunks_.push_back(std::make_unique<GptModel>(config_, parameters_, StageOf(stage)));
+    chunks_.push_back(std::make_unique<GptModel>(
+        config_, parameters_, StageOf(stage),
+        expert_parallel_.group != nullptr ? &expert_parallel_ : nullptr));
     chunk_parameters_.push_back(parameters_.all().size());
   }
   const bool sharded = options_.use_distributed_optimizer && GroupSize(data_) > 1;
-  const StateShard shard = sharded ? StateShard{GroupSize(data_), GroupRank(data_)} : StateShard{};
-  parameters_.AllocateBuckets({shard, shard}, options_.bucket_bytes);
+  const ReplicaCommunicators groups_of = replica_groups();
+  BucketSharding sharding;
+  for (const ReplicaGroup group : kReplicaGroups) {
+    if (sharded) sharding[group] = {GroupSize(groups_of[group]), GroupRank(groups_of[group])};
+  }
+  parameters_.AllocateBuckets(sharding, options_.bucket_bytes);
   if (sharded) {
     weight_gather_ = std::make_unique<WeightGather>(replica_groups(), parameters_,
                                                     DeviceContext::Get(device_).compute_stream());
@@ -154,8 +180,12 @@ GptStage Trainer::StageOf(int stage) const {
                   partition_.is_last_stage(stage)};
 }
 
-Communicator* Trainer::shard_group() const {
-  return parameters_.shards(ReplicaGroup::kData) > 1 ? data_ : nullptr;
+ReplicaCommunicators Trainer::shard_groups() const {
+  ReplicaCommunicators shards = replica_groups();
+  for (const ReplicaGroup group : kReplicaGroups) {
+    if (parameters_.shards(group) == 1) shards[group] = nullptr;
+  }
+  return shards;
 }
 
 void Trainer::WaitForWeights() {
@@ -173,6 +203,7 @@ StepStats Trainer::TrainStep(bool trace) {
   DeviceContext& context = DeviceContext::Get(device_);
   context.allocator().ResetPeakStats();  // StepStats::peak_device_mib is this step's
   timeline_->BeginStep(trace);
+  expert_parallel_.traffic = {};  // this step's alone (evaluation adds to it too)
   context.set_timeline(timeline_.get());
   const int step_span = timeline_->BeginSpan(TraceTrack::kCompute, context.compute_stream(),
                                              "step " + std::to_string(step_ + 1));
@@ -218,7 +249,8 @@ StepStats Trainer::TrainStep(bool trace) {
   {
     const TraceSpan span(device_, "optimizer (grad norm, clip, AdamW, zero grads)");
     WaitForWeights();  // the update writes the owned values
-    const NormGroups norm_groups{.model = pipeline_, .shard = {shard_group(), shard_group()}};
+    const NormGroups norm_groups{
+        .model = pipeline_, .shard = shard_groups(), .expert = expert_parallel_.group};
     stats.grad_norm = optimizer_.Step(parameters_, stats.lr, norm_groups).grad_norm;
     parameters_.ZeroGrads();
   }
@@ -237,6 +269,7 @@ StepStats Trainer::TrainStep(bool trace) {
   context.set_timeline(nullptr);
   TimelineStep timed = timeline_->EndStep();
   stats.trace = std::move(timed.trace);
+  stats.expert_traffic = std::move(expert_parallel_.traffic);
 
   // One all-reduce over the world: loss, aux loss, bubble, the breakdown (mean over ranks), the
   // offload copies' GiB and busy ms (sums); then every rank's peak, gathered.
@@ -359,22 +392,47 @@ void CollectTensor(const WholeParameterState& p, std::vector<NamedTensor>* model
 std::vector<WholeParameterState> Trainer::GatherWholeState() {
   WaitForWeights();
   const auto& all = parameters_.all();
-  std::vector<WholeParameterState> state;
-  if (shard_group() == nullptr) {
-    if (GroupRank(data_) != 0) return state;  // a replica of data rank 0's state
-    for (const auto& p : all) state.push_back({p->name, p->master, p->exp_avg, p->exp_avg_sq});
-    return state;
-  }
-  state.resize(all.size());
+  // Each bucket's state whole over its group's shards, on rank 0 of that group.
+  std::vector<WholeParameterState> state(all.size());
   for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
+    const BucketLayout& layout = parameters_.buckets()[b].layout;
+    if (layout.shards == 1) {
+      for (size_t i = layout.begin; i < layout.end; ++i) {
+        const Parameter& p = *all[i];
+        state[i] = {p.name, p.master, p.exp_avg, p.exp_avg_sq};
+      }
+      continue;
+    }
     WholeBucketState whole = GatherBucketState(replica_groups(), parameters_, b, /*root=*/0);
-    const size_t begin = parameters_.buckets()[b].layout.begin;
     for (size_t i = 0; i < whole.parameters.size(); ++i) {
-      state[begin + i] = std::move(whole.parameters[i]);
+      state[layout.begin + i] = std::move(whole.parameters[i]);
     }
   }
+  // The experts of the stage out of expert group 0's parts (expert-data rank 0 is data rank < E).
+  if (expert_parallel_.group != nullptr && GroupRank(expert_data_) == 0) GatherExperts(state);
   if (GroupRank(data_) != 0) state.clear();
   return state;
+}
+
+void Trainer::GatherExperts(std::vector<WholeParameterState>& state) {
+  Communicator& group = *expert_parallel_.group;
+  std::vector<WholeParameterState> parts;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const ParameterSpec& spec = parameters_.specs()[i];
+    if (spec.whole_shape.empty()) continue;
+    parts.push_back(
+        std::exchange(state[i], parameters_.NewWholeState(spec.name, spec.whole_shape)));
+    index.push_back(i);
+  }
+  EnqueueBetween(group, DeviceContext::Get(device_).compute_stream(), [&] {
+    for (size_t n = 0; n < parts.size(); ++n) {
+      const WholeParameterState& whole = state[index[n]];
+      group.AllGather(parts[n].master, whole.master);
+      group.AllGather(parts[n].exp_avg, whole.exp_avg);
+      group.AllGather(parts[n].exp_avg_sq, whole.exp_avg_sq);
+    }
+  });
 }
 
 Status Trainer::Save(const std::string& root, const nlohmann::json& description) {
@@ -437,17 +495,48 @@ Status Trainer::Save(const std::string& root, const nlohmann::json& description)
   return SaveCheckpoint(root, step_, model, optimizer, state, /*overwrite=*/true);
 }
 
+StatusOr<nlohmann::json> Trainer::LoadStates(const std::string& dir,
+                                             const std::vector<WholeParameterState>& state,
+                                             size_t first_parameter, bool weights_only,
+                                             bool subset) {
+  std::vector<WholeParameterState> wholes;  // the parts' transient whole tensors, in order
+  std::vector<NamedTensor> model, optimizer;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const ParameterSpec& spec = parameters_.specs()[first_parameter + i];
+    if (spec.whole_shape.empty()) {
+      CollectTensor(state[i], &model, &optimizer);
+      continue;
+    }
+    wholes.push_back(parameters_.NewWholeState(spec.name, spec.whole_shape));
+  }
+  for (const WholeParameterState& whole : wholes) CollectTensor(whole, &model, &optimizer);
+  nlohmann::json read;
+  if (weights_only) {
+    MOE_ASSIGN_OR_RETURN(read, LoadCheckpointWeights(dir, model, subset));
+  } else {
+    MOE_ASSIGN_OR_RETURN(read, LoadCheckpoint(dir, model, optimizer, subset));
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const ParameterSpec& spec = parameters_.specs()[first_parameter + i];
+    if (spec.whole_shape.empty()) continue;
+    const WholeParameterState& whole = wholes[w++];
+    const int64_t begin = spec.first_row, end = begin + spec.shape[0];
+    ops::Copy(whole.master.Rows(begin, end), state[i].master);
+    if (weights_only) continue;
+    ops::Copy(whole.exp_avg.Rows(begin, end), state[i].exp_avg);
+    ops::Copy(whole.exp_avg_sq.Rows(begin, end), state[i].exp_avg_sq);
+  }
+  return read;
+}
+
 StatusOr<nlohmann::json> Trainer::LoadShardedState(const std::string& dir, bool weights_only) {
   nlohmann::json state;
   for (size_t b = 0; b < parameters_.buckets().size(); ++b) {
     const WholeBucketState whole = parameters_.NewWholeBucketState(b);  // zeroed moments
-    std::vector<NamedTensor> model, optimizer;
-    for (const WholeParameterState& p : whole.parameters) CollectTensor(p, &model, &optimizer);
-    if (weights_only) {
-      MOE_ASSIGN_OR_RETURN(state, LoadCheckpointWeights(dir, model, /*subset=*/true));
-    } else {
-      MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/true));
-    }
+    MOE_ASSIGN_OR_RETURN(state,
+                         LoadStates(dir, whole.parameters, parameters_.buckets()[b].layout.begin,
+                                    weights_only, /*subset=*/true));
     parameters_.AssignBucketState(b, whole);
   }
   return state;
@@ -474,18 +563,14 @@ Status Trainer::LoadFrom(const std::string& path, bool weights_only) {
   // The checkpoint holds the whole model; this rank loads its stages' parameters by name (and
   // under the distributed optimizer keeps its shard of their state).
   nlohmann::json state;
-  if (shard_group() != nullptr) {
+  const ReplicaCommunicators shards = shard_groups();
+  if (shards.data != nullptr || shards.expert_data != nullptr) {
     MOE_ASSIGN_OR_RETURN(state, LoadShardedState(dir, weights_only));
   } else {
-    std::vector<NamedTensor> model, optimizer;
-    for (const auto& p : parameters_.all()) {
-      CollectTensor({p->name, p->master, p->exp_avg, p->exp_avg_sq}, &model, &optimizer);
-    }
-    if (weights_only) {
-      MOE_ASSIGN_OR_RETURN(state, LoadCheckpointWeights(dir, model, /*subset=*/!whole_model()));
-    } else {
-      MOE_ASSIGN_OR_RETURN(state, LoadCheckpoint(dir, model, optimizer, /*subset=*/!whole_model()));
-    }
+    std::vector<WholeParameterState> own;
+    for (const auto& p : parameters_.all())
+      own.push_back({p->name, p->master, p->exp_avg, p->exp_avg_sq});
+    MOE_ASSIGN_OR_RETURN(state, LoadStates(dir, own, 0, weights_only, /*subset=*/!whole_model()));
     parameters_.SyncValuesFromMasters();
   }
   if (weights_only) return Status::Ok();  // step, AdamW and the data stay at their start

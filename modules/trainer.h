@@ -88,6 +88,7 @@
 #include "engine/pipeline/partition.h"
 #include "engine/pipeline/schedule.h"
 #include "engine/runtime/step_timeline.h"
+#include "modules/expert_parallel.h"
 #include "modules/gpt_config.h"
 #include "modules/gpt_model.h"
 #include "modules/memory_planner.h"
@@ -124,6 +125,9 @@ struct TrainerOptions {
 // The global batch splits into whole micro-batches on each of `data_size` replicas, else the
 // error (naming the flags) that Trainer::Create gives.
 Status CheckBatchSplit(const TrainerOptions& options, int data_size);
+// Expert parallelism over `expert_size` ranks suits the model: it has MoE layers and expert_size
+// divides num_experts; else the error (naming the flags).
+Status CheckExpertParallel(const GptConfig& config, int expert_size);
 
 struct StepStats {
   double loss = 0;      // mean cross-entropy over the global batch
@@ -146,6 +150,10 @@ struct StepStats {
   // of these statistics.
   StepBreakdown breakdown;
   std::vector<TraceEvent> trace;  // this rank's traced events (TrainStep(trace=true) only)
+  // Under expert parallelism (else empty): what this rank's MoE layers routed and exchanged in the
+  // step, its expert group's rows per expert and per rank and its own bytes sent
+  // (expert_parallel.h).
+  ExpertTraffic expert_traffic;
 };
 
 // The two files of Trainer::DumpReferenceCase (read by tests/reference/torch_reference.py).
@@ -228,10 +236,22 @@ class Trainer {
   PipelineStepOptions StepOptions(bool training) const;
   bool whole_model() const;           // one chunk, first and last stage
   GptStage StageOf(int stage) const;  // of partition_
-  // The data group when the optimizer state is sharded over it, else nullptr.
-  Communicator* shard_group() const;
-  // The replica groups' communicators: the data group for both (no expert parallelism yet).
-  ReplicaCommunicators replica_groups() const { return {data_, data_}; }
+  // The replica groups' communicators: the data group, and the expert-data group (the data group
+  // itself without expert parallelism).
+  ReplicaCommunicators replica_groups() const {
+    return {data_, expert_data_ != nullptr ? expert_data_ : data_};
+  }
+  // The ranks each replica group's state is sharded over, or nullptr where it is whole.
+  ReplicaCommunicators shard_groups() const;
+  // Collective over the expert group (E > 1): the experts' whole state out of this rank's part of
+  // each expert parameter in `state` (all of them gathered, rank order, ParameterSpec part rows).
+  void GatherExperts(std::vector<WholeParameterState>& state);
+  // Reads this rank's parameters' states (`state`, in parameters_ order; moments too unless
+  // weights_only) from a checkpoint directory by name; a part of a bigger tensor through a
+  // transient whole one whose rows it takes.
+  StatusOr<nlohmann::json> LoadStates(const std::string& dir,
+                                      const std::vector<WholeParameterState>& state,
+                                      size_t first_parameter, bool weights_only, bool subset);
   // Later compute waits for the weights still being gathered (weight_gather_), if any.
   void WaitForWeights();
   Status LoadFrom(const std::string& path, bool weights_only);  // Load, LoadWeights
@@ -243,8 +263,11 @@ class Trainer {
   GptConfig config_;
   TrainerOptions options_;
   Device device_;
-  Communicator* pipeline_ = nullptr;  // nullptr: one stage
-  Communicator* data_ = nullptr;      // nullptr: one replica
+  Communicator* pipeline_ = nullptr;     // nullptr: one stage
+  Communicator* data_ = nullptr;         // nullptr: one replica
+  Communicator* expert_data_ = nullptr;  // nullptr: no expert parallelism
+  // The expert group and the MoE layers' traffic; group nullptr: no expert parallelism.
+  ExpertParallel expert_parallel_;
   ParameterSet parameters_;
   LayerPartition partition_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // chunk c: stage c * pipeline size + rank

@@ -10,7 +10,7 @@ namespace moe {
 std::string LayerName(int layer) { return "layers." + std::to_string(layer); }
 
 TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer,
-                                   RotaryTable& rotary_table)
+                                   RotaryTable& rotary_table, ExpertParallel* expert_parallel)
     : config_(config),
       layer_(layer),
       attn_norm_(parameters, LayerName(layer) + ".attn_norm", config.hidden_size,
@@ -19,7 +19,8 @@ TransformerLayer::TransformerLayer(ParameterSet& parameters, const GptConfig& co
       mlp_norm_(parameters, LayerName(layer) + ".mlp_norm", config.hidden_size,
                 config.norm_epsilon) {
   if (config.is_moe_layer(layer)) {
-    moe_mlp_ = std::make_unique<MoeLayer>(parameters, LayerName(layer) + ".moe", config, layer);
+    moe_mlp_ = std::make_unique<MoeLayer>(parameters, LayerName(layer) + ".moe", config, layer,
+                                          expert_parallel);
   } else {
     dense_mlp_ = std::make_unique<DenseMlp>(parameters, LayerName(layer) + ".mlp", config);
   }

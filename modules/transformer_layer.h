@@ -27,9 +27,10 @@ std::string LayerName(int layer);
 
 class TransformerLayer {
  public:
-  // rotary_table: the model's, shared by its layers' attention.
+  // rotary_table: the model's, shared by its layers' attention. expert_parallel: the MoE
+  // layer's (moe_layer.h), nullptr without expert parallelism.
   TransformerLayer(ParameterSet& parameters, const GptConfig& config, int layer,
-                   RotaryTable& rotary_table);
+                   RotaryTable& rotary_table, ExpertParallel* expert_parallel = nullptr);
   // aux_loss (1) f32 accumulates the MoE aux loss.
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
   Tensor Backward(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step = true);

@@ -14,9 +14,10 @@ namespace moe {
 class UnfusedGroupedMlp final : public GroupedMlp {
  public:
   using GroupedMlp::GroupedMlp;
-  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                 const Tensor& weights) override;
-  Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) override;
+  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets, const Tensor& weights,
+                 int segment = 0) override;
+  Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) override;
+  void EndBackward(bool last_of_step) override;
 };
 
 }  // namespace moe

@@ -102,6 +102,8 @@ const std::vector<FlagRow>& FlagTable() {
       Text("device", "training"),
       Range("pipeline_parallel", "parallelism", 1, 4096, "divides the number of ranks"),
       Range("virtual_pipeline", "parallelism", 1, 1024),
+      Range("expert_model_parallel_size", "parallelism", 1, 4096,
+            "divides the data-parallel size and --num_experts"),
       Range("first_stage_layers", "parallelism", -1, k2e20, "-1: even split"),
       Range("last_stage_layers", "parallelism", -1, k2e20, "-1: even split"),
       Text("use_distributed_optimizer", "parallelism"),

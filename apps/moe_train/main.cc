@@ -212,7 +212,8 @@ int Run(const Status& parsed, std::chrono::steady_clock::time_point started) {
   const std::unique_ptr<Stream> comm_stream = DeviceContext::Get(run.device).CreateSideStream();
   const std::unique_ptr<Communicator> world_comm =
       world.NewCommunicator(*comm_stream, DistributedTimeout());
-  const ProcessGroups groups = SplitProcessGroups(*world_comm, run.pipeline_parallel);
+  const ProcessGroups groups =
+      SplitProcessGroups(*world_comm, run.pipeline_parallel, run.expert_parallel);
   StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(run.model, run.trainer, run.device, data->get(), &groups);
   agreed = world.AllAgree(created.status());

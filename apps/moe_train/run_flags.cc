@@ -69,6 +69,10 @@ DEFINE_string(main_grads_dtype, "fp32",
 // Parallelism (the process count comes from mpirun; data-parallel size = ranks / pipeline).
 DEFINE_int64(pipeline_parallel, 1, "pipeline stages (ranks per model replica)");
 DEFINE_int64(virtual_pipeline, 1, "model chunks per pipeline rank (interleaved 1F1B when > 1)");
+DEFINE_int64(
+    expert_model_parallel_size, 1,
+    "expert parallelism: the experts of each MoE layer split over groups of this many "
+    "consecutive data-parallel ranks, tokens exchanged by all-to-all (Megatron-LM's name)");
 DEFINE_int64(first_stage_layers, -1, "layers of the first pipeline stage");
 DEFINE_int64(last_stage_layers, -1, "layers of the last pipeline stage");
 DEFINE_double(distributed_timeout_minutes, 10,
@@ -195,6 +199,14 @@ Status CheckParallel(int world_size) {
   if (world_size % FLAGS_pipeline_parallel != 0) {
     return InvalidArgument("--pipeline_parallel=" + std::to_string(FLAGS_pipeline_parallel) +
                            " does not divide " + std::to_string(world_size) + " ranks");
+  }
+  const int64_t data_size = world_size / FLAGS_pipeline_parallel;
+  if (data_size % FLAGS_expert_model_parallel_size != 0) {
+    return InvalidArgument(
+        "--expert_model_parallel_size=" + std::to_string(FLAGS_expert_model_parallel_size) +
+        " does not divide the data-parallel size " + std::to_string(data_size) + " (" +
+        std::to_string(world_size) +
+        " ranks / --pipeline_parallel=" + std::to_string(FLAGS_pipeline_parallel) + ")");
   }
   if (world_size > 1 && !FLAGS_dump_reference_case.empty()) {
     return InvalidArgument("--dump_reference_case runs in one process (without mpirun)");
@@ -331,6 +343,8 @@ StatusOr<RunConfig> ValidateFlags(int world_size, bool dry_run) {
   MOE_RETURN_IF_ERROR(CheckParallel(world_size));
   run.pipeline_parallel = static_cast<int>(FLAGS_pipeline_parallel);
   run.data_parallel = static_cast<int>(DataParallelSize(world_size));
+  run.expert_parallel = static_cast<int>(FLAGS_expert_model_parallel_size);
+  MOE_RETURN_IF_ERROR(CheckExpertParallel(m, run.expert_parallel));
   t.virtual_pipeline = static_cast<int>(FLAGS_virtual_pipeline);
   t.first_stage_layers = static_cast<int>(FLAGS_first_stage_layers);
   t.last_stage_layers = static_cast<int>(FLAGS_last_stage_layers);

@@ -62,6 +62,7 @@ struct RunConfig {
   Device device;
   int pipeline_parallel = 1;
   int data_parallel = 1;                      // world size / pipeline_parallel
+  int expert_parallel = 1;                    // --expert_model_parallel_size: divides data_parallel
   std::optional<MemoryBudget> memory_budget;  // --memory_budget_gib; planned in memory_check.h
   // --trace_steps: the traced steps [first, last] (1-based); empty (last < first) without
   // --trace_file.

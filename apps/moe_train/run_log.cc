@@ -15,7 +15,28 @@ namespace {
 
 // The log line's names of the StepPhases, in their order (the metrics file uses StepPhaseName).
 constexpr const char* kPhaseShortNames[kNumStepPhases] = {
-    "fwd", "bwd", "opt", "pp wait", "dp wait", "reload wait", "other"};
+    "fwd", "bwd", "opt", "pp wait", "dp wait", "reload wait", "ep wait", "other"};
+
+void AddCounts(const std::vector<int64_t>& from, std::vector<int64_t>& to) {
+  to.resize(std::max(to.size(), from.size()), 0);
+  for (size_t i = 0; i < from.size(); ++i) to[i] += from[i];
+}
+
+// "min 120 median 256 max 410" of counts per step (`steps` summed), into record[key + "_min"]...
+std::string Spread(std::vector<int64_t> counts, int steps, const std::string& key,
+                   nlohmann::json& record) {
+  std::sort(counts.begin(), counts.end());
+  const size_t n = counts.size();
+  const double min = static_cast<double>(counts.front()) / steps;
+  const double median = static_cast<double>(counts[(n - 1) / 2] + counts[n / 2]) / 2 / steps;
+  const double max = static_cast<double>(counts.back()) / steps;
+  record[key + "_min"] = min;
+  record[key + "_median"] = median;
+  record[key + "_max"] = max;
+  char text[96];
+  snprintf(text, sizeof(text), "min %.0f median %.0f max %.0f", min, median, max);
+  return text;
+}
 
 }  // namespace
 
@@ -104,6 +125,9 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   ++steps_;
   offload_ += stats.offload;
   breakdown_ += stats.breakdown;
+  AddCounts(stats.expert_traffic.rows_per_expert, expert_traffic_.rows_per_expert);
+  AddCounts(stats.expert_traffic.rows_per_rank, expert_traffic_.rows_per_rank);
+  expert_traffic_.bytes_sent += stats.expert_traffic.bytes_sent;
   peak_mib_.resize(stats.peak_device_mib.size(), 0.0);
   for (size_t r = 0; r < peak_mib_.size(); ++r) {
     peak_mib_[r] = std::max(peak_mib_[r], stats.peak_device_mib[r]);
@@ -176,9 +200,22 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     record["offload_d2h_gbps"] = offload_.d2h_gbps();
     record["offload_h2d_gbps"] = offload_.h2d_gbps();
   }
+  if (!expert_traffic_.rows_per_expert.empty()) {
+    const std::string experts =
+        Spread(expert_traffic_.rows_per_expert, steps_, "expert_rows", record);
+    const std::string ranks = Spread(expert_traffic_.rows_per_rank, steps_, "rank_rows", record);
+    const double sent_mib = static_cast<double>(expert_traffic_.bytes_sent) / kMiB / steps_;
+    printf(
+        "            experts | rows per expert %s | rows per rank %s | all-to-all out %.2f "
+        "MiB/step | ep wait %.2f ms/step\n",
+        experts.c_str(), ranks.c_str(), sent_mib,
+        breakdown_[StepPhase::kExpertParallelWait] / steps_);
+    record["expert_exchange_bytes_per_step"] = expert_traffic_.bytes_sent / steps_;
+  }
   fflush(stdout);
   Metrics(record);
   offload_ = {};
+  expert_traffic_ = {};
   breakdown_ = {};
   bubble_ = 0;
   seconds_ = 0;

@@ -6,8 +6,11 @@
 // figures are rank 0's. MFU is per device: the run's FLOP/s over its ranks, against one
 // device's --peak_flops. A log line's time is the mean over the steps since the last one, split
 // into the StepTimeline phases ("(fwd 40.2 bwd 70.1 opt 10.3 pp wait 0.0 dp wait 0.0 reload wait
-// 0.0 other 4.5)"; metrics fields forward_ms, backward_ms, optimizer_ms, pipeline_wait_ms,
-// data_parallel_wait_ms, offload_wait_ms, other_ms).
+// 0.0 ep wait 0.0 other 4.5)"; metrics fields forward_ms, backward_ms, optimizer_ms,
+// pipeline_wait_ms, data_parallel_wait_ms, offload_wait_ms, expert_parallel_wait_ms, other_ms).
+// Under expert parallelism a second line gives rank 0's expert group's load per step: the rows
+// routed to each expert and received by each rank (min / median / max, summed over the MoE
+// layers) and the bytes rank 0's all-to-alls sent.
 #pragma once
 
 #include <fstream>
@@ -47,6 +50,7 @@ class RunLog {
   int steps_ = 0;
   OffloadStepStats offload_;      // summed since the last log line
   StepBreakdown breakdown_;       // summed since the last log line
+  ExpertTraffic expert_traffic_;  // summed since the last log line
   std::vector<double> peak_mib_;  // by world rank, the largest step peak since the last log line
   std::vector<double> predicted_peak_mib_;  // the memory plan's, by pipeline rank; empty: none
 };

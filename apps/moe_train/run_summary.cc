@@ -68,9 +68,16 @@ std::string PrecisionSummary(const RunConfig& run) {
 
 std::string ParallelSummary(const RunConfig& run) {
   const int chunks = run.trainer.virtual_pipeline;
+  const std::string experts =
+      run.expert_parallel == 1
+          ? ""
+          : ", expert parallel " + std::to_string(run.expert_parallel) + " (" +
+                std::to_string(run.model.num_experts / run.expert_parallel) + " of " +
+                std::to_string(run.model.num_experts) + " experts per rank, expert-data " +
+                std::to_string(run.data_parallel / run.expert_parallel) + ")";
   return std::to_string(run.pipeline_parallel * run.data_parallel) + " ranks = pipeline " +
          std::to_string(run.pipeline_parallel) + " x data " + std::to_string(run.data_parallel) +
-         "; " + std::to_string(chunks) + " chunk(s) per pipeline rank, schedule " +
+         experts + "; " + std::to_string(chunks) + " chunk(s) per pipeline rank, schedule " +
          ScheduleKindName(DefaultScheduleKind(run.pipeline_parallel, chunks));
 }
 

@@ -21,6 +21,8 @@ const char* StepPhaseName(StepPhase phase) {
       return "data_parallel_wait";
     case StepPhase::kOffloadWait:
       return "offload_wait";
+    case StepPhase::kExpertParallelWait:
+      return "expert_parallel_wait";
     case StepPhase::kOther:
       return "other";
   }
@@ -39,6 +41,8 @@ const char* TraceTrackName(TraceTrack track) {
       return "pipeline comm";
     case TraceTrack::kDataParallelComm:
       return "data-parallel comm";
+    case TraceTrack::kExpertParallelComm:
+      return "expert-parallel comm";
   }
   return "?";
 }

@@ -17,7 +17,8 @@
 // Without trace, the span, instant and counter calls return at once.
 //
 // Who marks what: the trainer (optimizer, data-parallel wait, other), the pipeline executor
-// (forward, backward, pipeline wait), the offload manager (offload wait, inside backward). Code
+// (forward, backward, pipeline wait), the offload manager (offload wait, inside backward), the
+// MoE layer (expert-parallel wait, inside forward and backward). Code
 // reaches the step's timeline through DeviceContext::timeline() (nullptr outside a training step);
 // PhaseScope and TraceSpan are the no-op-when-absent helpers. Not thread-safe: one host thread.
 #pragma once
@@ -35,15 +36,16 @@ namespace moe {
 enum class StepPhase {
   kForward,
   kBackward,
-  kOptimizer,         // gradient norm, clipping, update, zeroing
-  kPipelineWait,      // compute waiting on pipeline sends/receives (the bubble)
-  kDataParallelWait,  // compute waiting on the data-parallel gradient all-reduce
-  kOffloadWait,       // compute waiting on an offloaded group's reload
-  kOther,             // everything else: host gaps, data upload, the step's statistics
+  kOptimizer,           // gradient norm, clipping, update, zeroing
+  kPipelineWait,        // compute waiting on pipeline sends/receives (the bubble)
+  kDataParallelWait,    // compute waiting on the data-parallel gradient all-reduce
+  kOffloadWait,         // compute waiting on an offloaded group's reload
+  kExpertParallelWait,  // compute waiting on the expert-parallel token exchanges (all-to-alls)
+  kOther,               // everything else: host gaps, data upload, the step's statistics
 };
-inline constexpr int kNumStepPhases = 7;
+inline constexpr int kNumStepPhases = 8;
 // "forward", "backward", "optimizer", "pipeline_wait", "data_parallel_wait", "offload_wait",
-// "other": the metrics file's field stems.
+// "expert_parallel_wait", "other": the metrics file's field stems.
 const char* StepPhaseName(StepPhase phase);
 
 struct StepBreakdown {
@@ -56,8 +58,15 @@ struct StepBreakdown {
 };
 
 // The streams a trace shows, one track each per rank.
-enum class TraceTrack { kCompute, kDeviceToHost, kHostToDevice, kPipelineComm, kDataParallelComm };
-inline constexpr int kNumTraceTracks = 5;
+enum class TraceTrack {
+  kCompute,
+  kDeviceToHost,
+  kHostToDevice,
+  kPipelineComm,
+  kDataParallelComm,
+  kExpertParallelComm,
+};
+inline constexpr int kNumTraceTracks = 6;
 const char* TraceTrackName(TraceTrack track);  // "compute", "offload D2H", ...
 
 struct TraceEvent {

@@ -94,8 +94,17 @@ INSTANTIATE_TEST_SUITE_P(
                   "--virtual_pipeline=2 needs --pipeline_parallel > 1: chunks interleave across "
                   "pipeline ranks"},
         BadLayout{2, "configs/tiny.flags", "unexpected argument 'configs/tiny.flags'"},
-        BadLayout{2, "--pipeline_parallel=2 --seq_length=1000000",
-                  "the run needs at least about "}));
+        BadLayout{2, "--pipeline_parallel=2 --seq_length=1000000", "the run needs at least about "},
+        // Expert parallelism: E divides the data-parallel size and --num_experts, and needs MoE
+        // layers.
+        BadLayout{4, "--pipeline_parallel=2 --expert_model_parallel_size=4",
+                  "--expert_model_parallel_size=4 does not divide the data-parallel size 2 (4 "
+                  "ranks / --pipeline_parallel=2)"},
+        BadLayout{3, "--expert_model_parallel_size=3",
+                  "--expert_model_parallel_size=3 does not divide --num_experts=4"},
+        BadLayout{2, "--expert_model_parallel_size=2 --first_dense_layers=4",
+                  "--expert_model_parallel_size=2 needs MoE layers (--first_dense_layers=4 of "
+                  "--num_layers=4)"}));
 
 std::vector<std::string> LossLines(const std::string& output) {
   static const std::regex kLoss(R"(step +\d+ \| loss [0-9.]+ \| aux [0-9.]+)");
@@ -111,10 +120,19 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
   ASSERT_EQ(single.exit_code, 0) << single.output;
   const std::vector<std::string> expected = LossLines(single.output);
   ASSERT_EQ(expected.size(), 2u) << single.output;
-  for (const char* layout : {"--pipeline_parallel=2", "--pipeline_parallel=1"}) {
+  for (const std::string layout :
+       {"--pipeline_parallel=2", "--pipeline_parallel=1", "--expert_model_parallel_size=2"}) {
     const Result r = RunMoeTrain(2, layout);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(LossLines(r.output), expected) << r.output;
+    if (layout.starts_with("--expert")) {
+      EXPECT_EQ(
+          Count(r.output, "data 2, expert parallel 2 (2 of 4 experts per rank, expert-data 1)"), 1)
+          << r.output;
+      // One load line per log line: rows routed per expert and received per rank, bytes sent.
+      EXPECT_EQ(Count(r.output, "experts | rows per expert min "), 2) << r.output;
+      EXPECT_EQ(Count(r.output, "| rows per rank min "), 2) << r.output;
+    }
     EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
     EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
   }

@@ -43,11 +43,16 @@ void Trial(const std::string& launcher, int ranks, int delay_ms, int target, int
   BackgroundCommand run(command, dir.Path("out"));
   std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   const int64_t logged = testing::LastLoggedStep(run.Output());
+  bool signalled = false;  // the rank has had a signal (a second finds it gone if it has ended)
   const auto send = [&] {
     if (target < 0) return run.Signal(SIGTERM);
     for (int wait = 0; wait < 3000; ++wait) {  // until mpirun has started the rank
       const auto pids = run.MpiRanks();
-      if (pids.count(target)) return static_cast<void>(kill(pids.at(target), SIGTERM));
+      if (pids.count(target)) {
+        signalled = true;
+        return static_cast<void>(kill(pids.at(target), SIGTERM));
+      }
+      if (signalled) return;  // it stopped after the first signal, before this one
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ADD_FAILURE() << "rank " << target << " never started: " << run.Output();

@@ -43,8 +43,13 @@ std::multiset<std::string> StepSpans(const json& trace) {
   return out;
 }
 
-const char* const kPhaseFields[] = {"forward_ms",       "backward_ms",           "optimizer_ms",
-                                    "pipeline_wait_ms", "data_parallel_wait_ms", "offload_wait_ms",
+const char* const kPhaseFields[] = {"forward_ms",
+                                    "backward_ms",
+                                    "optimizer_ms",
+                                    "pipeline_wait_ms",
+                                    "data_parallel_wait_ms",
+                                    "offload_wait_ms",
+                                    "expert_parallel_wait_ms",
                                     "other_ms"};
 
 TEST(TraceCliTest, TracesTheChosenStepsAndReportsTheBreakdown) {

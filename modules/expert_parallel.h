@@ -1,0 +1,27 @@
+// A rank's expert parallelism as its MoE layers see it (moe_layer.h): the expert group they
+// exchange tokens over, and what they exchanged since the trainer last took it (ExpertTraffic).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/distributed/communicator.h"
+
+namespace moe {
+
+// Summed over the rank's MoE layers and micro-batches (forward passes; a recomputed forward counts
+// again): the rows routed to each expert of the model by the group's ranks, the rows each rank of
+// the group received, and the bytes this rank sent to other ranks (both exchanges of forward and
+// of backward).
+struct ExpertTraffic {
+  std::vector<int64_t> rows_per_expert;  // (num_experts)
+  std::vector<int64_t> rows_per_rank;    // (group size)
+  int64_t bytes_sent = 0;
+};
+
+struct ExpertParallel {
+  Communicator* group = nullptr;  // the expert group, E > 1 ranks
+  ExpertTraffic traffic;
+};
+
+}  // namespace moe
