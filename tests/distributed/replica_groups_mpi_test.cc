@@ -1,4 +1,5 @@
-// Gradient reduction and the gradient norm under expert parallelism, on the MPI communicator with
+// Gradient reduction, the gradient norm, the weight and state gathers under expert parallelism
+// (replica_group.h), on the MPI communicator with
 // CPU tensors (an even number of ranks: 2, where every rank holds other experts, and 4). The
 // groups are split from the world as a trainer would: data = the world, expert-parallel groups of
 // two consecutive ranks (rank / 2), expert-data = the ranks at the same position in theirs
@@ -7,7 +8,9 @@
 // expert buckets over the expert-data group (whole, or into each rank's owned part when the state
 // is sharded over each group), a pending-zero gradient reads as zero, even where its group has one
 // replica; AdamW's norm over those groups (NormGroups) equals the norm of the whole model's reduced
-// gradient on one rank, to f32 rounding, and is the same on every rank.
+// gradient on one rank, to f32 rounding, and is the same on every rank. With the state sharded,
+// WeightGather gives every rank each bucket's owners' values and GatherBucketState the root of the
+// bucket's group its whole state, each over the bucket's group.
 #include "engine/distributed/gradient_sync.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +22,8 @@
 #include <vector>
 
 #include "engine/distributed/host_collectives.h"
+#include "engine/distributed/state_gather.h"
+#include "engine/distributed/weight_gather.h"
 #include "engine/kernels/ops.h"
 #include "engine/optim/adamw.h"
 #include "engine/runtime/device_context.h"
@@ -94,7 +99,7 @@ const ParameterSpec& SpecOf(const ParameterSet& set, const Parameter& p) {
   LOG(FATAL) << "not in the set: " << p.name;
 }
 
-class GradientSyncTest : public ::testing::Test {
+class ReplicaGroupsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(world_.size() % kExpertParallel, 0) << "run under mpirun with an even rank count";
@@ -146,7 +151,7 @@ class GradientSyncTest : public ::testing::Test {
   std::unique_ptr<Communicator> data_, expert_data_, expert_;
 };
 
-TEST_F(GradientSyncTest, ReducesEachBucketOverItsReplicaGroup) {
+TEST_F(ReplicaGroupsTest, ReducesEachBucketOverItsReplicaGroup) {
   for (bool sharded : {false, true}) {
     SCOPED_TRACE(sharded ? "sharded" : "whole");
     ParameterSet set = RankParameters(sharded);
@@ -173,7 +178,7 @@ TEST_F(GradientSyncTest, ReducesEachBucketOverItsReplicaGroup) {
   }
 }
 
-TEST_F(GradientSyncTest, TheNormWithExpertsSplitIsTheWholeModelsOnEveryRank) {
+TEST_F(ReplicaGroupsTest, TheNormWithExpertsSplitIsTheWholeModelsOnEveryRank) {
   // The whole model's reduced gradient on one rank.
   ParameterSet whole(device_, DType::kF32, /*seed=*/3);
   for (const ParameterSpec& spec : WholeSpecs()) {
@@ -199,6 +204,45 @@ TEST_F(GradientSyncTest, TheNormWithExpertsSplitIsTheWholeModelsOnEveryRank) {
     EXPECT_NEAR(got, want, 1e-6 * want);
     for (float norm : AllGatherHost(data_.get(), std::vector<float>{got})) {
       EXPECT_EQ(norm, got) << "ranks clip by different norms";
+    }
+  }
+}
+
+// What shard `shard` of a bucket holds at its element k in the gather tests.
+float Marker(int shard, int64_t k) { return static_cast<float>(k % 97) + 1000.0f * shard; }
+
+TEST_F(ReplicaGroupsTest, WeightsAndStateGatherOverEachBucketsGroup) {
+  ParameterSet set = RankParameters(/*sharded=*/true);
+  Stream& compute = DeviceContext::Get(device_).compute_stream();
+  // Every bucket's values: this rank's shard marked, the rest poisoned.
+  for (const ParameterBucket& b : set.buckets()) {
+    std::vector<float> values(b.layout.numel, -1.0f);
+    for (int64_t k = b.owned_begin(); k < b.owned_end(); ++k) values[k] = Marker(b.shard, k);
+    ops::CopyFromHost(values.data(), b.value);
+    const Tensor owned = b.exp_avg;
+    std::vector<float> moments(owned.numel());
+    for (int64_t k = 0; k < owned.numel(); ++k) moments[k] = Marker(b.shard, b.owned_begin() + k);
+    ops::CopyFromHost(moments.data(), owned);
+  }
+  WeightGather gather(groups(), set, compute);
+  gather.Start();
+  gather.WaitAll();
+  compute.Synchronize();
+  for (size_t i = 0; i < set.buckets().size(); ++i) {
+    const ParameterBucket& b = set.buckets()[i];
+    const std::vector<float> got = testing::ToFloats(b.value);
+    for (int64_t k = 0; k < b.layout.numel; ++k) {
+      ASSERT_EQ(got[k], Marker(static_cast<int>(k / b.layout.shard_numel()), k))
+          << "bucket " << i << " element " << k;
+    }
+    const WholeBucketState whole = GatherBucketState(groups(), set, i, /*root=*/0);
+    compute.Synchronize();
+    ASSERT_EQ(whole.exp_avg.defined(), groups()[b.layout.replicas]->rank() == 0) << i;
+    if (!whole.exp_avg.defined()) continue;
+    const std::vector<float> state = testing::ToFloats(whole.exp_avg);
+    for (int64_t k = 0; k < b.layout.numel; ++k) {
+      ASSERT_EQ(state[k], Marker(static_cast<int>(k / b.layout.shard_numel()), k))
+          << "bucket " << i << " element " << k;
     }
   }
 }
