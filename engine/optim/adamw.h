@@ -36,7 +36,7 @@ struct AdamWOptions {
 struct NormGroups {
   Communicator* model = nullptr;  // the pipeline stages
   // By replica group: the ranks its buckets' state is sharded over (parameters.shards(group)).
-  ReplicaCommunicators shard;
+  ReplicaCommunicators shard = {};
   Communicator* expert = nullptr;  // the expert-parallel group
 };
 

@@ -4,7 +4,7 @@
 // a stack is one matrix of its members as they would be created alone; a bucketed set starts
 // from the plain set's values, its parameters' tensors are views of the bucket buffers, and the
 // shards' owned slices cover every element of every parameter exactly once, a stack's in one slice
-// per shard.
+// per shard. Buckets never mix replica groups, and each is sharded over its own group's ranks.
 #include "engine/autograd/parameter_buckets.h"
 
 #include <gtest/gtest.h>
@@ -62,6 +62,33 @@ TEST(PlanBucketsTest, PadsToEqualAlignedShards) {
     EXPECT_EQ(b.shard_numel() * shards, b.numel);
     EXPECT_EQ(b.shard_begin(shards - 1), (shards - 1) * b.shard_numel());
   }
+}
+
+TEST(PlanBucketsTest, NeverMixesReplicaGroupsAndPadsForEachGroupsShards) {
+  const std::vector<int64_t> numels = {100, 10, 10, 10, 100};
+  const std::array<bool, 5> alone{};
+  using enum ReplicaGroup;
+  const std::vector<ReplicaGroup> replicas = {kData, kExpertData, kExpertData, kData, kData};
+  // The target would take every parameter: the groups alone split them.
+  const std::vector<BucketLayout> buckets =
+      PlanBuckets(numels, alone, replicas, {.data = {2, 0}, .expert_data = {3, 0}}, 1 << 20);
+  ASSERT_EQ(buckets.size(), 3u);  // {3, 4}, {1, 2}, {0}
+  const std::vector<std::array<size_t, 2>> ranges = {{3, 5}, {1, 3}, {0, 1}};
+  const std::vector<ReplicaGroup> groups = {kData, kExpertData, kData};
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    EXPECT_EQ(buckets[b].begin, ranges[b][0]) << b;
+    EXPECT_EQ(buckets[b].end, ranges[b][1]) << b;
+    EXPECT_EQ(buckets[b].replicas, groups[b]) << b;
+    EXPECT_EQ(buckets[b].shards, groups[b] == kData ? 2 : 3) << b;
+    EXPECT_EQ(buckets[b].numel % (buckets[b].shards * kBucketAlignment), 0) << b;
+  }
+}
+
+TEST(PlanBucketsDeathTest, AStackIsOfOneReplicaGroup) {
+  const std::vector<int64_t> numels = {10, 10};
+  const std::array<bool, 2> joins = {false, true};
+  const std::vector<ReplicaGroup> replicas = {ReplicaGroup::kData, ReplicaGroup::kExpertData};
+  EXPECT_DEATH(PlanBuckets(numels, joins, replicas, {}, 1 << 20), "another replica group");
 }
 
 // Parameter 0, a stack of 1..3 (400 + 200 + 200 elements), parameter 4.
@@ -295,6 +322,71 @@ TEST(BucketedParameterSetTest, ShardsOwnEveryElementOnceAStackInOneSlice) {
     for (const auto& [name, counts] : owners) {
       for (size_t i = 0; i < counts.size(); ++i) EXPECT_EQ(counts[i], 1) << name << "[" << i << "]";
     }
+  }
+}
+
+// Dense parameters around a stack of expert parameters (parts of bigger tensors, as a rank of an
+// expert-parallel group holds them) and one expert parameter alone.
+void CreateDenseAndExperts(ParameterSet& set) {
+  using enum ReplicaGroup;
+  set.Create({.name = "embed", .shape = {7, 50}});
+  const ParameterSpec experts[] = {{.name = "experts.fc1",
+                                    .shape = {4, 60},
+                                    .replicas = kExpertData,
+                                    .whole_shape = {8, 60},
+                                    .first_row = 4},
+                                   {.name = "experts.gate",
+                                    .shape = {4, 60},
+                                    .replicas = kExpertData,
+                                    .whole_shape = {8, 60},
+                                    .first_row = 4}};
+  set.CreateStack(experts);
+  set.Create({.name = "experts.fc2", .shape = {4, 30}, .replicas = kExpertData});
+  set.Create({.name = "router", .shape = {4, 5}});
+  set.Create({.name = "head", .shape = {3, 50}});
+}
+
+TEST(BucketedParameterSetTest, ShardsEachBucketOverItsReplicaGroup) {
+  // Dense state in 2 shards, experts' in 3: the six (data shard, expert-data shard) pairs.
+  constexpr int kDataShards = 2, kExpertShards = 3, kPairs = 6;
+  std::map<std::string, std::vector<int>> owners;  // by element: how many of the pairs own it
+  for (int pair = 0; pair < kPairs; ++pair) {
+    const BucketSharding sharding{.data = {kDataShards, pair % kDataShards},
+                                  .expert_data = {kExpertShards, pair % kExpertShards}};
+    ParameterSet set = ParameterSet::Deferred(Device::CPU(), DType::kF32, /*seed=*/5);
+    CreateDenseAndExperts(set);
+    set.AllocateBuckets(sharding, /*bucket_bytes=*/int64_t{1} << 20);
+    EXPECT_EQ(set.shards(ReplicaGroup::kData), kDataShards);
+    EXPECT_EQ(set.shards(ReplicaGroup::kExpertData), kExpertShards);
+    // {router, head}, {the experts}, {embed}.
+    ASSERT_EQ(set.buckets().size(), 3u);
+    for (const ParameterBucket& b : set.buckets()) {
+      for (size_t i = b.layout.begin; i < b.layout.end; ++i) {
+        EXPECT_EQ(set.specs()[i].replicas, b.layout.replicas) << set.specs()[i].name;
+      }
+      EXPECT_EQ(b.layout.shards, sharding[b.layout.replicas].shards);
+      EXPECT_EQ(b.shard, sharding[b.layout.replicas].shard);
+      EXPECT_EQ(b.exp_avg.numel() * b.layout.shards, b.layout.numel);
+    }
+    EXPECT_EQ(set.buckets()[1].layout.replicas, ReplicaGroup::kExpertData);
+    for (const OwnedSlice& s : set.OwnedSlices()) {
+      for (const testing::SlicePart& part : testing::SliceParts(set, s)) {
+        const Parameter& p = *part.parameter;
+        EXPECT_EQ(s.replicas,
+                  p.name.starts_with("experts.") ? ReplicaGroup::kExpertData : ReplicaGroup::kData)
+            << p.name;
+        std::vector<int>& counts = owners[p.name];
+        counts.resize(p.value.numel());
+        for (int64_t i = 0; i < part.count; ++i) ++counts[part.first + i];
+      }
+    }
+  }
+  ASSERT_EQ(owners.size(), 6u);
+  for (const auto& [name, counts] : owners) {
+    // Each shard of a group appears kPairs / shards times among the pairs.
+    const int want = kPairs / (name.starts_with("experts.") ? kExpertShards : kDataShards);
+    for (size_t i = 0; i < counts.size(); ++i)
+      ASSERT_EQ(counts[i], want) << name << "[" << i << "]";
   }
 }
 
