@@ -104,11 +104,9 @@ TEST(ChromeTraceTest, MetadataNamesTheRankAndItsFiveTracks) {
     }
   }
   EXPECT_EQ(processes, 1);
-  const std::map<int, std::string> want = {{1, "compute"},
-                                           {2, "offload D2H"},
-                                           {3, "offload H2D"},
-                                           {4, "pipeline comm"},
-                                           {5, "data-parallel comm"}};
+  const std::map<int, std::string> want = {
+      {1, "compute"},       {2, "offload D2H"},        {3, "offload H2D"},
+      {4, "pipeline comm"}, {5, "data-parallel comm"}, {6, "expert-parallel comm"}};
   EXPECT_EQ(threads, want);
   std::filesystem::remove(path);
 }

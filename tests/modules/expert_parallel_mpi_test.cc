@@ -14,10 +14,12 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "engine/distributed/process_groups.h"
+#include "engine/memory/pinned_host_pool.h"
 #include "engine/runtime/device_context.h"
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
@@ -252,6 +254,10 @@ TEST_F(ExpertParallelTest, EveryTokenToOneRankTrainsAsOneExpertRank) {
   comm_->Barrier();
   const TrainingRun reference = Train(config, plain, false, root);
   const TrainingRun run = Train(config, groups, false, root);
+  const std::vector<int64_t>& rows = run.steps[0].expert_traffic.rows_per_rank;
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_GT(rows[0], 0);
+  EXPECT_EQ(rows[1], 0);
   if (plain.data->rank() == 0) ExpectSameTraining(run, reference, world_.size() == 2);
 }
 
@@ -265,6 +271,36 @@ TEST_F(ExpertParallelTest, OffloadChangesNoBit) {
     const TrainingRun on = Train(config, groups, false, "", 1, /*offload=*/true);
     if (groups.data->rank() == 0) ExpectSameTraining(on, off, /*exact=*/true);
   }
+}
+
+// Why the routed offload groups bypass the pinned pool (modules/offload_groups.h): under expert
+// parallelism the bytes a rank's fused_group_mlp groups hold change from step to step (the rows it
+// receives do), where on one expert rank they are the same every step (tokens x top-k rows), so
+// buffers reserved by one step's sizes (the pool's classes, the planner's reservations) would be
+// too small for a later step or hold more than it needs. They go through the unpooled cache.
+TEST_F(ExpertParallelTest, RoutedOffloadGroupsChangeSizeEveryStep) {
+  const GptConfig config = TinyConfig(GroupedMlpKind::kFused);
+  TrainerOptions options = TinyOptions(false, 1, /*offload=*/true);
+  options.offload->groups = {kFusedGroupMlpGroup};
+  options.train_steps = 6;
+  const auto offloaded_bytes = [&](const ProcessGroups& groups) {
+    StatusOr<std::unique_ptr<Trainer>> created =
+        Trainer::Create(config, options, Device::CPU(), source_.get(), &groups);
+    CHECK(created.ok()) << created.status().message();
+    std::set<int64_t> sizes;
+    for (int step = 0; step < options.train_steps; ++step) {
+      sizes.insert((*created)->TrainStep().offload.offloaded_bytes);
+    }
+    return sizes;
+  };
+  const PinnedPoolStats before = DeviceContext::Get(Device::CPU()).pinned_pool().stats();
+  const std::set<int64_t> one_rank = offloaded_bytes(SplitProcessGroups(*comm_, 1));
+  const std::set<int64_t> split = offloaded_bytes(SplitProcessGroups(*comm_, 1, 2));
+  const PinnedPoolStats after = DeviceContext::Get(Device::CPU()).pinned_pool().stats();
+  EXPECT_EQ(one_rank.size(), 1u);
+  EXPECT_GT(split.size(), 1u) << "the same bytes in every step";
+  EXPECT_GT(after.unpooled_allocations, before.unpooled_allocations);
+  EXPECT_EQ(after.pooled_in_use_bytes, 0);
 }
 
 // A traced step shows each exchange on the expert-parallel comm track: four per MoE layer and
