@@ -40,13 +40,13 @@ ExpertRoute::ExpertRoute(Tensor counts, int rank) : counts_(std::move(counts)), 
     send_offsets_[p + 1] = send_offsets_[p] + sent;
     recv_offsets_[p + 1] = recv_offsets_[p] + received;
   }
-}
-
-std::vector<int32_t> ExpertRoute::SegmentOffsets(int source) const {
-  const int32_t* row = counts_.data<int32_t>() + source * counts_.dim(1) + rank_ * local_experts_;
-  std::vector<int32_t> offsets(static_cast<size_t>(local_experts_ + 1), 0);
-  for (int64_t e = 0; e < local_experts_; ++e) offsets[e + 1] = offsets[e] + row[e];
-  return offsets;
+  segment_offsets_ = Tensor::Empty({ranks, local_experts_ + 1}, DType::kI32, Device::CPU());
+  int32_t* offsets = segment_offsets_.data<int32_t>();
+  for (int s = 0; s < ranks; ++s, offsets += local_experts_ + 1) {
+    const int32_t* rows = c + s * experts + rank_ * local_experts_;
+    offsets[0] = 0;
+    for (int64_t e = 0; e < local_experts_; ++e) offsets[e + 1] = offsets[e] + rows[e];
+  }
 }
 
 void ExpertRoute::AddTo(ExpertTraffic& traffic) const {

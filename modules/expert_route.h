@@ -6,7 +6,8 @@
 //   [send_offsets[p], send_offsets[p + 1]) (the rows of p's experts);
 //   recv_offsets (E + 1): the rows received from source rank s are [recv_offsets[s],
 //   recv_offsets[s + 1]) of the received batch (source order), each source's sorted by expert;
-//   SegmentOffsets(s) (L + 1) i32 from 0: source s's rows per local expert, as offsets.
+//   segment_offsets (E, L + 1) i32, a CPU tensor: row s = source s's rows per local expert as
+//   offsets from 0.
 // Exchange is collective over the group (the counts gathered through the host: the one host
 // synchronisation of the exchange); FromCounts rebuilds the route from the saved counts.
 #pragma once
@@ -31,7 +32,7 @@ class ExpertRoute {
   const std::vector<int64_t>& recv_offsets() const { return recv_offsets_; }
   int sources() const { return static_cast<int>(counts_.dim(0)); }
   int64_t rows_from(int source) const { return recv_offsets_[source + 1] - recv_offsets_[source]; }
-  std::vector<int32_t> SegmentOffsets(int source) const;
+  const Tensor& segment_offsets() const { return segment_offsets_; }
   // Adds the route's rows per expert and per receiving rank to `traffic` (sized on first use).
   void AddTo(ExpertTraffic& traffic) const;
 
@@ -43,6 +44,7 @@ class ExpertRoute {
   int64_t local_experts_;
   std::vector<int64_t> send_offsets_;
   std::vector<int64_t> recv_offsets_;
+  Tensor segment_offsets_;
 };
 
 }  // namespace moe

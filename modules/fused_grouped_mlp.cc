@@ -15,8 +15,10 @@ bool FusedGroupedMlp::NeedsHostOffsets() const {
 }
 
 Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                                const Tensor& weights, int segment) {
-  const Tensor host_offsets = NeedsHostOffsets() ? HostOffsets(offsets) : Tensor();
+                                const Tensor& weights, int segment,
+                                const Tensor& known_host_offsets) {
+  const Tensor host_offsets =
+      NeedsHostOffsets() ? HostOffsets(offsets, known_host_offsets) : Tensor();
   const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
   const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
   const Device device = x.device();

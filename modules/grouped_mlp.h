@@ -52,9 +52,12 @@ class GroupedMlp {
   GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config, int layer,
              const ExpertShard& shard = {});
   virtual ~GroupedMlp() = default;
-  // One segment's rows: x (rows, hidden), offsets (local experts + 1) from 0, weights (rows).
+  // One segment's rows: x (rows, hidden), offsets (local experts + 1) from 0, weights (rows);
+  // host_offsets: the same offsets as a CPU tensor where the caller has them (then never read
+  // back from the device), else undefined.
   virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                         const Tensor& weights, int segment = 0) = 0;
+                         const Tensor& weights, int segment = 0,
+                         const Tensor& host_offsets = Tensor()) = 0;
   // One segment's backward, then, after a micro-batch's segments, EndBackward.
   virtual Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) = 0;
   virtual void EndBackward(bool last_of_step) = 0;
@@ -101,9 +104,9 @@ std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::
 // Shared by the implementations.
 // Expert e's matrix of a stacked (experts, out, in) tensor (p's value, grad, ...).
 Tensor ExpertMatrix(const Parameter& p, const Tensor& stacked, int64_t expert);
-// The offsets array read back to the host (one synchronisation), as a CPU tensor that forward
-// saves so that backward needs no second read-back.
-Tensor HostOffsets(const Tensor& offsets);
+// The offsets array on the host as a CPU tensor that forward saves so that backward needs no
+// second read-back: `known` if defined, else read back (one synchronisation).
+Tensor HostOffsets(const Tensor& offsets, const Tensor& known = Tensor());
 // The values of such a host offsets tensor (none for an undefined tensor).
 std::span<const int32_t> OffsetValues(const Tensor& host_offsets);
 

@@ -109,16 +109,19 @@ Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const Tensor& permuted, con
   const RowExchange dispatch[] = {{permuted, rows}, {weights, row_weights}};
   Exchange("dispatch", dispatch, route.send_offsets(), route.recv_offsets());
 
+  // Every source's expert offsets in one upload, beside their host copy (no read-back later).
+  const Tensor& host_offsets = route.segment_offsets();
+  Tensor segment_offsets = Tensor::Empty(host_offsets.shape(), DType::kI32, device);
+  ops::CopyFromHost(host_offsets.data(), segment_offsets);
   Tensor outputs = Tensor::Empty({received, hidden}, permuted.dtype(), device);
   for (int source = 0; source < route.sources(); ++source) {
     if (route.rows_from(source) == 0) continue;
     const int64_t begin = route.recv_offsets()[source], end = route.recv_offsets()[source + 1];
-    const std::vector<int32_t> host_offsets = route.SegmentOffsets(source);
-    Tensor segment_offsets =
-        Tensor::Empty({static_cast<int64_t>(host_offsets.size())}, DType::kI32, device);
-    ops::CopyFromHost(host_offsets.data(), segment_offsets);
-    const Tensor y = experts_->Forward(saved, rows.Rows(begin, end), segment_offsets,
-                                       row_weights.Rows(begin, end), source);
+    const auto row = [source](const Tensor& t) {
+      return t.Rows(source, source + 1).View({t.dim(1)});
+    };
+    const Tensor y = experts_->Forward(saved, rows.Rows(begin, end), row(segment_offsets),
+                                       row_weights.Rows(begin, end), source, row(host_offsets));
     ops::Copy(y, outputs.Rows(begin, end));
   }
   Tensor expert_out = Tensor::Empty(permuted.shape(), permuted.dtype(), device);

@@ -17,6 +17,9 @@
 // the outputs back into this rank's permuted order; backward mirrors both (the output gradients
 // out, the input and weight gradients back); each exchange is the step's expert-parallel wait and a
 // span on the expert-parallel comm track, and the layer adds its rows and bytes to the traffic.
+// Bytes a rank sends per micro-batch, r rows leaving it for other ranks (r = tokens x top-k x
+// (E - 1) / E under even routing), b bytes per activation element: forward r (hidden b + 4) out
+// and r hidden b back; backward r hidden b out and r (hidden b + 4) back.
 // Saves in addition: the route's counts (a CPU tensor).
 // Everything before the first and after the second exchange is this rank's alone (the router and
 // its load-balancing loss over the rank's own tokens, as Megatron-LM's default aux loss counts

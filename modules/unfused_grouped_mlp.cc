@@ -37,8 +37,9 @@ void PerExpertBackward(std::span<const int32_t> rows, const Tensor& dy, const Te
 }  // namespace
 
 Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                                  const Tensor& weights, int segment) {
-  const Tensor host_offsets = HostOffsets(offsets);
+                                  const Tensor& weights, int segment,
+                                  const Tensor& known_host_offsets) {
+  const Tensor host_offsets = HostOffsets(offsets, known_host_offsets);
   const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const int64_t ffn = config_.moe_ffn_hidden_size;
   Tensor h = Tensor::Empty({x.dim(0), 2 * ffn}, x.dtype(), x.device());

@@ -15,7 +15,7 @@ class UnfusedGroupedMlp final : public GroupedMlp {
  public:
   using GroupedMlp::GroupedMlp;
   Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets, const Tensor& weights,
-                 int segment = 0) override;
+                 int segment = 0, const Tensor& known_host_offsets = Tensor()) override;
   Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) override;
   void EndBackward(bool last_of_step) override;
 };

@@ -2,7 +2,9 @@
 # Multi-GPU throughput on the GPU machine (after tests/gpu_suite.sh has built into
 # /tmp/moe-build): the 8-layer Qwen3-30B-A3B-shaped model (configs/qwen3_moe_8layer.flags) on 1, 2
 # and 4 GPUs under mpirun: pipeline (1F1B, interleaved), data parallel, both, with and without
-# offloading; on 4 GPUs first trainer_parallel_cuda_test under 4 ranks. Each run's log goes to
+# offloading, and expert parallelism beside data parallelism at the same global batch (its log
+# line adds the rows per expert and rank, the all-to-all bytes and the ep wait); on 4 GPUs first
+# trainer_parallel_cuda_test under 4 ranks. Each run's log goes to
 # $OUT/parallel.log; one summary line per run is printed.
 #   usage: tests/gpu_parallel.sh [max GPUs]   (default: all GPUs of the machine)
 set -uo pipefail
@@ -37,8 +39,12 @@ run 2 pp2 "--pipeline_parallel=2"
 run 2 pp2+offload "--pipeline_parallel=2 $offload"
 run 2 pp2-v2 "--pipeline_parallel=2 --virtual_pipeline=2"
 run 2 dp2 "--pipeline_parallel=1"
+run 2 dp2-ep2 "--pipeline_parallel=1 --expert_model_parallel_size=2"
+run 2 dp2-ep2+offload "--pipeline_parallel=1 --expert_model_parallel_size=2 $offload"
 run 4 pp4 "--pipeline_parallel=4"
 run 4 pp4+offload "--pipeline_parallel=4 $offload"
 run 4 pp4-v2 "--pipeline_parallel=4 --virtual_pipeline=2"
 run 4 pp2-dp2 "--pipeline_parallel=2"
 run 4 dp4 "--pipeline_parallel=1"
+run 4 dp4-ep4 "--pipeline_parallel=1 --expert_model_parallel_size=4"
+run 4 pp2-dp2-ep2 "--pipeline_parallel=2 --expert_model_parallel_size=2"

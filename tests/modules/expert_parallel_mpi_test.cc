@@ -24,6 +24,7 @@
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/distributed/test_world.h"
+#include "tests/testing/parallel_options.h"
 #include "tests/testing/safetensors_edit.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
@@ -47,22 +48,9 @@ GptConfig TinyConfig(GroupedMlpKind kind) {
 
 TrainerOptions TinyOptions(bool distributed_optimizer, int virtual_pipeline = 1,
                            bool offload = false) {
-  TrainerOptions o;
+  TrainerOptions o = testing::ParallelTestOptions(kSteps, offload);
   o.use_distributed_optimizer = distributed_optimizer;
   o.virtual_pipeline = virtual_pipeline;
-  if (offload) {
-    OffloadOptions options;
-    for (const std::string& group : OffloadGroupNames()) options.groups.insert(group);
-    options.unpooled_groups = RoutedOffloadGroups();
-    options.min_tensor_bytes = 0;
-    o.offload = options;
-  }
-  o.micro_batch_size = 1;
-  o.global_batch_size = 8;
-  o.train_steps = kSteps;
-  o.warmup_steps = 1;
-  o.eval_steps = 4;
-  o.bucket_bytes = 16 << 10;
   o.adamw.clip_grad = 0.0f;  // the norm's summation order differs; its clip factor would too
   return o;
 }

@@ -23,9 +23,9 @@
 #include "engine/core/byte_units.h"
 #include "engine/distributed/process_groups.h"
 #include "engine/runtime/device_context.h"
-#include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/distributed/test_world.h"
+#include "tests/testing/parallel_options.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -64,23 +64,10 @@ Device TestDevice() {
 
 TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false,
                            OptimizerDTypes optimizer_dtypes = {}) {
-  TrainerOptions o;
+  TrainerOptions o = testing::ParallelTestOptions(kSteps, offload);
   o.use_distributed_optimizer = distributed_optimizer;
   o.optimizer_dtypes = optimizer_dtypes;
-  o.micro_batch_size = 1;
-  o.global_batch_size = 8;
-  o.train_steps = kSteps;
-  o.warmup_steps = 1;
-  o.eval_steps = 4;
   o.virtual_pipeline = virtual_pipeline;
-  o.bucket_bytes = 16 << 10;  // several gradient buckets, some of several parameters
-  if (offload) {
-    OffloadOptions options;
-    for (const std::string& group : OffloadGroupNames()) options.groups.insert(group);
-    options.unpooled_groups = RoutedOffloadGroups();
-    options.min_tensor_bytes = 0;
-    o.offload = options;
-  }
   return o;
 }
 
