@@ -99,11 +99,14 @@ Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_
 Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const Tensor& permuted, const Tensor& offsets,
                                 const Tensor& weights) {
   if (expert_parallel_ == nullptr) return experts_->Forward(saved, permuted, offsets, weights);
-  const ExpertRoute route = ExpertRoute::Exchange(*expert_parallel_->group, offsets);
+  const Device device = permuted.device();
+  const ExpertRoute route = [&] {  // the host waits for the group's counts: compute idles
+    const PhaseScope waiting(device, StepPhase::kExpertParallelWait);
+    return ExpertRoute::Exchange(*expert_parallel_->group, offsets);
+  }();
   route.AddTo(expert_parallel_->traffic);
   saved.Save(name_ + ".expert_counts", route.counts());
   const int64_t received = route.recv_offsets().back(), hidden = permuted.dim(1);
-  const Device device = permuted.device();
   Tensor rows = Tensor::Empty({received, hidden}, permuted.dtype(), device);
   Tensor row_weights = Tensor::Empty({received}, DType::kF32, device);
   const RowExchange dispatch[] = {{permuted, rows}, {weights, row_weights}};
