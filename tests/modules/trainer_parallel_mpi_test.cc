@@ -25,7 +25,7 @@
 #include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
 #include "tests/distributed/test_world.h"
-#include "tests/testing/parallel_options.h"
+#include "tests/testing/parallel_training.h"
 #include "tests/testing/tensor_testing.h"
 #include "tests/testing/tiny_model.h"
 
@@ -34,11 +34,8 @@ namespace {
 
 const auto* const kWorld = ::testing::AddGlobalTestEnvironment(new testing::TestWorld);
 
-#if MOE_TEST_ON_CUDA
-constexpr bool kOnCuda = true;
-#else
-constexpr bool kOnCuda = false;
-#endif
+using testing::kOnCuda;
+using testing::RankDevice;
 
 constexpr int kSteps = 3;
 // Losses, aux losses and gradient norms agree up to the order of fp32 sums (data-parallel
@@ -52,14 +49,6 @@ GptConfig TinyConfig() {
   c.num_query_groups = 1;
   if (kOnCuda) c.hidden_size = 128;  // head dim 64, as the CUDA attention kernels take
   return c;
-}
-
-// This rank's device: the CPU, or under CUDA the GPU of its local rank.
-Device TestDevice() {
-  if (!kOnCuda) return Device::CPU();
-  StatusOr<Device> device = testing::TestWorld::Get().SelectDevice(DeviceType::kCUDA);
-  CHECK(device.ok()) << device.status().message();
-  return *device;
 }
 
 TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false,
@@ -90,7 +79,7 @@ TrainingRun Train(const TokenSource& source, int virtual_pipeline, bool offload,
   TrainerOptions options = TinyOptions(virtual_pipeline, offload, distributed_optimizer);
   options.adamw.clip_grad = clip_grad;
   StatusOr<std::unique_ptr<Trainer>> created =
-      Trainer::Create(config, options, TestDevice(), &source, groups);
+      Trainer::Create(config, options, RankDevice(), &source, groups);
   CHECK(created.ok()) << created.status().message();
   Trainer& trainer = **created;
   TrainingRun run;
@@ -124,32 +113,14 @@ std::map<std::string, std::vector<float>> State(Trainer& trainer) {
 }
 
 void ExpectNear(double actual, double expected, const char* what) {
-  EXPECT_LE(std::abs(actual - expected), kTolerance * std::max(1.0, std::abs(expected)))
-      << what << ": " << actual << " vs " << expected;
+  testing::ExpectNear(actual, expected, what, kTolerance);
 }
 
-// Every rank's master weights against the one-process run's. fp32 on the CPU: each within
-// kTolerance. CUDA: AdamW turns a gradient element that is pure rounding noise into a full +-lr
-// step whose sign the summation order decides, so up to 0.1% of the weights may differ by up to
-// that bound, 2 lr per step; the rest must agree within kTolerance.
+// Every rank's master weights against the one-process run's (testing::ExpectWeightsNear).
 void ExpectWeightsNear(const std::map<std::string, std::vector<float>>& weights,
                        const std::map<std::string, std::vector<float>>& reference) {
-  ASSERT_FALSE(weights.empty());
-  const double noise_bound = 2.0 * TinyOptions(1, false).lr * kSteps;
-  int64_t total = 0, outliers = 0;
-  for (const auto& [name, values] : weights) {
-    const std::vector<float>& expected = reference.at(name);
-    ASSERT_EQ(values.size(), expected.size()) << name;
-    for (size_t i = 0; i < values.size(); ++i) {
-      const double error = std::abs(values[i] - expected[i]);
-      ++total;
-      if (error <= kTolerance * std::max(1.0f, std::abs(expected[i]))) continue;
-      ++outliers;
-      ASSERT_TRUE(kOnCuda && error <= noise_bound)
-          << name << "[" << i << "]: " << values[i] << " vs " << expected[i];
-    }
-  }
-  EXPECT_LE(outliers, total / 1000) << outliers << " of " << total << " weights differ";
+  testing::ExpectWeightsNear(weights, reference, kTolerance,
+                             2.0 * TinyOptions(1, false).lr * kSteps);
 }
 
 // Trains `resumed` (at step 1) to the end: every step's statistics and the final state are the
@@ -169,7 +140,7 @@ class TrainerParallelTest : public ::testing::Test {
  protected:
   TrainerParallelTest()
       : world_(testing::TestWorld::Get()),
-        stream_(DeviceContext::Get(TestDevice()).CreateSideStream()),
+        stream_(DeviceContext::Get(RankDevice()).CreateSideStream()),
         comm_(world_.NewCommunicator(*stream_, std::chrono::seconds(60))) {
     DataOptions data;
     data.vocab_size = TinyConfig().vocab_size;
@@ -192,7 +163,7 @@ class TrainerParallelTest : public ::testing::Test {
                                       bool distributed_optimizer = false,
                                       OptimizerDTypes optimizer_dtypes = {}) {
     StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(
-        TinyConfig(), TinyOptions(1, false, distributed_optimizer, optimizer_dtypes), TestDevice(),
+        TinyConfig(), TinyOptions(1, false, distributed_optimizer, optimizer_dtypes), RankDevice(),
         source_.get(), groups);
     CHECK(created.ok()) << created.status().message();
     return std::move(created).value();
@@ -453,7 +424,7 @@ TEST_F(TrainerParallelTest, DistributedOptimizerIsDeterministic) {
 TEST_F(TrainerParallelTest, DistributedOptimizerHoldsOneShardOfTheState) {
   const ProcessGroups groups = SplitProcessGroups(*comm_, /*pipeline_size=*/1);
   const int data = groups.data->size();
-  CachingAllocator& allocator = DeviceContext::Get(TestDevice()).allocator();
+  CachingAllocator& allocator = DeviceContext::Get(RankDevice()).allocator();
   struct Measured {
     int64_t created_bytes = 0;
     double step_peak_mib = 0;
