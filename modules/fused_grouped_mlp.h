@@ -4,8 +4,8 @@
 // (ops::GroupedMatmulSwigluBackward: in its epilogue on Hopper, fc2's input gradient never
 // stored), fc1's input gradient, grouped weight-gradient GEMMs. The grouped GEMMs take
 // the expert row ranges on the device; only where they also need them on the host
-// (ops::GroupedMatmulNeedsHostOffsets) are they read back, once, in forward and kept for
-// backward. Otherwise neither forward nor backward waits for the device.
+// (ops::GroupedMatmulNeedsHostOffsets) are they read back, once, in forward (unless the caller
+// has them) and kept for backward. Otherwise neither forward nor backward waits for the device.
 // Saves: in group fused_group_mlp (opened at the input, committed after fc2) fc1's input x, the
 // activation input h = fc1(x) and fc2's input a = swiglu(h) * weights (but not a with
 // config.recompute_in(layer).moe_act: backward recomputes it from h, as the unfused path always
@@ -18,7 +18,7 @@
 // them all, each weight's gradient in one ops::GroupedMatmulWeightGrad over all their rows: on
 // Hopper one pass over the gradient in memory instead of one per micro-batch (the pass is bound by
 // that traffic where experts get few rows: the preset's bf16 gradients of a layer, 1.2 GB, are
-// read and written per pass).
+// read and written per pass). With source slots (grouped_mlp.h) one pass per source instead.
 #pragma once
 
 #include <vector>
