@@ -32,7 +32,8 @@ class ExpertRoute {
   int sources() const { return static_cast<int>(counts_.dim(0)); }
   int64_t rows_from(int source) const { return recv_offsets_[source + 1] - recv_offsets_[source]; }
   std::vector<int32_t> SegmentOffsets(int source) const;
-  // Adds the route's rows per expert and per receiving rank to `traffic` (sized on first use).
+  // Adds the route's rows per expert and per receiving rank to `traffic` (sized on first use), and
+  // appends its rows per receiving rank to traffic.rows_per_exchange.
   void AddTo(ExpertTraffic& traffic) const;
 
  private:

@@ -23,7 +23,7 @@ double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDT
 
 double ExpertRows(const GptConfig& m, int64_t micro_batch_size, int64_t expert_parallel) {
   const double rows = D(micro_batch_size) * D(m.seq_length) * D(m.moe_router_topk);
-  return expert_parallel > 1 ? rows * kExpertRowsMargin : rows;
+  return expert_parallel > 1 ? std::ceil(rows * kExpertRowsMargin) : rows;
 }
 
 RankParameters LayerParameters(const MemoryEstimateOptions& o, bool moe_layer) {
