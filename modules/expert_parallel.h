@@ -12,10 +12,12 @@ namespace moe {
 // Summed over the rank's MoE layers and micro-batches (forward passes; a recomputed forward counts
 // again): the rows routed to each expert of the model by the group's ranks, the rows each rank of
 // the group received, and the bytes this rank sent to other ranks (both exchanges of forward and
-// of backward).
+// of backward). Apart, each forward exchange's rows per receiving rank (one layer, one
+// micro-batch: what the memory estimate's kExpertRowsMargin covers).
 struct ExpertTraffic {
-  std::vector<int64_t> rows_per_expert;  // (num_experts)
-  std::vector<int64_t> rows_per_rank;    // (group size)
+  std::vector<int64_t> rows_per_expert;    // (num_experts)
+  std::vector<int64_t> rows_per_rank;      // (group size)
+  std::vector<int64_t> rows_per_exchange;  // (exchanges x group size), in exchange order
   int64_t bytes_sent = 0;
 };
 

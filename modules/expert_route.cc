@@ -54,11 +54,14 @@ void ExpertRoute::AddTo(ExpertTraffic& traffic) const {
   const int64_t experts = counts_.dim(1);
   traffic.rows_per_expert.resize(experts, 0);
   traffic.rows_per_rank.resize(ranks, 0);
+  const size_t exchange = traffic.rows_per_exchange.size();
+  traffic.rows_per_exchange.resize(exchange + ranks, 0);
   const int32_t* c = counts_.data<int32_t>();
   for (int s = 0; s < ranks; ++s) {
     for (int64_t e = 0; e < experts; ++e) {
       traffic.rows_per_expert[e] += c[s * experts + e];
       traffic.rows_per_rank[e / local_experts_] += c[s * experts + e];
+      traffic.rows_per_exchange[exchange + e / local_experts_] += c[s * experts + e];
     }
   }
 }

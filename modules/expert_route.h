@@ -33,7 +33,8 @@ class ExpertRoute {
   int sources() const { return static_cast<int>(counts_.dim(0)); }
   int64_t rows_from(int source) const { return recv_offsets_[source + 1] - recv_offsets_[source]; }
   const Tensor& segment_offsets() const { return segment_offsets_; }
-  // Adds the route's rows per expert and per receiving rank to `traffic` (sized on first use).
+  // Adds the route's rows per expert and per receiving rank to `traffic` (sized on first use), and
+  // appends its rows per receiving rank to traffic.rows_per_exchange.
   void AddTo(ExpertTraffic& traffic) const;
 
  private:

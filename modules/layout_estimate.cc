@@ -29,8 +29,12 @@ class LayerCounts {
     m.recompute = recompute;
     m.recompute_by_layer.clear();
     const double bytes = std::max(
-        has_moe_ ? ActivationBytesPerLayer(m, o_.micro_batch_size, true, o_.cuda) : 0.0,
-        has_dense_ ? ActivationBytesPerLayer(m, o_.micro_batch_size, false, o_.cuda) : 0.0);
+        has_moe_
+            ? ActivationBytesPerLayer(m, o_.micro_batch_size, o_.expert_parallel, true, o_.cuda)
+            : 0.0,
+        has_dense_
+            ? ActivationBytesPerLayer(m, o_.micro_batch_size, o_.expert_parallel, false, o_.cuda)
+            : 0.0);
     known_.emplace_back(recompute, bytes);
     return bytes;
   }
@@ -49,6 +53,7 @@ RankMemoryEstimate EstimateRank(const MemoryEstimateOptions& o, const PipelineLa
   r.rank = rank;
   bool has_moe = false, has_dense = false;
   double moe_layers = 0;
+  RankParameters parameters;
   for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
     const int stage = StageIndex(rank, chunk, partition.pipeline_size());
     const LayerRange& range = partition.layers(rank, chunk);
@@ -59,17 +64,18 @@ RankMemoryEstimate EstimateRank(const MemoryEstimateOptions& o, const PipelineLa
       const bool moe = m.is_moe_layer(l);
       (moe ? has_moe : has_dense) = true;
       moe_layers += moe ? 1 : 0;
-      r.memory.parameters += LayerParameters(m, moe);
+      parameters += LayerParameters(o, moe);
     }
   }
   const double h = D(m.hidden_size);
-  if (r.embedding) r.memory.parameters += D(m.vocab_size) * h;
-  if (r.head) r.memory.parameters += D(m.vocab_size) * h + h;
-  r.memory.state_bytes =
-      r.memory.parameters * StateBytesPerParameter(o.cuda, o.state_shards, o.dtypes);
-  r.weight_bytes = r.memory.parameters * ComputeBytes(o.cuda);
-  r.gradient_bytes = r.memory.parameters * D(o.dtypes.grad_bytes());
-  r.optimizer_bytes = r.memory.state_bytes - r.weight_bytes - r.gradient_bytes;
+  if (r.embedding) parameters.dense += D(m.vocab_size) * h;
+  if (r.head) parameters.dense += D(m.vocab_size) * h + h;
+  const StateBytes state = RankStateBytes(o, parameters);
+  r.memory.parameters = parameters.total();
+  r.memory.state_bytes = state.total();
+  r.weight_bytes = state.weights;
+  r.gradient_bytes = state.gradients;
+  r.optimizer_bytes = state.optimizer;
 
   // What one pass of each chunk saves.
   LayerCounts counts(o, has_moe, has_dense);
@@ -98,7 +104,8 @@ RankMemoryEstimate EstimateRank(const MemoryEstimateOptions& o, const PipelineLa
     }
   }
   r.memory.activation_bytes =
-      most + PendingWeightGradBytes(m, o.micro_batch_size, o.micro_batches, moe_layers, o.cuda);
+      most + PendingWeightGradBytes(m, o.micro_batch_size, o.expert_parallel, o.micro_batches,
+                                    moe_layers, o.cuda);
 
   double head_workspace = 0;
   if (r.head) {

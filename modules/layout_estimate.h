@@ -4,10 +4,11 @@
 // for each rank's own stages instead of one bound for all:
 // - Layers and ends: the run's PipelineLayout (engine/pipeline/layout.h); chunk c of rank r is
 //   stage c x p + r, the embedding on the first stage, the final norm and the head on the last.
-// - State: the rank's parameters (its layers', LayerParameters, and its ends') x
-//   StateBytesPerParameter, split into weights (the copy compute reads: bf16 on CUDA, the f32
-//   master on the CPU), gradients (the main grads' dtype) and optimizer (the AdamW moments, and on
-//   CUDA the f32 master weights; 1 / state_shards of them under the distributed optimizer).
+// - State: the rank's parameters (its layers', LayerParameters: 1 / E of each MoE layer's experts
+//   under expert parallelism, and its ends'), split into weights (the copy compute reads: bf16 on
+//   CUDA, the f32 master on the CPU), gradients (the main grads' dtype) and optimizer (the AdamW
+//   moments, and on CUDA the f32 master weights; under the distributed optimizer 1 / state_shards
+//   of them, of the experts' 1 / (state_shards / E)): RankStateBytes.
 // - Activations: walking the rank's list of the schedule, the most bytes held by the (micro-batch,
 //   chunk) passes whose forward has run and whose backward has not; a pass holds its chunk's
 //   saves: each layer's (ActivationBytesPerLayer, with what that layer recomputes, counted at the

@@ -21,18 +21,41 @@ double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDT
   return cuda ? 2.0 + grad + (4.0 + moments) / shards : 4.0 + grad + moments / shards;
 }
 
-double LayerParameters(const GptConfig& m, bool moe_layer) {
+double ExpertRows(const GptConfig& m, int64_t micro_batch_size, int64_t expert_parallel) {
+  const double rows = D(micro_batch_size) * D(m.seq_length) * D(m.moe_router_topk);
+  return expert_parallel > 1 ? std::ceil(rows * kExpertRowsMargin) : rows;
+}
+
+RankParameters LayerParameters(const MemoryEstimateOptions& o, bool moe_layer) {
+  const GptConfig& m = o.model;
   const double h = D(m.hidden_size), q = D(m.q_dim()), kv = D(m.kv_dim());
   // GptConfig::attention_parameters
   const double attention = 2 * h * q + 2 * h * kv + 2 * h + D(m.qk_norm_parameters());
-  if (!moe_layer) return attention + 3 * h * D(m.ffn_hidden_size);
-  return attention + h * D(m.num_experts) + D(m.num_experts) * 3 * h * D(m.moe_ffn_hidden_size);
+  if (!moe_layer) return {attention + 3 * h * D(m.ffn_hidden_size), 0};
+  const double experts = D(m.num_experts) / D(std::max<int64_t>(1, o.expert_parallel));
+  return {attention + h * D(m.num_experts), experts * 3 * h * D(m.moe_ffn_hidden_size)};
+}
+
+StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& p) {
+  const int64_t e = std::max<int64_t>(1, o.expert_parallel);
+  const double grad = D(o.dtypes.grad_bytes());
+  StateBytes s;
+  s.weights = p.total() * ComputeBytes(o.cuda);
+  // The CPU backend's per-source gradient slots of the rank's experts (grouped_mlp.h).
+  const double slots = !o.cuda && e > 1 ? D(e) : 0;
+  s.gradients = (p.total() + slots * p.expert) * grad;
+  s.optimizer = p.dense * StateBytesPerParameter(o.cuda, o.state_shards, o.dtypes) +
+                p.expert * StateBytesPerParameter(o.cuda, std::max<int64_t>(1, o.state_shards / e),
+                                                  o.dtypes) -
+                s.weights - p.total() * grad;
+  return s;
 }
 
 double RopeTableBytes(const GptConfig& m) { return D(m.seq_length) * D(m.head_dim() / 2) * 2 * 4; }
 
 std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_size,
-                                        bool moe_layer, bool cuda, const RecomputeModules& r) {
+                                        int64_t expert_parallel, bool moe_layer, bool cuda,
+                                        const RecomputeModules& r) {
   const double b = ComputeBytes(cuda);
   const double tokens = D(micro_batch_size) * D(m.seq_length);
   const double h = D(m.hidden_size), q = D(m.q_dim()), kv = D(m.kv_dim()),
@@ -68,6 +91,8 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
   if (r.moe) return out;  // the MoE layer keeps only its input
   const double experts = D(m.num_experts), k = D(m.moe_router_topk), rows = tokens * k;
   const double f = D(m.moe_ffn_hidden_size);
+  // What the grouped MLP saves, per row its experts run (received, under expert parallelism).
+  const double expert_rows = ExpertRows(m, micro_batch_size, expert_parallel);
   if (m.moe_z_loss_coeff != 0.0f) add("", tokens * 4 * experts);  // router logits
   add("", tokens * 4 * experts);                                  // probabilities
   add("", tokens * 4 * k);                                        // top values
@@ -76,15 +101,16 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
   add("", rows * 4);                                              // source rows
   add("", rows * 4);                                              // inverse
   if (m.moe_grouped_mlp == GroupedMlpKind::kFused) {
-    add("", (experts + 1) * 4);                              // device offsets
-    add("", rows * 4);                                       // weights
-    add(kFusedGroupMlpGroup, rows * b * h);                  // permuted input
-    add(kFusedGroupMlpGroup, rows * b * 2 * f);              // fc1 output
-    if (!r.moe_act) add(kFusedGroupMlpGroup, rows * b * f);  // activation
+    // Device offsets: one set per source rank, each of the rank's experts + 1.
+    add("", (experts + D(std::max<int64_t>(1, expert_parallel))) * 4);
+    add("", expert_rows * 4);                                       // weights
+    add(kFusedGroupMlpGroup, expert_rows * b * h);                  // permuted input
+    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);              // fc1 output
+    if (!r.moe_act) add(kFusedGroupMlpGroup, expert_rows * b * f);  // activation
   } else {
-    add(kExpertFc1Group, rows * b * h);
-    add(kMoeActGroup, rows * b * 2 * f);
-    add(kMoeActGroup, rows * 4);  // weights
+    add(kExpertFc1Group, expert_rows * b * h);
+    add(kMoeActGroup, expert_rows * b * 2 * f);
+    add(kMoeActGroup, expert_rows * 4);  // weights
   }
   return out;
 }
@@ -119,22 +145,22 @@ double Sum(const std::vector<SavedTensorSize>& saves) {
 
 }  // namespace
 
-double ActivationBytesPerLayer(const GptConfig& m, int64_t micro_batch_size, bool moe_layer,
-                               bool cuda) {
-  return Sum(LayerSaves(m, micro_batch_size, moe_layer, cuda, m.recompute));
+double ActivationBytesPerLayer(const GptConfig& m, int64_t micro_batch_size,
+                               int64_t expert_parallel, bool moe_layer, bool cuda) {
+  return Sum(LayerSaves(m, micro_batch_size, expert_parallel, moe_layer, cuda, m.recompute));
 }
 
 double HeadActivationBytes(const GptConfig& m, int64_t micro_batch_size, bool cuda) {
   return Sum(EmbeddingSaves(m, micro_batch_size)) + Sum(HeadSaves(m, micro_batch_size, cuda));
 }
 
-double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int64_t micro_batches,
-                              double moe_layers, bool cuda) {
+double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int64_t expert_parallel,
+                              int64_t micro_batches, double moe_layers, bool cuda) {
   if (m.moe_grouped_mlp != GroupedMlpKind::kFused) return 0;
   const double held = D(std::min(std::max<int64_t>(1, m.moe_wgrad_micro_batches),
                                  std::max<int64_t>(1, micro_batches)) -
                         1);
-  const double rows = D(micro_batch_size) * D(m.seq_length) * D(m.moe_router_topk);
+  const double rows = ExpertRows(m, micro_batch_size, expert_parallel);
   return moe_layers * held * rows * (2 * D(m.hidden_size) + 3 * D(m.moe_ffn_hidden_size)) *
          ComputeBytes(cuda);
 }
@@ -160,15 +186,17 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   // The busiest layer kind, for a conservative count of a rank's layers.
   const bool has_moe = m.num_moe_layers() > 0;
   const bool has_dense = m.first_dense_layers > 0;
-  const double layer_parameters = std::max(has_moe ? LayerParameters(m, true) : 0.0,
-                                           has_dense ? LayerParameters(m, false) : 0.0);
+  const RankParameters moe_layer = has_moe ? LayerParameters(o, true) : RankParameters{};
+  const RankParameters dense_layer = has_dense ? LayerParameters(o, false) : RankParameters{};
   // A layer's activations, the larger kind's, with `recompute` or with nothing recomputed.
   const auto layer_activations_with = [&](const RecomputeModules& recompute) {
     GptConfig c = m;
     c.recompute = recompute;
     return std::max(
-        has_moe ? ActivationBytesPerLayer(c, o.micro_batch_size, true, o.cuda) : 0.0,
-        has_dense ? ActivationBytesPerLayer(c, o.micro_batch_size, false, o.cuda) : 0.0);
+        has_moe ? ActivationBytesPerLayer(c, o.micro_batch_size, o.expert_parallel, true, o.cuda)
+                : 0.0,
+        has_dense ? ActivationBytesPerLayer(c, o.micro_batch_size, o.expert_parallel, false, o.cuda)
+                  : 0.0);
   };
   const double recomputed_layer = layer_activations_with(m.recompute);
   const double full_layer_activations = layer_activations_with({});
@@ -176,17 +204,23 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   const double embedding = D(m.vocab_size) * h;
   const double head = D(m.vocab_size) * h + h;
 
-  MemoryEstimate e;
+  RankParameters parameters{embedding + head, 0};
   if (p == 1 && v == 1) {
     // One stage: every layer, exactly.
     const double dense = D(std::min(m.num_layers, m.first_dense_layers));
-    e.parameters = embedding + head + dense * LayerParameters(m, false) +
-                   D(m.num_moe_layers()) * (has_moe ? LayerParameters(m, true) : 0.0);
+    const double moe = D(m.num_moe_layers());
+    parameters += {dense * dense_layer.dense + moe * moe_layer.dense, moe * moe_layer.expert};
   } else {
-    // The busiest rank: its layers, plus the embedding and the head if it has both ends.
-    e.parameters = rank_layers * layer_parameters + embedding + head;
+    // The busiest rank: its layers, each of the kind with the larger state, plus both ends.
+    const RankParameters& larger =
+        RankStateBytes(o, moe_layer).total() >= RankStateBytes(o, dense_layer).total()
+            ? moe_layer
+            : dense_layer;
+    parameters += {rank_layers * larger.dense, rank_layers * larger.expert};
   }
-  e.state_bytes = e.parameters * StateBytesPerParameter(o.cuda, o.state_shards, o.dtypes);
+  MemoryEstimate e;
+  e.parameters = parameters.total();
+  e.state_bytes = RankStateBytes(o, parameters).total();
 
   // The activations of the layer passes held at the peak. Recompute limited to the first layers
   // (recompute_num_layers) is counted exactly with one stage; with a pipeline a rank's layers
@@ -208,9 +242,9 @@ MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {
   // MoE layers of the busiest rank: all of them with one stage, else all its layers (a bound).
   const double rank_moe_layers =
       !has_moe ? 0 : (p == 1 && v == 1 ? D(m.num_moe_layers()) : rank_layers);
-  e.activation_bytes =
-      layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda) +
-      PendingWeightGradBytes(m, o.micro_batch_size, o.micro_batches, rank_moe_layers, o.cuda);
+  e.activation_bytes = layer_passes_bytes + HeadActivationBytes(m, o.micro_batch_size, o.cuda) +
+                       PendingWeightGradBytes(m, o.micro_batch_size, o.expert_parallel,
+                                              o.micro_batches, rank_moe_layers, o.cuda);
   double head_workspace = 0;
   for (double bytes : HeadForwardWorkspace(m, o.micro_batch_size, o.cuda)) head_workspace += bytes;
   // Backward of one layer holds its gradients, as large as everything it saves; a recomputed

@@ -87,7 +87,8 @@ class RankModel {
             const RankActions& actions, int rank)
       : request_(request), actions_(actions) {
     const GptConfig& m = request.run.model;
-    double parameters = 0, moe_layers = 0, tables = 0;
+    RankParameters parameters;
+    double moe_layers = 0, tables = 0;
     for (int chunk = 0; chunk < partition.virtual_chunks(); ++chunk) {
       const int stage = StageIndex(rank, chunk, partition.pipeline_size());
       Chunk c;
@@ -96,16 +97,16 @@ class RankModel {
       c.last = partition.is_last_stage(stage);
       for (int l = c.range.begin; l < c.range.end; ++l) {
         layers_.push_back(l);
-        parameters += LayerParameters(m, m.is_moe_layer(l));
+        parameters += LayerParameters(request.run, m.is_moe_layer(l));
         moe_layers += m.is_moe_layer(l) ? 1 : 0;
       }
       if (c.range.begin < c.range.end) tables += Rounded(RopeTableBytes(m));  // the chunk's
       if (c.first) {
-        parameters += D(m.vocab_size) * D(m.hidden_size);
+        parameters.dense += D(m.vocab_size) * D(m.hidden_size);
         c.embedding_saves = SumRounded(EmbeddingSaves(m, request.run.micro_batch_size));
       }
       if (c.last) {
-        parameters += D(m.vocab_size) * D(m.hidden_size) + D(m.hidden_size);
+        parameters.dense += D(m.vocab_size) * D(m.hidden_size) + D(m.hidden_size);
         c.head_saves = SumRounded(HeadSaves(m, request.run.micro_batch_size, request.run.cuda));
         for (double bytes :
              HeadForwardWorkspace(m, request.run.micro_batch_size, request.run.cuda)) {
@@ -118,11 +119,10 @@ class RankModel {
       }
       chunks_.push_back(c);
     }
-    state_bytes_ = parameters * StateBytesPerParameter(request.run.cuda, request.run.state_shards,
-                                                       request.run.dtypes) +
-                   tables;
-    pending_weight_grad_bytes_ = Rounded(PendingWeightGradBytes(
-        m, request.run.micro_batch_size, request.run.micro_batches, moe_layers, request.run.cuda));
+    state_bytes_ = RankStateBytes(request.run, parameters).total() + tables;
+    pending_weight_grad_bytes_ =
+        Rounded(PendingWeightGradBytes(m, request.run.micro_batch_size, request.run.expert_parallel,
+                                       request.run.micro_batches, moe_layers, request.run.cuda));
   }
 
   const std::vector<int>& layers() const { return layers_; }
@@ -299,8 +299,8 @@ class RankModel {
   const std::vector<SavedTensorSize>& Saves(bool moe, const RecomputeModules& r) const {
     auto& entry = saves_cache_[{moe, RecomputeBits(r)}];
     if (entry.empty()) {
-      entry =
-          LayerSaves(request_.run.model, request_.run.micro_batch_size, moe, request_.run.cuda, r);
+      entry = LayerSaves(request_.run.model, request_.run.micro_batch_size,
+                         request_.run.expert_parallel, moe, request_.run.cuda, r);
     }
     return entry;
   }
@@ -335,7 +335,8 @@ class RankModel {
     if (!m.is_moe_layer(layer)) {
       return Rounded(std::max(attention, tokens * (2 * h + 3 * D(m.ffn_hidden_size)) * b));
     }
-    const double rows = tokens * D(m.moe_router_topk), f = D(m.moe_ffn_hidden_size);
+    const double rows = ExpertRows(m, request_.run.micro_batch_size, request_.run.expert_parallel);
+    const double f = D(m.moe_ffn_hidden_size);
     const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused
                                ? 2 * h + 4 * f
                                : std::max(h + 3 * f, 2 * h + 2 * f);

@@ -5,7 +5,7 @@
 // What it knows (all per micro-batch, from modules/memory_estimate.h, tensor by tensor, rounded
 // as the caching allocator rounds): what each layer saves under each recompute choice and which
 // offload group holds it; the rank's weights, gradients and optimizer state, and its model
-// chunks' RoPE tables; the head's saves.
+// chunks' RoPE tables; the head's saves; under expert parallelism, the rank's experts only.
 // The schedule (engine/pipeline/schedule.h) says which (micro-batch, chunk) passes a rank holds
 // when each backward starts.
 //
@@ -35,7 +35,10 @@
 // dropped) with the most predicted peak bytes saved per predicted ms added, until the peak is
 // under budget - margin; then undo choices that the budget does not need, costliest first.
 // Routed groups' sizes do not vary in total (tokens x top-k rows, no capacity drop), only their
-// split among experts; the margin (kPlanMargin of the budget) covers allocator rounding and
+// split among experts; under expert parallelism they do vary per rank: the expert side of each MoE
+// layer (its saves, weight-gradient operands and backward workspace) is planned at
+// kExpertRowsMargin times its mean rows, the experts' state at the rank's share
+// (memory_estimate.h). The margin (kPlanMargin of the budget) covers allocator rounding and
 // fragmentation, and re-planning (main) covers a measured peak above the budget.
 #pragma once
 

@@ -21,6 +21,7 @@
 #include "modules/layout_estimate.h"
 #include "modules/memory_planner.h"
 #include "modules/offload_groups.h"
+#include "modules/trainer.h"
 
 DEFINE_bool(dry_run, false,
             "print what this run needs on each pipeline rank of --dry_run_world_size ranks "
@@ -91,7 +92,8 @@ struct Change {
 bool IsDefault(const char* flag) { return gflags::GetCommandLineFlagInfoOrDie(flag).is_default; }
 
 // The single-flag changes tried when a layout does not fit, in the order the verdict prefers
-// them: the distributed optimizer; a budget of the usable memory for the planner (when no flag
+// them: the distributed optimizer; a larger expert-parallel size (the smallest first: it divides
+// the data size and the experts); a budget of the usable memory for the planner (when no flag
 // that a budget refuses is set), or a budget lowered to it; smaller micro-batches; more pipeline
 // stages (the world size stays). Each is checked as a run would check it; one that is not a
 // layout is skipped.
@@ -100,6 +102,12 @@ std::vector<Change> Changes(const RunConfig& run, double usable_bytes) {
   if (!run.trainer.use_distributed_optimizer && run.data_parallel > 1) {
     Change c{"--use_distributed_optimizer", run};
     c.run.trainer.use_distributed_optimizer = true;
+    out.push_back(std::move(c));
+  }
+  for (int expert = run.expert_parallel + 1; expert <= run.data_parallel; ++expert) {
+    if (run.data_parallel % expert != 0 || !CheckExpertParallel(run.model, expert).ok()) continue;
+    Change c{"--expert_model_parallel_size=" + std::to_string(expert), run};
+    c.run.expert_parallel = expert;
     out.push_back(std::move(c));
   }
   const auto gib = static_cast<int64_t>(std::floor(usable_bytes / kGiB));
@@ -131,7 +139,7 @@ std::vector<Change> Changes(const RunConfig& run, double usable_bytes) {
   const int world = run.pipeline_parallel * run.data_parallel;
   const auto most_stages = static_cast<int>(std::min<int64_t>(world, run.model.num_layers));
   for (int stages = run.pipeline_parallel + 1; stages <= most_stages; ++stages) {
-    if (world % stages != 0) continue;
+    if (world % stages != 0 || (world / stages) % run.expert_parallel != 0) continue;
     Change c{"--pipeline_parallel=" + std::to_string(stages), run};
     c.run.pipeline_parallel = stages;
     c.run.data_parallel = world / stages;
@@ -177,7 +185,8 @@ std::string Verdict(const RunConfig& run, const Outcome& outcome, size_t capacit
   const std::string change = SmallestChange(run, capacity_bytes);
   return "does not fit in " + device + ": " + why + "; " +
          (change.empty() ? "no single change of --use_distributed_optimizer, "
-                           "--memory_budget_gib, --micro_batch_size or --pipeline_parallel fits"
+                           "--expert_model_parallel_size, --memory_budget_gib, --micro_batch_size "
+                           "or --pipeline_parallel fits"
                          : "smallest change that fits: " + change);
 }
 
@@ -312,6 +321,7 @@ void PrintJson(const RunConfig& run, const Outcome& outcome, const std::string& 
   nlohmann::json out = {{"world_size", run.pipeline_parallel * run.data_parallel},
                         {"pipeline_parallel", run.pipeline_parallel},
                         {"data_parallel", run.data_parallel},
+                        {"expert_parallel", run.expert_parallel},
                         {"virtual_pipeline", run.trainer.virtual_pipeline},
                         {"device", run.device.ToString()},
                         {"total_parameters", run.model.total_parameters()},

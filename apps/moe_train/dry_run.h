@@ -13,8 +13,9 @@
 // The report (stdout; --dry_run_json: the same as one JSON object):
 // - the layout, the model, parameters (total, active per token) and the batch, as a run prints
 //   them (run_summary.h);
-// - per pipeline rank (modules/layout_estimate.h, the figures moe_train checks at start): its
-//   layers (and ends: emb, head), parameters, bytes of weights, gradients, optimizer state (AdamW
+// - per pipeline rank (modules/layout_estimate.h, the figures moe_train checks at start; under
+//   --expert_model_parallel_size, a rank's share of the experts): its layers (and ends: emb,
+//   head), parameters, bytes of weights, gradients, optimizer state (AdamW
 //   moments and, on CUDA, f32 master weights; sharded under --use_distributed_optimizer),
 //   activations with the passes the schedule holds in flight (recompute as the flags say;
 //   offloading by hand not subtracted), workspace and their total; then moe_train's start-up
@@ -25,8 +26,9 @@
 // - one verdict line, from the checks a run makes at start (memory_check.h) against the given
 //   device: "fits in 80 GiB (78.4 GiB usable) with 12.3 GiB to spare ...", or "does not fit in
 //   80 GiB: ...; smallest change that fits: ..." (the first of --use_distributed_optimizer, a
-//   --memory_budget_gib of the usable memory, a smaller --micro_batch_size, a larger
-//   --pipeline_parallel that fits, each alone). A layout that does not fit is a result: Ok.
+//   larger --expert_model_parallel_size, a --memory_budget_gib of the usable memory, a smaller
+//   --micro_batch_size, a larger --pipeline_parallel that fits, each alone). A layout that does not
+//   fit is a result: Ok.
 #pragma once
 
 #include <gflags/gflags.h>

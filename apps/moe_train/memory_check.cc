@@ -24,6 +24,7 @@ MemoryEstimateOptions EstimateOptions(const RunConfig& run) {
   options.last_stage_layers = run.trainer.last_stage_layers;
   options.cuda = run.device.is_cuda();
   options.state_shards = run.state_shards();
+  options.expert_parallel = run.expert_parallel;
   options.dtypes = run.trainer.optimizer_dtypes;
   return options;
 }
@@ -84,7 +85,8 @@ Status CheckMemoryFits(const RunConfig& run, const LayoutMemoryEstimate& estimat
   const bool state_alone = e.state_bytes * ranks_sharing > UsableBytes(run.device, capacity_bytes);
   const std::string remedy =
       state_alone ? "spread the model over more ranks under mpirun (--pipeline_parallel, "
-                    "--use_distributed_optimizer; plan it with --dry_run --dry_run_world_size=N) "
+                    "--expert_model_parallel_size, --use_distributed_optimizer; plan it with "
+                    "--dry_run --dry_run_world_size=N) "
                     "or reduce the model (--num_layers, --hidden_size, ...)"
                   : "reduce the model (--num_layers, --hidden_size, ...), --seq_length or "
                     "--micro_batch_size, or add --recompute_modules or --offload_modules";

@@ -62,18 +62,39 @@ void RunLog::Summary(const TokenSource& data, int64_t start_step) const {
   printf("moe_train: %s\n", PrecisionSummary(run_).c_str());
   printf("model: %s\n", ModelSummary(m).c_str());
   // Weights, gradients and AdamW state per parameter on each rank (memory_estimate.h), and what
-  // that makes for the whole model (a pipeline rank holds its stages' share).
-  const int64_t shards = run_.state_shards();
-  const double per_parameter =
-      StateBytesPerParameter(run_.device.is_cuda(), shards, t.optimizer_dtypes);
+  // that makes for the whole model (a pipeline rank holds its stages' share); under expert
+  // parallelism the experts' apart: 1 / E of them on a rank, their state over the expert-data
+  // group.
+  MemoryEstimateOptions o;
+  o.cuda = run_.device.is_cuda();
+  o.state_shards = run_.state_shards();
+  o.expert_parallel = run_.expert_parallel;
+  o.dtypes = t.optimizer_dtypes;
+  const int64_t shards = o.state_shards, e = o.expert_parallel;
+  const double per_parameter = StateBytesPerParameter(o.cuda, shards, o.dtypes);
   const std::string sharded = shards > 1 ? " (master weights and moments sharded over " +
                                                std::to_string(shards) + " data ranks)"
                                          : "";
+  const double experts = static_cast<double>(m.num_moe_layers() * m.num_experts) *
+                         static_cast<double>(m.expert_parameters());
+  const RankParameters whole{static_cast<double>(m.total_parameters()) - experts,
+                             experts / static_cast<double>(e)};
+  char expert_text[160] = "";
+  if (e > 1) {
+    const int64_t expert_shards = std::max<int64_t>(1, shards / e);
+    const std::string expert_sharded =
+        expert_shards > 1
+            ? " (sharded over " + std::to_string(expert_shards) + " expert-data ranks)"
+            : "";
+    snprintf(expert_text, sizeof(expert_text),
+             "; experts %.3g bytes/parameter, 1/%lld of them on each rank%s",
+             RankStateBytes(o, {0, 1}).total(), (long long)e, expert_sharded.c_str());
+  }
   printf(
-      "parameters: %s; weights+grads+optimizer %.3g bytes/parameter on each rank%s: %.1f MiB per "
+      "parameters: %s; weights+grads+optimizer %.3g bytes/parameter on each rank%s%s: %.1f MiB per "
       "rank for the whole model%s\n",
-      ParameterCounts(m).c_str(), per_parameter, sharded.c_str(),
-      per_parameter * static_cast<double>(m.total_parameters()) / kMiB,
+      ParameterCounts(m).c_str(), per_parameter, sharded.c_str(), expert_text,
+      RankStateBytes(o, whole).total() / kMiB,
       run_.pipeline_parallel > 1 ? " (a pipeline rank: its stages' share)" : "");
   printf("data: %s\n", data.Describe().c_str());
   if (auto floor = data.CrossEntropyFloor(m.seq_length)) {

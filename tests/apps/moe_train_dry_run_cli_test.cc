@@ -2,7 +2,8 @@
 // estimate a real run of the same flags prints (one process, and under mpirun a pipeline of two)
 // and its plan the plan that run makes; a 64-rank layout prints one line per pipeline rank and a
 // verdict, quickly, with no GPU and no mpirun; a layout that does not fit is a result (exit 0)
-// naming the smallest change that fits; a flag or layout a run refuses is the same one line and
+// naming the smallest change that fits (a larger --expert_model_parallel_size among them: each
+// rank's figures shrink with it); a flag or layout a run refuses is the same one line and
 // exit code 2; files the flags name are not looked at; --dry_run_json is the same report. A plain
 // (label cpu) test: it starts mpirun itself.
 #include <gtest/gtest.h>
@@ -91,6 +92,9 @@ TEST(DryRunCliTest, FiguresAreTheStartUpEstimateOfTheSameRun) {
 TEST(DryRunCliTest, FiguresAreTheStartUpEstimateOfAPipelineUnderMpirun) {
   ExpectTheRunsEstimate(2, "--num_layers=4 --pipeline_parallel=2 --global_batch_size=32");
   ExpectTheRunsEstimate(2, "--num_layers=4 --global_batch_size=32 --use_distributed_optimizer");
+  ExpectTheRunsEstimate(2,
+                        "--num_layers=4 --global_batch_size=32 --use_distributed_optimizer "
+                        "--expert_model_parallel_size=2");
 }
 #endif
 
@@ -163,6 +167,49 @@ TEST(DryRunCliTest, ALayoutThatDoesNotFitIsAResultWithTheSmallestChange) {
   r = DryRun(qwen_shaped);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(Line(r.out, "verdict: ").find("; no single change of "), std::string::npos) << r.out;
+}
+
+// --expert_model_parallel_size=E: each rank holds 1 / E of the experts (the Qwen-shaped model's
+// experts are most of it), so its parameters, weights and gradients shrink; under the distributed
+// optimizer over 8 data ranks its optimizer state stays (1 / E of the experts, sharded over 8 / E
+// ranks); its activations grow (the expert rows' margin) and then stay. Where the state does not
+// fit, the smallest E that fits is the change named.
+TEST(DryRunCliTest, ExpertParallelShrinksEachRanksStateAndIsAChangeThatFits) {
+  const std::string qwen_shaped =
+      "--num_layers=48 --hidden_size=2048 --num_attention_heads=32 --num_query_groups=4 "
+      "--num_experts=128 --moe_router_topk=8 --moe_ffn_hidden_size=768 --first_dense_layers=0 "
+      "--seq_length=4096 --vocab_size=151936 --micro_batch_size=1 --global_batch_size=512 "
+      "--dry_run_world_size=64 --pipeline_parallel=8 --use_distributed_optimizer ";
+  const SplitCommandResult whole = DryRun(qwen_shaped + "--dry_run_json");
+  ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+  nlohmann::json previous = nlohmann::json::parse(whole.out);
+  EXPECT_EQ(previous["expert_parallel"], 1);
+  for (const int e : {2, 8}) {
+    const SplitCommandResult split =
+        DryRun(qwen_shaped + "--dry_run_json --expert_model_parallel_size=" + std::to_string(e));
+    ASSERT_EQ(split.exit_code, 0) << split.out << split.err;
+    const nlohmann::json report = nlohmann::json::parse(split.out);
+    EXPECT_EQ(report["expert_parallel"], e);
+    ASSERT_EQ(report["ranks"].size(), 8u);
+    for (size_t rank = 0; rank < 8; ++rank) {
+      const nlohmann::json& a = previous["ranks"][rank];
+      const nlohmann::json& b = report["ranks"][rank];
+      EXPECT_LT(b["parameters"].get<double>(), a["parameters"].get<double>()) << e;
+      EXPECT_LT(b["weight_bytes"].get<double>(), a["weight_bytes"].get<double>()) << e;
+      EXPECT_LT(b["gradient_bytes"].get<double>(), a["gradient_bytes"].get<double>()) << e;
+      EXPECT_EQ(b["optimizer_bytes"].get<double>(), a["optimizer_bytes"].get<double>()) << e;
+      EXPECT_GE(b["activation_bytes"].get<double>(), a["activation_bytes"].get<double>()) << e;
+      EXPECT_LT(b["total_bytes"].get<double>(), a["total_bytes"].get<double>()) << e;
+    }
+    previous = report;
+  }
+  const SplitCommandResult r = DryRun(qwen_shaped + "--dry_run_device_memory_gib=40");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(Line(r.out, "verdict: ").rfind("verdict: does not fit in 40 GiB: needs ", 0), 0u)
+      << r.out;
+  EXPECT_NE(r.out.find("; smallest change that fits: --expert_model_parallel_size=4 (then "),
+            std::string::npos)
+      << r.out;
 }
 
 // A flag or layout the run refuses is the same one line (without the ranks' agreement suffix a

@@ -2,7 +2,9 @@
 // EstimateTrainingMemory's, field by field, for every option that changes it; with a pipeline each
 // rank counts its own layers and ends (the parameters add up to the model's), the passes the
 // schedule holds in flight, and stays within EstimateTrainingMemory's bound; the state splits
-// into weights, gradients and optimizer bytes; a layout that is not one is the partition's error.
+// into weights, gradients and optimizer bytes, under expert parallelism with the rank's share of
+// the experts and their state sharded over the expert-data group; a layout that is not one is the
+// partition's error.
 #include "modules/layout_estimate.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +56,10 @@ TEST(LayoutEstimateTest, OneStageIsTheTrainingEstimate) {
   o.model.moe_grouped_mlp = GroupedMlpKind::kUnfused;
   o.model.moe_z_loss_coeff = 1e-3f;
   cases.push_back({"unfused, z-loss", o});
+  o.expert_parallel = 4;
+  cases.push_back({"expert parallel 4", o});
+  o.cuda = false;
+  cases.push_back({"expert parallel 4 on the CPU", o});
   for (const auto& [what, options] : cases) {
     StatusOr<LayoutMemoryEstimate> layout = EstimateLayoutMemory(options);
     ASSERT_TRUE(layout.ok()) << layout.status().message();
@@ -83,6 +89,39 @@ TEST(LayoutEstimateTest, StateSplitsIntoWeightsGradientsAndOptimizer) {
   EXPECT_EQ(cpu.weight_bytes, 4 * n);
   EXPECT_EQ(cpu.gradient_bytes, 2 * n);
   EXPECT_EQ(cpu.optimizer_bytes, 2 * n);  // 8 moments / 4
+}
+
+// Expert parallelism over E ranks: a rank holds 1 / E of the experts (the default model's one MoE
+// layer: 4 x 3 x 128 x 128), their master and moments sharded over the expert-data group (data 4 /
+// E ranks): CUDA, f32 state: 2 + 4 + 12 / (4 / E) bytes per expert parameter, 2 + 4 + 12 / 4 per
+// other one. Its pipeline ranks' parameters add up to the rank's share of the model.
+TEST(LayoutEstimateTest, ExpertParallelSplitsTheExpertsAndShardsTheirStateOverTheirGroup) {
+  MemoryEstimateOptions o = Options(testing::DefaultRunModel(), 4, 4);
+  o.cuda = true;
+  o.state_shards = 4;
+  const double experts = 4.0 * 3 * 128 * 128;
+  const double dense = static_cast<double>(o.model.total_parameters()) - experts;
+  for (const int64_t e : {2, 4}) {
+    SCOPED_TRACE("expert parallel " + std::to_string(e));
+    o.expert_parallel = e;
+    const RankMemoryEstimate r = EstimateLayoutMemory(o)->ranks[0];
+    const double local = experts / static_cast<double>(e);
+    EXPECT_EQ(r.memory.parameters, dense + local);
+    EXPECT_EQ(r.weight_bytes, 2 * (dense + local));
+    EXPECT_EQ(r.gradient_bytes, 4 * (dense + local));
+    EXPECT_EQ(r.optimizer_bytes, 3 * dense + 12.0 / static_cast<double>(4 / e) * local);
+  }
+  MemoryEstimateOptions piped = Options(ModelPresetNamed("moe_100m"), 2, 8);
+  piped.pipeline_parallel = 4;
+  piped.expert_parallel = 8;
+  const GptConfig& m = piped.model;
+  const double model_experts = static_cast<double>(m.num_moe_layers() * m.num_experts) *
+                               static_cast<double>(m.expert_parameters());
+  double parameters = 0;
+  for (const RankMemoryEstimate& r : EstimateLayoutMemory(piped)->ranks) {
+    parameters += r.memory.parameters;
+  }
+  EXPECT_EQ(parameters, static_cast<double>(m.total_parameters()) - model_experts * 7 / 8);
 }
 
 // 1F1B: rank r of p holds min(p - r, m) micro-batches of its own layers; the embedding on rank 0,

@@ -1,11 +1,14 @@
 // The memory estimate moe_train checks at start (modules/memory_estimate.h): its parameter count
 // is the model's, its state bytes are the trainer's (one shard of the masters and moments under
-// the distributed optimizer), on real CPU runs (with and without
-// recompute) it is an upper bound of the measured peak that is not far off (within 2x), and
-// recompute lowers only the activations.
+// the distributed optimizer; a rank's share of the experts and of their state under expert
+// parallelism, their rows with the margin; under mpirun: expert_memory_mpi_test), on real CPU runs
+// (with and without recompute) it is an upper bound of the measured peak that is not far off
+// (within 2x), and recompute lowers only the activations.
 #include "modules/memory_estimate.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "engine/runtime/device_context.h"
 #include "modules/trainer.h"
@@ -50,6 +53,49 @@ TEST(MemoryEstimateTest, ShardedStateCountsOneShardOfTheMastersAndMoments) {
   EXPECT_EQ(sharded.state_bytes, 7.5 * o.model.total_parameters());
   o.state_shards = 1;
   EXPECT_EQ(EstimateTrainingMemory(o).activation_bytes, sharded.activation_bytes);
+}
+
+// Expert parallelism over E ranks: the default model's one MoE layer holds 4 x 3 x 128 x 128 expert
+// parameters, 1 / E of them on a rank; their master and moments are sharded over the expert-data
+// group (8 / E ranks), the others' over the data group (8); on the CPU their gradients also have E
+// source slots. The grouped MLP's saves (fused: each row's input, fc1 output, activation in bf16
+// and its f32 weight, 2 x (128 + 256 + 128) + 4 bytes) count kExpertRowsMargin times the
+// micro-batch's routed rows (rounded up), and its device offsets one set per source rank.
+TEST(MemoryEstimateTest, ExpertParallelCountsTheRanksExpertsAndTheirRowsWithTheMargin) {
+  MemoryEstimateOptions o;
+  o.model = testing::DefaultRunModel();
+  o.micro_batch_size = 4;
+  o.micro_batches = 4;
+  o.cuda = true;
+  o.state_shards = 8;
+  const double experts = 4.0 * 3 * 128 * 128;
+  const double dense = static_cast<double>(o.model.total_parameters()) - experts;
+  const double rows = 4.0 * 64 * 2;
+  const MemoryEstimate whole = EstimateTrainingMemory(o);
+  EXPECT_EQ(whole.state_bytes, 7.5 * (dense + experts));
+  for (const int64_t e : {2, 4}) {
+    SCOPED_TRACE("expert parallel " + std::to_string(e));
+    o.expert_parallel = e;
+    const MemoryEstimate split = EstimateTrainingMemory(o);
+    const double local = experts / static_cast<double>(e);
+    EXPECT_EQ(split.parameters, dense + local);
+    // 2 + 4 + 12 / shards: 7.5 over the data group, over the expert-data group 2 + 4 + 12 / (8 /
+    // E).
+    EXPECT_EQ(split.state_bytes, 7.5 * dense + (6 + 12.0 / static_cast<double>(8 / e)) * local);
+    const double extra_rows = ExpertRows(o.model, 4, e) - rows;
+    // In each of the 2 layers (each counted as the larger kind, the MoE layer's).
+    EXPECT_DOUBLE_EQ(
+        split.activation_bytes - whole.activation_bytes,
+        2 * (extra_rows * (2 * (128 + 256 + 128) + 4) + static_cast<double>(e - 1) * 4));
+    EXPECT_GT(split.workspace_bytes, whole.workspace_bytes);  // one layer's backward: its saves
+  }
+  o.cuda = false;
+  o.state_shards = 1;
+  o.expert_parallel = 2;
+  // CPU, f32: 16 bytes per parameter, the experts' gradient slots 2 x 4 more.
+  EXPECT_EQ(EstimateTrainingMemory(o).state_bytes, 16 * dense + (16 + 2 * 4) * experts / 2);
+  EXPECT_EQ(ExpertRows(o.model, 4, 1), rows);
+  EXPECT_EQ(ExpertRows(o.model, 4, 2), std::ceil(kExpertRowsMargin * rows));
 }
 
 // bf16 moments take 2 + 2 bytes instead of 4 + 4, sharded or not; a bf16 gradient 2 instead of 4

@@ -113,7 +113,7 @@ TEST(MemoryPlannerWeightGradTest, CountsTheOperandsHeldForALaterMicroBatch) {
   GptConfig grouped = each;
   grouped.moe_wgrad_micro_batches = 2;
   const double pending =
-      PendingWeightGradBytes(grouped, kMicro, kGlobal / kMicro,
+      PendingWeightGradBytes(grouped, kMicro, 1, kGlobal / kMicro,
                              static_cast<double>(grouped.num_moe_layers()), kDevice.is_cuda());
   ASSERT_GT(pending, 0);
   const double measured_each = Train(each, nullptr).steps.back().peak_device_mib[0] * kMiB;
@@ -149,7 +149,7 @@ TEST_P(MemoryPlannerTest, PlansWithTheBytesTheModelSaves) {
     std::map<std::string, double> counted;
     for (int layer = 0; layer < model.num_layers; ++layer) {
       for (const SavedTensorSize& s :
-           LayerSaves(model, kMicro, model.is_moe_layer(layer), kDevice.is_cuda(), {})) {
+           LayerSaves(model, kMicro, 1, model.is_moe_layer(layer), kDevice.is_cuda(), {})) {
         if (!s.group.empty()) counted[s.group] += s.bytes;
       }
     }
