@@ -162,8 +162,11 @@ TEST(WatchdogTest, ARankThatStopsAnsweringEndsTheJobInOneLine) {
   ASSERT_NE(line, std::string::npos) << output;
   const std::string text = output.substr(line, output.find('\n', line) - line);
   const int64_t step = std::stoll(text.substr(16));
+  // The last step line read may lag the stopped rank by one more step on a loaded machine
+  // (mpirun forwards rank 0's output; rank 1 may have sent its part of the next step's
+  // collectives before it stopped).
   EXPECT_GE(step, logged) << text;
-  EXPECT_LE(step, logged + 1) << text;
+  EXPECT_LE(step, logged + 2) << text;
   EXPECT_NE(text.find(": communicator MPI rank 0/2 timed out: "), std::string::npos) << text;
   EXPECT_NE(text.find(" has not finished after "), std::string::npos) << text;
   EXPECT_NE(text.find("(timeout 3000 ms); rank 1 did not arrive (rank 0, host "), std::string::npos)
