@@ -149,6 +149,18 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
   AddCounts(stats.expert_traffic.rows_per_expert, expert_traffic_.rows_per_expert);
   AddCounts(stats.expert_traffic.rows_per_rank, expert_traffic_.rows_per_rank);
   expert_traffic_.bytes_sent += stats.expert_traffic.bytes_sent;
+  const std::vector<int64_t>& exchanges = stats.expert_traffic.rows_per_exchange;
+  const size_t ranks = stats.expert_traffic.rows_per_rank.size();
+  for (size_t first = 0; ranks > 0 && first + ranks <= exchanges.size(); first += ranks) {
+    int64_t sum = 0, most = 0;
+    for (size_t r = first; r < first + ranks; ++r) {
+      sum += exchanges[r];
+      most = std::max(most, exchanges[r]);
+    }
+    if (sum > 0) {
+      busiest_exchange_ = std::max(busiest_exchange_, static_cast<double>(most * ranks) / sum);
+    }
+  }
   peak_mib_.resize(stats.peak_device_mib.size(), 0.0);
   for (size_t r = 0; r < peak_mib_.size(); ++r) {
     peak_mib_[r] = std::max(peak_mib_[r], stats.peak_device_mib[r]);
@@ -227,16 +239,18 @@ void RunLog::Step(int64_t step, const StepStats& stats) {
     const std::string ranks = Spread(expert_traffic_.rows_per_rank, steps_, "rank_rows", record);
     const double sent_mib = static_cast<double>(expert_traffic_.bytes_sent) / kMiB / steps_;
     printf(
-        "            experts | rows per expert %s | rows per rank %s | all-to-all out %.2f "
-        "MiB/step | ep wait %.2f ms/step\n",
-        experts.c_str(), ranks.c_str(), sent_mib,
+        "            experts | rows per expert %s | rows per rank %s | busiest rank of an "
+        "exchange %.2fx the mean | all-to-all out %.2f MiB/step | ep wait %.2f ms/step\n",
+        experts.c_str(), ranks.c_str(), busiest_exchange_, sent_mib,
         breakdown_[StepPhase::kExpertParallelWait] / steps_);
     record["expert_exchange_bytes_per_step"] = expert_traffic_.bytes_sent / steps_;
+    record["expert_busiest_exchange_ratio"] = busiest_exchange_;
   }
   fflush(stdout);
   Metrics(record);
   offload_ = {};
   expert_traffic_ = {};
+  busiest_exchange_ = 0;
   breakdown_ = {};
   bubble_ = 0;
   seconds_ = 0;

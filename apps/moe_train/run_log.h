@@ -10,7 +10,8 @@
 // pipeline_wait_ms, data_parallel_wait_ms, offload_wait_ms, expert_parallel_wait_ms, other_ms).
 // Under expert parallelism a second line gives rank 0's expert group's load per step: the rows
 // routed to each expert and received by each rank (min / median / max, summed over the MoE
-// layers) and the bytes rank 0's all-to-alls sent.
+// layers), the busiest rank of one exchange (one layer, one micro-batch) against the mean, and
+// the bytes rank 0's all-to-alls sent.
 #pragma once
 
 #include <fstream>
@@ -51,6 +52,8 @@ class RunLog {
   OffloadStepStats offload_;      // summed since the last log line
   StepBreakdown breakdown_;       // summed since the last log line
   ExpertTraffic expert_traffic_;  // summed since the last log line
+  // The largest (rows of a rank) / (mean rows per rank) of one exchange since the last log line.
+  double busiest_exchange_ = 0;
   std::vector<double> peak_mib_;  // by world rank, the largest step peak since the last log line
   std::vector<double> predicted_peak_mib_;  // the memory plan's, by pipeline rank; empty: none
 };

@@ -132,6 +132,7 @@ TEST(ParallelRunTest, PipelineAndDataParallelRunsLogOnceWithTheSingleProcessLoss
       // One load line per log line: rows routed per expert and received per rank, bytes sent.
       EXPECT_EQ(Count(r.output, "experts | rows per expert min "), 2) << r.output;
       EXPECT_EQ(Count(r.output, "| rows per rank min "), 2) << r.output;
+      EXPECT_EQ(Count(r.output, "| busiest rank of an exchange "), 2) << r.output;
     }
     EXPECT_EQ(Count(r.output, "moe_train: cpu"), 1) << r.output;
     EXPECT_EQ(Count(r.output, "eval step"), 1) << r.output;
