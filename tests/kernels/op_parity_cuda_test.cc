@@ -198,9 +198,10 @@ struct RopeTensors {
 };
 
 // An activation x (77, 300) and stacked weights w (3, 200, 300) quantised in FP8 tiles and blocks
-// (k and n off multiples of 128), with tiles that test the scale rule: a row of zeros, an
-// outlier, a row scaled by 2^10 and one by 2^-70 (below the amax floor), a zero block and an
-// outlier in a partial block; each exact in bf16, so every device quantises the same values.
+// (k and n off multiples of 128), with tiles that test the scale rule: a row of zeros, one of
+// negative zeros, an outlier, a row scaled by 2^10 and one by 2^-70 (below the amax floor), a
+// zero block and an outlier in a partial block; each exact in bf16, so every device quantises
+// the same values.
 struct Fp8Operands {
   explicit Fp8Operands(OpRun& r)
       : xq(r.OutE4M3({77, 300})),
@@ -210,6 +211,7 @@ struct Fp8Operands {
     const Tensor x = r.In(xq.shape()), w = r.In(wq.shape());
     const Tensor x_flat = x.View({x.numel()}), w_flat = w.View({w.numel()});
     ops::Fill(x.Rows(3, 4), 0.0f);
+    ops::Fill(x.Rows(4, 5), -0.0f);
     ops::Fill(x_flat.Rows(5 * 300 + 140, 5 * 300 + 141), -16384.0f);
     ops::Scale(x.Rows(6, 7), std::ldexp(1.0f, 10), x.Rows(6, 7));
     ops::Scale(x.Rows(7, 8), std::ldexp(1.0f, -70), x.Rows(7, 8));
@@ -1031,6 +1033,22 @@ TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
           << want_dscale[i];
     }
   });
+}
+
+// The blockwise FP8 quantisation has the CPU reference's bits (the fp8_quantize case compares
+// values): q with its signed zeros, and the scales, from f32 and bf16 inputs.
+TEST(Fp8QuantizeTest, HasTheCpuReferencesBits) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const uint32_t seed = testing::TestSeed();
+    OpRun cpu_run(Device::CPU(), dtype, seed), gpu_run(Device::CUDA(0), dtype, seed);
+    const Fp8Operands cpu(cpu_run), gpu(gpu_run);
+    EXPECT_EQ(testing::FloatBits(gpu.xq), testing::FloatBits(cpu.xq));
+    EXPECT_EQ(testing::FloatBits(gpu.x_scales), testing::FloatBits(cpu.x_scales));
+    EXPECT_EQ(testing::FloatBits(gpu.wq), testing::FloatBits(cpu.wq));
+    EXPECT_EQ(testing::FloatBits(gpu.w_scales), testing::FloatBits(cpu.w_scales));
+  }
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed
