@@ -15,6 +15,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kE4M3:
       return 1;
   }
   LOG(FATAL) << "unknown dtype " << static_cast<int>(dtype);
@@ -32,6 +33,8 @@ const char* DTypeName(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kE4M3:
+      return "e4m3";
   }
   LOG(FATAL) << "unknown dtype " << static_cast<int>(dtype);
 }

@@ -14,6 +14,7 @@
 #include "engine/core/bfloat16.h"
 #include "engine/core/device.h"
 #include "engine/core/dtype.h"
+#include "engine/core/float8.h"
 #include "engine/core/storage.h"
 
 namespace moe {
@@ -44,6 +45,10 @@ constexpr DType DTypeOf<int64_t>() {
 template <>
 constexpr DType DTypeOf<uint8_t>() {
   return DType::kU8;
+}
+template <>
+constexpr DType DTypeOf<Float8E4M3>() {
+  return DType::kE4M3;
 }
 
 class Tensor {

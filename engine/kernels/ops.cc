@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <initializer_list>
 #include <span>
+#include <string>
 
 #include <glog/logging.h>
 
 #include "engine/kernels/cpu/cpu_ops.h"
+#include "engine/kernels/fp8_scaling.h"
 #include "engine/runtime/device_context.h"
 #if MOE_WITH_CUDA
 #include "engine/kernels/cuda/cuda_ops.h"
@@ -319,6 +321,83 @@ bool GroupedMatmulNeedsHostOffsets(Device device, DType dtype, const Shape& weig
 #else
   LOG(FATAL) << "this build has no CUDA support";
 #endif
+}
+
+// ---------------------------------------------------------------- FP8, blockwise scaling
+namespace {
+// A quantised operand: q (shape) e4m3 and its scales (scales_shape) f32.
+void CheckQuantized(const Tensor& q, const Tensor& scales, const Shape& shape,
+                    const Shape& scales_shape, const std::string& what) {
+  CheckShape(q, shape, (what + " values").c_str());
+  CheckDType(q, DType::kE4M3, (what + " values").c_str());
+  CheckShape(scales, scales_shape, (what + " scales").c_str());
+  CheckDType(scales, DType::kF32, (what + " scales").c_str());
+}
+
+// The scales' shape of x (rows, k) in 1 x 128 tiles.
+Shape RowTileScalesShape(const Tensor& x, const char* what) {
+  CHECK_EQ(x.ndim(), 2) << what << " must be (rows, k): " << x.DebugString();
+  return {x.dim(0), Fp8Tiles(x.dim(1))};
+}
+
+// The scales' shape of w (groups, n, k) in 128 x 128 blocks.
+Shape BlockScalesShape(const Tensor& w, const char* what) {
+  CHECK_EQ(w.ndim(), 3) << what << " must be (groups, n, k): " << w.DebugString();
+  return {w.dim(0), Fp8Tiles(w.dim(1)), Fp8Tiles(w.dim(2))};
+}
+
+// x f32 or bf16 and its quantised form, q (x's shape) and scales (scales_shape), on one device;
+// returns it.
+Device CheckQuantizedPair(const Tensor& x, const Tensor& q, const Tensor& scales,
+                          const Shape& scales_shape, const std::string& what) {
+  const Device device = CommonDevice({&x, &q, &scales});
+  CheckFloat(x, what.c_str());
+  CheckQuantized(q, scales, x.shape(), scales_shape, what);
+  return device;
+}
+}  // namespace
+
+void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
+  const Device device = CheckQuantizedPair(
+      x, q, scales, RowTileScalesShape(x, "quantize row tiles input"), "quantize row tiles");
+  MOE_DISPATCH(device, QuantizeRowTiles, x, q, scales);
+}
+
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
+  const Device device = CheckQuantizedPair(
+      w, q, scales, BlockScalesShape(w, "quantize blocks input"), "quantize blocks");
+  MOE_DISPATCH(device, QuantizeBlocks, w, q, scales);
+}
+
+void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
+  const Device device = CheckQuantizedPair(
+      x, q, scales, RowTileScalesShape(x, "dequantize row tiles output"), "dequantize row tiles");
+  MOE_DISPATCH(device, DequantizeRowTiles, q, scales, x);
+}
+
+void DequantizeBlocks(const Tensor& q, const Tensor& scales, const Tensor& w) {
+  const Device device = CheckQuantizedPair(
+      w, q, scales, BlockScalesShape(w, "dequantize blocks output"), "dequantize blocks");
+  MOE_DISPATCH(device, DequantizeBlocks, q, scales, w);
+}
+
+void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq,
+                      const Tensor& w_scales, const Tensor& offsets, const Tensor& y,
+                      bool transpose_w) {
+  const Device device = CommonDevice({&xq, &x_scales, &wq, &w_scales, &offsets, &y});
+  CHECK(!device.is_cuda()) << "fp8 grouped matmul has no CUDA kernel yet";
+  CheckQuantized(wq, w_scales, wq.shape(), BlockScalesShape(wq, "fp8 grouped matmul weights"),
+                 "fp8 grouped matmul weights");
+  const int64_t contracted = transpose_w ? wq.dim(2) : wq.dim(1);
+  const int64_t n = transpose_w ? wq.dim(1) : wq.dim(2);
+  CHECK(xq.ndim() == 2 && xq.dim(1) == contracted)
+      << "fp8 grouped matmul inner dimensions: " << xq.DebugString() << " x " << wq.DebugString();
+  CheckQuantized(xq, x_scales, xq.shape(), RowTileScalesShape(xq, "fp8 grouped matmul input"),
+                 "fp8 grouped matmul input");
+  CheckGroupOffsets(offsets, {}, wq.dim(0), xq.dim(0), "fp8 grouped matmul offsets");
+  CheckFloat(y, "fp8 grouped matmul output");
+  CheckShape(y, {xq.dim(0), n}, "fp8 grouped matmul output");
+  cpu::Fp8GroupedMatmul(xq, x_scales, wq, w_scales, offsets, y, transpose_w);
 }
 
 // ---------------------------------------------------------------- normalisation

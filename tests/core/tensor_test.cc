@@ -57,6 +57,9 @@ TEST(TensorTest, DTypeSizes) {
   EXPECT_EQ(DTypeSize(DType::kI32), 4u);
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
   EXPECT_EQ(DTypeSize(DType::kU8), 1u);
+  EXPECT_EQ(DTypeSize(DType::kE4M3), 1u);
+  EXPECT_STREQ(DTypeName(DType::kE4M3), "e4m3");
+  EXPECT_FALSE(IsFloating(DType::kE4M3));  // storage for quantised operands, not arithmetic
 }
 
 TEST(TensorDeathTest, WrongTypedAccessDies) {

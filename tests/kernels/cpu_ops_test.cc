@@ -44,6 +44,9 @@ TEST_F(CpuOpsTest, FillWritesEveryDTypeAndOnlyTheView) {
   Tensor i = Poisoned({4}, DType::kI32);
   ops::Fill(i, -3.7f);  // truncated
   EXPECT_EQ(ToInts(i), std::vector<int32_t>(4, -3));
+  Tensor e = Poisoned({3}, DType::kE4M3);
+  ops::Fill(e, -500.0f);  // rounded to e4m3, saturating
+  EXPECT_EQ(ToFloats(e), std::vector<float>(3, -448.0f));
 
   Tensor whole = Zeros({4, 3});
   ops::Fill(whole.Rows(1, 3), 7.0f);

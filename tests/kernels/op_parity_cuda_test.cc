@@ -79,6 +79,7 @@ class OpRun {
   Tensor Out(const Shape& shape) { return PoisonedTensor(shape, storage_dtype(), device_); }
   Tensor OutF32(const Shape& shape) { return PoisonedTensor(shape, DType::kF32, device_); }
   Tensor OutI32(const Shape& shape) { return PoisonedTensor(shape, DType::kI32, device_); }
+  Tensor OutE4M3(const Shape& shape) { return PoisonedTensor(shape, DType::kE4M3, device_); }
 
   void Read(const std::string& name, const Tensor& t) {
     if (t.dtype() == DType::kI32) {
@@ -194,6 +195,33 @@ struct RopeTensors {
     return table;
   }
   Tensor table, qkv, q, k, v, dq, dk, dv, dqkv;
+};
+
+// An activation x (77, 300) and stacked weights w (3, 200, 300) quantised in FP8 tiles and blocks
+// (k and n off multiples of 128), with tiles that test the scale rule: a row of zeros, one of
+// negative zeros, an outlier, a row scaled by 2^10 and one by 2^-70 (below the amax floor), a
+// zero block and an outlier in a partial block; each exact in bf16, so every device quantises
+// the same values.
+struct Fp8Operands {
+  explicit Fp8Operands(OpRun& r)
+      : xq(r.OutE4M3({77, 300})),
+        x_scales(r.OutF32({77, 3})),
+        wq(r.OutE4M3({3, 200, 300})),
+        w_scales(r.OutF32({3, 2, 3})) {
+    const Tensor x = r.In(xq.shape()), w = r.In(wq.shape());
+    const Tensor x_flat = x.View({x.numel()}), w_flat = w.View({w.numel()});
+    ops::Fill(x.Rows(3, 4), 0.0f);
+    ops::Fill(x.Rows(4, 5), -0.0f);
+    ops::Fill(x_flat.Rows(5 * 300 + 140, 5 * 300 + 141), -16384.0f);
+    ops::Scale(x.Rows(6, 7), std::ldexp(1.0f, 10), x.Rows(6, 7));
+    ops::Scale(x.Rows(7, 8), std::ldexp(1.0f, -70), x.Rows(7, 8));
+    ops::Fill(w.Rows(1, 2).View({200, 300}).Rows(0, 128), 0.0f);
+    const int64_t outlier = (2 * 200 + 129) * 300 + 7;
+    ops::Fill(w_flat.Rows(outlier, outlier + 1), 16384.0f);
+    ops::QuantizeRowTiles(x, xq, x_scales);
+    ops::QuantizeBlocks(w, wq, w_scales);
+  }
+  Tensor xq, x_scales, wq, w_scales;
 };
 
 std::vector<OpCase> Cases() {
@@ -334,6 +362,33 @@ std::vector<OpCase> Cases() {
       r.Read("dw_grad_stored", dw_grad_stored);
     });
   }
+  // Blockwise FP8 quantisation: q and the scales bit-identical across devices by contract (the
+  // CUDA kernels round with the device's cvt, the CPU emulates it), so also the f32 dequantised
+  // values: tolerance 0 (every element equal).
+  add(
+      "fp8_quantize",
+      [](OpRun& r) {
+        const Fp8Operands o(r);
+        Tensor x_back = r.OutF32(o.xq.shape()), w_back = r.OutF32(o.wq.shape());
+        ops::DequantizeRowTiles(o.xq, o.x_scales, x_back);
+        ops::DequantizeBlocks(o.wq, o.w_scales, w_back);
+        r.Read("xq", o.xq);
+        r.Read("x_scales", o.x_scales);
+        r.Read("wq", o.wq);
+        r.Read("w_scales", o.w_scales);
+        r.Read("x_back", x_back);
+        r.Read("w_back", w_back);
+      },
+      0, 0);
+  // Dequantised into the run's dtype: bf16 on CUDA, f32 on the CPU (one rounding apart).
+  add("fp8_dequantize", [](OpRun& r) {
+    const Fp8Operands o(r);
+    Tensor x_back = r.Out(o.xq.shape()), w_back = r.Out(o.wq.shape());
+    ops::DequantizeRowTiles(o.xq, o.x_scales, x_back);
+    ops::DequantizeBlocks(o.wq, o.w_scales, w_back);
+    r.Read("x_back", x_back);
+    r.Read("w_back", w_back);
+  });
   // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
   // one Hopper kernel in bf16 where f is a multiple of 8, the backward's at any k here; f 136: gate
   // and up tiles past f; f 20: the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's
@@ -978,6 +1033,22 @@ TEST(GroupedMatmulSwigluTest, BackwardMatchesGroupedMatmulThenSwigluBackward) {
           << want_dscale[i];
     }
   });
+}
+
+// The blockwise FP8 quantisation has the CPU reference's bits (the fp8_quantize case compares
+// values): q with its signed zeros, and the scales, from f32 and bf16 inputs.
+TEST(Fp8QuantizeTest, HasTheCpuReferencesBits) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const uint32_t seed = testing::TestSeed();
+    OpRun cpu_run(Device::CPU(), dtype, seed), gpu_run(Device::CUDA(0), dtype, seed);
+    const Fp8Operands cpu(cpu_run), gpu(gpu_run);
+    EXPECT_EQ(testing::FloatBits(gpu.xq), testing::FloatBits(cpu.xq));
+    EXPECT_EQ(testing::FloatBits(gpu.x_scales), testing::FloatBits(cpu.x_scales));
+    EXPECT_EQ(testing::FloatBits(gpu.wq), testing::FloatBits(cpu.wq));
+    EXPECT_EQ(testing::FloatBits(gpu.w_scales), testing::FloatBits(cpu.w_scales));
+  }
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed

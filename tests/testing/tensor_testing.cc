@@ -8,6 +8,7 @@
 #include <glog/logging.h>
 
 #include "engine/core/bfloat16.h"
+#include "engine/core/float8.h"
 #include "engine/kernels/ops.h"
 
 namespace moe::testing {
@@ -41,17 +42,31 @@ std::vector<uint32_t> FloatBits(const Tensor& t) {
   return bits;
 }
 
-std::vector<float> ToFloats(const Tensor& t) {
-  std::vector<float> out(t.numel());
-  if (t.dtype() == DType::kF32) {
-    ops::CopyToHost(t, out.data());
-  } else {
-    CHECK(t.dtype() == DType::kBF16) << t.DebugString();
-    std::vector<BFloat16> narrow(t.numel());
-    ops::CopyToHost(t, narrow.data());
-    for (size_t i = 0; i < narrow.size(); ++i) out[i] = BFloat16ToFloat(narrow[i]);
-  }
+namespace {
+// t's elements, stored as T, widened to float by `widen`.
+template <typename T, typename Widen>
+std::vector<float> Widened(const Tensor& t, Widen widen) {
+  std::vector<T> narrow(t.numel());
+  ops::CopyToHost(t, narrow.data());
+  std::vector<float> out;
+  out.reserve(narrow.size());
+  for (const T& v : narrow) out.push_back(widen(v));
   return out;
+}
+}  // namespace
+
+std::vector<float> ToFloats(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kBF16:
+      return Widened<BFloat16>(t, BFloat16ToFloat);
+    case DType::kE4M3:
+      return Widened<Float8E4M3>(t, E4M3ToFloat);
+    default:
+      CHECK(t.dtype() == DType::kF32) << t.DebugString();
+      std::vector<float> out(t.numel());
+      ops::CopyToHost(t, out.data());
+      return out;
+  }
 }
 
 std::vector<int32_t> ToInts(const Tensor& t) {

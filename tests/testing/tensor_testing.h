@@ -1,5 +1,5 @@
-// Test helpers: tensors from host values, host values from tensors (bf16 widened to float),
-// fresh random inputs, poisoning outputs, and the relative error every comparison uses.
+// Test helpers: tensors from host values, host values from tensors (bf16 and e4m3 widened to
+// float), fresh random inputs, poisoning outputs, and the relative error every comparison uses.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace moe::testing {
 
 Tensor FromFloats(const std::vector<float>& values, const Shape& shape, DType dtype, Device device);
 Tensor FromInts(const std::vector<int32_t>& values, const Shape& shape, Device device);
-std::vector<float> ToFloats(const Tensor& t);  // f32 or bf16
+std::vector<float> ToFloats(const Tensor& t);  // f32, bf16 or e4m3 (all exactly)
 std::vector<int32_t> ToInts(const Tensor& t);  // i32
 // The bits of ToFloats(t), for bit-identity checks (NaN compares equal to itself).
 std::vector<uint32_t> FloatBits(const Tensor& t);

@@ -1,5 +1,6 @@
 // CPU elementwise ops and conversions: Fill, Cast, ReadSmallToHost, Add, Scale, Axpy.
-// Float tensors are f32, except that Fill and Cast also take bf16 (and Fill any integer dtype).
+// Float tensors are f32, except that Fill and Cast also take bf16 (and Fill any integer dtype and
+// e4m3).
 // Every op treats its tensors as contiguous from data(), so row views work; outputs may alias
 // inputs where op_declarations.inc allows it.
 #include <algorithm>
@@ -32,6 +33,8 @@ void Fill(const Tensor& t, float value) {
       return FillAs<int64_t>(t, static_cast<int64_t>(value));
     case DType::kU8:
       return FillAs<uint8_t>(t, static_cast<uint8_t>(value));
+    case DType::kE4M3:
+      return FillAs<Float8E4M3>(t, FloatToE4M3(value));
   }
   LOG(FATAL) << "fill: unknown dtype of " << t.DebugString();
 }

@@ -1,6 +1,7 @@
 // CUDA Fill, Cast, Add, Scale, Axpy (contracts: engine/kernels/op_declarations.inc), all through
 // Map (elementwise.cuh): fp32 arithmetic on f32 or bf16 storage. Fill also takes integer
-// tensors (the value truncated toward zero); Cast between equal dtypes is a device copy.
+// tensors (the value truncated toward zero) and e4m3 ones; Cast between equal dtypes is a device
+// copy.
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/tensor_math/elementwise.cuh"
 
@@ -49,6 +50,8 @@ void Fill(const Tensor& t, float value) {
       return FillAs<int64_t>(t, value);
     case DType::kU8:
       return FillAs<uint8_t>(t, value);
+    case DType::kE4M3:  // the bits, rounded on the host, stored as bytes
+      return FillAs<uint8_t>(t, FloatToE4M3(value).bits);
   }
   LOG(FATAL) << "fill: unknown dtype of " << t.DebugString();
 }

@@ -1,0 +1,78 @@
+// CPU QuantizeRowTiles, QuantizeBlocks, DequantizeRowTiles and DequantizeBlocks (contracts:
+// engine/kernels/op_declarations.inc): the reference numerics of the blockwise FP8 recipe, which
+// the CUDA kernels reproduce bit for bit: tile by tile (Fp8TiledMatrices), the amax, then the
+// tile's elements. Inputs and outputs f32 or bf16.
+#include <algorithm>
+#include <cmath>
+
+#include "engine/core/float8.h"
+#include "engine/kernels/cpu/cpu_ops.h"
+#include "engine/kernels/fp8_scaling.h"
+
+namespace moe::cpu {
+namespace {
+
+// Calls fn(element index within the matrix) for every element of m's tile `tile`, row by row.
+template <typename Fn>
+void ForEachElement(const Fp8TiledMatrices& m, int64_t tile, Fn&& fn) {
+  const int64_t r0 = tile / m.col_tiles() * m.tile_rows;
+  const int64_t c0 = tile % m.col_tiles() * kFp8TileSize;
+  const int64_t r1 = std::min(m.rows, r0 + m.tile_rows), c1 = std::min(m.cols, c0 + kFp8TileSize);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = c0; c < c1; ++c) fn(r * m.cols + c);
+  }
+}
+
+void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales) {
+  DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
+    for (int64_t g = 0; g < m.groups; ++g) {
+      const T* in = x.data<T>() + g * m.elements();
+      Float8E4M3* out = q.data<Float8E4M3>() + g * m.elements();
+      float* tile_scales = scales.data<float>() + g * m.tiles();
+      for (int64_t tile = 0; tile < m.tiles(); ++tile) {
+        float amax = 0.0f;
+        ForEachElement(m, tile,
+                       [&](int64_t i) { amax = std::fmax(amax, std::fabs(ToFloat(in[i]))); });
+        const Fp8TileScaling scaling = Fp8ScalingOf(amax);
+        tile_scales[tile] = scaling.scale;
+        ForEachElement(
+            m, tile, [&](int64_t i) { out[i] = FloatToE4M3(ToFloat(in[i]) * scaling.multiplier); });
+      }
+    }
+  });
+}
+
+void Dequantize(const Fp8TiledMatrices& m, const Tensor& q, const Tensor& scales, const Tensor& x) {
+  DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
+    for (int64_t g = 0; g < m.groups; ++g) {
+      const Float8E4M3* in = q.data<Float8E4M3>() + g * m.elements();
+      const float* tile_scales = scales.data<float>() + g * m.tiles();
+      T* out = x.data<T>() + g * m.elements();
+      for (int64_t tile = 0; tile < m.tiles(); ++tile) {
+        ForEachElement(m, tile, [&](int64_t i) {
+          out[i] = FromFloat<T>(E4M3ToFloat(in[i]) * tile_scales[tile]);
+        });
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
+  Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
+}
+
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
+  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales);
+}
+
+void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
+  Dequantize(Fp8RowTiles(x.dim(0), x.dim(1)), q, scales, x);
+}
+
+void DequantizeBlocks(const Tensor& q, const Tensor& scales, const Tensor& w) {
+  Dequantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), q, scales, w);
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,95 @@
+// CUDA QuantizeRowTiles, QuantizeBlocks, DequantizeRowTiles and DequantizeBlocks (contracts:
+// engine/kernels/op_declarations.inc): the same f32 operations as the CPU reference
+// (Fp8ScalingOf, engine/kernels/fp8_scaling.h), with the device's cvt.rn.satfinite.e4m3x2.f32
+// for the rounding that FloatToE4M3 emulates on the host, so q and the scales agree bit for bit.
+// Both layouts are Fp8TiledMatrices (row tiles: one matrix, tile_rows 1; blocks: a matrix per
+// group, tile_rows 128). Quantising runs one block of kFp8TileSize threads per tile, a thread
+// per column: its amax over its column, the block's max, then the tile's elements. Dequantising
+// is elementwise.
+#include <cuda_fp8.h>
+
+#include "engine/kernels/cuda/common/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/fp8_scaling.h"
+
+namespace moe::cuda {
+namespace {
+
+// Block (tile, group) = (blockIdx.x, blockIdx.y), kFp8TileSize threads.
+template <typename T>
+__global__ void QuantizeKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
+                               float* scales) {
+  const int64_t group = blockIdx.y, tile = blockIdx.x;
+  const int64_t r0 = tile / m.col_tiles() * m.tile_rows;
+  const int64_t r1 = min(m.rows, r0 + m.tile_rows);
+  const int64_t c = tile % m.col_tiles() * kFp8TileSize + threadIdx.x;
+  const bool in_tile = c < m.cols;
+  const int64_t first = group * m.elements() + r0 * m.cols + c;
+  float amax = 0.0f;
+  if (in_tile) {
+    for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
+      amax = fmaxf(amax, fabsf(ToFloat(x[i])));
+    }
+  }
+  const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
+  if (threadIdx.x == 0) scales[group * m.tiles() + tile] = scaling.scale;
+  if (!in_tile) return;
+  for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
+    q[i] = __nv_cvt_float_to_fp8(ToFloat(x[i]) * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename T>
+__global__ void DequantizeKernel(Fp8TiledMatrices m, const __nv_fp8_storage_t* q,
+                                 const float* scales, T* x) {
+  const int64_t total = m.groups * m.elements();
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t group = i / m.elements(), r = i % m.elements() / m.cols, c = i % m.cols;
+    const int64_t tile = m.TileOf(r, c);
+    const float value = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3)));
+    x[i] = FromFloat<T>(value * scales[group * m.tiles() + tile]);
+  }
+}
+
+void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales) {
+  if (m.groups == 0 || m.tiles() == 0) return;
+  CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
+      << "fp8 quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
+    QuantizeKernel<T><<<grid, kFp8TileSize, 0, StreamOf(x)>>>(
+        m, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void Dequantize(const Fp8TiledMatrices& m, const Tensor& q, const Tensor& scales, const Tensor& x) {
+  if (x.numel() == 0) return;
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    constexpr int kThreads = 256;
+    DequantizeKernel<T><<<BlocksFor(x.numel(), kThreads), kThreads, 0, StreamOf(x)>>>(
+        m, Ptr<const __nv_fp8_storage_t>(q), Ptr<const float>(scales), Ptr<T>(x));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
+  Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
+}
+
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
+  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales);
+}
+
+void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
+  Dequantize(Fp8RowTiles(x.dim(0), x.dim(1)), q, scales, x);
+}
+
+void DequantizeBlocks(const Tensor& q, const Tensor& scales, const Tensor& w) {
+  Dequantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), q, scales, w);
+}
+
+}  // namespace moe::cuda

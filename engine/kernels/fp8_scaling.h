@@ -1,0 +1,60 @@
+// The blockwise FP8 recipe's scaling (DeepSeek-V3's; Megatron-LM's --fp8_recipe=blockwise): the
+// tile edge, how tensors are cut into tiles and where their scales are stored, and the formula
+// that turns a tile's amax into its scale and its quantisation multiplier. The CPU reference and
+// the CUDA kernels quantise through this one formula with the same f32 operations, so their e4m3
+// values and scales agree bit for bit. constexpr, so device code calls it too (the engine's CUDA
+// sources build with --expt-relaxed-constexpr).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/float8.h"
+
+namespace moe {
+
+// The edge of a tile: activations and gradients are quantised in 1 x 128 tiles along K, weights
+// in 128 x 128 blocks. Where a dimension is not a multiple of 128, its last partial tile is a tile
+// of its own.
+constexpr int64_t kFp8TileSize = 128;
+// Tiles along a dimension of `size` elements.
+constexpr int64_t Fp8Tiles(int64_t size) { return (size + kFp8TileSize - 1) / kFp8TileSize; }
+
+// `groups` row-major matrices of (rows, cols) one after the other, cut into tiles of tile_rows x
+// kFp8TileSize; a matrix's tiles are numbered row-major, which is how its scales are stored
+// (groups, tiles along rows, tiles along cols).
+struct Fp8TiledMatrices {
+  int64_t groups, rows, cols, tile_rows;
+
+  constexpr int64_t elements() const { return rows * cols; }  // of one matrix
+  constexpr int64_t col_tiles() const { return Fp8Tiles(cols); }
+  constexpr int64_t tiles() const { return (rows + tile_rows - 1) / tile_rows * col_tiles(); }
+  // The tile of a matrix's element (r, c).
+  constexpr int64_t TileOf(int64_t r, int64_t c) const {
+    return r / tile_rows * col_tiles() + c / kFp8TileSize;
+  }
+};
+// The 1 x 128 tiles of an activation or gradient (rows, k).
+constexpr Fp8TiledMatrices Fp8RowTiles(int64_t rows, int64_t k) { return {1, rows, k, 1}; }
+// The 128 x 128 blocks of stacked weights (groups, n, k).
+constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
+  return {groups, n, k, kFp8TileSize};
+}
+
+// A smaller amax counts as this one, which keeps 448 / amax finite: an all-zero tile gets q = 0
+// (dequantised: exact zeros) and a finite, normal scale.
+constexpr float kFp8MinAmax = 0x1p-64f;
+
+struct Fp8TileScaling {
+  float scale;       // the tile's dequantised values are E4M3ToFloat(q) * scale
+  float multiplier;  // q = FloatToE4M3(x * multiplier)
+};
+
+// The scaling of a tile whose largest magnitude is `amax` (DeepGEMM's per-token and per-block
+// casts, with a floor of kFp8MinAmax where DeepGEMM clamps at 1e-4): a = max(amax, kFp8MinAmax),
+// scale = a / 448 and multiplier = 448 / a, each one f32 division rounded to nearest even.
+constexpr Fp8TileScaling Fp8ScalingOf(float amax) {
+  const float a = amax > kFp8MinAmax ? amax : kFp8MinAmax;
+  return {a / kE4M3Max, kE4M3Max / a};
+}
+
+}  // namespace moe

@@ -1,0 +1,339 @@
+// The blockwise FP8 ops on the CPU backend (contracts: engine/kernels/op_declarations.inc):
+// quantisation bit for bit against a scalar re-implementation of the contract's formula, f32 and
+// bf16 inputs; the round trip within half an e4m3 step of every element; zero tiles, partial
+// tiles and outliers; Fp8GroupedMatmul in both orientations against a double-precision GEMM of the
+// dequantised operands (only f32 summation error) and against GroupedMatmul of the unquantised
+// operands (FP8 error), with empty groups and one group holding every row.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/core/float8.h"
+#include "engine/kernels/ops.h"
+#include "tests/testing/grad_check.h"
+#include "tests/testing/tensor_testing.h"
+
+namespace moe {
+namespace {
+
+using testing::FloatBits;
+using testing::FromFloats;
+using testing::ToFloats;
+
+constexpr int64_t kTile = 128;
+int64_t Tiles(int64_t size) { return (size + kTile - 1) / kTile; }
+
+// Host values of `groups` stacked (rows, cols) matrices, quantised in tiles of tile_rows x 128.
+struct HostQuantized {
+  std::vector<float> values;  // the e4m3 values, decoded
+  std::vector<float> scales;
+};
+
+// The contract's formula written out plainly: per tile, amax = max |x|, a = max(amax, 2^-64),
+// scale = a / 448, q = e4m3(x * (448 / a)).
+HostQuantized ScalarQuantize(const std::vector<float>& x, int64_t groups, int64_t rows,
+                             int64_t cols, int64_t tile_rows) {
+  HostQuantized out{std::vector<float>(x.size()), {}};
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        const int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + kTile);
+        float amax = 0.0f;
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t c = c0; c < c1; ++c)
+            amax = std::max(amax, std::abs(x[(g * rows + r) * cols + c]));
+        }
+        const float a = std::max(amax, std::ldexp(1.0f, -64));
+        const float multiplier = 448.0f / a;
+        out.scales.push_back(a / 448.0f);
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t i = (g * rows + r) * cols + c;
+            out.values[i] = E4M3ToFloat(FloatToE4M3(x[i] * multiplier));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The bits of `values` as FloatBits reads a tensor.
+std::vector<uint32_t> Bits(const std::vector<float>& values) {
+  std::vector<uint32_t> bits(values.size());
+  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
+  return bits;
+}
+
+class Fp8OpsTest : public testing::OpTest {
+ protected:
+  // Normal values whose magnitude changes binade every row, with awkward tiles where the shape
+  // has room: row 0's second tile all zeros, an outlier 10^4 in row 1, row 2's first tile below
+  // 2^-64 (the amax floor), row 3's first tile -0.0 throughout, and values in bf16 when asked.
+  std::vector<float> Values(int64_t rows, int64_t cols, bool bf16) {
+    std::vector<float> x = testing::RandomFloats(rows * cols, rng_);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) x[r * cols + c] *= std::ldexp(1.0f, r % 9 - 4);
+    }
+    const auto tile_of_row = [&](int64_t r, int64_t t, auto set) {
+      if (r >= rows || t * kTile >= cols) return;
+      for (int64_t c = t * kTile; c < std::min(cols, (t + 1) * kTile); ++c) set(x[r * cols + c]);
+    };
+    tile_of_row(0, 1, [](float& v) { v = 0.0f; });
+    if (rows > 1) x[cols + std::min<int64_t>(5, cols - 1)] = 1e4f;
+    tile_of_row(2, 0, [](float& v) { v *= 1e-25f; });
+    tile_of_row(3, 0, [](float& v) { v = -0.0f; });
+    if (bf16) {
+      for (float& v : x) v = BFloat16ToFloat(FloatToBFloat16(v));
+    }
+    return x;
+  }
+};
+
+struct Layout {
+  std::string name;
+  int64_t groups, rows, cols;
+};
+
+// Row tiles: rows x k with k a multiple of 128, off it, below it.
+const Layout kRowTileLayouts[] = {{"k 300", 1, 7, 300}, {"k 256", 1, 5, 256}, {"k 5", 1, 4, 5}};
+// Blocks: n and k on and off multiples of 128.
+const Layout kBlockLayouts[] = {{"n 200 k 300", 3, 200, 300}, {"n 128 k 64", 2, 128, 64}};
+
+TEST_F(Fp8OpsTest, QuantizeRowTilesIsTheContractsFormulaBitForBit) {
+  for (const Layout& l : kRowTileLayouts) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(l.name + ", " + DTypeName(dtype));
+      const std::vector<float> x = Values(l.rows, l.cols, dtype == DType::kBF16);
+      const Tensor q = Poisoned({l.rows, l.cols}, DType::kE4M3);
+      const Tensor scales = Poisoned({l.rows, Tiles(l.cols)});
+      ops::QuantizeRowTiles(FromFloats(x, {l.rows, l.cols}, dtype, device_), q, scales);
+      const HostQuantized want = ScalarQuantize(x, 1, l.rows, l.cols, 1);
+      EXPECT_EQ(FloatBits(q), Bits(want.values));
+      EXPECT_EQ(FloatBits(scales), Bits(want.scales));
+    }
+  }
+}
+
+TEST_F(Fp8OpsTest, QuantizeBlocksIsTheContractsFormulaBitForBit) {
+  for (const Layout& l : kBlockLayouts) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(l.name + ", " + DTypeName(dtype));
+      const std::vector<float> w = Values(l.groups * l.rows, l.cols, dtype == DType::kBF16);
+      const Tensor q = Poisoned({l.groups, l.rows, l.cols}, DType::kE4M3);
+      const Tensor scales = Poisoned({l.groups, Tiles(l.rows), Tiles(l.cols)});
+      ops::QuantizeBlocks(FromFloats(w, {l.groups, l.rows, l.cols}, dtype, device_), q, scales);
+      const HostQuantized want = ScalarQuantize(w, l.groups, l.rows, l.cols, kTile);
+      EXPECT_EQ(FloatBits(q), Bits(want.values));
+      EXPECT_EQ(FloatBits(scales), Bits(want.scales));
+    }
+  }
+}
+
+// Every element comes back within half an e4m3 step of the tile's scaled value: 2^-4 |x| where
+// x * 448 / a is normal in e4m3, 2^-10 scale where subnormal; the few f32 roundings around it
+// (the multiplier, the product, the dequantising multiplication) add a relative 2^-21 of slack.
+void ExpectRoundTripWithinHalfAStep(const std::vector<float>& x, const std::vector<float>& back,
+                                    const std::vector<float>& scales, int64_t rows, int64_t cols,
+                                    int64_t tile_rows) {
+  const int64_t col_tiles = Tiles(cols);
+  const int64_t tiles_per_matrix = (rows + tile_rows - 1) / tile_rows * col_tiles;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int64_t e = static_cast<int64_t>(i);
+    const int64_t g = e / (rows * cols), r = e / cols % rows, c = e % cols;
+    const double scale = scales[g * tiles_per_matrix + r / tile_rows * col_tiles + c / kTile];
+    const double bound =
+        std::max(std::ldexp(std::abs(static_cast<double>(x[i])), -4), std::ldexp(scale, -10)) *
+        (1 + std::ldexp(1.0, -21));
+    ASSERT_LE(std::abs(back[i] - static_cast<double>(x[i])), bound)
+        << "element " << i << ": " << x[i] << " came back as " << back[i] << ", scale " << scale;
+  }
+}
+
+TEST_F(Fp8OpsTest, RoundTripIsWithinHalfAnE4M3Step) {
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    for (const Layout& l : kRowTileLayouts) {
+      const std::vector<float> x = Values(l.rows, l.cols, dtype == DType::kBF16);
+      const Tensor q = Poisoned({l.rows, l.cols}, DType::kE4M3);
+      const Tensor scales = Poisoned({l.rows, Tiles(l.cols)});
+      const Tensor back = Poisoned({l.rows, l.cols});
+      ops::QuantizeRowTiles(FromFloats(x, {l.rows, l.cols}, dtype, device_), q, scales);
+      ops::DequantizeRowTiles(q, scales, back);
+      ExpectRoundTripWithinHalfAStep(x, ToFloats(back), ToFloats(scales), l.rows, l.cols, 1);
+    }
+    for (const Layout& l : kBlockLayouts) {
+      const Shape shape = {l.groups, l.rows, l.cols};
+      const std::vector<float> w = Values(l.groups * l.rows, l.cols, dtype == DType::kBF16);
+      const Tensor q = Poisoned(shape, DType::kE4M3);
+      const Tensor scales = Poisoned({l.groups, Tiles(l.rows), Tiles(l.cols)});
+      const Tensor back = Poisoned(shape);
+      ops::QuantizeBlocks(FromFloats(w, shape, dtype, device_), q, scales);
+      ops::DequantizeBlocks(q, scales, back);
+      ExpectRoundTripWithinHalfAStep(w, ToFloats(back), ToFloats(scales), l.rows, l.cols, kTile);
+    }
+  }
+}
+
+// A tile of zeros (and one of negative zeros) quantises to zeros with scale 2^-64 / 448 and
+// comes back as exact zeros, into f32 and bf16.
+TEST_F(Fp8OpsTest, ZeroTilesComeBackExactly) {
+  const std::vector<float> x = {0.0f, 0.0f, 0.0f, -0.0f, -0.0f, -0.0f};
+  const Tensor q = Poisoned({2, 3}, DType::kE4M3), scales = Poisoned({2, 1});
+  ops::QuantizeRowTiles(FromFloats(x, {2, 3}, DType::kF32, device_), q, scales);
+  EXPECT_EQ(FloatBits(q), Bits(x));
+  EXPECT_EQ(ToFloats(scales), std::vector<float>(2, std::ldexp(1.0f, -64) / 448.0f));
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const Tensor back = Poisoned({2, 3}, dtype);
+    ops::DequantizeRowTiles(q, scales, back);
+    EXPECT_EQ(FloatBits(back), Bits(x)) << DTypeName(dtype);
+  }
+}
+
+// k = 130: a full tile and a partial one of two elements, each with its own scale; a tile's
+// largest magnitude becomes +-448, here the outlier 10^4 of the first tile, which flushes the
+// small elements beside it to zero.
+TEST_F(Fp8OpsTest, PartialTilesAndOutliersHaveTheirOwnScales) {
+  std::vector<float> x(130, 1e-3f);
+  x[7] = -1e4f;
+  x[128] = 3.0f;
+  x[129] = -5.0f;
+  const Tensor q = Poisoned({1, 130}, DType::kE4M3), scales = Poisoned({1, 2});
+  ops::QuantizeRowTiles(FromFloats(x, {1, 130}, DType::kF32, device_), q, scales);
+  EXPECT_EQ(ToFloats(scales), (std::vector<float>{1e4f / 448.0f, 5.0f / 448.0f}));
+  const std::vector<float> values = ToFloats(q);
+  EXPECT_EQ(values[7], -448.0f);
+  EXPECT_EQ(values[0], 0.0f);  // 1e-3 * 448 / 1e4 = 4.5e-5, below half the smallest subnormal
+  EXPECT_EQ(values[129], -448.0f);
+  EXPECT_EQ(values[128], E4M3ToFloat(FloatToE4M3(3.0f * (448.0f / 5.0f))));
+  const Tensor back = Poisoned({1, 130});
+  ops::DequantizeRowTiles(q, scales, back);
+  EXPECT_NEAR(ToFloats(back)[7], -1e4f, 1e4f * std::ldexp(1.0f, -22));
+}
+
+TEST_F(Fp8OpsTest, DequantizeToBf16RoundsTheF32Result) {
+  const Layout& l = kBlockLayouts[0];
+  const Shape shape = {l.groups, l.rows, l.cols};
+  const Tensor q = Poisoned(shape, DType::kE4M3);
+  const Tensor scales = Poisoned({l.groups, Tiles(l.rows), Tiles(l.cols)});
+  ops::QuantizeBlocks(Random(shape), q, scales);
+  const Tensor f32 = Poisoned(shape), bf16 = Poisoned(shape, DType::kBF16);
+  ops::DequantizeBlocks(q, scales, f32);
+  ops::DequantizeBlocks(q, scales, bf16);
+  std::vector<float> rounded = ToFloats(f32);
+  for (float& v : rounded) v = BFloat16ToFloat(FloatToBFloat16(v));
+  EXPECT_EQ(FloatBits(bf16), Bits(rounded));
+}
+
+TEST_F(Fp8OpsTest, ChecksTheScalesShape) {
+  const Tensor x = Random({3, 200}), q = Poisoned({3, 200}, DType::kE4M3);
+  EXPECT_DEATH(ops::QuantizeRowTiles(x, q, Poisoned({3, 1})), "scales");
+  EXPECT_DEATH(ops::QuantizeRowTiles(x, Poisoned({3, 200}), Poisoned({3, 2})), "e4m3");
+}
+
+// ---------------------------------------------------------------- Fp8GroupedMatmul
+
+// Quantised operands of one grouped GEMM: x (rows, c) in row tiles, w (groups, n, c) if
+// transpose_w else (groups, c, n) in blocks, and the unquantised f32 tensors they came from.
+struct Fp8GemmCase {
+  std::string name;
+  std::vector<int32_t> offsets;
+  int64_t contracted, n;
+};
+
+const Fp8GemmCase kGemmCases[] = {
+    // Empty groups first, inside and last; c and n off multiples of 128.
+    {"empty groups", {0, 0, 40, 40, 75, 90, 90}, 300, 200},
+    {"one group with every row", {0, 0, 0, 61, 61}, 256, 130},
+    {"small", {0, 3, 5}, 20, 7}};
+
+struct Fp8GemmOperands {
+  Tensor x, w, xq, x_scales, wq, w_scales, offsets;
+  int64_t groups, rows;
+};
+
+class Fp8GroupedMatmulTest : public Fp8OpsTest {
+ protected:
+  Fp8GemmOperands Operands(const Fp8GemmCase& c, bool transpose_w) {
+    Fp8GemmOperands o;
+    o.groups = static_cast<int64_t>(c.offsets.size()) - 1;
+    o.rows = c.offsets.back();
+    o.x = Random({o.rows, c.contracted});
+    o.w = Random(transpose_w ? Shape{o.groups, c.n, c.contracted}
+                             : Shape{o.groups, c.contracted, c.n});
+    o.xq = Poisoned(o.x.shape(), DType::kE4M3);
+    o.x_scales = Poisoned({o.rows, Tiles(c.contracted)});
+    o.wq = Poisoned(o.w.shape(), DType::kE4M3);
+    o.w_scales = Poisoned({o.groups, Tiles(o.w.dim(1)), Tiles(o.w.dim(2))});
+    o.offsets = Ints(c.offsets, {o.groups + 1});
+    ops::QuantizeRowTiles(o.x, o.xq, o.x_scales);
+    ops::QuantizeBlocks(o.w, o.wq, o.w_scales);
+    return o;
+  }
+};
+
+// Against the exact product of the dequantised operands (in double): each output element may
+// differ by the f32 roundings of its sum, at most (tile length + tiles + 2) 2^-24 of the sum of
+// its terms' magnitudes (first order: the partial sums' additions, the scales' product, the fma
+// chain's roundings), with a little slack.
+TEST_F(Fp8GroupedMatmulTest, IsTheDequantisedProductUpToF32Summation) {
+  for (const Fp8GemmCase& c : kGemmCases) {
+    for (const bool transpose_w : {true, false}) {
+      SCOPED_TRACE(c.name + (transpose_w ? ", y = x w^T" : ", y = x w"));
+      const Fp8GemmOperands o = Operands(c, transpose_w);
+      const Tensor y = Poisoned({o.rows, c.n});
+      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y, transpose_w);
+      const std::vector<float> xq = ToFloats(o.xq), xs = ToFloats(o.x_scales);
+      const std::vector<float> wq = ToFloats(o.wq), ws = ToFloats(o.w_scales), got = ToFloats(y);
+      const int64_t k = c.contracted, tiles = Tiles(k), n_tiles = Tiles(c.n);
+      const double gamma = (kTile + tiles + 2) * std::ldexp(1.0, -24) * 1.01;
+      for (int64_t g = 0; g < o.groups; ++g) {
+        for (int64_t r = c.offsets[g]; r < c.offsets[g + 1]; ++r) {
+          for (int64_t j = 0; j < c.n; ++j) {
+            double sum = 0, magnitude = 0;
+            for (int64_t i = 0; i < k; ++i) {
+              const int64_t wi = transpose_w ? (g * c.n + j) * k + i : (g * k + i) * c.n + j;
+              const int64_t si = transpose_w ? (g * n_tiles + j / kTile) * tiles + i / kTile
+                                             : (g * tiles + i / kTile) * n_tiles + j / kTile;
+              const double term =
+                  static_cast<double>(xq[r * k + i]) * xs[r * tiles + i / kTile] * wq[wi] * ws[si];
+              sum += term;
+              magnitude += std::abs(term);
+            }
+            ASSERT_LE(std::abs(got[r * c.n + j] - sum), gamma * magnitude + 1e-30)
+                << "row " << r << ", column " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Against GroupedMatmul of the operands before quantisation: the FP8 error (each operand within
+// 2^-4 relative, much less on average) is a few percent of the result in norm; a bf16 y holds the
+// f32 result rounded.
+TEST_F(Fp8GroupedMatmulTest, IsCloseToGroupedMatmulOfTheUnquantisedOperands) {
+  for (const Fp8GemmCase& c : kGemmCases) {
+    for (const bool transpose_w : {true, false}) {
+      SCOPED_TRACE(c.name + (transpose_w ? ", y = x w^T" : ", y = x w"));
+      const Fp8GemmOperands o = Operands(c, transpose_w);
+      const Tensor y = Poisoned({o.rows, c.n}), y_bf16 = Poisoned({o.rows, c.n}, DType::kBF16);
+      const Tensor want = Poisoned({o.rows, c.n});
+      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y, transpose_w);
+      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y_bf16, transpose_w);
+      ops::GroupedMatmul(o.x, o.w, o.offsets, {}, want, transpose_w);
+      EXPECT_LT(testing::RelativeError(ToFloats(y), ToFloats(want)), 0.08);
+      std::vector<float> rounded = ToFloats(y);
+      for (float& v : rounded) v = BFloat16ToFloat(FloatToBFloat16(v));
+      EXPECT_EQ(FloatBits(y_bf16), Bits(rounded));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe
