@@ -1,5 +1,7 @@
 // A rank's expert parallelism as its MoE layers see it (moe_layer.h): the expert group they
-// exchange tokens over, and what they exchanged since the trainer last took it (ExpertTraffic).
+// exchange tokens over, the expert-data group whose experts' gradients the CPU backend sums in
+// data-rank order (grouped_mlp.h), and what they exchanged since the trainer last took it
+// (ExpertTraffic).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,8 @@ struct ExpertTraffic {
 };
 
 struct ExpertParallel {
-  Communicator* group = nullptr;  // the expert group, E > 1 ranks
+  Communicator* group = nullptr;        // the expert group, E > 1 ranks
+  Communicator* expert_data = nullptr;  // the ranks holding the same experts (any size)
   ExpertTraffic traffic;
 };
 

@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include "engine/kernels/ops.h"
+#include "engine/runtime/device_context.h"
 #include "modules/fused_grouped_mlp.h"
 #include "modules/unfused_grouped_mlp.h"
 
@@ -64,43 +65,63 @@ std::string GroupedMlp::Key(const char* what, int segment) const {
   return segment == 0 ? name_ + what : name_ + ".source" + std::to_string(segment) + what;
 }
 
+bool ExpertGradsSummedByModule(Device device, bool expert_parallel) {
+  return expert_parallel && !device.is_cuda();
+}
+
 GroupedMlp::Slots& GroupedMlp::SlotsOf(const Parameter& w) {
-  return &w == &fc1_ ? fc1_slots_ : fc2_slots_;
+  Slots& slots = &w == &fc1_ ? fc1_slots_ : fc2_slots_;
+  if (slots.grads.empty()) {
+    const int64_t numel = w.grad.numel();
+    slots.all = Tensor::Empty({shard_.sources, numel}, w.grad.dtype(), w.grad.device());
+    for (int s = 0; s < shard_.sources; ++s) {
+      slots.grads.push_back(slots.all.Rows(s, s + 1).View(w.grad.shape()));
+    }
+    slots.written.assign(shard_.sources, false);
+  }
+  return slots;
 }
 
 bool GroupedMlp::UsesGradSlots() const {
-  return shard_.sources > 1 && !fc1_.value.device().is_cuda();
+  return ExpertGradsSummedByModule(fc1_.value.device(), shard_.sources > 1);
 }
 
 GroupedMlp::GradTarget GroupedMlp::WeightGradTarget(Parameter& w, int segment) {
   if (!UsesGradSlots()) return {w.grad, BeginGradWrite(w)};
   Slots& slots = SlotsOf(w);
-  if (slots.grads.empty()) {
-    for (int s = 0; s < shard_.sources; ++s) {
-      slots.grads.push_back(Tensor::Empty(w.grad.shape(), w.grad.dtype(), w.grad.device()));
-    }
-    slots.written.assign(shard_.sources, false);
-  }
   const bool accumulate = slots.written[segment];
   slots.written[segment] = true;
   return {slots.grads[segment], accumulate};
 }
 
 void GroupedMlp::SumGradSlots() {
+  if (!UsesGradSlots()) return;
+  Communicator* group = shard_.expert_data;
+  const int ranks = group != nullptr ? group->size() : 1;
   for (Parameter* w : {&fc1_, &fc2_}) {
-    Slots& slots = SlotsOf(*w);
-    if (slots.grads.empty()) continue;
+    Slots& slots = SlotsOf(*w);  // every rank of the group takes part, with rows or not
     CHECK(!BeginGradWrite(*w)) << w->name << ": gradient written beside its source slots";
-    // As the CPU all-reduce adds: in f32, source by source, rounded to the gradient's dtype once.
-    Tensor sum = Tensor::Empty(w->grad.shape(), DType::kF32, w->grad.device());
-    Tensor part = Tensor::Empty(sum.shape(), DType::kF32, sum.device());
     for (size_t s = 0; s < slots.grads.size(); ++s) {
       if (!slots.written[s]) ops::Fill(slots.grads[s], 0.0f);
       slots.written[s] = false;
-      ops::Cast(slots.grads[s], s == 0 ? sum : part);
-      if (s > 0) ops::Add(sum, part, sum);
     }
-    ops::Cast(sum, w->grad);
+    // Every source rank's partial gradient, in data-rank order: rank g of the expert-data group
+    // holds those of data ranks g * sources ... (g + 1) * sources - 1.
+    Tensor partials = slots.all;
+    if (ranks > 1) {
+      partials = Tensor::Empty({ranks * slots.all.dim(0), slots.all.dim(1)}, slots.all.dtype(),
+                               slots.all.device());
+      EnqueueBetween(*group, DeviceContext::Get(group->device()).compute_stream(),
+                     [&] { group->AllGather(slots.all, partials); });
+    }
+    // As the CPU all-reduce adds: in f32, rank by rank, rounded to the gradient's dtype once.
+    const Tensor sum = Tensor::Empty({partials.dim(1)}, DType::kF32, partials.device());
+    const Tensor part = Tensor::Empty({partials.dim(1)}, DType::kF32, partials.device());
+    for (int64_t r = 0; r < partials.dim(0); ++r) {
+      ops::Cast(partials.Rows(r, r + 1).View({partials.dim(1)}), r == 0 ? sum : part);
+      if (r > 0) ops::Add(sum, part, sum);
+    }
+    ops::Cast(sum, w->grad.View({w->grad.numel()}));
   }
 }
 

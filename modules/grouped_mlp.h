@@ -17,9 +17,12 @@
 // one per rank of the expert group, each run by its own Forward and BackwardSegment (saved apart,
 // offsets relative to the segment), so every GEMM has the shape it has on the source rank without
 // expert parallelism. On the CPU backend each source's weight gradients stay in a slot of their own
-// until the step's last backward, which sums the slots in rank order into the gradient (=): the
-// order and rounding of the data-parallel all-reduce they replace (communicator.h), so training is
-// bit-identical to one expert-parallel rank. On CUDA every segment adds into the gradient.
+// until the step's last backward, which gathers every slot of the expert-data group (all D source
+// ranks' partial gradients, in data-rank order) and sums them in that order into the gradient (=):
+// the order and rounding of the data-parallel all-reduce they replace (communicator.h), so
+// training is bit-identical to one expert-parallel rank, and the trainer does not reduce the
+// experts' gradients again. On CUDA every segment adds into the gradient, which the expert-data
+// group then reduces.
 #pragma once
 
 #include <memory>
@@ -29,6 +32,7 @@
 
 #include "engine/autograd/parameters.h"
 #include "engine/autograd/saved_tensors.h"
+#include "engine/distributed/communicator.h"
 #include "modules/gpt_config.h"
 
 namespace moe {
@@ -38,7 +42,12 @@ struct ExpertShard {
   int64_t first = 0;
   int64_t count = 0;  // 0: all of them (no expert parallelism)
   int sources = 1;
+  Communicator* expert_data = nullptr;  // with sources > 1: the ranks holding the same experts
 };
+
+// Whether the grouped MLPs on `device` sum the experts' gradients over the expert-data group
+// themselves (the CPU under expert parallelism, above): the trainer must not reduce them again.
+bool ExpertGradsSummedByModule(Device device, bool expert_parallel);
 
 class GroupedMlp {
  public:
@@ -90,9 +99,11 @@ class GroupedMlp {
 
  private:
   struct Slots {
-    std::vector<Tensor> grads;  // by source, w's gradient's shape and dtype
+    Tensor all;                 // (sources, w's gradient's numel) in its dtype
+    std::vector<Tensor> grads;  // by source: views of `all` in w's gradient's shape
     std::vector<bool> written;  // this step
   };
+  // w's slots, allocated on first use.
   Slots& SlotsOf(const Parameter& w);
   Slots fc1_slots_, fc2_slots_;
 };

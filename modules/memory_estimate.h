@@ -14,7 +14,8 @@
 //   under the distributed optimizer their master and moments are sharded over the expert-data
 //   group, state_shards / E ranks (RankStateBytes); the router, attention, norms, embedding and
 //   head are unchanged. On the CPU backend with E > 1 the experts' gradients also have one slot per
-//   source rank (E more copies: modules/grouped_mlp.h).
+//   source rank (E more copies: modules/grouped_mlp.h; not counted: the transient gather of one
+//   weight's D partial gradients at a layer's last backward).
 // - Activations: the tensors forward saves for backward, per layer per micro-batch
 //   (ActivationBytesPerLayer, in compute bytes: 4 on the CPU, 2 on CUDA; routing tensors f32/i32),
 //   less what GptConfig::recompute drops: attention: norm input, its input (the norm output),

@@ -17,7 +17,7 @@ ExpertShard ShardOf(const GptConfig& config, const ExpertParallel* expert_parall
   CHECK(config.num_experts % group->size() == 0)
       << config.num_experts << " experts over an expert group of " << group->size();
   const int64_t local = config.num_experts / group->size();
-  return {group->rank() * local, local, group->size()};
+  return {group->rank() * local, local, group->size(), expert_parallel->expert_data};
 }
 
 }  // namespace

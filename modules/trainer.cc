@@ -20,6 +20,7 @@
 #include "engine/runtime/device_context.h"
 #include "engine/runtime/step_timeline.h"
 #include "modules/checkpoint_state.h"
+#include "modules/grouped_mlp.h"
 #include "modules/model_shape.h"
 #include "modules/offload_groups.h"
 
@@ -99,7 +100,9 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
       expert_data_(groups != nullptr ? groups->expert_data.get() : nullptr),
-      expert_parallel_{groups != nullptr ? groups->expert.get() : nullptr, {}},
+      expert_parallel_{groups != nullptr ? groups->expert.get() : nullptr,
+                       groups != nullptr ? groups->expert_data.get() : nullptr,
+                       {}},
       parameters_(ParameterSet::Deferred(device, device.is_cuda() ? DType::kBF16 : DType::kF32,
                                          options.seed, options.optimizer_dtypes)),
       partition_(partition),
@@ -228,7 +231,11 @@ StepStats Trainer::TrainStep(bool trace) {
   step.offload = offload_.get();
   std::optional<GradientSync> gradient_sync;  // data parallel: all-reduces overlap backward
   if (GroupSize(data_) > 1) {
-    gradient_sync.emplace(replica_groups(), parameters_, context.compute_stream());
+    ReplicaCommunicators reduce = replica_groups();
+    if (ExpertGradsSummedByModule(device_, expert_parallel_.group != nullptr)) {
+      reduce.expert_data = nullptr;  // the grouped MLPs have summed them in data-rank order
+    }
+    gradient_sync.emplace(reduce, parameters_, context.compute_stream());
     step.grads_final = [&](const std::string& prefix) { gradient_sync->GradsFinal(prefix); };
   }
   if (weight_gather_) {  // the last step's weights arrive as the forward needs them

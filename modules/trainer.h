@@ -40,12 +40,13 @@
 // Expert parallelism (ProcessGroups::expert, E > 1 ranks; CheckExpertParallel): the MoE layers of
 // a rank hold num_experts / E experts and exchange routed rows over the expert group
 // (moe_layer.h). The experts' parameters are the kExpertData replica group: their gradients are
-// summed over the expert-data group (the D / E ranks holding the same experts) and, under the
-// distributed optimizer, their state is sharded over it; the dense parameters keep the data group.
-// The norm adds the experts' squares over the expert group too (adamw.h). Checkpoints gather the
-// experts over expert group 0 and load each rank's rows out of the whole tensors, so they keep the
-// single-process format and load across expert layouts. StepStats::expert_traffic is the step's
-// rows per expert and rank and the bytes this rank sent.
+// summed over the expert-data group (the D / E ranks holding the same experts; on the CPU by the
+// grouped MLPs themselves, in data-rank order, so GradientSync leaves them: grouped_mlp.h) and,
+// under the distributed optimizer, their state is sharded over it; the dense parameters keep the
+// data group. The norm adds the experts' squares over the expert group too (adamw.h). Checkpoints
+// gather the experts over expert group 0 and load each rank's rows out of the whole tensors, so
+// they keep the single-process format and load across expert layouts. StepStats::expert_traffic is
+// the step's rows per expert and rank and the bytes this rank sent.
 //
 // With TrainerOptions::offload set, the trainer owns an OffloadManager (made with the pipeline
 // rank) and passes it to each (micro-batch, chunk) saved-tensor context, with the schedule's

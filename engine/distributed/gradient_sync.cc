@@ -21,7 +21,8 @@ GradientSync::GradientSync(const ReplicaCommunicators& groups, const ParameterSe
   for (size_t b = 0; b < parameters.buckets().size(); ++b) {
     const BucketLayout& layout = parameters.buckets()[b].layout;
     const Communicator* reducer = ReducerOf(b);
-    CHECK(layout.shards == 1 || (reducer != nullptr && layout.shards == reducer->size()))
+    CHECK(layout.shards == 1 || groups_[layout.replicas] == nullptr ||
+          (reducer != nullptr && layout.shards == reducer->size()))
         << "bucket " << b << ": optimizer state in " << layout.shards << " shards over "
         << (reducer != nullptr ? reducer->size() : 1) << " " << ReplicaGroupName(layout.replicas)
         << " replicas";

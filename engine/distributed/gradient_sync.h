@@ -35,6 +35,8 @@ class GradientSync {
  public:
   // `groups`: the replica groups' communicators, the data group of size > 1; `parameters`
   // bucketed, each bucket in 1 shard or its group's size; `compute` the stream backward runs on.
+  // A group given as nullptr is not reduced: it has one replica, or its gradients are already
+  // the sums over its replicas on every rank (then a sharded bucket's owned part is too).
   GradientSync(const ReplicaCommunicators& groups, const ParameterSet& parameters, Stream& compute);
 
   // The gradients of the parameters whose names start with `prefix` are final: reduces every
