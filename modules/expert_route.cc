@@ -19,10 +19,6 @@ ExpertRoute ExpertRoute::Exchange(Communicator& group, const Tensor& offsets) {
   return ExpertRoute(std::move(counts), group.rank());
 }
 
-ExpertRoute ExpertRoute::FromCounts(const Tensor& counts, int rank) {
-  return ExpertRoute(counts, rank);
-}
-
 ExpertRoute::ExpertRoute(Tensor counts, int rank) : counts_(std::move(counts)), rank_(rank) {
   const int ranks = static_cast<int>(counts_.dim(0));
   const int64_t experts = counts_.dim(1);

@@ -9,7 +9,7 @@
 //   segment_offsets (E, L + 1) i32, a CPU tensor: row s = source s's rows per local expert as
 //   offsets from 0.
 // Exchange is collective over the group (the counts gathered through the host: the one host
-// synchronisation of the exchange); FromCounts rebuilds the route from the saved counts.
+// synchronisation of the exchange); the constructor rebuilds the route from saved counts.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,8 @@ class ExpertRoute {
  public:
   // offsets (num_experts + 1) i32 on the group's device: this rank's router offsets.
   static ExpertRoute Exchange(Communicator& group, const Tensor& offsets);
-  static ExpertRoute FromCounts(const Tensor& counts, int rank);
+  // counts (E, num_experts) as above; rank: this rank's place in the group.
+  ExpertRoute(Tensor counts, int rank);
 
   const Tensor& counts() const { return counts_; }
   const std::vector<int64_t>& send_offsets() const { return send_offsets_; }
@@ -38,8 +39,6 @@ class ExpertRoute {
   void AddTo(ExpertTraffic& traffic) const;
 
  private:
-  ExpertRoute(Tensor counts, int rank);
-
   Tensor counts_;
   int rank_;
   int64_t local_experts_;

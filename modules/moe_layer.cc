@@ -136,8 +136,7 @@ Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const Tensor& permuted, con
 GroupedMlp::Grads MoeLayer::ExpertsBackward(SavedTensors& saved, const Tensor& dexpert_out,
                                             bool last_of_step) {
   if (expert_parallel_ == nullptr) return experts_->Backward(saved, dexpert_out, last_of_step);
-  const ExpertRoute route = ExpertRoute::FromCounts(saved.Load(name_ + ".expert_counts"),
-                                                    expert_parallel_->group->rank());
+  const ExpertRoute route(saved.Load(name_ + ".expert_counts"), expert_parallel_->group->rank());
   const int64_t received = route.recv_offsets().back(), hidden = dexpert_out.dim(1);
   const Device device = dexpert_out.device();
   Tensor dy = Tensor::Empty({received, hidden}, dexpert_out.dtype(), device);

@@ -99,7 +99,6 @@ Trainer::Trainer(const GptConfig& config, const TrainerOptions& options, Device 
       device_(device),
       pipeline_(groups != nullptr ? groups->pipeline.get() : nullptr),
       data_(groups != nullptr ? groups->data.get() : nullptr),
-      expert_data_(groups != nullptr ? groups->expert_data.get() : nullptr),
       expert_parallel_{groups != nullptr ? groups->expert.get() : nullptr,
                        groups != nullptr ? groups->expert_data.get() : nullptr,
                        {}},
@@ -416,7 +415,8 @@ std::vector<WholeParameterState> Trainer::GatherWholeState() {
     }
   }
   // The experts of the stage out of expert group 0's parts (expert-data rank 0 is data rank < E).
-  if (expert_parallel_.group != nullptr && GroupRank(expert_data_) == 0) GatherExperts(state);
+  if (expert_parallel_.group != nullptr && GroupRank(expert_parallel_.expert_data) == 0)
+    GatherExperts(state);
   if (GroupRank(data_) != 0) state.clear();
   return state;
 }

@@ -250,7 +250,8 @@ class Trainer {
   // The replica groups' communicators: the data group, and the expert-data group (the data group
   // itself without expert parallelism).
   ReplicaCommunicators replica_groups() const {
-    return {data_, expert_data_ != nullptr ? expert_data_ : data_};
+    Communicator* expert_data = expert_parallel_.expert_data;
+    return {data_, expert_data != nullptr ? expert_data : data_};
   }
   // The ranks each replica group's state is sharded over, or nullptr where it is whole.
   ReplicaCommunicators shard_groups() const;
@@ -274,10 +275,10 @@ class Trainer {
   GptConfig config_;
   TrainerOptions options_;
   Device device_;
-  Communicator* pipeline_ = nullptr;     // nullptr: one stage
-  Communicator* data_ = nullptr;         // nullptr: one replica
-  Communicator* expert_data_ = nullptr;  // nullptr: no expert parallelism
-  // The expert group and the MoE layers' traffic; group nullptr: no expert parallelism.
+  Communicator* pipeline_ = nullptr;  // nullptr: one stage
+  Communicator* data_ = nullptr;      // nullptr: one replica
+  // The expert and expert-data groups and the MoE layers' traffic; group nullptr: no expert
+  // parallelism.
   ExpertParallel expert_parallel_;
   ParameterSet parameters_;
   LayerPartition partition_;

@@ -46,12 +46,8 @@ constexpr int kSteps = 4;
 constexpr double kTolerance = kOnCuda ? 1e-3 : 1e-5;
 
 GptConfig TinyConfig(GroupedMlpKind kind) {
-  GptConfig c = testing::TinyModel();
-  c.num_layers = 4;
-  c.num_attention_heads = 2;
-  c.num_query_groups = 1;
+  GptConfig c = testing::ParallelTestModel();
   c.moe_grouped_mlp = kind;
-  if (kOnCuda) c.hidden_size = 128;  // head dim 64, as the CUDA attention kernels take
   return c;
 }
 

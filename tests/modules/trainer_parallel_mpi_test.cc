@@ -27,7 +27,6 @@
 #include "tests/distributed/test_world.h"
 #include "tests/testing/parallel_training.h"
 #include "tests/testing/tensor_testing.h"
-#include "tests/testing/tiny_model.h"
 
 namespace moe {
 namespace {
@@ -42,14 +41,7 @@ constexpr int kSteps = 3;
 // all-reduce, gradient-norm partial sums over stages); on CUDA those sums meet bf16 activations.
 constexpr double kTolerance = kOnCuda ? 1e-3 : 1e-5;
 
-GptConfig TinyConfig() {
-  GptConfig c = testing::TinyModel();
-  c.num_layers = 4;
-  c.num_attention_heads = 2;
-  c.num_query_groups = 1;
-  if (kOnCuda) c.hidden_size = 128;  // head dim 64, as the CUDA attention kernels take
-  return c;
-}
+GptConfig TinyConfig() { return testing::ParallelTestModel(); }
 
 TrainerOptions TinyOptions(int virtual_pipeline, bool offload, bool distributed_optimizer = false,
                            OptimizerDTypes optimizer_dtypes = {}) {

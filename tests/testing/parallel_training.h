@@ -2,6 +2,8 @@
 // each compiled twice (tests/CMakeLists.txt): on the CPU backend over MPI, and with
 // MOE_TEST_ON_CUDA on one GPU per rank over NCCL.
 //   kOnCuda, RankDevice(): the CPU, or the GPU of the rank's local rank.
+//   ParallelTestModel: TinyModel with 4 layers (to split over 4 stages) and 2 heads over 1 KV
+//   group; hidden 128 on CUDA (head dim 64, as the CUDA attention kernels take).
 //   ParallelTestOptions: micro-batch 1 and global batch 8 (several micro-batches on each replica
 //   of 2, 4 or 8 ranks), `steps` steps with one of warmup, 4 validation batches, gradient buckets
 //   of 16 KiB (several, some of several parameters), and with `offload` every group offloaded
@@ -23,6 +25,7 @@
 #include "modules/offload_groups.h"
 #include "modules/trainer.h"
 #include "tests/distributed/test_world.h"
+#include "tests/testing/tiny_model.h"
 
 namespace moe::testing {
 
@@ -37,6 +40,15 @@ inline Device RankDevice() {
   StatusOr<Device> device = TestWorld::Get().SelectDevice(DeviceType::kCUDA);
   CHECK(device.ok()) << device.status().message();
   return *device;
+}
+
+inline GptConfig ParallelTestModel() {
+  GptConfig c = TinyModel();
+  c.num_layers = 4;
+  c.num_attention_heads = 2;
+  c.num_query_groups = 1;
+  if (kOnCuda) c.hidden_size = 128;
+  return c;
 }
 
 inline TrainerOptions ParallelTestOptions(int64_t steps, bool offload) {
