@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU-machine suite, one command: unpack the carried gflags/glog packages (.device-deps/, see
 # third_party/device/fetch_debs.sh), configure, build with all cores, run the ctest labels given
-# (default: cuda). Logs go to $OUT when the device tool sets it.
+# (default: cuda, and multi_gpu where the machine has two GPUs or more; with one it says which
+# tests it did not run). Logs go to $OUT when the device tool sets it.
 #   usage: tests/gpu_suite.sh [ctest label regex]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-labels=${1:-cuda}
+gpus=$(nvidia-smi -L | wc -l)
+labels=${1:-cuda$([ "$gpus" -ge 2 ] && echo "|multi_gpu")}
 prefix=/tmp/moe-prefix
 build=/tmp/moe-build
 out=${OUT:-/tmp/moe-out}
@@ -20,3 +22,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=nvcc -DCMA
 cmake --build "$build" -j"$(nproc)" -- -k 0 > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -50; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 ctest --test-dir "$build" -L "$labels" --output-on-failure 2>&1 | tee "$out/ctest.log"
+if [ "$gpus" -lt 2 ]; then
+  echo "not run (label multi_gpu, needs 2 GPUs; this machine has $gpus):" \
+    $(ctest --test-dir "$build" -L multi_gpu -N | grep -oE '[a-z_0-9]+_cuda_test')
+fi

@@ -19,10 +19,11 @@ transformers 5, no network), from the repository root with a built tree:
       num_experts_per_tok=E), so bf16 rounding cannot flip a top-k choice; the CPU check keeps
       the fixture's top-k. A line per model says how far transformers' own bf16 is from its f32.
 (b) Export. moe_train trains the imported Qwen3-MoE fixture 30 steps on CUDA (--save),
-    `hf_convert export` writes a Hugging Face directory, from_pretrained() loads it with no
-    missing, unexpected or mismatched key, and on a held-out token file its f32 CPU loss equals
-    ours (--dump_reference_case of the trained checkpoint on the CPU) within 1e-5; weights and
-    gradients are compared too.
+    `hf_convert export` writes a Hugging Face directory in f32 and one in bf16 (its default);
+    from_pretrained() loads each with no missing, unexpected or mismatched key. The f32 one:
+    weights equal ours, and on a held-out token file its CPU loss equals ours
+    (--dump_reference_case of the trained checkpoint on the CPU) within 1e-5, gradients within
+    1e-4. The bf16 one: every weight is ours rounded to bf16 (nearest even), exactly.
 One line per check, then 'judge: N passed, M failed'; exit status 1 when any failed. Every
 command it runs is printed; its outputs stay under --work (default: a new temporary directory).
 Paths, commands and tolerances are the constants below.
@@ -51,7 +52,7 @@ import hf_common as hc  # noqa: E402
 MOE_TRAIN = "{build}/apps/moe_train"
 HF_CONVERT = "{build}/apps/hf_convert"
 IMPORT_COMMAND = ["{hf_convert}", "import", "--hf_dir={hf_dir}", "--out={ckpt}"]
-EXPORT_COMMAND = ["{hf_convert}", "export", "--load={ckpt}", "--out={hf_dir}"]
+EXPORT_COMMAND = ["{hf_convert}", "export", "--load={ckpt}", "--out={hf_dir}", "--dtype={dtype}"]
 MODEL_FLAGS_FILE = "model.flags"  # hf_convert import writes CKPT/model.flags (a gflags flagfile)
 # Without that file: the fixture's expected.json flags.
 LOAD_FLAGS = ["--load={ckpt}", "--finetune"]
@@ -72,6 +73,9 @@ TRAIN_FLAGS = ["--train_steps=30", "--micro_batch_size=4", "--global_batch_size=
                "--log_interval=10", f"--seed={hc.MOE_TRAIN_DEFAULT_SEED}"]
 TRAIN_TOKENS, HELD_OUT_TOKENS = 8192, 330
 EXPORT_LOSS_TOL, EXPORT_GRAD_TOL = 1e-5, 1e-4
+# hf_convert export's dtypes: fp32 is judged like the import (weights, loss, gradients); bf16 (the
+# default) by its weights alone, which must be ours rounded to bf16 (nearest even) exactly.
+EXPORT_EXACT_DTYPE, EXPORT_ROUNDED_DTYPE = "fp32", "bf16"
 COMMAND_TIMEOUT_S = 600
 REFERENCE_TENSORS = "reference.safetensors"  # modules/trainer.h: kReferenceCaseTensors
 NOT_PARAMETERS = ("ids", "targets", "loss", "aux_loss")
@@ -315,15 +319,38 @@ def judge_export(checks, fixture, imported, work):
                                                f"{steps[-1].split('|')[1].strip()}" if steps else
                                                "no step line")):
         return
-    exported = os.path.join(base, "hf")
-    status, _ = run(fill(EXPORT_COMMAND, hf_convert=HF_CONVERT, ckpt=trained, hf_dir=exported),
-                    os.path.join(base, "export.log"))
-    if not checks.record("export: hf_convert export", status == 0, f"exit {status}"):
+    ours = dump("export", flags, trained, held_out, "cpu", os.path.join(base, "dump_held_out"))
+    if not checks.record("export: cpu dump of the trained checkpoint", ours is not None,
+                         "held-out tokens"):
         return
+    model = export_and_load(checks, expected, trained, base, EXPORT_EXACT_DTYPE)
+    if model is not None:
+        compare(checks, f"export {EXPORT_EXACT_DTYPE} cpu", ours, model, "cpu", EXPORT_LOSS_TOL,
+                EXPORT_GRAD_TOL, weight_tol=CPU_WEIGHT_TOL)
+    model = export_and_load(checks, expected, trained, base, EXPORT_ROUNDED_DTYPE)
+    if model is not None:
+        weights = split_dump(ours)[2]
+        hf_weights = hc.our_view(model, hc.hf_parameters(model))
+        unequal = sorted(n for n in weights if n not in hf_weights or not torch.equal(
+            weights[n].to(torch.bfloat16).float(), hf_weights[n].float().cpu()))
+        checks.record(f"export {EXPORT_ROUNDED_DTYPE} weights", not unequal and
+                      set(hf_weights) == set(weights),
+                      f"{len(weights)} parameters, " + (f"unequal: {unequal}" if unequal else
+                                                        "each ours rounded to bf16 exactly"))
+
+
+def export_and_load(checks, expected, trained, base, dtype):
+    """hf_convert export --dtype=dtype of the trained checkpoint; its config.json checked against
+    the fixture's; transformers' model loaded from it in f32 on the CPU (None when a step failed)."""
+    exported = os.path.join(base, f"hf_{dtype}")
+    status, _ = run(fill(EXPORT_COMMAND, hf_convert=HF_CONVERT, ckpt=trained, hf_dir=exported,
+                         dtype=dtype), os.path.join(base, f"export_{dtype}.log"))
+    if not checks.record(f"export {dtype}: hf_convert export", status == 0, f"exit {status}"):
+        return None
     listing = hc.safetensors_listing(exported)
     print(f"  {exported}: {sorted(os.listdir(exported))}")
-    for name, (dtype, shape, file) in listing.items():
-        print(f"    {name:<58} {dtype} {list(shape)}  ({file})")
+    for name, (stored, shape, file) in listing.items():
+        print(f"    {name:<58} {stored} {list(shape)}  ({file})")
     with open(os.path.join(exported, "config.json")) as f:
         config = json.load(f)
     print("  config.json: " + json.dumps(config, sort_keys=True))
@@ -345,21 +372,18 @@ def judge_export(checks, fixture, imported, work):
             mismatched["experts"] = (hc.num_experts(config), hc.num_experts(expected["config"]))
     except KeyError as error:
         mismatched["experts"] = (str(error), hc.num_experts(expected["config"]))
-    checks.record("export: config.json", not mismatched,
+    checks.record(f"export {dtype}: config.json", not mismatched,
                   f"{mismatched}" if mismatched else "the fixture's model fields (export, fixture)")
     try:
         model, info = hc.load_hf(exported, torch.float32, "cpu")
     except Exception as error:  # noqa: BLE001 - a failed check, not a crash
-        checks.record("export: from_pretrained", False, repr(error)[:400])
-        return
+        checks.record(f"export {dtype}: from_pretrained", False, repr(error)[:400])
+        return None
     problems = hc.loading_problems(info)
-    checks.record("export: from_pretrained", not problems and type(model).__name__ == expected[
-        "architecture"], f"{type(model).__name__}; " + (f"{problems}" if problems else
-                                                       "no missing, unexpected or mismatched key"))
-    ours = dump("export", flags, trained, held_out, "cpu", os.path.join(base, "dump_held_out"))
-    if checks.record("export: cpu dump of the trained checkpoint", ours is not None, "held-out tokens"):
-        compare(checks, "export cpu", ours, model, "cpu", EXPORT_LOSS_TOL, EXPORT_GRAD_TOL,
-                weight_tol=CPU_WEIGHT_TOL)
+    loaded = checks.record(f"export {dtype}: from_pretrained", not problems and type(
+        model).__name__ == expected["architecture"], f"{type(model).__name__}; " + (
+            f"{problems}" if problems else "no missing, unexpected or mismatched key"))
+    return model if loaded else None
 
 
 def main():
