@@ -363,10 +363,16 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   MOE_DISPATCH(device, QuantizeRowTiles, x, q, scales);
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
-  const Device device = CheckQuantizedPair(
-      w, q, scales, BlockScalesShape(w, "quantize blocks input"), "quantize blocks");
-  MOE_DISPATCH(device, QuantizeBlocks, w, q, scales);
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
+  const Device device = CommonDevice({&w, &q, &scales});
+  CheckFloat(w, "quantize blocks input");
+  Shape shape = w.shape(), scales_shape = BlockScalesShape(w, "quantize blocks input");
+  if (transposed) {
+    std::swap(shape[1], shape[2]);
+    std::swap(scales_shape[1], scales_shape[2]);
+  }
+  CheckQuantized(q, scales, shape, scales_shape, "quantize blocks");
+  MOE_DISPATCH(device, QuantizeBlocks, w, q, scales, transposed);
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
@@ -382,14 +388,11 @@ void DequantizeBlocks(const Tensor& q, const Tensor& scales, const Tensor& w) {
 }
 
 void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq,
-                      const Tensor& w_scales, const Tensor& offsets, const Tensor& y,
-                      bool transpose_w) {
+                      const Tensor& w_scales, const Tensor& offsets, const Tensor& y) {
   const Device device = CommonDevice({&xq, &x_scales, &wq, &w_scales, &offsets, &y});
-  CHECK(!device.is_cuda()) << "fp8 grouped matmul has no CUDA kernel yet";
   CheckQuantized(wq, w_scales, wq.shape(), BlockScalesShape(wq, "fp8 grouped matmul weights"),
                  "fp8 grouped matmul weights");
-  const int64_t contracted = transpose_w ? wq.dim(2) : wq.dim(1);
-  const int64_t n = transpose_w ? wq.dim(1) : wq.dim(2);
+  const int64_t contracted = wq.dim(2), n = wq.dim(1);
   CHECK(xq.ndim() == 2 && xq.dim(1) == contracted)
       << "fp8 grouped matmul inner dimensions: " << xq.DebugString() << " x " << wq.DebugString();
   CheckQuantized(xq, x_scales, xq.shape(), RowTileScalesShape(xq, "fp8 grouped matmul input"),
@@ -397,7 +400,7 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
   CheckGroupOffsets(offsets, {}, wq.dim(0), xq.dim(0), "fp8 grouped matmul offsets");
   CheckFloat(y, "fp8 grouped matmul output");
   CheckShape(y, {xq.dim(0), n}, "fp8 grouped matmul output");
-  cpu::Fp8GroupedMatmul(xq, x_scales, wq, w_scales, offsets, y, transpose_w);
+  MOE_DISPATCH(device, Fp8GroupedMatmul, xq, x_scales, wq, w_scales, offsets, y);
 }
 
 // ---------------------------------------------------------------- normalisation

@@ -1,9 +1,10 @@
 // The blockwise FP8 ops on the CPU backend (contracts: engine/kernels/op_declarations.inc):
 // quantisation bit for bit against a scalar re-implementation of the contract's formula, f32 and
 // bf16 inputs; the round trip within half an e4m3 step of every element; zero tiles, partial
-// tiles and outliers; Fp8GroupedMatmul in both orientations against a double-precision GEMM of the
-// dequantised operands (only f32 summation error) and against GroupedMatmul of the unquantised
-// operands (FP8 error), with empty groups and one group holding every row.
+// tiles and outliers; transposed blocks; Fp8GroupedMatmul against a double-precision GEMM of the
+// dequantised operands (only f32 summation error) and, in both orientations (through transposed
+// blocks), against GroupedMatmul of the unquantised operands (FP8 error), with empty groups and one
+// group holding every row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -135,6 +136,42 @@ TEST_F(Fp8OpsTest, QuantizeBlocksIsTheContractsFormulaBitForBit) {
   }
 }
 
+// Transposed blocks are the transpose of QuantizeBlocks' values and scales, bit for bit.
+TEST_F(Fp8OpsTest, TransposedBlocksAreTheBlocksTransposed) {
+  for (const Layout& l : kBlockLayouts) {
+    SCOPED_TRACE(l.name);
+    const Tensor w = FromFloats(Values(l.groups * l.rows, l.cols, true), {l.groups, l.rows, l.cols},
+                                DType::kBF16, device_);
+    const int64_t row_tiles = Tiles(l.rows), col_tiles = Tiles(l.cols);
+    const Tensor q = Poisoned({l.groups, l.rows, l.cols}, DType::kE4M3);
+    const Tensor scales = Poisoned({l.groups, row_tiles, col_tiles});
+    const Tensor qt = Poisoned({l.groups, l.cols, l.rows}, DType::kE4M3);
+    const Tensor scales_t = Poisoned({l.groups, col_tiles, row_tiles});
+    ops::QuantizeBlocks(w, q, scales);
+    ops::QuantizeBlocks(w, qt, scales_t, /*transposed=*/true);
+    const std::vector<uint32_t> values = FloatBits(q), values_t = FloatBits(qt);
+    const std::vector<uint32_t> s = FloatBits(scales), s_t = FloatBits(scales_t);
+    for (int64_t g = 0; g < l.groups; ++g) {
+      for (int64_t r = 0; r < l.rows; ++r) {
+        for (int64_t c = 0; c < l.cols; ++c) {
+          ASSERT_EQ(values_t[(g * l.cols + c) * l.rows + r], values[(g * l.rows + r) * l.cols + c])
+              << "group " << g << ", row " << r << ", column " << c;
+        }
+      }
+      for (int64_t r = 0; r < row_tiles; ++r) {
+        for (int64_t c = 0; c < col_tiles; ++c) {
+          ASSERT_EQ(s_t[(g * col_tiles + c) * row_tiles + r],
+                    s[(g * row_tiles + r) * col_tiles + c]);
+        }
+      }
+    }
+  }
+  const Tensor w = Random({2, 3, 5});
+  EXPECT_DEATH(ops::QuantizeBlocks(w, Poisoned({2, 3, 5}, DType::kE4M3), Poisoned({2, 1, 1}),
+                                   /*transposed=*/true),
+               "quantize blocks values");
+}
+
 // Every element comes back within half an e4m3 step of the tile's scaled value: 2^-4 |x| where
 // x * 448 / a is normal in e4m3, 2^-10 scale where subnormal; the few f32 roundings around it
 // (the multiplier, the product, the dequantising multiplication) add a relative 2^-21 of slack.
@@ -238,8 +275,8 @@ TEST_F(Fp8OpsTest, ChecksTheScalesShape) {
 
 // ---------------------------------------------------------------- Fp8GroupedMatmul
 
-// Quantised operands of one grouped GEMM: x (rows, c) in row tiles, w (groups, n, c) if
-// transpose_w else (groups, c, n) in blocks, and the unquantised f32 tensors they came from.
+// Quantised operands of one grouped GEMM y = x w_g^T: x (rows, k) in row tiles, w (groups, n, k)
+// in blocks, and the unquantised f32 tensors they came from.
 struct Fp8GemmCase {
   std::string name;
   std::vector<int32_t> offsets;
@@ -247,7 +284,7 @@ struct Fp8GemmCase {
 };
 
 const Fp8GemmCase kGemmCases[] = {
-    // Empty groups first, inside and last; c and n off multiples of 128.
+    // Empty groups first, inside and last; k and n off multiples of 128.
     {"empty groups", {0, 0, 40, 40, 75, 90, 90}, 300, 200},
     {"one group with every row", {0, 0, 0, 61, 61}, 256, 130},
     {"small", {0, 3, 5}, 20, 7}};
@@ -259,17 +296,16 @@ struct Fp8GemmOperands {
 
 class Fp8GroupedMatmulTest : public Fp8OpsTest {
  protected:
-  Fp8GemmOperands Operands(const Fp8GemmCase& c, bool transpose_w) {
+  Fp8GemmOperands Operands(const Fp8GemmCase& c) {
     Fp8GemmOperands o;
     o.groups = static_cast<int64_t>(c.offsets.size()) - 1;
     o.rows = c.offsets.back();
     o.x = Random({o.rows, c.contracted});
-    o.w = Random(transpose_w ? Shape{o.groups, c.n, c.contracted}
-                             : Shape{o.groups, c.contracted, c.n});
+    o.w = Random({o.groups, c.n, c.contracted});
     o.xq = Poisoned(o.x.shape(), DType::kE4M3);
     o.x_scales = Poisoned({o.rows, Tiles(c.contracted)});
     o.wq = Poisoned(o.w.shape(), DType::kE4M3);
-    o.w_scales = Poisoned({o.groups, Tiles(o.w.dim(1)), Tiles(o.w.dim(2))});
+    o.w_scales = Poisoned({o.groups, Tiles(c.n), Tiles(c.contracted)});
     o.offsets = Ints(c.offsets, {o.groups + 1});
     ops::QuantizeRowTiles(o.x, o.xq, o.x_scales);
     ops::QuantizeBlocks(o.w, o.wq, o.w_scales);
@@ -283,50 +319,51 @@ class Fp8GroupedMatmulTest : public Fp8OpsTest {
 // chain's roundings), with a little slack.
 TEST_F(Fp8GroupedMatmulTest, IsTheDequantisedProductUpToF32Summation) {
   for (const Fp8GemmCase& c : kGemmCases) {
-    for (const bool transpose_w : {true, false}) {
-      SCOPED_TRACE(c.name + (transpose_w ? ", y = x w^T" : ", y = x w"));
-      const Fp8GemmOperands o = Operands(c, transpose_w);
-      const Tensor y = Poisoned({o.rows, c.n});
-      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y, transpose_w);
-      const std::vector<float> xq = ToFloats(o.xq), xs = ToFloats(o.x_scales);
-      const std::vector<float> wq = ToFloats(o.wq), ws = ToFloats(o.w_scales), got = ToFloats(y);
-      const int64_t k = c.contracted, tiles = Tiles(k), n_tiles = Tiles(c.n);
-      const double gamma = (kTile + tiles + 2) * std::ldexp(1.0, -24) * 1.01;
-      for (int64_t g = 0; g < o.groups; ++g) {
-        for (int64_t r = c.offsets[g]; r < c.offsets[g + 1]; ++r) {
-          for (int64_t j = 0; j < c.n; ++j) {
-            double sum = 0, magnitude = 0;
-            for (int64_t i = 0; i < k; ++i) {
-              const int64_t wi = transpose_w ? (g * c.n + j) * k + i : (g * k + i) * c.n + j;
-              const int64_t si = transpose_w ? (g * n_tiles + j / kTile) * tiles + i / kTile
-                                             : (g * tiles + i / kTile) * n_tiles + j / kTile;
-              const double term =
-                  static_cast<double>(xq[r * k + i]) * xs[r * tiles + i / kTile] * wq[wi] * ws[si];
-              sum += term;
-              magnitude += std::abs(term);
-            }
-            ASSERT_LE(std::abs(got[r * c.n + j] - sum), gamma * magnitude + 1e-30)
-                << "row " << r << ", column " << j;
+    SCOPED_TRACE(c.name);
+    const Fp8GemmOperands o = Operands(c);
+    const Tensor y = Poisoned({o.rows, c.n});
+    ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y);
+    const std::vector<float> xq = ToFloats(o.xq), xs = ToFloats(o.x_scales);
+    const std::vector<float> wq = ToFloats(o.wq), ws = ToFloats(o.w_scales), got = ToFloats(y);
+    const int64_t k = c.contracted, tiles = Tiles(k), n_tiles = Tiles(c.n);
+    const double gamma = (kTile + tiles + 2) * std::ldexp(1.0, -24) * 1.01;
+    for (int64_t g = 0; g < o.groups; ++g) {
+      for (int64_t r = c.offsets[g]; r < c.offsets[g + 1]; ++r) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          double sum = 0, magnitude = 0;
+          for (int64_t i = 0; i < k; ++i) {
+            const double term = static_cast<double>(xq[r * k + i]) * xs[r * tiles + i / kTile] *
+                                wq[(g * c.n + j) * k + i] *
+                                ws[(g * n_tiles + j / kTile) * tiles + i / kTile];
+            sum += term;
+            magnitude += std::abs(term);
           }
+          ASSERT_LE(std::abs(got[r * c.n + j] - sum), gamma * magnitude + 1e-30)
+              << "row " << r << ", column " << j;
         }
       }
     }
   }
 }
 
-// Against GroupedMatmul of the operands before quantisation: the FP8 error (each operand within
-// 2^-4 relative, much less on average) is a few percent of the result in norm; a bf16 y holds the
-// f32 result rounded.
+// Against GroupedMatmul of the operands before quantisation, in both orientations (y = x w^T;
+// y = x w through the transposed blocks, an input gradient's GEMM): the FP8 error (each operand
+// within 2^-4 relative, much less on average) is a few percent of the result in norm; a bf16 y
+// holds the f32 result rounded.
 TEST_F(Fp8GroupedMatmulTest, IsCloseToGroupedMatmulOfTheUnquantisedOperands) {
   for (const Fp8GemmCase& c : kGemmCases) {
-    for (const bool transpose_w : {true, false}) {
-      SCOPED_TRACE(c.name + (transpose_w ? ", y = x w^T" : ", y = x w"));
-      const Fp8GemmOperands o = Operands(c, transpose_w);
+    for (const bool transposed : {false, true}) {
+      SCOPED_TRACE(c.name + (transposed ? ", y = x w" : ", y = x w^T"));
+      Fp8GemmOperands o = Operands(c);
+      if (transposed) {  // w (groups, k, n): its blocks transposed are the K-major operand
+        o.w = Random({o.groups, c.contracted, c.n});
+        ops::QuantizeBlocks(o.w, o.wq, o.w_scales, /*transposed=*/true);
+      }
       const Tensor y = Poisoned({o.rows, c.n}), y_bf16 = Poisoned({o.rows, c.n}, DType::kBF16);
       const Tensor want = Poisoned({o.rows, c.n});
-      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y, transpose_w);
-      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y_bf16, transpose_w);
-      ops::GroupedMatmul(o.x, o.w, o.offsets, {}, want, transpose_w);
+      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y);
+      ops::Fp8GroupedMatmul(o.xq, o.x_scales, o.wq, o.w_scales, o.offsets, y_bf16);
+      ops::GroupedMatmul(o.x, o.w, o.offsets, {}, want, /*transpose_w=*/!transposed);
       EXPECT_LT(testing::RelativeError(ToFloats(y), ToFloats(want)), 0.08);
       std::vector<float> rounded = ToFloats(y);
       for (float& v : rounded) v = BFloat16ToFloat(FloatToBFloat16(v));

@@ -198,16 +198,18 @@ struct RopeTensors {
 };
 
 // An activation x (77, 300) and stacked weights w (3, 200, 300) quantised in FP8 tiles and blocks
-// (k and n off multiples of 128), with tiles that test the scale rule: a row of zeros, one of
-// negative zeros, an outlier, a row scaled by 2^10 and one by 2^-70 (below the amax floor), a
-// zero block and an outlier in a partial block; each exact in bf16, so every device quantises
-// the same values.
+// (k and n off multiples of 128; the blocks also transposed), with tiles that test the scale rule:
+// a row of zeros, one of negative zeros, an outlier, a row scaled by 2^10 and one by 2^-70 (below
+// the amax floor), a zero block and an outlier in a partial block; each exact in bf16, so every
+// device quantises the same values.
 struct Fp8Operands {
   explicit Fp8Operands(OpRun& r)
       : xq(r.OutE4M3({77, 300})),
         x_scales(r.OutF32({77, 3})),
         wq(r.OutE4M3({3, 200, 300})),
-        w_scales(r.OutF32({3, 2, 3})) {
+        w_scales(r.OutF32({3, 2, 3})),
+        wq_t(r.OutE4M3({3, 300, 200})),
+        w_scales_t(r.OutF32({3, 3, 2})) {
     const Tensor x = r.In(xq.shape()), w = r.In(wq.shape());
     const Tensor x_flat = x.View({x.numel()}), w_flat = w.View({w.numel()});
     ops::Fill(x.Rows(3, 4), 0.0f);
@@ -220,8 +222,9 @@ struct Fp8Operands {
     ops::Fill(w_flat.Rows(outlier, outlier + 1), 16384.0f);
     ops::QuantizeRowTiles(x, xq, x_scales);
     ops::QuantizeBlocks(w, wq, w_scales);
+    ops::QuantizeBlocks(w, wq_t, w_scales_t, /*transposed=*/true);
   }
-  Tensor xq, x_scales, wq, w_scales;
+  Tensor xq, x_scales, wq, w_scales, wq_t, w_scales_t;  // _t: QuantizeBlocks' transposed
 };
 
 std::vector<OpCase> Cases() {
@@ -376,6 +379,8 @@ std::vector<OpCase> Cases() {
         r.Read("x_scales", o.x_scales);
         r.Read("wq", o.wq);
         r.Read("w_scales", o.w_scales);
+        r.Read("wq_t", o.wq_t);
+        r.Read("w_scales_t", o.w_scales_t);
         r.Read("x_back", x_back);
         r.Read("w_back", w_back);
       },

@@ -23,8 +23,7 @@ std::vector<float> Decoded(const Tensor& q) {
 }  // namespace
 
 void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq,
-                      const Tensor& w_scales, const Tensor& offsets, const Tensor& y,
-                      bool transpose_w) {
+                      const Tensor& w_scales, const Tensor& offsets, const Tensor& y) {
   const int64_t contracted = xq.dim(1), n = y.dim(1), groups = wq.dim(0);
   const Fp8TiledMatrices x_tiles = Fp8RowTiles(xq.dim(0), contracted);
   const Fp8TiledMatrices w_blocks = Fp8Blocks(groups, wq.dim(1), wq.dim(2));
@@ -36,21 +35,16 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
     for (int64_t g = 0; g < groups; ++g) {
       const float* wg = w.data() + g * w_blocks.elements();
       const float* ws = w_scales.data<float>() + g * w_blocks.tiles();
-      // The weight that takes x's column i (< contracted) into y's column j (< n), and its scale.
-      const auto weight = [&](int64_t j, int64_t i) {
-        return transpose_w ? wg[j * contracted + i] : wg[i * n + j];
-      };
-      const auto weight_scale = [&](int64_t j, int64_t i) {
-        return ws[transpose_w ? w_blocks.TileOf(j, i) : w_blocks.TileOf(i, j)];
-      };
       for (int64_t r = rows[g]; r < rows[g + 1]; ++r) {
         for (int64_t j = 0; j < n; ++j) {
           float acc = 0.0f;
           for (int64_t begin = 0; begin < contracted; begin += kFp8TileSize) {
             float partial = 0.0f;  // exact products of e4m3 values, summed in f32
             const int64_t end = std::min(contracted, begin + kFp8TileSize);
-            for (int64_t i = begin; i < end; ++i) partial += x[r * contracted + i] * weight(j, i);
-            acc = std::fma(partial, xs[x_tiles.TileOf(r, begin)] * weight_scale(j, begin), acc);
+            for (int64_t i = begin; i < end; ++i)
+              partial += x[r * contracted + i] * wg[j * contracted + i];
+            acc = std::fma(partial, xs[x_tiles.TileOf(r, begin)] * ws[w_blocks.TileOf(j, begin)],
+                           acc);
           }
           out[r * n + j] = FromFloat<T>(acc);
         }

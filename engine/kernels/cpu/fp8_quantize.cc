@@ -23,7 +23,14 @@ void ForEachElement(const Fp8TiledMatrices& m, int64_t tile, Fn&& fn) {
   }
 }
 
-void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales) {
+// transposed: q and the scales written as each matrix's transpose (QuantizeBlocks' contract).
+void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales,
+              bool transposed = false) {
+  const int64_t row_tiles = m.tiles() / m.col_tiles();
+  const auto q_index = [&](int64_t i) { return transposed ? i % m.cols * m.rows + i / m.cols : i; };
+  const auto scale_index = [&](int64_t tile) {
+    return transposed ? tile % m.col_tiles() * row_tiles + tile / m.col_tiles() : tile;
+  };
   DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
     for (int64_t g = 0; g < m.groups; ++g) {
       const T* in = x.data<T>() + g * m.elements();
@@ -34,9 +41,10 @@ void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const
         ForEachElement(m, tile,
                        [&](int64_t i) { amax = std::fmax(amax, std::fabs(ToFloat(in[i]))); });
         const Fp8TileScaling scaling = Fp8ScalingOf(amax);
-        tile_scales[tile] = scaling.scale;
-        ForEachElement(
-            m, tile, [&](int64_t i) { out[i] = FloatToE4M3(ToFloat(in[i]) * scaling.multiplier); });
+        tile_scales[scale_index(tile)] = scaling.scale;
+        ForEachElement(m, tile, [&](int64_t i) {
+          out[q_index(i)] = FloatToE4M3(ToFloat(in[i]) * scaling.multiplier);
+        });
       }
     }
   });
@@ -63,8 +71,8 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
-  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales);
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
+  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales, transposed);
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {

@@ -4,8 +4,8 @@
 // for the rounding that FloatToE4M3 emulates on the host, so q and the scales agree bit for bit.
 // Both layouts are Fp8TiledMatrices (row tiles: one matrix, tile_rows 1; blocks: a matrix per
 // group, tile_rows 128). Quantising runs one block of kFp8TileSize threads per tile, a thread
-// per column: its amax over its column, the block's max, then the tile's elements. Dequantising
-// is elementwise.
+// per column: its amax over its column, the block's max, then the tile's elements (transposed
+// blocks: each thread writes its column as a row of q). Dequantising is elementwise.
 #include <cuda_fp8.h>
 
 #include "engine/kernels/cuda/common/cuda_common.cuh"
@@ -15,10 +15,11 @@
 namespace moe::cuda {
 namespace {
 
-// Block (tile, group) = (blockIdx.x, blockIdx.y), kFp8TileSize threads.
+// Block (tile, group) = (blockIdx.x, blockIdx.y), kFp8TileSize threads. transposed: q and the
+// scales hold each matrix transposed.
 template <typename T>
-__global__ void QuantizeKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
-                               float* scales) {
+__global__ void QuantizeKernel(Fp8TiledMatrices m, bool transposed, const T* x,
+                               __nv_fp8_storage_t* q, float* scales) {
   const int64_t group = blockIdx.y, tile = blockIdx.x;
   const int64_t r0 = tile / m.col_tiles() * m.tile_rows;
   const int64_t r1 = min(m.rows, r0 + m.tile_rows);
@@ -32,10 +33,14 @@ __global__ void QuantizeKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_
     }
   }
   const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
-  if (threadIdx.x == 0) scales[group * m.tiles() + tile] = scaling.scale;
+  const int64_t row_tiles = m.tiles() / m.col_tiles();
+  const int64_t scale_index =
+      transposed ? tile % m.col_tiles() * row_tiles + tile / m.col_tiles() : tile;
+  if (threadIdx.x == 0) scales[group * m.tiles() + scale_index] = scaling.scale;
   if (!in_tile) return;
   for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
-    q[i] = __nv_cvt_float_to_fp8(ToFloat(x[i]) * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
+    const int64_t out = transposed ? group * m.elements() + c * m.rows + r : i;
+    q[out] = __nv_cvt_float_to_fp8(ToFloat(x[i]) * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -52,14 +57,15 @@ __global__ void DequantizeKernel(Fp8TiledMatrices m, const __nv_fp8_storage_t* q
   }
 }
 
-void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales) {
+void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales,
+              bool transposed = false) {
   if (m.groups == 0 || m.tiles() == 0) return;
   CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
       << "fp8 quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeKernel<T><<<grid, kFp8TileSize, 0, StreamOf(x)>>>(
-        m, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+        m, transposed, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }
@@ -80,8 +86,8 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales) {
-  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales);
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
+  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales, transposed);
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
