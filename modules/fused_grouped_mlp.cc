@@ -1,5 +1,6 @@
 #include "modules/fused_grouped_mlp.h"
 
+#include <string>
 #include <vector>
 
 #include "engine/kernels/ops.h"
@@ -27,19 +28,85 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   saved.Save(Key(".weights", segment), weights);
 
   ScopedSaveGroup group(saved, kFusedGroupMlpGroup, layer_);
+  const bool keep_a = !config_.recompute_in(layer_).moe_act;
+  if (fp8()) {
+    fc1_fp8_.Refresh(fc1_.value);
+    fc2_fp8_.Refresh(fc2_.value);
+    const Fp8Rows xq = QuantizeRows(x);
+    SaveRows(saved, ".x", segment, xq);
+    const Tensor h = fc1_fp8_.Forward(xq, offsets, x.dtype());
+    saved.Save(Key(".h", segment), h);
+    Fp8Rows aq;
+    {  // a itself is freed before fc2's output exists
+      Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
+      ops::SwigluForward(h, weights, a);
+      aq = QuantizeRows(a);
+    }
+    if (keep_a) SaveRows(saved, ".a", segment, aq);
+    return fc2_fp8_.Forward(aq, offsets, x.dtype());
+  }
   saved.Save(Key(".x", segment), x);
   Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
   Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
   ops::GroupedMatmulSwiglu(x, fc1_.value, offsets, host_rows, weights, h, a);
   saved.Save(Key(".h", segment), h);
-  if (!config_.recompute_in(layer_).moe_act) saved.Save(Key(".a", segment), a);
+  if (keep_a) saved.Save(Key(".a", segment), a);
   Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
 }
 
+bool FusedGroupedMlp::fp8() const { return config_.fp8_recipe == Fp8Recipe::kBlockwise; }
+
+void FusedGroupedMlp::SaveRows(SavedTensors& saved, const char* what, int segment,
+                               const Fp8Rows& rows) const {
+  saved.Save(Key(what, segment), rows.q);
+  saved.Save(Key((std::string(what) + "_scales").c_str(), segment), rows.scales);
+}
+
+Fp8Rows FusedGroupedMlp::LoadRows(SavedTensors& saved, const char* what, int segment) const {
+  return {saved.Load(Key(what, segment)),
+          saved.Load(Key((std::string(what) + "_scales").c_str(), segment))};
+}
+
+GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy,
+                                                      int segment) {
+  const Tensor offsets = saved.Load(Key(".offsets", segment));
+  const Tensor host_offsets =
+      NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
+  const Tensor weights = saved.Load(Key(".weights", segment));
+  const Tensor h = saved.Load(Key(".h", segment));
+  const DType dtype = h.dtype();
+  Fp8Rows aq;
+  if (config_.recompute_in(layer_).moe_act) {
+    Tensor a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, dtype, h.device());
+    ops::SwigluForward(h, weights, a);
+    aq = QuantizeRows(a);
+  } else {
+    aq = LoadRows(saved, ".a", segment);
+  }
+
+  Grads grads;
+  const Tensor da = fc2_fp8_.InputGrad(QuantizeRows(dy), offsets, dtype);
+  Tensor dh = Tensor::Empty(h.shape(), dtype, h.device());
+  grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, h.device());
+  ops::SwigluBackward(da, h, weights, dh, grads.dweights);
+  grads.dx = fc1_fp8_.InputGrad(QuantizeRows(dh), offsets, dtype);
+
+  // The weight gradients take x and a as the forward's GEMMs saw them, dequantised when added.
+  const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
+  pending_.push_back({{dy, Tensor(), offsets, host_rows},
+                      {dh, Tensor(), offsets, host_rows},
+                      host_offsets,
+                      segment,
+                      aq,
+                      LoadRows(saved, ".x", segment)});
+  return grads;
+}
+
 GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Tensor& dy,
                                                    int segment) {
+  if (fp8()) return Fp8BackwardSegment(saved, dy, segment);
   const Tensor offsets = saved.Load(Key(".offsets", segment));
   const Tensor host_offsets =
       NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
@@ -67,14 +134,18 @@ GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Te
   ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
 
   pending_.push_back(
-      {{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets, segment});
+      {{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets, segment, {}, {}});
   return grads;
 }
 
 void FusedGroupedMlp::EndBackward(bool last_of_step) {
   ++pending_micro_batches_;
   if (last_of_step || pending_micro_batches_ >= config_.moe_wgrad_micro_batches) AddWeightGrads();
-  if (last_of_step) SumGradSlots();
+  if (last_of_step) {
+    SumGradSlots();
+    fc1_fp8_.Invalidate();  // the optimizer changes the weights next
+    fc2_fp8_.Invalidate();
+  }
 }
 
 void FusedGroupedMlp::AddWeightGrads() {
@@ -87,6 +158,10 @@ void FusedGroupedMlp::AddWeightGrads() {
       if (passes > 1 && p.segment != source) continue;
       fc2_parts.push_back(p.fc2);
       fc1_parts.push_back(p.fc1);
+      if (p.fc2_x.q.defined()) {
+        fc2_parts.back().x = Dequantized(p.fc2_x, p.fc2.dy.dtype());
+        fc1_parts.back().x = Dequantized(p.fc1_x, p.fc1.dy.dtype());
+      }
     }
     if (fc2_parts.empty()) continue;
     const GradTarget fc2 = WeightGradTarget(fc2_, source);

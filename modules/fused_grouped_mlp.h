@@ -19,11 +19,19 @@
 // Hopper one pass over the gradient in memory instead of one per micro-batch (the pass is bound by
 // that traffic where experts get few rows: the preset's bf16 gradients of a layer, 1.2 GB, are
 // read and written per pass). With source slots (grouped_mlp.h) one pass per source instead.
+// With config.fp8_recipe blockwise (fp8_expert_gemms.h) the four data GEMMs run in FP8: x and a
+// quantised in 1 x 128 tiles (fc1 and fc2 forward), dy and dh likewise (their input gradients),
+// the weights once per step; SwiGLU runs apart (ops::SwigluForward, SwigluBackward). x and a are
+// saved as e4m3 with their f32 scales (1 + 4/128 bytes an element instead of 2: the
+// fused_group_mlp group moves about half the bytes); the weight gradients (bf16 or f32 GEMMs,
+// as without the recipe) take x and a dequantised, the values the forward multiplied (held in
+// FP8 while they wait, dequantised when added).
 #pragma once
 
 #include <vector>
 
 #include "engine/kernels/ops.h"
+#include "modules/fp8_expert_gemms.h"
 #include "modules/grouped_mlp.h"
 
 namespace moe {
@@ -43,14 +51,21 @@ class FusedGroupedMlp final : public GroupedMlp {
     ops::GroupedRows fc1;  // dh, x
     Tensor host_offsets;   // what both parts' host_offsets view, or undefined
     int segment = 0;
+    Fp8Rows fc2_x, fc1_x;  // with fp8(): a and x, the parts' x (dequantised when added)
   };
 
   // Whether this layer's grouped GEMMs need host offsets (the same in forward and backward).
   bool NeedsHostOffsets() const;
+  bool fp8() const;  // --fp8_recipe=blockwise
+  // FP8 rows saved as `what` (".x", ".a") and `what`_scales.
+  void SaveRows(SavedTensors& saved, const char* what, int segment, const Fp8Rows& rows) const;
+  Fp8Rows LoadRows(SavedTensors& saved, const char* what, int segment) const;
+  Grads Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment);
   // Adds the pending micro-batches' weight gradients and forgets them.
   void AddWeightGrads();
 
   std::vector<PendingWeightGrads> pending_;
+  Fp8ExpertWeights fc1_fp8_, fc2_fp8_;  // with fp8(): the quantised weights of this step
   int64_t pending_micro_batches_ = 0;
 };
 

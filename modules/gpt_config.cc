@@ -1,5 +1,8 @@
 #include "modules/gpt_config.h"
 
+#include <string>
+#include <utility>
+
 namespace moe {
 
 Status CheckModel(const GptConfig& m) {
@@ -26,6 +29,19 @@ Status CheckModel(const GptConfig& m) {
   if (m.moe_router_topk > m.num_experts) {
     return InvalidArgument("--moe_router_topk=" + std::to_string(m.moe_router_topk) +
                            " exceeds --num_experts=" + std::to_string(m.num_experts));
+  }
+  if (m.fp8_recipe != Fp8Recipe::kNone) {
+    if (m.moe_grouped_mlp != GroupedMlpKind::kFused) {
+      return InvalidArgument("--fp8_recipe=blockwise needs --moe_grouped_mlp=fused");
+    }
+    for (const auto& [flag, value] : {std::pair{"--hidden_size", m.hidden_size},
+                                      std::pair{"--moe_ffn_hidden_size", m.moe_ffn_hidden_size}}) {
+      if (value % kFp8RowAlignment != 0) {
+        return InvalidArgument(std::string(flag) + "=" + std::to_string(value) +
+                               " must be a multiple of " + std::to_string(kFp8RowAlignment) +
+                               " for --fp8_recipe=blockwise");
+      }
+    }
   }
   if (m.first_dense_layers > m.num_layers) {
     return InvalidArgument("--first_dense_layers=" + std::to_string(m.first_dense_layers) +

@@ -12,9 +12,16 @@
 namespace moe {
 
 enum class GroupedMlpKind { kFused, kUnfused };
+// The expert GEMMs' precision (--fp8_recipe): bf16 (f32 on the CPU), or DeepSeek-V3's blockwise
+// FP8 (fused grouped MLP only; modules/fp8_expert_gemms.h).
+enum class Fp8Recipe { kNone, kBlockwise };
 
 // Selective recompute (--recompute_modules, modules/offload_groups.h has the names and rules):
 // what a module drops in forward and recomputes in backward from what it keeps.
+// What the FP8 GEMMs' operand rows must be a multiple of (elements of one byte): the Hopper
+// kernels load them with TMA, whose rows are multiples of 16 bytes.
+inline constexpr int64_t kFp8RowAlignment = 16;
+
 struct RecomputeModules {
   bool layernorm = false;  // the attn_norm and mlp_norm outputs, from the norms' inputs
   bool moe_act = false;    // the SwiGLU output (fc2's input), from the fc1 output
@@ -53,8 +60,9 @@ struct GptConfig {
   // and Mixtral, norm_topk_prob true).
   bool moe_router_pre_softmax = false;
   GroupedMlpKind moe_grouped_mlp = GroupedMlpKind::kFused;  // as --moe_grouped_mlp
-  RecomputeModules recompute;                               // how the model runs, not its shape
-  int64_t recompute_num_layers = -1;  // recompute only in layers [0, this); -1: every layer
+  Fp8Recipe fp8_recipe = Fp8Recipe::kNone;  // as --fp8_recipe; how the model runs, not its shape
+  RecomputeModules recompute;               // how the model runs, not its shape
+  int64_t recompute_num_layers = -1;        // recompute only in layers [0, this); -1: every layer
   // Non-empty (one entry per layer): what each layer recomputes, the memory planner's choice
   // (modules/memory_planner.h); recompute and recompute_num_layers are then unused.
   std::vector<RecomputeModules> recompute_by_layer;
@@ -104,8 +112,9 @@ struct GptConfig {
 // table): hidden_size a multiple of num_attention_heads unless kv_channels sets the head dim,
 // num_attention_heads a multiple of num_query_groups, an even head dim,
 // qk_layernorm_across_heads only with qk_layernorm, moe_router_topk <= num_experts,
-// first_dense_layers <= num_layers. The error names the fields as flags (--hidden_size=66 is not
-// a multiple of --num_attention_heads=4).
+// first_dense_layers <= num_layers, the FP8 recipe only with the fused grouped MLP and hidden_size
+// and moe_ffn_hidden_size multiples of kFp8RowAlignment. The error names the fields as flags
+// (--hidden_size=66 is not a multiple of --num_attention_heads=4).
 Status CheckModel(const GptConfig& m);
 
 }  // namespace moe

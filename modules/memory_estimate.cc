@@ -41,6 +41,8 @@ StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& 
   const double grad = D(o.dtypes.grad_bytes());
   StateBytes s;
   s.weights = p.total() * ComputeBytes(o.cuda);
+  // The FP8 recipe's quantised expert weights, both orientations, with their block scales.
+  if (o.model.fp8_recipe != Fp8Recipe::kNone) s.weights += p.expert * 2 * (1 + 4.0 / (128 * 128));
   // The CPU backend's per-source gradient slots of the rank's experts (grouped_mlp.h).
   const double slots = !o.cuda && e > 1 ? D(e) : 0;
   s.gradients = (p.total() + slots * p.expert) * grad;
@@ -103,10 +105,13 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
   if (m.moe_grouped_mlp == GroupedMlpKind::kFused) {
     // Device offsets: one set per source rank, each of the rank's experts + 1.
     add("", (experts + D(std::max<int64_t>(1, expert_parallel))) * 4);
-    add("", expert_rows * 4);                                       // weights
-    add(kFusedGroupMlpGroup, expert_rows * b * h);                  // permuted input
-    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);              // fc1 output
-    if (!r.moe_act) add(kFusedGroupMlpGroup, expert_rows * b * f);  // activation
+    add("", expert_rows * 4);  // weights
+    // The permuted input and the activation: FP8 rows with their tile scales under the recipe.
+    const bool fp8 = m.fp8_recipe != Fp8Recipe::kNone;
+    const auto row_bytes = [&](double k) { return fp8 ? k + 4 * std::ceil(k / 128) : b * k; };
+    add(kFusedGroupMlpGroup, expert_rows * row_bytes(h));                  // permuted input
+    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);                     // fc1 output
+    if (!r.moe_act) add(kFusedGroupMlpGroup, expert_rows * row_bytes(f));  // activation
   } else {
     add(kExpertFc1Group, expert_rows * b * h);
     add(kMoeActGroup, expert_rows * b * 2 * f);
@@ -161,8 +166,12 @@ double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int6
                                  std::max<int64_t>(1, micro_batches)) -
                         1);
   const double rows = ExpertRows(m, micro_batch_size, expert_parallel);
-  return moe_layers * held * rows * (2 * D(m.hidden_size) + 3 * D(m.moe_ffn_hidden_size)) *
-         ComputeBytes(cuda);
+  const double h = D(m.hidden_size), f = D(m.moe_ffn_hidden_size), b = ComputeBytes(cuda);
+  // dy and dh, x and a (FP8 rows with their scales under the recipe).
+  const double x_and_a = m.fp8_recipe != Fp8Recipe::kNone
+                             ? h + 4 * std::ceil(h / 128) + f + 4 * std::ceil(f / 128)
+                             : (h + f) * b;
+  return moe_layers * held * rows * ((h + 2 * f) * b + x_and_a);
 }
 
 MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {

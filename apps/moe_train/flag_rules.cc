@@ -26,6 +26,7 @@ bool Cuda(const Context& c) { return c.cuda; }
 bool MoeLayers(const Context&) { return FLAGS_first_dense_layers < FLAGS_num_layers; }
 bool DenseLayers(const Context&) { return FLAGS_first_dense_layers > 0; }
 bool FusedMlp(const Context&) { return FLAGS_moe_grouped_mlp == "fused"; }
+bool Fp8(const Context&) { return FLAGS_fp8_recipe != "none"; }
 // More than one micro-batch a step on each replica.
 bool SeveralMicroBatches(const Context& c) {
   return FLAGS_global_batch_size > FLAGS_micro_batch_size * DataParallelSize(c.world_size);
@@ -95,6 +96,8 @@ const std::vector<FlagRule>& FlagRules() {
       {"moe_z_loss_coeff", nullptr, kMoe, MoeLayers, "every layer is dense"},
       {"moe_grouped_mlp", nullptr, kMoe, MoeLayers, "every layer is dense"},
       {"moe_wgrad_micro_batches", nullptr, kMoe, MoeLayers, "every layer is dense"},
+      {"fp8_recipe", nullptr, kMoe, MoeLayers, "every layer is dense"},
+      {"fp8_format", nullptr, "--fp8_recipe=blockwise", Fp8, "without it nothing is in FP8"},
       {"moe_wgrad_micro_batches", nullptr, "--moe_grouped_mlp=fused", FusedMlp,
        "the unfused path adds each micro-batch's weight gradients per expert"},
       {"moe_wgrad_micro_batches", nullptr,

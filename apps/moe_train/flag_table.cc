@@ -83,6 +83,8 @@ const std::vector<FlagRow>& FlagTable() {
       Range("vocab_size", "model", 2, 2147483647.0),  // OpenTokenSource's bounds
       Text("moe_grouped_mlp", "expert layer"),
       Range("moe_wgrad_micro_batches", "expert layer", 1, 1024),
+      Text("fp8_recipe", "expert layer"),
+      Text("fp8_format", "expert layer"),
       Range("micro_batch_size", "training", 1, k2e20),
       Range("global_batch_size", "training", 1, 1 << 30,
             "a multiple of --micro_batch_size x data-parallel size"),

@@ -43,6 +43,10 @@ DEFINE_string(moe_grouped_mlp, "fused",
 DEFINE_int64(moe_wgrad_micro_batches, 1,
              "the fused expert layer adds its weight gradients once per this many micro-batches, "
              "in one pass over the gradients (holds their operands until then)");
+DEFINE_string(fp8_recipe, "none",
+              "the expert GEMMs' precision: none (bf16) | blockwise (DeepSeek-V3's FP8: e4m3 in 1 "
+              "x 128 activation tiles and 128 x 128 weight blocks, f32 scales; fused grouped MLP)");
+DEFINE_string(fp8_format, "e4m3", "the FP8 format of --fp8_recipe: e4m3 (the only one)");
 DEFINE_int64(first_dense_layers, 1, "leading layers with a dense MLP; the rest are MoE");
 DEFINE_int64(seq_length, 64, "tokens per sequence");
 DEFINE_int64(vocab_size, 256, "vocabulary size");
@@ -125,6 +129,13 @@ StatusOr<GroupedMlpKind> ParseGroupedMlp(const std::string& text) {
   if (text == "fused") return GroupedMlpKind::kFused;
   if (text == "unfused") return GroupedMlpKind::kUnfused;
   return InvalidArgument("--moe_grouped_mlp=" + text + " must be fused or unfused");
+}
+
+StatusOr<Fp8Recipe> ParseFp8Recipe(const std::string& recipe, const std::string& format) {
+  if (format != "e4m3") return InvalidArgument("--fp8_format=" + format + " must be e4m3");
+  if (recipe == "none") return Fp8Recipe::kNone;
+  if (recipe == "blockwise") return Fp8Recipe::kBlockwise;
+  return InvalidArgument("--fp8_recipe=" + recipe + " must be none or blockwise");
 }
 
 StatusOr<DType> ParseOptimizerDType(const char* flag, const std::string& text) {
@@ -306,6 +317,7 @@ StatusOr<RunConfig> ValidateFlags(int world_size, bool dry_run) {
   m.moe_router_pre_softmax = FLAGS_moe_router_pre_softmax;
   MOE_ASSIGN_OR_RETURN(m.moe_grouped_mlp, ParseGroupedMlp(FLAGS_moe_grouped_mlp));
   m.moe_wgrad_micro_batches = FLAGS_moe_wgrad_micro_batches;
+  MOE_ASSIGN_OR_RETURN(m.fp8_recipe, ParseFp8Recipe(FLAGS_fp8_recipe, FLAGS_fp8_format));
   m.first_dense_layers = FLAGS_first_dense_layers;
   m.seq_length = FLAGS_seq_length;
   m.vocab_size = FLAGS_vocab_size;

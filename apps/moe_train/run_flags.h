@@ -30,6 +30,8 @@
 DECLARE_int64(num_layers);
 DECLARE_int64(first_dense_layers);
 DECLARE_string(moe_grouped_mlp);
+DECLARE_string(fp8_recipe);
+DECLARE_string(fp8_format);
 DECLARE_int64(pipeline_parallel);
 DECLARE_int64(micro_batch_size);
 DECLARE_int64(global_batch_size);

@@ -17,12 +17,12 @@ std::string Millions(int64_t n) {
 }  // namespace
 
 std::string ModelSummary(const GptConfig& m) {
-  const std::string grouped_mlp =
-      m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused grouped MLP"
-      : m.moe_wgrad_micro_batches > 1
-          ? "fused grouped MLP, weight gradients once per " +
-                std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
-          : "fused grouped MLP";
+  std::string grouped_mlp = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? "unfused grouped MLP"
+                            : m.moe_wgrad_micro_batches > 1
+                                ? "fused grouped MLP, weight gradients once per " +
+                                      std::to_string(m.moe_wgrad_micro_batches) + " micro-batches"
+                                : "fused grouped MLP";
+  if (m.fp8_recipe == Fp8Recipe::kBlockwise) grouped_mlp += ", FP8 blockwise e4m3";
   const std::string routing = (m.moe_router_pre_softmax ? "pre-softmax, " : "") + grouped_mlp;
   std::string attention = "kv " + std::to_string(m.num_query_groups);
   if (m.q_dim() != m.hidden_size) attention += ", head dim " + std::to_string(m.head_dim());

@@ -1,9 +1,10 @@
 // The memory planner (modules/memory_planner.h) against real training on the test device: the
 // sizes it plans with are what the model saves (the offload manager's count, group by group);
 // its predicted peak is the allocator's measured peak within 5% for several budgets and both
-// grouped MLPs, and the measured peak stays under the budget; every plan trains bit for bit like
-// no plan; plans obey the combination rules; more measured excess plans more savings; a budget
-// nothing can meet is one error naming the flag and the shortfall.
+// grouped MLPs (the fused one also with the FP8 recipe), and the measured peak stays under the
+// budget; every plan trains bit for bit like no plan; plans obey the combination rules; more
+// measured excess plans more savings; a budget nothing can meet is one error naming the flag and
+// the shortfall.
 //
 // One source, two binaries (tests/CMakeLists.txt): memory_planner_test on the CPU backend and,
 // with MOE_TEST_ON_CUDA, memory_planner_cuda_test on a GPU (bf16 activations).
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <string>
 
 #include "engine/core/byte_units.h"
 #include "engine/runtime/device_context.h"
@@ -29,11 +31,18 @@ namespace {
 
 const Device kDevice = testing::kTestDevice;
 
+// The expert layer a test case runs: the grouped MLP, and the fused one also with the FP8 recipe.
+struct ExpertLayer {
+  GroupedMlpKind mlp;
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
+};
+
 // moe_train's default model with 4 layers.
-GptConfig Model(GroupedMlpKind mlp) {
+GptConfig Model(ExpertLayer expert) {
   GptConfig m = testing::DefaultRunModel();
   m.num_layers = 4;
-  m.moe_grouped_mlp = mlp;
+  m.moe_grouped_mlp = expert.mlp;
+  m.fp8_recipe = expert.fp8;
   return m;
 }
 
@@ -103,13 +112,13 @@ TrainedRun Train(GptConfig model, const MemoryPlan* plan) {
   return run;
 }
 
-class MemoryPlannerTest : public ::testing::TestWithParam<GroupedMlpKind> {};
+class MemoryPlannerTest : public ::testing::TestWithParam<ExpertLayer> {};
 
 // The fused layers' weight gradients once per 2 micro-batches hold the first micro-batch's
 // operands through the second: the planner counts them, its predicted peak is the measured one,
 // and the measured peak grows by about what they hold.
 TEST(MemoryPlannerWeightGradTest, CountsTheOperandsHeldForALaterMicroBatch) {
-  GptConfig each = Model(GroupedMlpKind::kFused);
+  GptConfig each = Model({GroupedMlpKind::kFused});
   GptConfig grouped = each;
   grouped.moe_wgrad_micro_batches = 2;
   const double pending =
@@ -360,7 +369,7 @@ TEST_P(MemoryPlannerTest, APlanChangedBetweenStepsTrainsBitIdentically) {
 // Calibrated on a measured forward time, the time model predicts that time; measured copies
 // replace the assumed rate.
 TEST(MemoryPlannerCalibrationTest, CalibratedSpeedsPredictTheMeasuredForward) {
-  MemoryPlanRequest request = Request(Model(GroupedMlpKind::kFused), 1e12);
+  MemoryPlanRequest request = Request(Model({GroupedMlpKind::kFused}), 1e12);
   const MemoryPlan assumed = std::move(PlanMemory(request)).value();
   const double predicted = assumed.ranks[0].forward_ms;
   ASSERT_GT(predicted, 0);
@@ -385,11 +394,15 @@ TEST_P(MemoryPlannerTest, ABudgetNothingMeetsIsOneErrorWithTheShortfall) {
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
-INSTANTIATE_TEST_SUITE_P(GroupedMlps, MemoryPlannerTest,
-                         ::testing::Values(GroupedMlpKind::kFused, GroupedMlpKind::kUnfused),
-                         [](const auto& info) {
-                           return info.param == GroupedMlpKind::kFused ? "fused" : "unfused";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    GroupedMlps, MemoryPlannerTest,
+    ::testing::Values(ExpertLayer{GroupedMlpKind::kFused}, ExpertLayer{GroupedMlpKind::kUnfused},
+                      ExpertLayer{GroupedMlpKind::kFused, Fp8Recipe::kBlockwise}),
+    [](const auto& info) {
+      const ExpertLayer& e = info.param;
+      return std::string(e.mlp == GroupedMlpKind::kFused ? "fused" : "unfused") +
+             (e.fp8 == Fp8Recipe::kBlockwise ? "_fp8" : "");
+    });
 
 }  // namespace
 }  // namespace moe
