@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
         BenchRefusal{kMoeBench + "--shapes=tiny,gpt5", "moe_bench: --shapes=tiny,gpt5 " + kShapes},
         BenchRefusal{kMoeBench + "--paths=fused,cutlass",
                      "moe_bench: --paths=fused,cutlass must list one or more of fused, unfused, "
-                     "comma-separated"},
+                     "fused_fp8, comma-separated"},
         BenchRefusal{kMoeBench + "--iters=0", "moe_bench: --iters=0 must be in [1, 1048576]"},
         BenchRefusal{kMoeBench + "--warmup=-1", "moe_bench: --warmup=-1 must be in [0, 1048576]"},
         BenchRefusal{kMoeBench + "--grads=fp8", "moe_bench: --grads=fp8 must be fp32 or bf16"},
