@@ -45,7 +45,7 @@
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_forward_kernel.cuh"
-#include "engine/kernels/cuda/grouped_gemm/sm90/launch.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/persistent_launch.cuh"
 
 namespace moe::cuda::sm90 {
 
