@@ -56,8 +56,14 @@ __device__ __forceinline__ Fp8Tile FindFp8Tile(const int* offsets, const int* ti
   const int begin = offsets[g], end = offsets[g + 1];
   const int row_tiles = (end - begin + kFp8BlockM - 1) / kFp8BlockM;
   const int local = t - tile_prefix[g];
-  return {WarpUniform(g), WarpUniform(begin + local % row_tiles * kFp8BlockM), WarpUniform(end),
-          WarpUniform(local / row_tiles * kFp8BlockN)};
+  return {g, begin + local % row_tiles * kFp8BlockM, end, local / row_tiles * kFp8BlockN};
+}
+
+// FindFp8Tile in registers the compiler knows to be warp-uniform (see WarpUniform): for the
+// consumers, whose wgmmas it steers (the producer, one thread, must not shuffle).
+__device__ __forceinline__ Fp8Tile UniformFp8Tile(const Fp8Tile& tile) {
+  return {WarpUniform(tile.group), WarpUniform(tile.row0), WarpUniform(tile.row_end),
+          WarpUniform(tile.n0)};
 }
 
 // Shared memory: stage s's A (x rows, 128 x 128 e4m3) at A(s), its B (w rows) at B(s), 1024-byte
@@ -133,9 +139,11 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
   const FragmentPosition at;
   const int n_blocks = (n + kFp8BlockN - 1) / kFp8BlockN;
   float acc[kFp8Accumulators], part[kFp8Accumulators];
+#pragma unroll
+  for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
   PipelineState<kFp8Stages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const Fp8Tile tile = FindFp8Tile(offsets, tile_prefix, groups, t);
+    const Fp8Tile tile = UniformFp8Tile(FindFp8Tile(offsets, tile_prefix, groups, t));
     const int first_row = tile.row0 + 64 * consumer;
     const bool active = first_row < tile.row_end;  // warp-uniform
     const int row0 = first_row + at.Row(), row1 = row0 + 8;
