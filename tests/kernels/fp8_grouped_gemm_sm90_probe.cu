@@ -120,7 +120,7 @@ __global__ void FillUniform(bf16* out, size_t count, uint64_t seed) {
   }
 }
 
-// Quantises `matrices` row-major (rows, cols) bf16 matrices in tiles of tile_rows x kTile (x: 1,
+// Quantises gridDim.y row-major (rows, cols) bf16 matrices in tiles of tile_rows x kTile (x: 1,
 // w: kTile): one block of kTile threads per (tile, matrix), a thread per column; scales (matrix,
 // row tile, column tile).
 __global__ void QuantizeTiles(const bf16* x, int64_t rows, int64_t cols, int tile_rows, uint8_t* q,
