@@ -21,7 +21,10 @@
 # tokens with f32 and with bf16 weight gradients, and the Qwen3 block at 4096 tokens adding its
 # bf16 weight gradients once per 1, 2, 4 and 8 micro-batches, and (probe) the grouped GEMM kernels' probe
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
-# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (ab) the
+# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (fp8) the
+# FP8 grouped GEMM's probe (tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS
+# f32 on the dequantised operands, timed beside the bf16 kernel) and the same three
+# compute-sanitizer tools on its tiny and tails cases (about 4 minutes), and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
 # alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
 # probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
@@ -32,7 +35,7 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe ab gemm_versus sustained real_shape
+#   sweep step profile attention moments grads wgrad probe fp8 ab gemm_versus sustained real_shape
 #   base_build before_after;
 #   default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
@@ -267,6 +270,25 @@ for case in tiny tails; do
       "$out/sanitizer_${tool}_$case.log" | tail -1)"
     grep -oE 'Race reported between .* at [A-Za-z_0-9]+' "$out/sanitizer_${tool}_$case.log" |
       awk '{print $NF}' | sort | uniq -c
+  done
+done
+fi
+
+if [[ $sections == *fp8* ]]; then
+echo "== the FP8 grouped GEMM probe: checks against cuBLAS f32, times beside the bf16 kernel"
+fp8_probe=/tmp/fp8_grouped_gemm_sm90_probe
+nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/fp8_grouped_gemm_sm90_probe.cu -lcublas \
+  -o $fp8_probe > "$out/fp8_probe_build.log" 2>&1 || { tail -20 "$out/fp8_probe_build.log"; exit 1; }
+timeout 150 $fp8_probe > "$out/fp8_probe.log" 2>&1
+echo "fp8 probe (rc $?): $(grep -c FAIL "$out/fp8_probe.log") failed; $(grep 'passed, ' \
+  "$out/fp8_probe.log")"
+grep -E '^(FAIL|fp8 kernel)|^  fp8|^[a-z].*: rows' "$out/fp8_probe.log"
+for case in tiny tails; do
+  for tool in memcheck racecheck synccheck; do
+    PROBE_CHECKS_ONLY=1 timeout 120 compute-sanitizer --tool $tool $fp8_probe $case \
+      > "$out/fp8_sanitizer_${tool}_$case.log" 2>&1
+    echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+      "$out/fp8_sanitizer_${tool}_$case.log" | tail -1)"
   done
 done
 fi

@@ -394,6 +394,55 @@ std::vector<OpCase> Cases() {
     r.Read("x_back", x_back);
     r.Read("w_back", w_back);
   });
+  // y = xq · wq_g^T on operands quantised on each device from the same values (bit-identical
+  // e4m3 and scales), y in the run's dtype. The CUDA kernel needs k % 16 == 0: k 304 and n 200 (a
+  // partial last K tile and column block). x's rows are scaled by 2^-3 .. 2^3 and each row's last
+  // K tile again by 2^-2 .. 2^2, w's groups by 2^g and their last rows by 4, so a scale taken from
+  // the wrong row, K tile or block shows as an O(1) error. Offsets: an empty first, middle and
+  // last group, a group of 140 rows (a last row tile of 12: one consumer idle) and one of 150;
+  // then every row in one group.
+  // Tolerance (relative error in norm, as for every case): the Hopper tensor cores sum each K
+  // tile's 128 e4m3 products with about 14 bits kept (DeepSeek-V3's measure), truncating: over
+  // random-signed terms the running sum after j terms is about sqrt(j) sigma, so the error of a
+  // tile's sum is at most about 2^-15 sum_j sqrt(j) sigma = 0.03 sigma beside the sum's sqrt(128)
+  // sigma = 11 sigma: 2.6e-3, where every term errs the same way; f32 gets 5e-3. bf16 adds y's
+  // rounding (2^-9 relative, about 1.1e-3 in norm): 1e-2. A wrong row, tile or scale errs by more
+  // than 0.1.
+  struct Fp8Case {
+    std::string name;
+    std::vector<int32_t> offsets;
+  };
+  for (const Fp8Case& c :
+       std::vector<Fp8Case>{{"fp8_grouped_matmul", {0, 0, 140, 140, 150, 300, 300}},
+                            {"fp8_grouped_matmul_one_group", {0, 0, 300, 300}}}) {
+    add(
+        c.name,
+        [c](OpRun& r) {
+          constexpr int64_t kK = 304, kN = 200;
+          const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1;
+          const int64_t rows = c.offsets.back();
+          const Tensor x = r.InF32({rows, kK}), w = r.InF32({groups, kN, kK});
+          const Tensor x_flat = x.View({x.numel()}), w_rows = w.View({groups * kN, kK});
+          for (int64_t row = 0; row < rows; ++row) {
+            ops::Scale(x.Rows(row, row + 1), std::ldexp(1.0f, row % 7 - 3), x.Rows(row, row + 1));
+            const Tensor last_tile = x_flat.Rows(row * kK + 256, (row + 1) * kK);
+            ops::Scale(last_tile, std::ldexp(1.0f, row % 5 - 2), last_tile);
+          }
+          for (int64_t g = 0; g < groups; ++g) {
+            ops::Scale(w.Rows(g, g + 1), std::ldexp(1.0f, g), w.Rows(g, g + 1));
+            const Tensor last_rows = w_rows.Rows(g * kN + 128, (g + 1) * kN);
+            ops::Scale(last_rows, 4.0f, last_rows);
+          }
+          Tensor xq = r.OutE4M3({rows, kK}), x_scales = r.OutF32({rows, 3});
+          Tensor wq = r.OutE4M3({groups, kN, kK}), w_scales = r.OutF32({groups, 2, 3});
+          ops::QuantizeRowTiles(x, xq, x_scales);
+          ops::QuantizeBlocks(w, wq, w_scales);
+          Tensor y = r.Out({rows, kN});
+          ops::Fp8GroupedMatmul(xq, x_scales, wq, w_scales, r.Ints(c.offsets, {groups + 1}), y);
+          r.Read("y", y);
+        },
+        5e-3, 1e-2);
+  }
   // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
   // one Hopper kernel in bf16 where f is a multiple of 8, the backward's at any k here; f 136: gate
   // and up tiles past f; f 20: the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's

@@ -66,6 +66,22 @@ MOE_HOST_DEVICE inline int ClusterTiles(int rows, int n_tiles) {
   return row_tiles / 2 * n_tiles + row_tiles % 2 * ((n_tiles + 1) / 2);
 }
 
+// The group of tile t, given tile_prefix (groups + 1: the tiles of the groups before each): the
+// last group g with tile_prefix[g] <= t (an empty group never is: the next one has the same
+// prefix).
+MOE_HOST_DEVICE inline int GroupOfTile(const int* tile_prefix, int groups, int t) {
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_prefix[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // Over the offsets (groups + 1) and tile_prefix (groups + 1): cluster tiles of the groups before
 // g, tile_prefix[groups] in all.
 struct ClusterTileSchedule {
@@ -76,18 +92,9 @@ struct ClusterTileSchedule {
 
   MOE_HOST_DEVICE int Total() const { return tile_prefix[groups]; }
 
-  // Tile t of Total(), in the order above. g is the last group with tile_prefix[g] <= t (an
-  // empty group never is: the next one has the same prefix).
+  // Tile t of Total(), in the order above.
   MOE_HOST_DEVICE ClusterTile Find(int t) const {
-    int lo = 0, hi = groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (tile_prefix[mid] <= t) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = GroupOfTile(tile_prefix, groups, t);
     const int begin = offsets[lo], end = offsets[lo + 1];
     const int row_tiles = (end - begin + kBlockM - 1) / kBlockM;
     const int row_pairs = row_tiles / 2;

@@ -35,11 +35,13 @@ __device__ __forceinline__ TileUnit UniformUnit(const TileUnit& unit) {
           WarpUniform(unit.k_end), WarpUniform(unit.slot),  WarpUniform(unit.pieces)};
 }
 
-// Fills `offsets` (groups + 1) from device memory and tile_prefix from them; the whole CTA calls
-// it. Traps unless 0 = offsets[0] <= ... <= offsets[groups] = rows.
-__device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_offsets, int groups,
-                                                         int rows, int n_tiles, int* offsets,
-                                                         int* tile_prefix) {
+// Fills `offsets` (groups + 1) from device memory and tile_prefix (groups + 1) from them: the
+// tiles of the groups before g, tiles_of(rows of a group) each; the whole CTA calls it. Traps
+// unless 0 = offsets[0] <= ... <= offsets[groups] = rows.
+template <typename TilesOf>
+__device__ __forceinline__ void BuildTileSchedule(const int32_t* device_offsets, int groups,
+                                                  int rows, TilesOf tiles_of, int* offsets,
+                                                  int* tile_prefix) {
   for (int i = static_cast<int>(threadIdx.x); i <= groups; i += kThreads) {
     offsets[i] = device_offsets[i];
   }
@@ -52,7 +54,7 @@ __device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_o
       int count = 0;
       if (g < groups) {
         if (offsets[g] > offsets[g + 1]) __trap();
-        count = ClusterTiles(offsets[g + 1] - offsets[g], n_tiles);
+        count = tiles_of(offsets[g + 1] - offsets[g]);
       }
       int inclusive = count;
 #pragma unroll
@@ -69,6 +71,16 @@ __device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_o
     }
   }
   __syncthreads();
+}
+
+// BuildTileSchedule with the forward's cluster tiles (ClusterTileSchedule).
+__device__ __forceinline__ void BuildClusterTileSchedule(const int32_t* device_offsets, int groups,
+                                                         int rows, int n_tiles, int* offsets,
+                                                         int* tile_prefix) {
+  BuildTileSchedule(
+      device_offsets, groups, rows,
+      [n_tiles](int group_rows) { return ClusterTiles(group_rows, n_tiles); }, offsets,
+      tile_prefix);
 }
 
 // A consumer's part of a forward cluster tile: its rows [first_row, first_row + valid_rows) and
