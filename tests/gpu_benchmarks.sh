@@ -21,7 +21,11 @@
 # tokens with f32 and with bf16 weight gradients, and the Qwen3 block at 4096 tokens adding its
 # bf16 weight gradients once per 1, 2, 4 and 8 micro-batches, and (probe) the grouped GEMM kernels' probe
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
-# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (fp8) the
+# compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (fp8_train)
+# the blockwise FP8 recipe beside bf16: moe_bench's fused block with and without it at every shape
+# (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16 state), the preset offloading
+# fused_group_mlp whole at global batch 1, and moe_100m's loss curves (FP8_CURVE_STEPS, default
+# 2000), and (fp8) the
 # FP8 grouped GEMM's probe (tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS
 # f32 on the dequantised operands, timed beside the bf16 kernel) and the same three
 # compute-sanitizer tools on its tiny and tails cases (about 4 minutes), and (ab) the
@@ -35,7 +39,7 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe fp8 ab gemm_versus sustained real_shape
+#   sweep step profile attention moments grads wgrad probe fp8 fp8_train ab gemm_versus sustained real_shape
 #   base_build before_after;
 #   default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
@@ -274,11 +278,9 @@ for case in tiny tails; do
 done
 fi
 
-if [[ $sections == *fp8* ]]; then
+if [[ " $sections " == *" fp8 "* ]]; then
 echo "== the FP8 grouped GEMM probe: checks against cuBLAS f32, times beside the bf16 kernel"
-fp8_probe=/tmp/fp8_grouped_gemm_sm90_probe
-nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/fp8_grouped_gemm_sm90_probe.cu -lcublas \
-  -o $fp8_probe > "$out/fp8_probe_build.log" 2>&1 || { tail -20 "$out/fp8_probe_build.log"; exit 1; }
+fp8_probe=/tmp/moe-build/tests/fp8_grouped_gemm_probe_cuda_test  # the suite's build of it
 timeout 150 $fp8_probe > "$out/fp8_probe.log" 2>&1
 echo "fp8 probe (rc $?): $(grep -c FAIL "$out/fp8_probe.log") failed; $(grep 'passed, ' \
   "$out/fp8_probe.log")"
@@ -290,6 +292,23 @@ for case in tiny tails; do
     echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
       "$out/fp8_sanitizer_${tool}_$case.log" | tail -1)"
   done
+done
+fi
+
+if [[ $sections == *fp8_train* ]]; then
+echo "== the blockwise FP8 recipe against bf16: the MoE block, the preset's step, offloading, moe_100m"
+timeout 300 "$bin/moe_bench" --shapes=${FP8_BENCH_SHAPES:-qwen3,mixtral,deepseek} --tokens=4096,16384 \
+  --paths=fused,fused_fp8 --iters=20 --json_out="$out/moe_bench_fp8.json" > "$out/moe_bench_fp8.log" 2>&1
+echo "moe_bench (rc $?):"; grep -vE '^[IWE][0-9]{8} ' "$out/moe_bench_fp8.log" | grep -E "fused|shape"
+for recipe in none blockwise; do
+  preset_gb_run 8 "fp8_${recipe}_step" "$bf16_state --moe_wgrad_micro_batches=8 --fp8_recipe=$recipe"
+done
+offloaded="--offload_modules=fused_group_mlp --offload_fraction=1"
+for recipe in none blockwise; do
+  preset_gb_run 1 "fp8_${recipe}_offload" "$offloaded --fp8_recipe=$recipe"
+done
+for recipe in none blockwise; do
+  moe_100m_curve "fp8_$recipe" "--fp8_recipe=$recipe --train_steps=${FP8_CURVE_STEPS:-2000}"
 done
 fi
 
