@@ -62,6 +62,18 @@ build_probe() {  # source tree, binary, log: the grouped GEMM probe from that tr
   (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu \
     -lcublas -o "$2") > "$3" 2>&1
 }
+sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, synccheck on its
+  # tiny and tails cases (checks only); racecheck's reports counted by the kernel they lie in
+  for case in tiny tails; do
+    for tool in memcheck racecheck synccheck; do
+      local log="$out/$2_${tool}_$case.log"
+      PROBE_CHECKS_ONLY=1 timeout "$3" compute-sanitizer --tool $tool "$1" $case > "$log" 2>&1
+      echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      grep -oE 'Race reported between .* at [A-Za-z_0-9]+' "$log" | awk '{print $NF}' | sort |
+        uniq -c
+    done
+  done
+}
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 bf16_state="--main_grads_dtype=bf16 $bf16_moments"
 moe_100m_curve() {  # label, flags: moe_100m for 500 steps; its metrics file holds the loss curve
@@ -266,16 +278,7 @@ probe=/tmp/grouped_gemm_sm90_probe
 build_probe . $probe "$out/probe_build.log" || { tail -20 "$out/probe_build.log"; exit 1; }
 timeout 200 $probe > "$out/probe.log" 2>&1
 echo "probe (rc $?): $(grep -c FAIL "$out/probe.log") failed; $(grep 'passed, ' "$out/probe.log")"
-for case in tiny tails; do
-  for tool in memcheck racecheck synccheck; do
-    PROBE_CHECKS_ONLY=1 timeout 300 compute-sanitizer --tool $tool $probe $case \
-      > "$out/sanitizer_${tool}_$case.log" 2>&1
-    echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
-      "$out/sanitizer_${tool}_$case.log" | tail -1)"
-    grep -oE 'Race reported between .* at [A-Za-z_0-9]+' "$out/sanitizer_${tool}_$case.log" |
-      awk '{print $NF}' | sort | uniq -c
-  done
-done
+sanitize_probe $probe sanitizer 300
 fi
 
 if [[ " $sections " == *" fp8 "* ]]; then
@@ -285,14 +288,7 @@ timeout 150 $fp8_probe > "$out/fp8_probe.log" 2>&1
 echo "fp8 probe (rc $?): $(grep -c FAIL "$out/fp8_probe.log") failed; $(grep 'passed, ' \
   "$out/fp8_probe.log")"
 grep -E '^(FAIL|fp8 kernel)|^  fp8|^[a-z].*: rows' "$out/fp8_probe.log"
-for case in tiny tails; do
-  for tool in memcheck racecheck synccheck; do
-    PROBE_CHECKS_ONLY=1 timeout 120 compute-sanitizer --tool $tool $fp8_probe $case \
-      > "$out/fp8_sanitizer_${tool}_$case.log" 2>&1
-    echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
-      "$out/fp8_sanitizer_${tool}_$case.log" | tail -1)"
-  done
-done
+sanitize_probe $fp8_probe fp8_sanitizer 120
 fi
 
 if [[ $sections == *fp8_train* ]]; then

@@ -51,67 +51,16 @@
 #include "engine/kernels/cuda/grouped_gemm/fp8_grouped_gemm_sm90.cuh"
 #include "engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh"
 
+#include "tests/kernels/probe_harness.cuh"
+
 namespace {
 
 using moe::cuda::sm90::bf16;
 
-#define MOE_CHECK_CUDA(call)                                             \
-  do {                                                                   \
-    const cudaError_t status_ = (call);                                  \
-    if (status_ != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-                   cudaGetErrorString(status_));                         \
-      std::exit(2);                                                      \
-    }                                                                    \
-  } while (0)
-
-#define MOE_CHECK_CUBLAS(call)                                                         \
-  do {                                                                                 \
-    const cublasStatus_t status_ = (call);                                             \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                            \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, \
-                   static_cast<int>(status_));                                         \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
-
 constexpr int kTile = 128;  // the FP8 scaling's tile edge
-constexpr int kTimedRuns = 10;
 constexpr int kGuardRows = 64;
 constexpr double kF32Tolerance = 2e-3;
 constexpr double kBf16Tolerance = 1e-2;
-constexpr double kTimeoutSeconds = 20.0;
-
-bool ChecksOnly() {
-  static const bool checks_only = [] {
-    const char* value = std::getenv("PROBE_CHECKS_ONLY");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return checks_only;
-}
-
-template <typename T>
-struct DeviceArray {
-  T* data = nullptr;
-  size_t count = 0;
-
-  explicit DeviceArray(size_t n) : count(n) {
-    MOE_CHECK_CUDA(cudaMalloc(&data, std::max<size_t>(n, 1) * sizeof(T)));
-  }
-  ~DeviceArray() { cudaFree(data); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-};
-
-// ---------------------------------------------------------------- device helpers
-
-__device__ float UniformFromHash(uint64_t seed, size_t i) {  // in [-1, 1)
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
 
 __global__ void FillUniform(bf16* out, size_t count, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
@@ -165,53 +114,6 @@ __global__ void Dequantize(const uint8_t* q, const float* scales, int64_t rows, 
     const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3)));
     out[i] = v * scales[r / tile_rows * col_tiles + c / kTile];
   }
-}
-
-// Waits for the device, giving up (exit 3) after kTimeoutSeconds: a deadlocked pipeline must not
-// hang the probe.
-void SyncOrTimeout(const char* what) {
-  cudaEvent_t done;
-  MOE_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  MOE_CHECK_CUDA(cudaEventRecord(done));
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    const cudaError_t status = cudaEventQuery(done);
-    if (status == cudaSuccess) break;
-    if (status != cudaErrorNotReady) {
-      std::fprintf(stderr, "FAIL %s: %s\n", what, cudaGetErrorString(status));
-      std::exit(2);
-    }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-        kTimeoutSeconds) {
-      std::fprintf(stderr, "FAIL %s: not finished after %.0f s (deadlock?)\n", what,
-                   kTimeoutSeconds);
-      std::fflush(stdout);
-      std::_Exit(3);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  MOE_CHECK_CUDA(cudaEventDestroy(done));
-}
-
-// Median of kTimedRuns runs of `run` (after one warm-up), in ms.
-double MedianMs(const std::function<void()>& run, const char* what) {
-  run();
-  SyncOrTimeout(what);
-  cudaEvent_t start, stop;
-  MOE_CHECK_CUDA(cudaEventCreate(&start));
-  MOE_CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms(kTimedRuns);
-  for (float& m : ms) {
-    MOE_CHECK_CUDA(cudaEventRecord(start));
-    run();
-    MOE_CHECK_CUDA(cudaEventRecord(stop));
-    SyncOrTimeout(what);
-    MOE_CHECK_CUDA(cudaEventElapsedTime(&m, start, stop));
-  }
-  MOE_CHECK_CUDA(cudaEventDestroy(start));
-  MOE_CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[kTimedRuns / 2];
 }
 
 // ---------------------------------------------------------------- cases
