@@ -76,8 +76,9 @@ sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, sy
 }
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 bf16_state="--main_grads_dtype=bf16 $bf16_moments"
-moe_100m_curve() {  # label, flags: moe_100m for 500 steps; its metrics file holds the loss curve
-  timeout 120 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
+moe_100m_curve() {  # label, flags: moe_100m for 500 steps (or the flags' --train_steps); its metrics
+  # file holds the loss curve
+  timeout 400 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
     --eval_interval=100 --eval_steps=4 $2 --metrics_file="$out/moe_100m_$1.jsonl" \
     > "$out/moe_100m_$1.log" 2>&1
   echo "$1 (rc $?): $(grep '^step' "$out/moe_100m_$1.log" | tail -1 | cut -c1-160)"
