@@ -20,8 +20,8 @@ Tensor Dequantized(const Fp8Rows& x, DType dtype) {
   return out;
 }
 
-void Fp8ExpertWeights::Refresh(const Tensor& w) {
-  if (current_) return;
+void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {
+  if (current_ && version_ == values_version) return;
   const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2);
   if (!w_.q.defined()) {
     w_ = {Tensor::Empty(w.shape(), DType::kE4M3, w.device()),
@@ -32,6 +32,7 @@ void Fp8ExpertWeights::Refresh(const Tensor& w) {
   ops::QuantizeBlocks(w, w_.q, w_.scales);
   ops::QuantizeBlocks(w, w_transposed_.q, w_transposed_.scales, /*transposed=*/true);
   current_ = true;
+  version_ = values_version;
 }
 
 namespace {

@@ -5,12 +5,13 @@
 //   optimizer step in both orientations (forward: w; input gradients: w transposed, so both GEMM
 //   operands are K-major); ops::Fp8GroupedMatmul promotes the partial sums into f32 every 128 of
 //   the contracted dimension. Outputs in the activations' dtype.
-// Fp8ExpertWeights caches one stacked weight's quantised forms: Refresh() quantises them when
-// Invalidate() was called since (the owner calls it after the step's last backward, before the
-// optimizer changes the weights), so every micro-batch of a step and every forward between steps
-// (evaluation) reuses one quantisation. Bytes held: 2 per element (the two orientations) plus
-// their f32 scales.
+// Fp8ExpertWeights caches one stacked weight's quantised forms: Refresh() quantises them when the
+// parameter set's values_version() moved since (the optimizer's update, a checkpoint loaded), so
+// every micro-batch of a step and every forward between steps (evaluation) reuses one
+// quantisation. Bytes held: 2 per element (the two orientations) plus their f32 scales.
 #pragma once
+
+#include <cstdint>
 
 #include "engine/core/tensor.h"
 
@@ -29,9 +30,8 @@ Tensor Dequantized(const Fp8Rows& x, DType dtype);
 
 class Fp8ExpertWeights {
  public:
-  // Quantises w (experts, n, k) unless this holds its current quantisation.
-  void Refresh(const Tensor& w);
-  void Invalidate() { current_ = false; }
+  // Quantises w (experts, n, k) unless this holds its quantisation at `values_version`.
+  void Refresh(const Tensor& w, uint64_t values_version);
   // group g's rows of x times w_g^T: (rows, n) in `dtype`.
   Tensor Forward(const Fp8Rows& x, const Tensor& offsets, DType dtype) const;
   // group g's rows of dy (rows, n) times w_g: (rows, k) in `dtype`.
@@ -40,6 +40,7 @@ class Fp8ExpertWeights {
  private:
   Fp8Rows w_, w_transposed_;  // (experts, n, k) and (experts, k, n), scales likewise
   bool current_ = false;
+  uint64_t version_ = 0;  // with current_: the values_version quantised
 };
 
 }  // namespace moe

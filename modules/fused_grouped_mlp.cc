@@ -30,8 +30,8 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   ScopedSaveGroup group(saved, kFusedGroupMlpGroup, layer_);
   const bool keep_a = !config_.recompute_in(layer_).moe_act;
   if (fp8()) {
-    fc1_fp8_.Refresh(fc1_.value);
-    fc2_fp8_.Refresh(fc2_.value);
+    fc1_fp8_.Refresh(fc1_.value, parameters_.values_version());
+    fc2_fp8_.Refresh(fc2_.value, parameters_.values_version());
     const Fp8Rows xq = QuantizeRows(x);
     SaveRows(saved, ".x", segment, xq);
     const Tensor h = fc1_fp8_.Forward(xq, offsets, x.dtype());
@@ -141,11 +141,7 @@ GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Te
 void FusedGroupedMlp::EndBackward(bool last_of_step) {
   ++pending_micro_batches_;
   if (last_of_step || pending_micro_batches_ >= config_.moe_wgrad_micro_batches) AddWeightGrads();
-  if (last_of_step) {
-    SumGradSlots();
-    fc1_fp8_.Invalidate();  // the optimizer changes the weights next
-    fc2_fp8_.Invalidate();
-  }
+  if (last_of_step) SumGradSlots();
 }
 
 void FusedGroupedMlp::AddWeightGrads() {

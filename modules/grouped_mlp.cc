@@ -42,7 +42,8 @@ std::unique_ptr<GroupedMlp> MakeGroupedMlp(ParameterSet& parameters, const std::
 
 GroupedMlp::GroupedMlp(ParameterSet& parameters, const std::string& name, const GptConfig& config,
                        int layer, const ExpertShard& shard)
-    : name_(name),
+    : parameters_(parameters),
+      name_(name),
       config_(config),
       layer_(layer),
       shard_(shard),

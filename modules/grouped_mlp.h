@@ -90,6 +90,7 @@ class GroupedMlp {
   // without slots.
   void SumGradSlots();
 
+  const ParameterSet& parameters_;  // whose values_version says when the weights changed
   const std::string name_;
   const GptConfig& config_;
   const int layer_;

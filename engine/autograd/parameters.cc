@@ -291,6 +291,7 @@ const Tensor& MaterializedGrad(Parameter& p) {
 }
 
 void ParameterSet::SyncValuesFromMasters() {
+  MarkValuesChanged();
   for (ReplicaGroup group : kReplicaGroups) {
     CHECK_EQ(shards(group), 1) << "a sharded state has no whole masters to copy";
   }
@@ -397,6 +398,7 @@ WholeParameterState ParameterSet::NewWholeState(const std::string& name, const S
 }
 
 void ParameterSet::AssignBucketState(size_t b, const WholeBucketState& whole) {
+  MarkValuesChanged();
   ParameterBucket& bucket = buckets_.at(b);
   const auto owned = [&](const Tensor& t) {
     return t.Rows(bucket.owned_begin(), bucket.owned_end());

@@ -214,6 +214,12 @@ class ParameterSet {
   // empty parts left out.
   std::vector<OwnedSlice> OwnedSlices() const;
 
+  // A count of the writes to the parameters' values: the optimizer's update, a checkpoint's
+  // weights (SyncValuesFromMasters, AssignBucketState). What is derived from the values (the
+  // FP8 recipe's quantised weights) is current while the count it was made at is.
+  uint64_t values_version() const { return values_version_; }
+  void MarkValuesChanged() { ++values_version_; }
+
   Device device() const { return device_; }
   DType compute_dtype() const { return compute_dtype_; }
   const OptimizerDTypes& optimizer_dtypes() const { return dtypes_; }
@@ -233,6 +239,7 @@ class ParameterSet {
   std::vector<std::unique_ptr<ParameterStack>> stacks_;
   std::vector<ParameterStack*> stack_of_;  // by creation index; nullptr: created alone
   std::vector<OwnedSlice> plain_slices_;   // a plain set's OwnedSlices: one per Create(Stack)
+  uint64_t values_version_ = 0;
 
   // Records `specs` as the next parameters, the members of `stack` (nullptr: one parameter created
   // alone), and in a plain set allocates them (see the top).

@@ -34,6 +34,7 @@ double SquaredNorm(const std::vector<OwnedSlice>& slices, ReplicaGroup group, De
 }  // namespace
 
 StepReport AdamW::Step(ParameterSet& parameters, float lr, const NormGroups& groups) {
+  parameters.MarkValuesChanged();
   for (ReplicaGroup group : kReplicaGroups) {
     const Communicator* shard = groups.shard[group];
     CHECK_EQ(parameters.shards(group), shard != nullptr ? shard->size() : 1)
