@@ -3,9 +3,12 @@
 // (Fp8ScalingOf, engine/kernels/fp8_scaling.h), with the device's cvt.rn.satfinite.e4m3x2.f32
 // for the rounding that FloatToE4M3 emulates on the host, so q and the scales agree bit for bit.
 // Both layouts are Fp8TiledMatrices (row tiles: one matrix, tile_rows 1; blocks: a matrix per
-// group, tile_rows 128). Quantising runs one block of kFp8TileSize threads per tile, a thread
-// per column: its amax over its column, the block's max, then the tile's elements (transposed
-// blocks: each thread writes its column as a row of q). Dequantising is elementwise.
+// group, tile_rows 128). Row tiles (activations, every micro-batch): a warp per 1 x 128 tile, four
+// elements a lane, the warp's max by shuffles, then the tile's elements. Blocks (weights, once a
+// step): one block of kFp8TileSize threads per tile, a thread per column: its amax over its
+// column, the block's max, then the tile's elements (transposed blocks: each thread writes its
+// column as a row of q). A max is exact in any order, so both agree with the CPU bit for bit.
+// Dequantising is elementwise.
 #include <cuda_fp8.h>
 
 #include "engine/kernels/cuda/common/cuda_common.cuh"
@@ -14,6 +17,38 @@
 
 namespace moe::cuda {
 namespace {
+
+constexpr int kRowTileWarps = 8;  // row tiles per block of QuantizeRowTilesKernel
+static_assert(kFp8TileSize % 32 == 0, "a lane quantises kFp8TileSize / 32 elements of a tile");
+
+// Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group).
+template <typename T>
+__global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
+                                       float* scales) {
+  const int64_t tile = int64_t{blockIdx.x} * kRowTileWarps + threadIdx.x / 32;
+  if (tile >= m.tiles()) return;  // warp-uniform
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = tile / m.col_tiles(), c0 = tile % m.col_tiles() * kFp8TileSize;
+  constexpr int kPerLane = kFp8TileSize / 32;
+  float v[kPerLane];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = c0 + lane + 32 * j;
+    v[j] = c < m.cols ? ToFloat(x[row * m.cols + c]) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
+  const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(amax, MaxOp{}));
+  if (lane == 0) scales[tile] = scaling.scale;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = c0 + lane + 32 * j;
+    if (c < m.cols) {
+      q[row * m.cols + c] =
+          __nv_cvt_float_to_fp8(v[j] * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
+    }
+  }
+}
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y), kFp8TileSize threads. transposed: q and the
 // scales hold each matrix transposed.
@@ -83,7 +118,16 @@ void Dequantize(const Fp8TiledMatrices& m, const Tensor& q, const Tensor& scales
 }  // namespace
 
 void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
-  Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
+  const Fp8TiledMatrices m = Fp8RowTiles(x.dim(0), x.dim(1));
+  if (m.tiles() == 0) return;
+  const int64_t blocks = (m.tiles() + kRowTileWarps - 1) / kRowTileWarps;
+  CHECK(blocks <= INT32_MAX) << "fp8 row-tile quantisation grid of " << blocks << " blocks";
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    QuantizeRowTilesKernel<T>
+        <<<static_cast<unsigned>(blocks), 32 * kRowTileWarps, 0, StreamOf(x)>>>(
+            m, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
