@@ -149,21 +149,26 @@ void FusedGroupedMlp::AddWeightGrads() {
   // Every pending part in one pass per weight, or with source slots one pass per source.
   const int passes = UsesGradSlots() ? shard_.sources : 1;
   for (int source = 0; source < passes; ++source) {
-    std::vector<ops::GroupedRows> fc2_parts, fc1_parts;
-    for (const PendingWeightGrads& p : pending_) {
-      if (passes > 1 && p.segment != source) continue;
-      fc2_parts.push_back(p.fc2);
-      fc1_parts.push_back(p.fc1);
-      if (p.fc2_x.q.defined()) {
-        fc2_parts.back().x = Dequantized(p.fc2_x, p.fc2.dy.dtype());
-        fc1_parts.back().x = Dequantized(p.fc1_x, p.fc1.dy.dtype());
+    // One weight's parts; FP8 rows dequantised now, one weight's at a time.
+    const auto parts = [&](ops::GroupedRows PendingWeightGrads::*rows,
+                           Fp8Rows PendingWeightGrads::*fp8_x) {
+      std::vector<ops::GroupedRows> out;
+      for (const PendingWeightGrads& p : pending_) {
+        if (passes > 1 && p.segment != source) continue;
+        out.push_back(p.*rows);
+        if ((p.*fp8_x).q.defined()) out.back().x = Dequantized(p.*fp8_x, out.back().dy.dtype());
       }
-    }
+      return out;
+    };
+    std::vector<ops::GroupedRows> fc2_parts =
+        parts(&PendingWeightGrads::fc2, &PendingWeightGrads::fc2_x);
     if (fc2_parts.empty()) continue;
     const GradTarget fc2 = WeightGradTarget(fc2_, source);
     ops::GroupedMatmulWeightGrad(fc2_parts, fc2.grad, fc2.accumulate);
+    fc2_parts.clear();  // a dequantised is freed before x is
     const GradTarget fc1 = WeightGradTarget(fc1_, source);
-    ops::GroupedMatmulWeightGrad(fc1_parts, fc1.grad, fc1.accumulate);
+    ops::GroupedMatmulWeightGrad(parts(&PendingWeightGrads::fc1, &PendingWeightGrads::fc1_x),
+                                 fc1.grad, fc1.accumulate);
   }
   pending_.clear();
 }
