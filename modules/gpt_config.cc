@@ -3,6 +3,8 @@
 #include <string>
 #include <utility>
 
+#include "engine/kernels/fp8_scaling.h"
+
 namespace moe {
 
 Status CheckModel(const GptConfig& m) {

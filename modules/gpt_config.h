@@ -18,10 +18,6 @@ enum class Fp8Recipe { kNone, kBlockwise };
 
 // Selective recompute (--recompute_modules, modules/offload_groups.h has the names and rules):
 // what a module drops in forward and recomputes in backward from what it keeps.
-// What the FP8 GEMMs' operand rows must be a multiple of (elements of one byte): the Hopper
-// kernels load them with TMA, whose rows are multiples of 16 bytes.
-inline constexpr int64_t kFp8RowAlignment = 16;
-
 struct RecomputeModules {
   bool layernorm = false;  // the attn_norm and mlp_norm outputs, from the norms' inputs
   bool moe_act = false;    // the SwiGLU output (fc2's input), from the fc1 output

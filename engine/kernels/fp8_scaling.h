@@ -40,6 +40,10 @@ constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
   return {groups, n, k, kFp8TileSize};
 }
 
+// What the FP8 GEMMs' contracted dimension must be a multiple of (e4m3 elements, one byte each):
+// the Hopper kernel loads its operand rows with TMA, whose row strides are multiples of 16 bytes.
+constexpr int64_t kFp8RowAlignment = 16;
+
 // A smaller amax counts as this one, which keeps 448 / amax finite: an all-zero tile gets q = 0
 // (dequantised: exact zeros) and a finite, normal scale.
 constexpr float kFp8MinAmax = 0x1p-64f;

@@ -6,6 +6,7 @@
 #include "engine/kernels/cuda/common/sm90_device.h"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/grouped_gemm/fp8_grouped_gemm_sm90.cuh"
+#include "engine/kernels/fp8_scaling.h"
 
 namespace moe::cuda {
 
@@ -15,8 +16,8 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
   CHECK(Sm90aKernelsRunOn(y.device().index))
       << "CUDA fp8 grouped matmul needs the sm_90a kernels: a build with architecture 90 and a "
          "compute capability 9.0 device";
-  CHECK(k % 16 == 0) << "CUDA fp8 grouped matmul needs k (" << k
-                     << ") a multiple of 16 (TMA: 16-byte row strides)";
+  CHECK(k % kFp8RowAlignment == 0) << "CUDA fp8 grouped matmul needs k (" << k << ") a multiple of "
+                                   << kFp8RowAlignment << " (TMA: 16-byte row strides)";
   CHECK(n % 8 == 0) << "CUDA fp8 grouped matmul needs n (" << n << ") a multiple of 8";
   CHECK(groups >= 1 && groups <= sm90::kMaxGroups)
       << "CUDA fp8 grouped matmul takes 1 to " << sm90::kMaxGroups << " groups, not " << groups;
