@@ -23,12 +23,12 @@
 # (tests/kernels/grouped_gemm_sm90_probe.cu: every kernel against cuBLAS, timed beside it) and
 # compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (fp8_train)
 # the blockwise FP8 recipe beside bf16: moe_bench's fused block with and without it at every shape
-# (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16 state), the preset offloading
-# fused_group_mlp whole at global batch 1, and moe_100m's loss curves (FP8_CURVE_STEPS, default
-# 2000), and (fp8) the
-# FP8 grouped GEMM's probe (tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS
-# f32 on the dequantised operands, timed beside the bf16 kernel) and the same three
-# compute-sanitizer tools on its tiny and tails cases (about 4 minutes), and (ab) the
+# (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16
+# state), the preset offloading fused_group_mlp whole at global batch 1, and moe_100m's loss curves
+# (FP8_CURVE_STEPS, default 2000), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
+# tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
+# operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
+# and tails cases (about 1 minute), and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
 # alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
 # probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
