@@ -28,7 +28,7 @@
 # (FP8_CURVE_STEPS, default 2000), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
 # tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
 # operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
-# and tails cases (about 1 minute), and (ab) the
+# and tails cases, and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
 # alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
 # probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
