@@ -21,7 +21,7 @@ Tensor Dequantized(const Fp8Rows& x, DType dtype) {
 }
 
 void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {
-  if (current_ && version_ == values_version) return;
+  if (version_ == values_version) return;
   const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2);
   if (!w_.q.defined()) {
     w_ = {Tensor::Empty(w.shape(), DType::kE4M3, w.device()),
@@ -31,7 +31,6 @@ void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {
   }
   ops::QuantizeBlocks(w, w_.q, w_.scales);
   ops::QuantizeBlocks(w, w_transposed_.q, w_transposed_.scales, /*transposed=*/true);
-  current_ = true;
   version_ = values_version;
 }
 
@@ -46,12 +45,12 @@ Tensor Multiply(const Fp8Rows& x, const Fp8Rows& w, const Tensor& offsets, DType
 }  // namespace
 
 Tensor Fp8ExpertWeights::Forward(const Fp8Rows& x, const Tensor& offsets, DType dtype) const {
-  CHECK(current_) << "FP8 expert weights used before Refresh";
+  CHECK(version_.has_value()) << "FP8 expert weights used before Refresh";
   return Multiply(x, w_, offsets, dtype);
 }
 
 Tensor Fp8ExpertWeights::InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) const {
-  CHECK(current_) << "FP8 expert weights used before Refresh";
+  CHECK(version_.has_value()) << "FP8 expert weights used before Refresh";
   return Multiply(dy, w_transposed_, offsets, dtype);
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "engine/core/tensor.h"
 
@@ -38,9 +39,8 @@ class Fp8ExpertWeights {
   Tensor InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) const;
 
  private:
-  Fp8Rows w_, w_transposed_;  // (experts, n, k) and (experts, k, n), scales likewise
-  bool current_ = false;
-  uint64_t version_ = 0;  // with current_: the values_version quantised
+  Fp8Rows w_, w_transposed_;         // (experts, n, k) and (experts, k, n), scales likewise
+  std::optional<uint64_t> version_;  // the values_version they hold (none: not yet quantised)
 };
 
 }  // namespace moe

@@ -69,35 +69,39 @@ Fp8Rows FusedGroupedMlp::LoadRows(SavedTensors& saved, const char* what, int seg
           saved.Load(Key((std::string(what) + "_scales").c_str(), segment))};
 }
 
+FusedGroupedMlp::SavedSegment FusedGroupedMlp::LoadSegment(SavedTensors& saved, int segment) const {
+  SavedSegment s;
+  s.offsets = saved.Load(Key(".offsets", segment));
+  s.host_offsets = NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
+  s.weights = saved.Load(Key(".weights", segment));
+  s.h = saved.Load(Key(".h", segment));
+  return s;
+}
+
+Tensor FusedGroupedMlp::RecomputedA(const SavedSegment& s) const {
+  Tensor a = Tensor::Empty({s.h.dim(0), config_.moe_ffn_hidden_size}, s.h.dtype(), s.h.device());
+  ops::SwigluForward(s.h, s.weights, a);
+  return a;
+}
+
 GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy,
                                                       int segment) {
-  const Tensor offsets = saved.Load(Key(".offsets", segment));
-  const Tensor host_offsets =
-      NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
-  const Tensor weights = saved.Load(Key(".weights", segment));
-  const Tensor h = saved.Load(Key(".h", segment));
-  const DType dtype = h.dtype();
-  Fp8Rows aq;
-  if (config_.recompute_in(layer_).moe_act) {
-    Tensor a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, dtype, h.device());
-    ops::SwigluForward(h, weights, a);
-    aq = QuantizeRows(a);
-  } else {
-    aq = LoadRows(saved, ".a", segment);
-  }
-
+  const SavedSegment s = LoadSegment(saved, segment);
+  const DType dtype = s.h.dtype();
+  const Fp8Rows aq = config_.recompute_in(layer_).moe_act ? QuantizeRows(RecomputedA(s))
+                                                          : LoadRows(saved, ".a", segment);
   Grads grads;
-  const Tensor da = fc2_fp8_.InputGrad(QuantizeRows(dy), offsets, dtype);
-  Tensor dh = Tensor::Empty(h.shape(), dtype, h.device());
-  grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, h.device());
-  ops::SwigluBackward(da, h, weights, dh, grads.dweights);
-  grads.dx = fc1_fp8_.InputGrad(QuantizeRows(dh), offsets, dtype);
+  const Tensor da = fc2_fp8_.InputGrad(QuantizeRows(dy), s.offsets, dtype);
+  Tensor dh = Tensor::Empty(s.h.shape(), dtype, s.h.device());
+  grads.dweights = Tensor::Empty(s.weights.shape(), DType::kF32, s.h.device());
+  ops::SwigluBackward(da, s.h, s.weights, dh, grads.dweights);
+  grads.dx = fc1_fp8_.InputGrad(QuantizeRows(dh), s.offsets, dtype);
 
   // The weight gradients take x and a as the forward's GEMMs saw them, dequantised when added.
-  const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
-  pending_.push_back({{dy, Tensor(), offsets, host_rows},
-                      {dh, Tensor(), offsets, host_rows},
-                      host_offsets,
+  const std::span<const int32_t> host_rows = OffsetValues(s.host_offsets);
+  pending_.push_back({{dy, Tensor(), s.offsets, host_rows},
+                      {dh, Tensor(), s.offsets, host_rows},
+                      s.host_offsets,
                       segment,
                       aq,
                       LoadRows(saved, ".x", segment)});
@@ -107,34 +111,28 @@ GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const
 GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Tensor& dy,
                                                    int segment) {
   if (fp8()) return Fp8BackwardSegment(saved, dy, segment);
-  const Tensor offsets = saved.Load(Key(".offsets", segment));
-  const Tensor host_offsets =
-      NeedsHostOffsets() ? saved.Load(Key(".host_offsets", segment)) : Tensor();
-  const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
-  const Tensor weights = saved.Load(Key(".weights", segment));
+  const SavedSegment s = LoadSegment(saved, segment);
+  const std::span<const int32_t> host_rows = OffsetValues(s.host_offsets);
   const Device device = dy.device();
-
-  const Tensor h = saved.Load(Key(".h", segment));
-  Tensor a;
-  if (config_.recompute_in(layer_).moe_act) {
-    a = Tensor::Empty({h.dim(0), config_.moe_ffn_hidden_size}, h.dtype(), device);
-    ops::SwigluForward(h, weights, a);
-  } else {
-    a = saved.Load(Key(".a", segment));
-  }
+  const Tensor a =
+      config_.recompute_in(layer_).moe_act ? RecomputedA(s) : saved.Load(Key(".a", segment));
 
   Grads grads;
-  Tensor dh = Tensor::Empty(h.shape(), h.dtype(), device);
-  grads.dweights = Tensor::Empty(weights.shape(), DType::kF32, device);
-  ops::GroupedMatmulSwigluBackward(dy, fc2_.value, offsets, host_rows, h, weights, dh,
+  Tensor dh = Tensor::Empty(s.h.shape(), s.h.dtype(), device);
+  grads.dweights = Tensor::Empty(s.weights.shape(), DType::kF32, device);
+  ops::GroupedMatmulSwigluBackward(dy, fc2_.value, s.offsets, host_rows, s.h, s.weights, dh,
                                    grads.dweights);
 
   const Tensor x = saved.Load(Key(".x", segment));
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
-  ops::GroupedMatmul(dh, fc1_.value, offsets, host_rows, grads.dx, /*transpose_w=*/false);
+  ops::GroupedMatmul(dh, fc1_.value, s.offsets, host_rows, grads.dx, /*transpose_w=*/false);
 
-  pending_.push_back(
-      {{dy, a, offsets, host_rows}, {dh, x, offsets, host_rows}, host_offsets, segment, {}, {}});
+  pending_.push_back({{dy, a, s.offsets, host_rows},
+                      {dh, x, s.offsets, host_rows},
+                      s.host_offsets,
+                      segment,
+                      {},
+                      {}});
   return grads;
 }
 

@@ -54,8 +54,17 @@ class FusedGroupedMlp final : public GroupedMlp {
     Fp8Rows fc2_x, fc1_x;  // with fp8(): a and x, the parts' x (dequantised when added)
   };
 
+  // What both backwards load of a segment's saves: the offsets (and their host copy where the
+  // GEMMs need it), the routing weights, fc1's output h.
+  struct SavedSegment {
+    Tensor offsets, host_offsets, weights, h;
+  };
+
   // Whether this layer's grouped GEMMs need host offsets (the same in forward and backward).
   bool NeedsHostOffsets() const;
+  SavedSegment LoadSegment(SavedTensors& saved, int segment) const;
+  // fc2's input a = swiglu(h) * weights again (with config.recompute_in(layer).moe_act).
+  Tensor RecomputedA(const SavedSegment& s) const;
   bool fp8() const;  // --fp8_recipe=blockwise
   // FP8 rows saved as `what` (".x", ".a") and `what`_scales.
   void SaveRows(SavedTensors& saved, const char* what, int segment, const Fp8Rows& rows) const;
