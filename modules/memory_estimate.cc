@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/kernels/fp8_scaling.h"
 #include "modules/lm_head_loss.h"
 #include "modules/offload_groups.h"
 
@@ -42,7 +43,9 @@ StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& 
   StateBytes s;
   s.weights = p.total() * ComputeBytes(o.cuda);
   // The FP8 recipe's quantised expert weights, both orientations, with their block scales.
-  if (o.model.fp8_recipe != Fp8Recipe::kNone) s.weights += p.expert * 2 * (1 + 4.0 / (128 * 128));
+  if (o.model.fp8_recipe != Fp8Recipe::kNone) {
+    s.weights += p.expert * 2 * (1 + 4.0 / D(kFp8TileSize * kFp8TileSize));
+  }
   // The CPU backend's per-source gradient slots of the rank's experts (grouped_mlp.h).
   const double slots = !o.cuda && e > 1 ? D(e) : 0;
   s.gradients = (p.total() + slots * p.expert) * grad;
@@ -108,10 +111,11 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
     add("", expert_rows * 4);  // weights
     // The permuted input and the activation: FP8 rows with their tile scales under the recipe.
     const bool fp8 = m.fp8_recipe != Fp8Recipe::kNone;
-    const auto row_bytes = [&](double k) { return fp8 ? k + 4 * std::ceil(k / 128) : b * k; };
-    add(kFusedGroupMlpGroup, expert_rows * row_bytes(h));                  // permuted input
-    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);                     // fc1 output
-    if (!r.moe_act) add(kFusedGroupMlpGroup, expert_rows * row_bytes(f));  // activation
+    const auto row_bytes = [&](int64_t k) { return fp8 ? D(Fp8RowBytes(k)) : b * D(k); };
+    add(kFusedGroupMlpGroup, expert_rows * row_bytes(m.hidden_size));  // permuted input
+    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);                 // fc1 output
+    if (!r.moe_act)
+      add(kFusedGroupMlpGroup, expert_rows * row_bytes(m.moe_ffn_hidden_size));  // activation
   } else {
     add(kExpertFc1Group, expert_rows * b * h);
     add(kMoeActGroup, expert_rows * b * 2 * f);
@@ -169,7 +173,7 @@ double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int6
   const double h = D(m.hidden_size), f = D(m.moe_ffn_hidden_size), b = ComputeBytes(cuda);
   // dy and dh, x and a (FP8 rows with their scales under the recipe).
   const double x_and_a = m.fp8_recipe != Fp8Recipe::kNone
-                             ? h + 4 * std::ceil(h / 128) + f + 4 * std::ceil(f / 128)
+                             ? D(Fp8RowBytes(m.hidden_size) + Fp8RowBytes(m.moe_ffn_hidden_size))
                              : (h + f) * b;
   return moe_layers * held * rows * ((h + 2 * f) * b + x_and_a);
 }

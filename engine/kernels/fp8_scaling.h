@@ -26,11 +26,16 @@ struct Fp8TiledMatrices {
   int64_t groups, rows, cols, tile_rows;
 
   constexpr int64_t elements() const { return rows * cols; }  // of one matrix
+  constexpr int64_t row_tiles() const { return (rows + tile_rows - 1) / tile_rows; }
   constexpr int64_t col_tiles() const { return Fp8Tiles(cols); }
-  constexpr int64_t tiles() const { return (rows + tile_rows - 1) / tile_rows * col_tiles(); }
+  constexpr int64_t tiles() const { return row_tiles() * col_tiles(); }
   // The tile of a matrix's element (r, c).
   constexpr int64_t TileOf(int64_t r, int64_t c) const {
     return r / tile_rows * col_tiles() + c / kFp8TileSize;
+  }
+  // Where tile `tile` lies among the transposed matrix's tiles (numbered row-major there too).
+  constexpr int64_t TransposedTile(int64_t tile) const {
+    return tile % col_tiles() * row_tiles() + tile / col_tiles();
   }
 };
 // The 1 x 128 tiles of an activation or gradient (rows, k).
@@ -39,6 +44,9 @@ constexpr Fp8TiledMatrices Fp8RowTiles(int64_t rows, int64_t k) { return {1, row
 constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
   return {groups, n, k, kFp8TileSize};
 }
+
+// Bytes of one row of k elements quantised in 1 x 128 tiles: e4m3 values and f32 scales.
+constexpr int64_t Fp8RowBytes(int64_t k) { return k + 4 * Fp8Tiles(k); }
 
 // What the FP8 GEMMs' contracted dimension must be a multiple of (e4m3 elements, one byte each):
 // the Hopper kernel loads its operand rows with TMA, whose row strides are multiples of 16 bytes.

@@ -26,11 +26,7 @@ void ForEachElement(const Fp8TiledMatrices& m, int64_t tile, Fn&& fn) {
 // transposed: q and the scales written as each matrix's transpose (QuantizeBlocks' contract).
 void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales,
               bool transposed = false) {
-  const int64_t row_tiles = m.tiles() / m.col_tiles();
   const auto q_index = [&](int64_t i) { return transposed ? i % m.cols * m.rows + i / m.cols : i; };
-  const auto scale_index = [&](int64_t tile) {
-    return transposed ? tile % m.col_tiles() * row_tiles + tile / m.col_tiles() : tile;
-  };
   DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
     for (int64_t g = 0; g < m.groups; ++g) {
       const T* in = x.data<T>() + g * m.elements();
@@ -41,7 +37,7 @@ void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const
         ForEachElement(m, tile,
                        [&](int64_t i) { amax = std::fmax(amax, std::fabs(ToFloat(in[i]))); });
         const Fp8TileScaling scaling = Fp8ScalingOf(amax);
-        tile_scales[scale_index(tile)] = scaling.scale;
+        tile_scales[transposed ? m.TransposedTile(tile) : tile] = scaling.scale;
         ForEachElement(m, tile, [&](int64_t i) {
           out[q_index(i)] = FloatToE4M3(ToFloat(in[i]) * scaling.multiplier);
         });

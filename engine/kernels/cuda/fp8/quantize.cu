@@ -68,9 +68,7 @@ __global__ void QuantizeKernel(Fp8TiledMatrices m, bool transposed, const T* x,
     }
   }
   const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
-  const int64_t row_tiles = m.tiles() / m.col_tiles();
-  const int64_t scale_index =
-      transposed ? tile % m.col_tiles() * row_tiles + tile / m.col_tiles() : tile;
+  const int64_t scale_index = transposed ? m.TransposedTile(tile) : tile;
   if (threadIdx.x == 0) scales[group * m.tiles() + scale_index] = scaling.scale;
   if (!in_tile) return;
   for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
