@@ -280,14 +280,7 @@ void ProbeCase(Tally& tally, cublasHandle_t cublas, const Case& c) {
 
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
-  cudaDeviceProp prop;
-  MOE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor,
-              prop.multiProcessorCount);
-  if (prop.major != 9) {
-    std::fprintf(stderr, "needs an sm_90 GPU (H100/H200)\n");
-    return 2;
-  }
+  PrintSm90DeviceOrExit();
   cudaFuncAttributes attributes;
   MOE_CHECK_CUDA(
       cudaFuncGetAttributes(&attributes, moe::cuda::sm90::detail::Fp8GroupedMatmulKernel<bf16>));

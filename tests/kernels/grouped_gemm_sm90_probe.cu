@@ -1004,14 +1004,7 @@ void PrintKernelAttributes() {
 
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
-  cudaDeviceProp prop;
-  MOE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor,
-              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
-  if (prop.major != 9) {
-    std::fprintf(stderr, "needs an sm_90 GPU (H100/H200)\n");
-    return 2;
-  }
+  PrintSm90DeviceOrExit();
   PrintKernelAttributes();
 
   const Model tiny{"tiny", 64, 2, 1, 128, 200};

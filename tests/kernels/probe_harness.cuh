@@ -1,7 +1,8 @@
 // What the standalone kernel probes (grouped_gemm_sm90_probe.cu, fp8_grouped_gemm_sm90_probe.cu)
 // share: CUDA and cuBLAS error checks (exit 2), the environment flags, device arrays, hashed
-// uniform values, a wait that gives up on a deadlocked kernel (exit 3 after kTimeoutSeconds), and
-// the median of timed runs. Header-only, CUDA headers only, for one-file nvcc builds.
+// uniform values, a wait that gives up on a deadlocked kernel (exit 3 after kTimeoutSeconds), the
+// median of timed runs, and the device check. Header-only, CUDA headers only, for one-file nvcc
+// builds.
 #pragma once
 
 #include <cublas_v2.h>
@@ -126,6 +127,18 @@ double MedianMs(const std::function<void()>& run, const char* what) {
   for (cudaEvent_t& e : events) MOE_CHECK_CUDA(cudaEventDestroy(e));
   std::sort(ms.begin(), ms.end());
   return (ms[kTimedRuns / 2 - 1] + ms[kTimedRuns / 2]) / 2;
+}
+
+// Prints device 0 and exits 2 unless it is an sm_90 GPU (the probes' kernels are sm_90a).
+void PrintSm90DeviceOrExit() {
+  cudaDeviceProp prop;
+  MOE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+  if (prop.major != 9) {
+    std::fprintf(stderr, "needs an sm_90 GPU (H100/H200)\n");
+    std::exit(2);
+  }
 }
 
 }  // namespace
