@@ -52,6 +52,28 @@ constexpr int64_t Fp8RowBytes(int64_t k) { return k + 4 * Fp8Tiles(k); }
 // the Hopper kernel loads its operand rows with TMA, whose row strides are multiples of 16 bytes.
 constexpr int64_t kFp8RowAlignment = 16;
 
+// The weight gradients' operands (ops::QuantizeColumnTiles): grouped rows (rows, k) transposed,
+// each group's rows cut into 128-row tiles from the group's first row, one f32 scale per tile
+// and column. The transposed rows are padded to a multiple of kFp8RowAlignment (TMA's strides).
+constexpr int64_t Fp8PaddedRows(int64_t rows) {
+  return (rows + kFp8RowAlignment - 1) / kFp8RowAlignment * kFp8RowAlignment;
+}
+// Where tile t of a group that starts at row `group_begin` keeps its scales: slot group +
+// floor(group_begin / 128) + t. A group of m rows has ceil(m / 128) tiles, at most
+// 1 + floor((group_begin + m) / 128) - floor(group_begin / 128) (its end's slot minus its start's,
+// plus one), so the slots of consecutive groups never meet and their number is bounded by the
+// rows alone, without reading the offsets: Fp8ColumnTileSlots.
+constexpr int64_t Fp8ColumnTileSlot(int64_t group, int64_t group_begin, int64_t t) {
+  return group + group_begin / kFp8TileSize + t;
+}
+constexpr int64_t Fp8ColumnTileSlots(int64_t groups, int64_t rows) {
+  return groups + Fp8Tiles(rows);
+}
+// Bytes of QuantizeColumnTiles' forms of (rows, k) grouped rows: e4m3 values and f32 scales.
+constexpr int64_t Fp8ColumnTileBytes(int64_t groups, int64_t rows, int64_t k) {
+  return k * Fp8PaddedRows(rows) + 4 * k * Fp8ColumnTileSlots(groups, rows);
+}
+
 // A smaller amax counts as this one, which keeps 448 / amax finite: an all-zero tile gets q = 0
 // (dequantised: exact zeros) and a finite, normal scale.
 constexpr float kFp8MinAmax = 0x1p-64f;

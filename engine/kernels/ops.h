@@ -48,6 +48,16 @@ struct GroupedRows {
   std::span<const int32_t> host_offsets;
 };
 
+// One part of an FP8 weight gradient's token rows (Fp8GroupedMatmulWeightGrad):
+// QuantizeColumnTiles' forms of dy (rows, n) and x (rows, k), both over `offsets` (groups + 1, on
+// the op's device).
+struct Fp8GroupedColumns {
+  Tensor dy_q, dy_scales;  // (n, Fp8PaddedRows(rows)) e4m3, (Fp8ColumnTileSlots(groups, rows), n)
+  Tensor x_q, x_scales;    // (k, Fp8PaddedRows(rows)) e4m3, (Fp8ColumnTileSlots(groups, rows), k)
+  Tensor offsets;
+  int64_t rows = 0;
+};
+
 #include "engine/kernels/op_declarations.inc"
 
 // GroupedMatmulWeightGrad of one part.

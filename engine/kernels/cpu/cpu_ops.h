@@ -7,6 +7,7 @@
 namespace moe::cpu {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
+using ops::Fp8GroupedColumns;
 using ops::GroupedRows;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cpu

@@ -8,6 +8,7 @@
 namespace moe::cuda {
 using ops::AdamWConfig;
 using ops::AdamWTensors;
+using ops::Fp8GroupedColumns;
 using ops::GroupedRows;
 #include "engine/kernels/op_declarations.inc"
 }  // namespace moe::cuda
