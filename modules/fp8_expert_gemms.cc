@@ -1,5 +1,7 @@
 #include "modules/fp8_expert_gemms.h"
 
+#include <vector>
+
 #include <glog/logging.h>
 
 #include "engine/kernels/fp8_scaling.h"
@@ -14,10 +16,27 @@ Fp8Rows QuantizeRows(const Tensor& x) {
   return out;
 }
 
-Tensor Dequantized(const Fp8Rows& x, DType dtype) {
-  Tensor out = Tensor::Empty(x.q.shape(), dtype, x.q.device());
-  ops::DequantizeRowTiles(x.q, x.scales, out);
+Fp8Columns QuantizeColumns(const Tensor& x, const Tensor& offsets, Fp8Rows* row_tiles) {
+  const int64_t n = x.dim(0), k = x.dim(1), groups = offsets.numel() - 1;
+  Fp8Columns out{Tensor::Empty({k, Fp8PaddedRows(n)}, DType::kE4M3, x.device()),
+                 Tensor::Empty({Fp8ColumnTileSlots(groups, n), k}, DType::kF32, x.device()), n};
+  if (row_tiles == nullptr) {
+    ops::QuantizeColumnTiles(x, offsets, out.q, out.scales);
+    return out;
+  }
+  *row_tiles = {Tensor::Empty(x.shape(), DType::kE4M3, x.device()),
+                Tensor::Empty({n, Fp8Tiles(k)}, DType::kF32, x.device())};
+  ops::QuantizeColumnTiles(x, offsets, out.q, out.scales, row_tiles->q, row_tiles->scales);
   return out;
+}
+
+void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& dw,
+                       bool accumulate) {
+  std::vector<ops::Fp8GroupedColumns> columns;
+  for (const Fp8WeightGradPart& p : parts) {
+    columns.push_back({p.dy.q, p.dy.scales, p.x.q, p.x.scales, p.offsets, p.dy.rows});
+  }
+  ops::Fp8GroupedMatmulWeightGrad(columns, dw, accumulate);
 }
 
 void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {

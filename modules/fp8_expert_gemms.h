@@ -5,6 +5,10 @@
 //   optimizer step in both orientations (forward: w; input gradients: w transposed, so both GEMM
 //   operands are K-major); ops::Fp8GroupedMatmul promotes the partial sums into f32 every 128 of
 //   the contracted dimension. Outputs in the activations' dtype.
+//   Weight gradients: dy and x (or dh and a) e4m3 in 128 x 1 tiles along the tokens within each
+//   expert's rows, written transposed (ops::QuantizeColumnTiles: the tokens, which the weight
+//   gradient contracts, made contiguous, as the FP8 tensor cores need), by the same pass that
+//   writes their row tiles; ops::Fp8GroupedMatmulWeightGrad promotes every 128 tokens.
 // Fp8ExpertWeights caches one stacked weight's quantised forms: Refresh() quantises them when the
 // parameter set's values_version() moved since (the optimizer's update, a checkpoint loaded), so
 // every micro-batch of a step and every forward between steps (evaluation) reuses one
@@ -13,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "engine/core/tensor.h"
 
@@ -26,8 +31,26 @@ struct Fp8Rows {
 
 // x (rows, k) quantised in 1 x 128 tiles.
 Fp8Rows QuantizeRows(const Tensor& x);
-// The rows back in `dtype` (each e4m3 value times its tile's scale, rounded to dtype).
-Tensor Dequantized(const Fp8Rows& x, DType dtype);
+
+// Grouped rows x (rows, k) as the weight gradients take them (ops::QuantizeColumnTiles): q (k,
+// Fp8PaddedRows(rows)) e4m3, each group's rows transposed; scales (Fp8ColumnTileSlots(groups,
+// rows), k) f32, one per 128 rows of a group and column.
+struct Fp8Columns {
+  Tensor q;
+  Tensor scales;
+  int64_t rows = 0;
+};
+
+// x's column tiles over `offsets` (groups + 1); with `row_tiles` given, x's row tiles too, from the
+// same pass over x.
+Fp8Columns QuantizeColumns(const Tensor& x, const Tensor& offsets, Fp8Rows* row_tiles = nullptr);
+// dw (groups, n, k) (+)= the sum over the parts of dy_p^T · x_p per group (the parts' column tiles
+// of dy (rows_p, n) and x (rows_p, k) over offsets_p): ops::Fp8GroupedMatmulWeightGrad.
+struct Fp8WeightGradPart {
+  Fp8Columns dy, x;
+  Tensor offsets;
+};
+void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& dw, bool accumulate);
 
 class Fp8ExpertWeights {
  public:

@@ -1,5 +1,6 @@
 #include "modules/fused_grouped_mlp.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,17 +33,20 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
   if (fp8()) {
     fc1_fp8_.Refresh(fc1_.value, parameters_.values_version());
     fc2_fp8_.Refresh(fc2_.value, parameters_.values_version());
-    const Fp8Rows xq = QuantizeRows(x);
-    SaveRows(saved, ".x", segment, xq);
+    Fp8Rows xq;  // fc1's operand; the weight gradient's (x's columns) is saved
+    SaveColumns(saved, ".x", segment, QuantizeColumns(x, offsets, &xq));
     const Tensor h = fc1_fp8_.Forward(xq, offsets, x.dtype());
     saved.Save(Key(".h", segment), h);
     Fp8Rows aq;
     {  // a itself is freed before fc2's output exists
       Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
       ops::SwigluForward(h, weights, a);
-      aq = QuantizeRows(a);
+      if (keep_a) {
+        SaveColumns(saved, ".a", segment, QuantizeColumns(a, offsets, &aq));
+      } else {
+        aq = QuantizeRows(a);
+      }
     }
-    if (keep_a) SaveRows(saved, ".a", segment, aq);
     return fc2_fp8_.Forward(aq, offsets, x.dtype());
   }
   saved.Save(Key(".x", segment), x);
@@ -58,15 +62,16 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
 
 bool FusedGroupedMlp::fp8() const { return config_.fp8_recipe == Fp8Recipe::kBlockwise; }
 
-void FusedGroupedMlp::SaveRows(SavedTensors& saved, const char* what, int segment,
-                               const Fp8Rows& rows) const {
-  saved.Save(Key(what, segment), rows.q);
-  saved.Save(Key((std::string(what) + "_scales").c_str(), segment), rows.scales);
+void FusedGroupedMlp::SaveColumns(SavedTensors& saved, const char* what, int segment,
+                                  const Fp8Columns& columns) const {
+  saved.Save(Key(what, segment), columns.q);
+  saved.Save(Key((std::string(what) + "_scales").c_str(), segment), columns.scales);
 }
 
-Fp8Rows FusedGroupedMlp::LoadRows(SavedTensors& saved, const char* what, int segment) const {
+Fp8Columns FusedGroupedMlp::LoadColumns(SavedTensors& saved, const char* what, int segment,
+                                        int64_t rows) const {
   return {saved.Load(Key(what, segment)),
-          saved.Load(Key((std::string(what) + "_scales").c_str(), segment))};
+          saved.Load(Key((std::string(what) + "_scales").c_str(), segment)), rows};
 }
 
 FusedGroupedMlp::SavedSegment FusedGroupedMlp::LoadSegment(SavedTensors& saved, int segment) const {
@@ -88,23 +93,25 @@ GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const
                                                       int segment) {
   const SavedSegment s = LoadSegment(saved, segment);
   const DType dtype = s.h.dtype();
-  const Fp8Rows aq = config_.recompute_in(layer_).moe_act ? QuantizeRows(RecomputedA(s))
-                                                          : LoadRows(saved, ".a", segment);
+  const int64_t rows = s.h.dim(0);
+  const Fp8Columns a = config_.recompute_in(layer_).moe_act
+                           ? QuantizeColumns(RecomputedA(s), s.offsets)
+                           : LoadColumns(saved, ".a", segment, rows);
   Grads grads;
-  const Tensor da = fc2_fp8_.InputGrad(QuantizeRows(dy), s.offsets, dtype);
+  Fp8Rows dyq, dhq;  // the input gradients' operands; their columns wait for the weight gradients
+  const Fp8Columns dy_columns = QuantizeColumns(dy, s.offsets, &dyq);
   Tensor dh = Tensor::Empty(s.h.shape(), dtype, s.h.device());
   grads.dweights = Tensor::Empty(s.weights.shape(), DType::kF32, s.h.device());
-  ops::SwigluBackward(da, s.h, s.weights, dh, grads.dweights);
-  grads.dx = fc1_fp8_.InputGrad(QuantizeRows(dh), s.offsets, dtype);
+  ops::SwigluBackward(fc2_fp8_.InputGrad(dyq, s.offsets, dtype), s.h, s.weights, dh,
+                      grads.dweights);
+  const Fp8Columns dh_columns = QuantizeColumns(dh, s.offsets, &dhq);
+  grads.dx = fc1_fp8_.InputGrad(dhq, s.offsets, dtype);
 
-  // The weight gradients take x and a as the forward's GEMMs saw them, dequantised when added.
-  const std::span<const int32_t> host_rows = OffsetValues(s.host_offsets);
-  pending_.push_back({{dy, Tensor(), s.offsets, host_rows},
-                      {dh, Tensor(), s.offsets, host_rows},
-                      s.host_offsets,
-                      segment,
-                      aq,
-                      LoadRows(saved, ".x", segment)});
+  PendingWeightGrads pending;
+  pending.fc2_fp8 = {dy_columns, a, s.offsets};
+  pending.fc1_fp8 = {dh_columns, LoadColumns(saved, ".x", segment, rows), s.offsets};
+  pending.segment = segment;
+  pending_.push_back(std::move(pending));
   return grads;
 }
 
@@ -127,12 +134,12 @@ GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Te
   grads.dx = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GroupedMatmul(dh, fc1_.value, s.offsets, host_rows, grads.dx, /*transpose_w=*/false);
 
-  pending_.push_back({{dy, a, s.offsets, host_rows},
-                      {dh, x, s.offsets, host_rows},
-                      s.host_offsets,
-                      segment,
-                      {},
-                      {}});
+  PendingWeightGrads pending;
+  pending.fc2 = {dy, a, s.offsets, host_rows};
+  pending.fc1 = {dh, x, s.offsets, host_rows};
+  pending.host_offsets = s.host_offsets;
+  pending.segment = segment;
+  pending_.push_back(std::move(pending));
   return grads;
 }
 
@@ -147,26 +154,27 @@ void FusedGroupedMlp::AddWeightGrads() {
   // Every pending part in one pass per weight, or with source slots one pass per source.
   const int passes = UsesGradSlots() ? shard_.sources : 1;
   for (int source = 0; source < passes; ++source) {
-    // One weight's parts; FP8 rows dequantised now, one weight's at a time.
-    const auto parts = [&](ops::GroupedRows PendingWeightGrads::*rows,
-                           Fp8Rows PendingWeightGrads::*fp8_x) {
-      std::vector<ops::GroupedRows> out;
+    // One weight's parts (of this source's segment where there are several).
+    const auto in_pass = [&](const PendingWeightGrads& p) {
+      return passes == 1 || p.segment == source;
+    };
+    if (std::ranges::none_of(pending_, in_pass)) continue;
+    const auto parts = [&]<typename Part>(Part PendingWeightGrads::*part) {
+      std::vector<Part> out;
       for (const PendingWeightGrads& p : pending_) {
-        if (passes > 1 && p.segment != source) continue;
-        out.push_back(p.*rows);
-        if ((p.*fp8_x).q.defined()) out.back().x = Dequantized(p.*fp8_x, out.back().dy.dtype());
+        if (in_pass(p)) out.push_back(p.*part);
       }
       return out;
     };
-    std::vector<ops::GroupedRows> fc2_parts =
-        parts(&PendingWeightGrads::fc2, &PendingWeightGrads::fc2_x);
-    if (fc2_parts.empty()) continue;
     const GradTarget fc2 = WeightGradTarget(fc2_, source);
-    ops::GroupedMatmulWeightGrad(fc2_parts, fc2.grad, fc2.accumulate);
-    fc2_parts.clear();  // a dequantised is freed before x is
     const GradTarget fc1 = WeightGradTarget(fc1_, source);
-    ops::GroupedMatmulWeightGrad(parts(&PendingWeightGrads::fc1, &PendingWeightGrads::fc1_x),
-                                 fc1.grad, fc1.accumulate);
+    if (fp8()) {
+      AddFp8WeightGrads(parts(&PendingWeightGrads::fc2_fp8), fc2.grad, fc2.accumulate);
+      AddFp8WeightGrads(parts(&PendingWeightGrads::fc1_fp8), fc1.grad, fc1.accumulate);
+    } else {
+      ops::GroupedMatmulWeightGrad(parts(&PendingWeightGrads::fc2), fc2.grad, fc2.accumulate);
+      ops::GroupedMatmulWeightGrad(parts(&PendingWeightGrads::fc1), fc1.grad, fc1.accumulate);
+    }
   }
   pending_.clear();
 }

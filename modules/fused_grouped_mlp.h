@@ -19,13 +19,13 @@
 // Hopper one pass over the gradient in memory instead of one per micro-batch (the pass is bound by
 // that traffic where experts get few rows: the preset's bf16 gradients of a layer, 1.2 GB, are
 // read and written per pass). With source slots (grouped_mlp.h) one pass per source instead.
-// With config.fp8_recipe blockwise (fp8_expert_gemms.h) the four data GEMMs run in FP8: x and a
+// With config.fp8_recipe blockwise (fp8_expert_gemms.h) all six GEMMs run in FP8: x and a
 // quantised in 1 x 128 tiles (fc1 and fc2 forward), dy and dh likewise (their input gradients),
-// the weights once per step; SwiGLU runs apart (ops::SwigluForward, SwigluBackward). x and a are
-// saved as e4m3 with their f32 scales (1 + 4/128 bytes an element instead of 2: the
-// fused_group_mlp group moves about half the bytes); the weight gradients (bf16 or f32 GEMMs,
-// as without the recipe) take x and a dequantised, the values the forward multiplied (held in
-// FP8 while they wait, dequantised when added).
+// the weights once per step; the weight gradients take x, a, dy and dh in 128 x 1 column tiles
+// (each expert's rows transposed), which the pass that writes an operand's row tiles writes too.
+// SwiGLU runs apart (ops::SwigluForward, SwigluBackward). x and a are saved only as their column
+// tiles, e4m3 with f32 scales (about 1 + 4/128 bytes an element instead of 2: the
+// fused_group_mlp group moves about half the bytes); the weight gradients' operands wait in FP8.
 #pragma once
 
 #include <vector>
@@ -51,7 +51,7 @@ class FusedGroupedMlp final : public GroupedMlp {
     ops::GroupedRows fc1;  // dh, x
     Tensor host_offsets;   // what both parts' host_offsets view, or undefined
     int segment = 0;
-    Fp8Rows fc2_x, fc1_x;  // with fp8(): a and x, the parts' x (dequantised when added)
+    Fp8WeightGradPart fc2_fp8, fc1_fp8;  // with fp8() instead of fc2 and fc1
   };
 
   // What both backwards load of a segment's saves: the offsets (and their host copy where the
@@ -66,9 +66,10 @@ class FusedGroupedMlp final : public GroupedMlp {
   // fc2's input a = swiglu(h) * weights again (with config.recompute_in(layer).moe_act).
   Tensor RecomputedA(const SavedSegment& s) const;
   bool fp8() const;  // --fp8_recipe=blockwise
-  // FP8 rows saved as `what` (".x", ".a") and `what`_scales.
-  void SaveRows(SavedTensors& saved, const char* what, int segment, const Fp8Rows& rows) const;
-  Fp8Rows LoadRows(SavedTensors& saved, const char* what, int segment) const;
+  // FP8 column tiles saved as `what` (".x", ".a") and `what`_scales.
+  void SaveColumns(SavedTensors& saved, const char* what, int segment,
+                   const Fp8Columns& columns) const;
+  Fp8Columns LoadColumns(SavedTensors& saved, const char* what, int segment, int64_t rows) const;
   Grads Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment);
   // Adds the pending micro-batches' weight gradients and forgets them.
   void AddWeightGrads();

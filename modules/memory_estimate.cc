@@ -12,6 +12,11 @@ namespace {
 
 double D(int64_t value) { return static_cast<double>(value); }
 
+// The experts a rank holds, the groups of its grouped GEMMs.
+int64_t LocalExperts(const GptConfig& m, int64_t expert_parallel) {
+  return m.num_experts / std::max<int64_t>(1, expert_parallel);
+}
+
 }  // namespace
 
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
@@ -109,13 +114,18 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
     // Device offsets: one set per source rank, each of the rank's experts + 1.
     add("", (experts + D(std::max<int64_t>(1, expert_parallel))) * 4);
     add("", expert_rows * 4);  // weights
-    // The permuted input and the activation: FP8 rows with their tile scales under the recipe.
-    const bool fp8 = m.fp8_recipe != Fp8Recipe::kNone;
-    const auto row_bytes = [&](int64_t k) { return fp8 ? D(Fp8RowBytes(k)) : b * D(k); };
-    add(kFusedGroupMlpGroup, expert_rows * row_bytes(m.hidden_size));  // permuted input
-    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);                 // fc1 output
-    if (!r.moe_act)
-      add(kFusedGroupMlpGroup, expert_rows * row_bytes(m.moe_ffn_hidden_size));  // activation
+    // The permuted input and the activation: under the recipe their FP8 column tiles (values,
+    // scales).
+    const auto add_rows = [&](int64_t k) {
+      if (m.fp8_recipe == Fp8Recipe::kNone) return add(kFusedGroupMlpGroup, expert_rows * b * D(k));
+      const Fp8ColumnTileSizes sizes = Fp8ColumnTileBytes(LocalExperts(m, expert_parallel),
+                                                          static_cast<int64_t>(expert_rows), k);
+      add(kFusedGroupMlpGroup, D(sizes.values));
+      add(kFusedGroupMlpGroup, D(sizes.scales));
+    };
+    add_rows(m.hidden_size);                            // permuted input
+    add(kFusedGroupMlpGroup, expert_rows * b * 2 * f);  // fc1 output
+    if (!r.moe_act) add_rows(m.moe_ffn_hidden_size);    // activation
   } else {
     add(kExpertFc1Group, expert_rows * b * h);
     add(kMoeActGroup, expert_rows * b * 2 * f);
@@ -171,11 +181,15 @@ double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int6
                         1);
   const double rows = ExpertRows(m, micro_batch_size, expert_parallel);
   const double h = D(m.hidden_size), f = D(m.moe_ffn_hidden_size), b = ComputeBytes(cuda);
-  // dy and dh, x and a (FP8 rows with their scales under the recipe).
-  const double x_and_a = m.fp8_recipe != Fp8Recipe::kNone
-                             ? D(Fp8RowBytes(m.hidden_size) + Fp8RowBytes(m.moe_ffn_hidden_size))
-                             : (h + f) * b;
-  return moe_layers * held * rows * ((h + 2 * f) * b + x_and_a);
+  // dy and dh, x and a (under the recipe their FP8 column tiles).
+  if (m.fp8_recipe == Fp8Recipe::kNone) return moe_layers * held * rows * (2 * h + 3 * f) * b;
+  const auto columns = [&](int64_t k) {
+    const Fp8ColumnTileSizes sizes =
+        Fp8ColumnTileBytes(LocalExperts(m, expert_parallel), static_cast<int64_t>(rows), k);
+    return D(sizes.values + sizes.scales);
+  };
+  const int64_t hidden = m.hidden_size, ffn = m.moe_ffn_hidden_size;
+  return moe_layers * held * (2 * columns(hidden) + columns(2 * ffn) + columns(ffn));
 }
 
 MemoryEstimate EstimateTrainingMemory(const MemoryEstimateOptions& o) {

@@ -45,9 +45,6 @@ constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
   return {groups, n, k, kFp8TileSize};
 }
 
-// Bytes of one row of k elements quantised in 1 x 128 tiles: e4m3 values and f32 scales.
-constexpr int64_t Fp8RowBytes(int64_t k) { return k + 4 * Fp8Tiles(k); }
-
 // What the FP8 GEMMs' contracted dimension must be a multiple of (e4m3 elements, one byte each):
 // the Hopper kernel loads its operand rows with TMA, whose row strides are multiples of 16 bytes.
 constexpr int64_t kFp8RowAlignment = 16;
@@ -70,8 +67,11 @@ constexpr int64_t Fp8ColumnTileSlots(int64_t groups, int64_t rows) {
   return groups + Fp8Tiles(rows);
 }
 // Bytes of QuantizeColumnTiles' forms of (rows, k) grouped rows: e4m3 values and f32 scales.
-constexpr int64_t Fp8ColumnTileBytes(int64_t groups, int64_t rows, int64_t k) {
-  return k * Fp8PaddedRows(rows) + 4 * k * Fp8ColumnTileSlots(groups, rows);
+struct Fp8ColumnTileSizes {
+  int64_t values, scales;
+};
+constexpr Fp8ColumnTileSizes Fp8ColumnTileBytes(int64_t groups, int64_t rows, int64_t k) {
+  return {k * Fp8PaddedRows(rows), 4 * k * Fp8ColumnTileSlots(groups, rows)};
 }
 
 // A smaller amax counts as this one, which keeps 448 / amax finite: an all-zero tile gets q = 0

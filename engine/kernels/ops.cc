@@ -403,6 +403,50 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
   MOE_DISPATCH(device, Fp8GroupedMatmul, xq, x_scales, wq, w_scales, offsets, y);
 }
 
+namespace {
+// QuantizeColumnTiles' forms of grouped rows (rows, cols) over `groups` groups.
+void CheckColumnTiles(const Tensor& q, const Tensor& scales, int64_t groups, int64_t rows,
+                      int64_t cols, const std::string& what) {
+  CheckQuantized(q, scales, {cols, Fp8PaddedRows(rows)}, {Fp8ColumnTileSlots(groups, rows), cols},
+                 what);
+}
+}  // namespace
+
+void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
+  const Device device = CommonDevice({&x, &offsets, &q, &scales, &row_q, &row_scales});
+  CheckFloat(x, "quantize column tiles input");
+  CHECK_EQ(x.ndim(), 2) << "quantize column tiles input must be (rows, k): " << x.DebugString();
+  const int64_t groups = offsets.numel() - 1;
+  CheckGroupOffsets(offsets, {}, groups, x.dim(0), "quantize column tiles offsets");
+  CheckColumnTiles(q, scales, groups, x.dim(0), x.dim(1), "quantize column tiles");
+  CHECK_EQ(row_q.defined(), row_scales.defined())
+      << "quantize column tiles: row tiles take both values and scales";
+  if (row_q.defined()) {
+    CheckQuantized(row_q, row_scales, x.shape(), RowTileScalesShape(x, "quantize column tiles"),
+                   "quantize column tiles' row tiles");
+  }
+  MOE_DISPATCH(device, QuantizeColumnTiles, x, offsets, q, scales, row_q, row_scales);
+}
+
+void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const Tensor& dw,
+                                bool accumulate) {
+  CHECK(!parts.empty()) << "fp8 grouped weight gradient needs at least one part";
+  CHECK_EQ(dw.ndim(), 3) << "fp8 grouped weight gradient dw must be (groups, n, k): "
+                         << dw.DebugString();
+  CheckFloat(dw, "fp8 grouped weight gradient dw");
+  const int64_t groups = dw.dim(0), n = dw.dim(1), k = dw.dim(2);
+  for (const Fp8GroupedColumns& part : parts) {
+    CommonDevice({&part.dy_q, &part.dy_scales, &part.x_q, &part.x_scales, &part.offsets, &dw});
+    CheckColumnTiles(part.dy_q, part.dy_scales, groups, part.rows, n,
+                     "fp8 grouped weight gradient dy");
+    CheckColumnTiles(part.x_q, part.x_scales, groups, part.rows, k,
+                     "fp8 grouped weight gradient x");
+    CheckGroupOffsets(part.offsets, {}, groups, part.rows, "fp8 grouped weight gradient offsets");
+  }
+  MOE_DISPATCH(dw.device(), Fp8GroupedMatmulWeightGrad, parts, dw, accumulate);
+}
+
 // ---------------------------------------------------------------- normalisation
 void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, const Tensor& y,
                     const Tensor& rstd, const Tensor& residual) {

@@ -4,7 +4,9 @@
 // tiles and outliers; transposed blocks; Fp8GroupedMatmul against a double-precision GEMM of the
 // dequantised operands (only f32 summation error) and, in both orientations (through transposed
 // blocks), against GroupedMatmul of the unquantised operands (FP8 error), with empty groups and one
-// group holding every row.
+// group holding every row; the column tiles (each group's rows transposed) bit for bit; the FP8
+// weight gradient likewise against the exact product and the unquantised gradient, in parts, =
+// and +=.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "engine/core/float8.h"
+#include "engine/kernels/fp8_scaling.h"
 #include "engine/kernels/ops.h"
 #include "tests/testing/grad_check.h"
 #include "tests/testing/tensor_testing.h"
@@ -273,6 +276,70 @@ TEST_F(Fp8OpsTest, ChecksTheScalesShape) {
   EXPECT_DEATH(ops::QuantizeRowTiles(x, Poisoned({3, 200}), Poisoned({3, 2})), "e4m3");
 }
 
+// ---------------------------------------------------------------- QuantizeColumnTiles
+
+// Grouped rows for the column tiles: groups of 0, 1, 127, 128, 129 and 257 rows between empty
+// first and last groups (642 rows: not a multiple of 16), k off a multiple of 128; one group
+// holding every row; a single small group.
+struct ColumnLayout {
+  std::string name;
+  std::vector<int32_t> offsets;
+  int64_t cols;
+};
+const ColumnLayout kColumnLayouts[] = {{"tails", {0, 0, 1, 128, 256, 385, 642, 642}, 208},
+                                       {"one group with every row", {0, 0, 300, 300}, 5},
+                                       {"small", {0, 3}, 16}};
+
+// Each group's rows transposed, cut into 1 x 128 tiles along the rows from the group's first row,
+// are the contract's formula bit for bit; the padding columns and the unused scale slots are
+// zeros; the row tiles written beside them are QuantizeRowTiles' bit for bit.
+TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
+  for (const ColumnLayout& l : kColumnLayouts) {
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(l.name + ", " + DTypeName(dtype));
+      const int64_t groups = static_cast<int64_t>(l.offsets.size()) - 1;
+      const int64_t rows = l.offsets.back(), k = l.cols, padded = Fp8PaddedRows(rows);
+      const std::vector<float> x = Values(rows, k, dtype == DType::kBF16);
+      const Tensor input = FromFloats(x, {rows, k}, dtype, device_);
+      const Tensor q = Poisoned({k, padded}, DType::kE4M3);
+      const Tensor scales = Poisoned({Fp8ColumnTileSlots(groups, rows), k});
+      const Tensor row_q = Poisoned({rows, k}, DType::kE4M3),
+                   row_scales = Poisoned({rows, Tiles(k)});
+      ops::QuantizeColumnTiles(input, Ints(l.offsets, {groups + 1}), q, scales, row_q, row_scales);
+
+      std::vector<float> want_q(k * padded, 0.0f), want_scales(scales.numel(), 0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t begin = l.offsets[g], m = l.offsets[g + 1] - begin;
+        std::vector<float> transposed(k * m);
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < k; ++c) transposed[c * m + r] = x[(begin + r) * k + c];
+        }
+        const HostQuantized group = ScalarQuantize(transposed, 1, k, m, 1);
+        for (int64_t c = 0; c < k; ++c) {
+          for (int64_t r = 0; r < m; ++r) want_q[c * padded + begin + r] = group.values[c * m + r];
+          for (int64_t t = 0; t < Tiles(m); ++t) {
+            want_scales[Fp8ColumnTileSlot(g, begin, t) * k + c] = group.scales[c * Tiles(m) + t];
+          }
+        }
+      }
+      EXPECT_EQ(FloatBits(q), Bits(want_q));
+      EXPECT_EQ(FloatBits(scales), Bits(want_scales));
+      const Tensor want_row_q = Poisoned({rows, k}, DType::kE4M3);
+      const Tensor want_row_scales = Poisoned({rows, Tiles(k)});
+      ops::QuantizeRowTiles(input, want_row_q, want_row_scales);
+      EXPECT_EQ(FloatBits(row_q), FloatBits(want_row_q));
+      EXPECT_EQ(FloatBits(row_scales), FloatBits(want_row_scales));
+    }
+  }
+  const Tensor x = Random({20, 16});
+  EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 20}, {2}), Poisoned({16, 20}, DType::kE4M3),
+                                        Poisoned({2, 16})),
+               "quantize column tiles values");
+  EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 21}, {2}), Poisoned({16, 32}, DType::kE4M3),
+                                        Poisoned({2, 16})),
+               "offsets");
+}
+
 // ---------------------------------------------------------------- Fp8GroupedMatmul
 
 // Quantised operands of one grouped GEMM y = x w_g^T: x (rows, k) in row tiles, w (groups, n, k)
@@ -369,6 +436,139 @@ TEST_F(Fp8GroupedMatmulTest, IsCloseToGroupedMatmulOfTheUnquantisedOperands) {
       for (float& v : rounded) v = BFloat16ToFloat(FloatToBFloat16(v));
       EXPECT_EQ(FloatBits(y_bf16), Bits(rounded));
     }
+  }
+}
+
+// ---------------------------------------------------------------- Fp8GroupedMatmulWeightGrad
+
+// The weight gradient's parts: one (the tails), two cutting the same groups differently, one
+// group holding every row.
+struct Fp8WeightGradCase {
+  std::string name;
+  std::vector<std::vector<int32_t>> parts;  // each part's offsets
+  int64_t n, k;
+};
+const Fp8WeightGradCase kWeightGradCases[] = {
+    {"tails", {{0, 0, 1, 128, 256, 385, 642, 642}}, 48, 208},
+    {"two parts", {{0, 130, 130, 200}, {0, 5, 5, 300}}, 16, 144},
+    {"one group with every row", {{0, 0, 300}}, 32, 16}};
+
+class Fp8WeightGradTest : public Fp8OpsTest {
+ protected:
+  struct Part {
+    Tensor dy, x;  // (rows, n), (rows, k) f32
+    ops::Fp8GroupedColumns columns;
+  };
+
+  std::vector<Part> Parts(const Fp8WeightGradCase& c) {
+    std::vector<Part> parts;
+    for (const std::vector<int32_t>& offsets : c.parts) {
+      const int64_t groups = static_cast<int64_t>(offsets.size()) - 1, rows = offsets.back();
+      Part p{Random({rows, c.n}), Random({rows, c.k}), {}};
+      p.columns.offsets = Ints(offsets, {groups + 1});
+      p.columns.rows = rows;
+      const auto quantize = [&](const Tensor& v, Tensor& q, Tensor& scales) {
+        q = Poisoned({v.dim(1), Fp8PaddedRows(rows)}, DType::kE4M3);
+        scales = Poisoned({Fp8ColumnTileSlots(groups, rows), v.dim(1)});
+        ops::QuantizeColumnTiles(v, p.columns.offsets, q, scales);
+      };
+      quantize(p.dy, p.columns.dy_q, p.columns.dy_scales);
+      quantize(p.x, p.columns.x_q, p.columns.x_scales);
+      parts.push_back(p);
+    }
+    return parts;
+  }
+
+  static std::vector<ops::Fp8GroupedColumns> Columns(const std::vector<Part>& parts) {
+    std::vector<ops::Fp8GroupedColumns> out;
+    for (const Part& p : parts) out.push_back(p.columns);
+    return out;
+  }
+};
+
+// Against the exact sum over the parts of the dequantised operands' products (in double), within
+// the f32 roundings of the contract's order ((tile length + tiles + 2) 2^-24 of the terms'
+// magnitudes, as the forward's); a group without rows gets zeros.
+TEST_F(Fp8WeightGradTest, IsTheDequantisedProductUpToF32Summation) {
+  for (const Fp8WeightGradCase& c : kWeightGradCases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<Part> parts = Parts(c);
+    const int64_t groups = static_cast<int64_t>(c.parts[0].size()) - 1;
+    const Tensor dw = Poisoned({groups, c.n, c.k});
+    ops::Fp8GroupedMatmulWeightGrad(Columns(parts), dw, /*accumulate=*/false);
+    const std::vector<float> got = ToFloats(dw);
+    for (int64_t g = 0; g < groups; ++g) {
+      std::vector<double> sum(c.n * c.k, 0.0), magnitude(c.n * c.k, 0.0);
+      int64_t tiles = 0;
+      for (size_t p = 0; p < parts.size(); ++p) {
+        const ops::Fp8GroupedColumns& part = parts[p].columns;
+        const std::vector<float> dy = ToFloats(part.dy_q), dys = ToFloats(part.dy_scales);
+        const std::vector<float> x = ToFloats(part.x_q), xs = ToFloats(part.x_scales);
+        const int64_t padded = Fp8PaddedRows(part.rows), begin = c.parts[p][g];
+        const int64_t end = c.parts[p][g + 1];
+        tiles += Tiles(end - begin);
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t slot = Fp8ColumnTileSlot(g, begin, (r - begin) / kTile);
+          for (int64_t i = 0; i < c.n; ++i) {
+            for (int64_t j = 0; j < c.k; ++j) {
+              const double term = static_cast<double>(dy[i * padded + r]) * dys[slot * c.n + i] *
+                                  x[j * padded + r] * xs[slot * c.k + j];
+              sum[i * c.k + j] += term;
+              magnitude[i * c.k + j] += std::abs(term);
+            }
+          }
+        }
+      }
+      const double gamma = (kTile + tiles + 2) * std::ldexp(1.0, -24) * 1.01;
+      for (int64_t e = 0; e < c.n * c.k; ++e) {
+        ASSERT_LE(std::abs(got[g * c.n * c.k + e] - sum[e]), gamma * magnitude[e] + 1e-30)
+            << "group " << g << ", element " << e;
+      }
+    }
+  }
+}
+
+// Against GroupedMatmulWeightGrad of the unquantised operands: the FP8 error, a few percent in
+// norm; a bf16 dw holds the f32 result rounded.
+TEST_F(Fp8WeightGradTest, IsCloseToTheUnquantisedWeightGradient) {
+  for (const Fp8WeightGradCase& c : kWeightGradCases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<Part> parts = Parts(c);
+    const int64_t groups = static_cast<int64_t>(c.parts[0].size()) - 1;
+    const Tensor dw = Poisoned({groups, c.n, c.k});
+    const Tensor dw_bf16 = Poisoned({groups, c.n, c.k}, DType::kBF16);
+    const Tensor want = Poisoned({groups, c.n, c.k});
+    ops::Fp8GroupedMatmulWeightGrad(Columns(parts), dw, /*accumulate=*/false);
+    ops::Fp8GroupedMatmulWeightGrad(Columns(parts), dw_bf16, /*accumulate=*/false);
+    std::vector<ops::GroupedRows> rows;
+    for (const Part& p : parts) rows.push_back({p.dy, p.x, p.columns.offsets, {}});
+    ops::GroupedMatmulWeightGrad(rows, want, /*accumulate=*/false);
+    EXPECT_LT(testing::RelativeError(ToFloats(dw), ToFloats(want)), 0.08);
+    std::vector<float> rounded = ToFloats(dw);
+    for (float& v : rounded) v = BFloat16ToFloat(FloatToBFloat16(v));
+    EXPECT_EQ(FloatBits(dw_bf16), Bits(rounded));
+  }
+}
+
+// += adds the = result to dw in f32 (one rounding: bit for bit for an f32 dw) and leaves the
+// matrices of groups without rows as they were; = writes those as zeros.
+TEST_F(Fp8WeightGradTest, AccumulateAddsTheResultAndKeepsGroupsWithoutRows) {
+  const Fp8WeightGradCase& c = kWeightGradCases[0];  // groups 0 and 6 have no rows
+  const std::vector<ops::Fp8GroupedColumns> parts = Columns(Parts(c));
+  const int64_t groups = 7;
+  const Tensor result = Poisoned({groups, c.n, c.k});
+  ops::Fp8GroupedMatmulWeightGrad(parts, result, /*accumulate=*/false);
+  const Tensor dw = Random({groups, c.n, c.k});
+  const std::vector<float> before = ToFloats(dw), added = ToFloats(result);
+  ops::Fp8GroupedMatmulWeightGrad(parts, dw, /*accumulate=*/true);
+  std::vector<float> want(before.size());
+  for (size_t e = 0; e < want.size(); ++e) want[e] = before[e] + added[e];
+  EXPECT_EQ(FloatBits(dw), Bits(want));
+  const int64_t matrix = c.n * c.k;
+  for (const int64_t g : {0, 6}) {
+    EXPECT_TRUE(std::all_of(added.begin() + g * matrix, added.begin() + (g + 1) * matrix,
+                            [](float v) { return v == 0.0f; }))
+        << "group " << g;
   }
 }
 

@@ -1,7 +1,8 @@
-// CPU Fp8GroupedMatmul (contract: engine/kernels/op_declarations.inc): the reference of the FP8
-// grouped GEMMs, in the contract's order of operations: per output element, f32 partial sums over
-// 128-element tiles of the contracted dimension, each scaled by its two tiles' scales and added
-// into an f32 accumulator with one fma. Plain loops over the operands decoded to f32 (exactly).
+// CPU Fp8GroupedMatmul and Fp8GroupedMatmulWeightGrad (contracts: engine/kernels/
+// op_declarations.inc): the reference of the FP8 grouped GEMMs, in the contracts' order of
+// operations: per output element, f32 partial sums over 128-element tiles of the contracted
+// dimension, each scaled by its two tiles' scales and added into an f32 accumulator with one fma.
+// Plain loops over the operands decoded to f32 (exactly).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -51,6 +52,48 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
       }
     }
   });
+}
+
+void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const Tensor& dw,
+                                bool accumulate) {
+  const int64_t groups = dw.dim(0), n = dw.dim(1), k = dw.dim(2);
+  std::vector<std::vector<float>> dys, xs;
+  for (const Fp8GroupedColumns& part : parts) {
+    dys.push_back(Decoded(part.dy_q));
+    xs.push_back(Decoded(part.x_q));
+  }
+  std::vector<float> acc(n * k);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::ranges::fill(acc, 0.0f);
+    bool has_rows = false;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const Fp8GroupedColumns& part = parts[p];
+      const std::vector<float>&dy = dys[p], &x = xs[p];
+      const int64_t padded = part.dy_q.dim(1);
+      const std::span<const int32_t> bounds = part.offsets.values<int32_t>();
+      has_rows = has_rows || bounds[g] < bounds[g + 1];
+      for (int64_t r0 = bounds[g], t = 0; r0 < bounds[g + 1]; r0 += kFp8TileSize, ++t) {
+        const int64_t r1 = std::min<int64_t>(bounds[g + 1], r0 + kFp8TileSize);
+        const int64_t slot = Fp8ColumnTileSlot(g, bounds[g], t);
+        const float* dy_scales = part.dy_scales.data<float>() + slot * n;
+        const float* x_scales = part.x_scales.data<float>() + slot * k;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < k; ++j) {
+            float partial = 0.0f;  // exact products of e4m3 values, summed in f32
+            for (int64_t r = r0; r < r1; ++r) partial += dy[i * padded + r] * x[j * padded + r];
+            acc[i * k + j] = std::fma(partial, dy_scales[i] * x_scales[j], acc[i * k + j]);
+          }
+        }
+      }
+    }
+    if (accumulate && !has_rows) continue;
+    DispatchStorage(dw.dtype(), [&]<typename T>(StorageTag<T>) {
+      T* out = dw.data<T>() + g * n * k;
+      for (int64_t e = 0; e < n * k; ++e) {
+        out[e] = FromFloat<T>(accumulate ? ToFloat(out[e]) + acc[e] : acc[e]);
+      }
+    });
+  }
 }
 
 }  // namespace moe::cpu

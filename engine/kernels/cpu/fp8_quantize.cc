@@ -1,9 +1,10 @@
-// CPU QuantizeRowTiles, QuantizeBlocks, DequantizeRowTiles and DequantizeBlocks (contracts:
-// engine/kernels/op_declarations.inc): the reference numerics of the blockwise FP8 recipe, which
-// the CUDA kernels reproduce bit for bit: tile by tile (Fp8TiledMatrices), the amax, then the
-// tile's elements. Inputs and outputs f32 or bf16.
+// CPU QuantizeRowTiles, QuantizeBlocks, QuantizeColumnTiles, DequantizeRowTiles and
+// DequantizeBlocks (contracts: engine/kernels/op_declarations.inc): the reference numerics of the
+// blockwise FP8 recipe, which the CUDA kernels reproduce bit for bit: tile by tile
+// (Fp8TiledMatrices), the amax, then the tile's elements. Inputs and outputs f32 or bf16.
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "engine/core/float8.h"
 #include "engine/kernels/cpu/cpu_ops.h"
@@ -69,6 +70,35 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
 
 void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
   Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales, transposed);
+}
+
+void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
+  if (row_q.defined()) QuantizeRowTiles(x, row_q, row_scales);
+  const int64_t k = x.dim(1), padded = q.dim(1);
+  const std::span<const int32_t> bounds = offsets.values<int32_t>();
+  std::fill_n(q.data<Float8E4M3>(), q.numel(), Float8E4M3{});
+  std::fill_n(scales.data<float>(), scales.numel(), 0.0f);
+  DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
+    const T* in = x.data<T>();
+    Float8E4M3* out = q.data<Float8E4M3>();
+    for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+      for (int64_t r0 = bounds[g], t = 0; r0 < bounds[g + 1]; r0 += kFp8TileSize, ++t) {
+        const int64_t r1 = std::min<int64_t>(bounds[g + 1], r0 + kFp8TileSize);
+        float* tile_scales = scales.data<float>() + Fp8ColumnTileSlot(g, bounds[g], t) * k;
+        for (int64_t c = 0; c < k; ++c) {
+          float amax = 0.0f;
+          for (int64_t r = r0; r < r1; ++r)
+            amax = std::fmax(amax, std::fabs(ToFloat(in[r * k + c])));
+          const Fp8TileScaling scaling = Fp8ScalingOf(amax);
+          tile_scales[c] = scaling.scale;
+          for (int64_t r = r0; r < r1; ++r) {
+            out[c * padded + r] = FloatToE4M3(ToFloat(in[r * k + c]) * scaling.multiplier);
+          }
+        }
+      }
+    }
+  });
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {
