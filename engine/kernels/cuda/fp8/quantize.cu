@@ -19,9 +19,9 @@ namespace moe::cuda {
 namespace {
 
 constexpr int kRowTileWarps = 8;  // row tiles per block of QuantizeRowTilesKernel
-static_assert(kFp8TileSize % 32 == 0, "a lane quantises kFp8TileSize / 32 elements of a tile");
 
-// Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group).
+// Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group), a lane
+// its elements lane + 32 j.
 template <typename T>
 __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
                                        float* scales) {
@@ -29,24 +29,18 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_
   if (tile >= m.tiles()) return;  // warp-uniform
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t row = tile / m.col_tiles(), c0 = tile % m.col_tiles() * kFp8TileSize;
-  constexpr int kPerLane = kFp8TileSize / 32;
-  float v[kPerLane];
+  const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
+  float v[kTileColsPerLane];
   float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t c = c0 + lane + 32 * j;
-    v[j] = c < m.cols ? ToFloat(x[row * m.cols + c]) : 0.0f;
+  for (int j = 0; j < kTileColsPerLane; ++j) {
+    const int c = lane + 32 * j;
+    v[j] = c < cols ? ToFloat(x[row * m.cols + c0 + c]) : 0.0f;
     amax = fmaxf(amax, fabsf(v[j]));
   }
   const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(amax, MaxOp{}));
   if (lane == 0) scales[tile] = scaling.scale;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t c = c0 + lane + 32 * j;
-    if (c < m.cols) {
-      q[row * m.cols + c] = ToE4M3(v[j] * scaling.multiplier);
-    }
-  }
+  StoreQuantizedRow(v, scaling.multiplier, cols, q + row * m.cols + c0);
 }
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads

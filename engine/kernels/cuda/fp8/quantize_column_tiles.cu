@@ -38,7 +38,8 @@ __device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t g
 }
 
 // The tile's rows quantised as 1 x 128 row tiles: row r's bytes to q + r * ld, its scale to
-// scales[r * scales_ld]. Every thread of the block calls it.
+// scales[r * scales_ld]. Every thread of the block calls it (a row's max is its warp's, by
+// shuffles).
 __device__ __forceinline__ void QuantizeTileRows(const TileSlice& slice, int rows, int cols,
                                                  __nv_fp8_storage_t* q, int64_t ld, float* scales,
                                                  int64_t scales_ld) {
