@@ -22,6 +22,7 @@
 #include "engine/core/cuda_check.h"
 #include "engine/kernels/cuda/attention/attention_sm90.h"
 #include "engine/kernels/cuda/grouped_gemm/grouped_matmul_sm90.h"
+#include "engine/kernels/fp8_scaling.h"
 #include "engine/kernels/ops.h"
 #include "engine/runtime/device_context.h"
 #include "tests/testing/tensor_testing.h"
@@ -227,6 +228,59 @@ struct Fp8Operands {
   Tensor xq, x_scales, wq, w_scales, wq_t, w_scales_t;  // _t: QuantizeBlocks' transposed
 };
 
+// Grouped rows x (rows, k) quantised by QuantizeColumnTiles, with the row tiles or without. The
+// offsets hold at least 300 rows; x has a row of negative zeros (row 0), rows 1 .. 127 scaled by
+// 2^-70 (below the amax floor), a zero row (130), a row scaled by 2^10 (200) and outliers in the
+// first and the last column (rows 260 and 299), each exact in bf16.
+struct Fp8ColumnTileCase {
+  std::string name;
+  std::vector<int32_t> offsets;
+  int64_t k;
+  bool row_tiles;
+};
+struct Fp8ColumnTileOperands {
+  Fp8ColumnTileOperands(OpRun& r, const Fp8ColumnTileCase& c)
+      : groups(static_cast<int64_t>(c.offsets.size()) - 1),
+        rows(c.offsets.back()),
+        q(r.OutE4M3({c.k, Fp8PaddedRows(rows)})),
+        scales(r.OutF32({Fp8ColumnTileSlots(groups, rows), c.k})),
+        row_q(c.row_tiles ? r.OutE4M3({rows, c.k}) : Tensor()),
+        row_scales(c.row_tiles ? r.OutF32({rows, Fp8Tiles(c.k)}) : Tensor()) {
+    const Tensor x = r.In({rows, c.k}), x_flat = x.View({x.numel()});
+    ops::Fill(x.Rows(0, 1), -0.0f);
+    ops::Scale(x.Rows(1, 128), std::ldexp(1.0f, -70), x.Rows(1, 128));
+    ops::Fill(x.Rows(130, 131), 0.0f);
+    ops::Scale(x.Rows(200, 201), std::ldexp(1.0f, 10), x.Rows(200, 201));
+    ops::Fill(x_flat.Rows(260 * c.k, 260 * c.k + 1), 16384.0f);
+    ops::Fill(x_flat.Rows(300 * c.k - 1, 300 * c.k), -16384.0f);
+    ops::QuantizeColumnTiles(x, r.Ints(c.offsets, {groups + 1}), q, scales, row_q, row_scales);
+  }
+  // Every output: its name and tensor.
+  std::vector<std::pair<std::string, Tensor>> Outputs() const {
+    std::vector<std::pair<std::string, Tensor>> outputs = {{"q", q}, {"scales", scales}};
+    if (row_q.defined()) {
+      outputs.emplace_back("row_q", row_q);
+      outputs.emplace_back("row_scales", row_scales);
+    }
+    return outputs;
+  }
+  int64_t groups, rows;
+  Tensor q, scales, row_q, row_scales;
+};
+
+// Groups of 0, 1, 127, 128, 129 and 257 rows (642 in all: q's rows padded to 656), empty first
+// and last, so that slots before, between and after the groups' tiles go unused; all rows in one
+// group (300, padded to 304); a group starting off the 128-row tiles and rows a multiple of 16 (no
+// padding); k with a partial last column tile (208) and k 2048.
+std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
+  const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};
+  return {{"fp8_column_tiles", tails, 208, true},
+          {"fp8_column_tiles_k2048", tails, 2048, false},
+          {"fp8_column_tiles_one_group", {0, 300}, 208, false},
+          {"fp8_column_tiles_one_group_k2048", {0, 300}, 2048, true},
+          {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true}};
+}
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -385,6 +439,32 @@ std::vector<OpCase> Cases() {
         r.Read("w_back", w_back);
       },
       0, 0);
+  // Blocks of one row and one column at the ends of n and k, in both orientations.
+  add(
+      "fp8_quantize_block_tails",
+      [](OpRun& r) {
+        const Tensor w = r.In({2, 129, 257});
+        Tensor wq = r.OutE4M3({2, 129, 257}), w_scales = r.OutF32({2, 2, 3});
+        Tensor wq_t = r.OutE4M3({2, 257, 129}), w_scales_t = r.OutF32({2, 3, 2});
+        ops::QuantizeBlocks(w, wq, w_scales);
+        ops::QuantizeBlocks(w, wq_t, w_scales_t, /*transposed=*/true);
+        r.Read("wq", wq);
+        r.Read("w_scales", w_scales);
+        r.Read("wq_t", wq_t);
+        r.Read("w_scales_t", w_scales_t);
+      },
+      0, 0);
+  // The weight gradients' operands: bit-identical by contract, as fp8_quantize (tolerance 0).
+  for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
+    add(
+        c.name,
+        [c](OpRun& r) {
+          for (const auto& [name, output] : Fp8ColumnTileOperands(r, c).Outputs()) {
+            r.Read(name, output);
+          }
+        },
+        0, 0);
+  }
   // Dequantised into the run's dtype: bf16 on CUDA, f32 on the CPU (one rounding apart).
   add("fp8_dequantize", [](OpRun& r) {
     const Fp8Operands o(r);
@@ -1102,6 +1182,29 @@ TEST(Fp8QuantizeTest, HasTheCpuReferencesBits) {
     EXPECT_EQ(testing::FloatBits(gpu.x_scales), testing::FloatBits(cpu.x_scales));
     EXPECT_EQ(testing::FloatBits(gpu.wq), testing::FloatBits(cpu.wq));
     EXPECT_EQ(testing::FloatBits(gpu.w_scales), testing::FloatBits(cpu.w_scales));
+    EXPECT_EQ(testing::FloatBits(gpu.wq_t), testing::FloatBits(cpu.wq_t));
+    EXPECT_EQ(testing::FloatBits(gpu.w_scales_t), testing::FloatBits(cpu.w_scales_t));
+  }
+}
+
+// QuantizeColumnTiles has the CPU reference's bits (the fp8_column_tiles cases compare values):
+// q with its signed zeros and zero padding, the scales with the unused slots' zeros, and the row
+// tiles, from f32 and bf16 inputs.
+TEST(Fp8QuantizeColumnTilesTest, HasTheCpuReferencesBits) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
+      const uint32_t seed = testing::TestSeed();
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
+      OpRun cpu_run(Device::CPU(), dtype, seed), gpu_run(Device::CUDA(0), dtype, seed);
+      const auto want = Fp8ColumnTileOperands(cpu_run, c).Outputs();
+      const auto got = Fp8ColumnTileOperands(gpu_run, c).Outputs();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(testing::FloatBits(got[i].second), testing::FloatBits(want[i].second))
+            << want[i].first;
+      }
+    }
   }
 }
 

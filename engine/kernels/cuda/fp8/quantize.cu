@@ -5,23 +5,23 @@
 // Both layouts are Fp8TiledMatrices (row tiles: one matrix, tile_rows 1; blocks: a matrix per
 // group, tile_rows 128). Row tiles (activations, every micro-batch): a warp per 1 x 128 tile, four
 // elements a lane, the warp's max by shuffles, then the tile's elements. Blocks (weights, once a
-// step): one block of kFp8TileSize threads per tile, a thread per column: its amax over its
-// column, the block's max, then the tile's elements (transposed blocks: each thread writes its
-// column as a row of q). A max is exact in any order, so both agree with the CPU bit for bit.
-// Dequantising is elementwise.
-#include <cuda_fp8.h>
-
+// step): one block of kTileThreads threads per 128 x 128 block, held in registers
+// (quantize_tile.cuh): the block's max, then its elements, stored row by row, or for transposed
+// blocks staged transposed in shared memory and stored as rows of the transposed matrix (every
+// store of a warp 32 consecutive bytes in both orientations). A max is exact in any order, so
+// both agree with the CPU bit for bit. Dequantising is elementwise.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/fp8/quantize_tile.cuh"
 #include "engine/kernels/fp8_scaling.h"
 
 namespace moe::cuda {
 namespace {
 
 constexpr int kRowTileWarps = 8;  // row tiles per block of QuantizeRowTilesKernel
-static_assert(kFp8TileSize % 32 == 0, "a lane quantises kFp8TileSize / 32 elements of a tile");
 
-// Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group).
+// Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group), a lane
+// its elements lane + 32 j.
 template <typename T>
 __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
                                        float* scales) {
@@ -29,52 +29,55 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_
   if (tile >= m.tiles()) return;  // warp-uniform
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t row = tile / m.col_tiles(), c0 = tile % m.col_tiles() * kFp8TileSize;
-  constexpr int kPerLane = kFp8TileSize / 32;
-  float v[kPerLane];
+  const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
+  float v[kTileColsPerLane];
   float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t c = c0 + lane + 32 * j;
-    v[j] = c < m.cols ? ToFloat(x[row * m.cols + c]) : 0.0f;
+  for (int j = 0; j < kTileColsPerLane; ++j) {
+    const int c = lane + 32 * j;
+    v[j] = c < cols ? ToFloat(x[row * m.cols + c0 + c]) : 0.0f;
     amax = fmaxf(amax, fabsf(v[j]));
   }
   const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(amax, MaxOp{}));
   if (lane == 0) scales[tile] = scaling.scale;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t c = c0 + lane + 32 * j;
-    if (c < m.cols) {
-      q[row * m.cols + c] =
-          __nv_cvt_float_to_fp8(v[j] * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
-    }
-  }
+  StoreQuantizedRow(v, scaling.multiplier, cols, q + row * m.cols + c0);
 }
 
-// Block (tile, group) = (blockIdx.x, blockIdx.y), kFp8TileSize threads. transposed: q and the
-// scales hold each matrix transposed.
+// Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
+// threads. transposed: q and the scales hold each matrix transposed.
 template <typename T>
-__global__ void QuantizeKernel(Fp8TiledMatrices m, bool transposed, const T* x,
-                               __nv_fp8_storage_t* q, float* scales) {
+__global__ void __launch_bounds__(kTileThreads)
+    QuantizeBlocksKernel(Fp8TiledMatrices m, bool transposed, const T* x, __nv_fp8_storage_t* q,
+                         float* scales) {
   const int64_t group = blockIdx.y, tile = blockIdx.x;
-  const int64_t r0 = tile / m.col_tiles() * m.tile_rows;
-  const int64_t r1 = min(m.rows, r0 + m.tile_rows);
-  const int64_t c = tile % m.col_tiles() * kFp8TileSize + threadIdx.x;
-  const bool in_tile = c < m.cols;
-  const int64_t first = group * m.elements() + r0 * m.cols + c;
+  const int64_t r0 = tile / m.col_tiles() * kFp8TileSize, c0 = tile % m.col_tiles() * kFp8TileSize;
+  const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
+  const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
+  TileSlice slice;
+  LoadTile(x + group * m.elements() + r0 * m.cols + c0, m.cols, rows, cols, slice);
   float amax = 0.0f;
-  if (in_tile) {
-    for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
-      amax = fmaxf(amax, fabsf(ToFloat(x[i])));
-    }
-  }
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, LaneRowAmax(slice, i));
   const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
   const int64_t scale_index = transposed ? m.TransposedTile(tile) : tile;
   if (threadIdx.x == 0) scales[group * m.tiles() + scale_index] = scaling.scale;
-  if (!in_tile) return;
-  for (int64_t r = r0, i = first; r < r1; ++r, i += m.cols) {
-    const int64_t out = transposed ? group * m.elements() + c * m.rows + r : i;
-    q[out] = __nv_cvt_float_to_fp8(ToFloat(x[i]) * scaling.multiplier, __NV_SATFINITE, __NV_E4M3);
+  __nv_fp8_storage_t* const matrix_q = q + group * m.elements();
+  if (!transposed) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kTileRowsPerWarp; ++i) {
+      const int r = warp + kTileWarps * i;
+      if (r < rows) {
+        StoreQuantizedRow(slice.v[i], scaling.multiplier, cols, matrix_q + (r0 + r) * m.cols + c0);
+      }
+    }
+    return;
   }
+  __shared__ StagedTile staged;
+  StageTransposed(
+      slice, [&](int) { return scaling.multiplier; }, staged);
+  __syncthreads();
+  StoreTransposed(staged, rows, cols, rows, matrix_q + c0 * m.rows + r0, m.rows);
 }
 
 template <typename T>
@@ -88,19 +91,6 @@ __global__ void DequantizeKernel(Fp8TiledMatrices m, const __nv_fp8_storage_t* q
     const float value = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3)));
     x[i] = FromFloat<T>(value * scales[group * m.tiles() + tile]);
   }
-}
-
-void Quantize(const Fp8TiledMatrices& m, const Tensor& x, const Tensor& q, const Tensor& scales,
-              bool transposed = false) {
-  if (m.groups == 0 || m.tiles() == 0) return;
-  CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
-      << "fp8 quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
-  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
-    QuantizeKernel<T><<<grid, kFp8TileSize, 0, StreamOf(x)>>>(
-        m, transposed, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
-    MOE_CUDA_CHECK_LAUNCH();
-  });
 }
 
 void Dequantize(const Fp8TiledMatrices& m, const Tensor& q, const Tensor& scales, const Tensor& x) {
@@ -129,7 +119,16 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
 }
 
 void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
-  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales, transposed);
+  const Fp8TiledMatrices m = Fp8Blocks(w.dim(0), w.dim(1), w.dim(2));
+  if (m.groups == 0 || m.tiles() == 0) return;
+  CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
+      << "fp8 block quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
+  DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
+    const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
+    QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(
+        m, transposed, Ptr<const T>(w), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {

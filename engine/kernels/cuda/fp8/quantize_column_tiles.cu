@@ -1,0 +1,135 @@
+// CUDA QuantizeColumnTiles (contract: engine/kernels/op_declarations.inc; the layout's arithmetic
+// in engine/kernels/fp8_scaling.h): the weight gradients' operands, grouped rows x (rows, k)
+// transposed into q (k, Fp8PaddedRows(rows)) with one scale per 128-row tile of a group and
+// column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass.
+// One block of kTileThreads threads per (scale slot, 128 columns of k): the slot's group is found
+// by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
+// on the device offsets, and its tile is t = slot - that; a slot past its group's tiles writes
+// zero scales and ends. Otherwise the tile (at most 128 x 128 elements, quantize_tile.cuh) is
+// loaded once into registers; its rows, each exactly one 1 x 128 row tile (the block's columns
+// start at a multiple of 128), are quantised by a warp's max and stored; its columns' maxes meet
+// in shared memory, and the tile quantised per column is staged transposed in shared memory and
+// stored as rows of q, 32 consecutive bytes a store. The block holding a matrix's last row also
+// zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32 operations as the CPU
+// reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the bits agree.
+#include "engine/kernels/cuda/common/cuda_common.cuh"
+#include "engine/kernels/cuda/cuda_ops.h"
+#include "engine/kernels/cuda/fp8/quantize_tile.cuh"
+#include "engine/kernels/fp8_scaling.h"
+
+namespace moe::cuda {
+namespace {
+
+// The last group g whose scale slots start at or before `slot`: Fp8ColumnTileSlot(g, offsets[g],
+// 0) <= slot (it is 0 for g = 0). A used slot belongs to that group, since a group's tiles never
+// reach the next group's first slot.
+__device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t groups,
+                                               int64_t slot) {
+  int64_t lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (Fp8ColumnTileSlot(mid, offsets[mid], 0) <= slot) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// The tile's rows quantised as 1 x 128 row tiles: row r's bytes to q + r * ld, its scale to
+// scales[r * scales_ld]. Every thread of the block calls it (a row's max is its warp's, by
+// shuffles).
+__device__ __forceinline__ void QuantizeTileRows(const TileSlice& slice, int rows, int cols,
+                                                 __nv_fp8_storage_t* q, int64_t ld, float* scales,
+                                                 int64_t scales_ld) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const int r = warp + kTileWarps * i;  // warp-uniform
+    if (r >= rows) break;
+    const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(LaneRowAmax(slice, i), MaxOp{}));
+    if (lane == 0) scales[r * scales_ld] = scaling.scale;
+    StoreQuantizedRow(slice.v[i], scaling.multiplier, cols, q + r * ld);
+  }
+}
+
+// Block (slot, column tile) = (blockIdx.x, blockIdx.y), kTileThreads threads. row_q and
+// row_scales are null without the row tiles.
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads)
+    QuantizeColumnTilesKernel(const T* x, const int32_t* offsets, int64_t groups, int64_t rows,
+                              int64_t k, __nv_fp8_storage_t* q, float* scales,
+                              __nv_fp8_storage_t* row_q, float* row_scales) {
+  const int64_t slot = blockIdx.x, c0 = int64_t{blockIdx.y} * kFp8TileSize;
+  const int cols = static_cast<int>(min(k - c0, kFp8TileSize));
+  const int64_t group = GroupOfSlot(offsets, groups, slot);
+  const int64_t begin = offsets[group], end = offsets[group + 1];
+  MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
+  const int64_t r0 = begin + (slot - Fp8ColumnTileSlot(group, begin, 0)) * kFp8TileSize;
+  float* const slot_scales = scales + slot * k + c0;
+  if (r0 >= end) {  // no tile uses the slot (block-uniform)
+    if (threadIdx.x < cols) slot_scales[threadIdx.x] = 0.0f;
+    return;
+  }
+  const int tile_rows = static_cast<int>(min(end - r0, kFp8TileSize));
+  TileSlice slice;
+  LoadTile(x + r0 * k + c0, k, tile_rows, cols, slice);
+  if (row_q != nullptr) {
+    const int64_t row_tiles = Fp8Tiles(k);
+    QuantizeTileRows(slice, tile_rows, cols, row_q + r0 * k + c0, k,
+                     row_scales + r0 * row_tiles + blockIdx.y, row_tiles);
+  }
+
+  __shared__ float warp_amax[kTileWarps][kFp8TileSize];  // over the warp's rows, per column
+  __shared__ float multipliers[kFp8TileSize];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kTileColsPerLane; ++j) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, fabsf(slice.v[i][j]));
+    warp_amax[warp][lane + 32 * j] = amax;
+  }
+  __syncthreads();
+  if (threadIdx.x < kFp8TileSize) {
+    const int c = threadIdx.x;
+    float amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kTileWarps; ++w) amax = fmaxf(amax, warp_amax[w][c]);
+    const Fp8TileScaling scaling = Fp8ScalingOf(amax);
+    multipliers[c] = scaling.multiplier;
+    if (c < cols) slot_scales[c] = scaling.scale;
+  }
+  __syncthreads();
+  __shared__ StagedTile staged;
+  StageTransposed(
+      slice, [&](int c) { return multipliers[c]; }, staged);
+  __syncthreads();
+  const int64_t padded_rows = Fp8PaddedRows(rows);
+  const int width = static_cast<int>(r0 + tile_rows == rows ? padded_rows - r0 : tile_rows);
+  StoreTransposed(staged, tile_rows, cols, width, q + c0 * padded_rows + r0, padded_rows);
+}
+
+}  // namespace
+
+void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
+  const int64_t rows = x.dim(0), k = x.dim(1), groups = offsets.numel() - 1;
+  CHECK(groups >= 1 || rows == 0) << "fp8 column-tile quantisation of " << rows
+                                  << " rows in no group";
+  const int64_t slots = Fp8ColumnTileSlots(groups, rows), col_tiles = Fp8Tiles(k);
+  if (slots == 0 || col_tiles == 0) return;
+  CHECK(slots <= INT32_MAX && col_tiles <= 65535)
+      << "fp8 column-tile quantisation grid of " << slots << " slots x " << col_tiles
+      << " column tiles";
+  DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
+    const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(col_tiles));
+    QuantizeColumnTilesKernel<T><<<grid, kTileThreads, 0, StreamOf(x)>>>(
+        Ptr<const T>(x), Ptr<const int32_t>(offsets), groups, rows, k, Ptr<__nv_fp8_storage_t>(q),
+        Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(row_q), Ptr<float>(row_scales));
+    MOE_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace moe::cuda
