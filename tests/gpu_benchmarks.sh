@@ -24,8 +24,9 @@
 # compute-sanitizer memcheck, racecheck and synccheck on its tiny and tails cases, and (fp8_train)
 # the blockwise FP8 recipe beside bf16: moe_bench's fused block with and without it at every shape
 # (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16
-# state), the preset offloading fused_group_mlp whole at global batch 1, and moe_100m's loss curves
-# (FP8_CURVE_STEPS, default 2000), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
+# state) and the preset offloading fused_group_mlp whole at global batch 1, and (fp8_curves) loss
+# curves of both: moe_100m (FP8_CURVE_STEPS, default 2000) and the preset at global batch 8
+# (FP8_PRESET_STEPS, default 300), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
 # tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
 # operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
 # and tails cases, and (ab) the
@@ -39,9 +40,8 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe fp8 fp8_train ab gemm_versus sustained real_shape
-#   base_build before_after;
-#   default the first three)
+#   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves ab gemm_versus
+#   sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -304,8 +304,21 @@ offloaded="--offload_modules=fused_group_mlp --offload_fraction=1"
 for recipe in none blockwise; do
   preset_gb_run 1 "fp8_${recipe}_offload" "$offloaded --fp8_recipe=$recipe"
 done
+fi
+
+if [[ $sections == *fp8_curves* ]]; then
+echo "== the blockwise FP8 recipe against bf16: loss curves of moe_100m and of the preset"
 for recipe in none blockwise; do
   moe_100m_curve "fp8_$recipe" "--fp8_recipe=$recipe --train_steps=${FP8_CURVE_STEPS:-2000}"
+done
+for recipe in none blockwise; do  # the preset at global batch 8, bf16 state
+  log="$out/preset_curve_fp8_$recipe"
+  timeout 280 "$bin/moe_train" --flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=20 \
+    --global_batch_size=8 --train_steps=${FP8_PRESET_STEPS:-300} --log_interval=10 \
+    --eval_interval=100 --eval_steps=2 $bf16_state --moe_wgrad_micro_batches=8 \
+    --fp8_recipe=$recipe --metrics_file="$log.jsonl" > "$log.log" 2>&1
+  echo "preset $recipe (rc $?): $(grep '^step' "$log.log" | tail -1 | cut -c1-160)"
+  grep '^eval' "$log.log" | tail -3
 done
 fi
 
