@@ -29,7 +29,7 @@
 # (FP8_PRESET_STEPS, default 300), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
 # tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
 # operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
-# and tails cases, and (ab) the
+# and tails cases and on op_parity_cuda_test's FP8 cases (the quantisers), and (ab) the
 # preset's step built from a base revision's files (.device-deps/base) and from the tree,
 # alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
 # probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
@@ -290,6 +290,12 @@ echo "fp8 probe (rc $?): $(grep -c FAIL "$out/fp8_probe.log") failed; $(grep 'pa
   "$out/fp8_probe.log")"
 grep -E '^(FAIL|fp8 kernel)|^  fp8|^[a-z].*: rows' "$out/fp8_probe.log"
 sanitize_probe $fp8_probe fp8_sanitizer 120
+for tool in memcheck racecheck synccheck; do  # the FP8 op-parity cases: the quantisers' kernels
+  log="$out/fp8_op_parity_$tool.log"
+  timeout 240 compute-sanitizer --tool $tool /tmp/moe-build/tests/op_parity_cuda_test \
+    --gtest_filter='*fp8*:*Fp8*' > "$log" 2>&1
+  echo "op parity fp8 $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+done
 fi
 
 if [[ $sections == *fp8_train* ]]; then
