@@ -9,10 +9,11 @@
 //   expert's rows, written transposed (ops::QuantizeColumnTiles: the tokens, which the weight
 //   gradient contracts, made contiguous, as the FP8 tensor cores need), by the same pass that
 //   writes their row tiles; ops::Fp8GroupedMatmulWeightGrad promotes every 128 tokens.
-// Fp8ExpertWeights caches one stacked weight's quantised forms: Refresh() quantises them when the
-// parameter set's values_version() moved since (the optimizer's update, a checkpoint loaded), so
-// every micro-batch of a step and every forward between steps (evaluation) reuses one
-// quantisation. Bytes held: 2 per element (the two orientations) plus their f32 scales.
+// Fp8ExpertWeights caches one stacked weight's quantised forms, each made once per value of the
+// parameter set's values_version() (it moves with the optimizer's update or a loaded checkpoint),
+// when first used: every micro-batch of a step and every forward between steps (evaluation)
+// reuses one quantisation. Bytes held: 2 per element (the two orientations, the transposed one
+// from the first backward on) plus their f32 scales.
 #pragma once
 
 #include <cstdint>
@@ -54,16 +55,21 @@ void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& d
 
 class Fp8ExpertWeights {
  public:
-  // Quantises w (experts, n, k) unless this holds its quantisation at `values_version`.
+  // Quantises w (experts, n, k) for Forward unless this holds its quantisation at
+  // `values_version`; the transposed form waits for the first InputGrad at that version (a
+  // forward that no backward follows, an evaluation's, quantises only the one it multiplies).
+  // w's values must not change until the version does.
   void Refresh(const Tensor& w, uint64_t values_version);
   // group g's rows of x times w_g^T: (rows, n) in `dtype`.
   Tensor Forward(const Fp8Rows& x, const Tensor& offsets, DType dtype) const;
   // group g's rows of dy (rows, n) times w_g: (rows, k) in `dtype`.
-  Tensor InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) const;
+  Tensor InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype);
 
  private:
+  Tensor w_source_;                  // w as Refresh last saw it
   Fp8Rows w_, w_transposed_;         // (experts, n, k) and (experts, k, n), scales likewise
-  std::optional<uint64_t> version_;  // the values_version they hold (none: not yet quantised)
+  std::optional<uint64_t> version_;  // the values_version w_ holds (none: not yet quantised)
+  std::optional<uint64_t> transposed_version_;  // and w_transposed_
 };
 
 }  // namespace moe
