@@ -1,21 +1,21 @@
-// Standalone probe of the Hopper FP8 grouped GEMM
-// (engine/kernels/cuda/grouped_gemm/fp8_grouped_gemm_sm90.cuh) on an H100/H200: checks it against
-// per-group cuBLAS f32 products of the dequantised operands and times it beside the bf16 grouped
-// GEMM (GroupedMatmulSm90 with transpose_w) on the unquantised bf16 operands. Build and run from
-// the repository root (one line; the filter, e.g. qwen3, runs only the cases whose name contains
-// it):
+// Standalone probe of the Hopper FP8 grouped GEMMs
+// (engine/kernels/cuda/grouped_gemm/fp8_grouped_gemm_sm90.cuh) on an H100/H200: checks them against
+// per-group cuBLAS f32 products of the dequantised operands and times them beside the bf16 grouped
+// GEMMs (GroupedMatmulSm90 with transpose_w; GroupedMatmulWeightGradSm90) on the unquantised bf16
+// operands. Build and run from the repository root (one line; the filter, e.g. qwen3 or wgrad,
+// runs only the cases whose name contains it):
 // clang-format off
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/fp8_grouped_gemm_sm90_probe.cu -lcublas -o /tmp/fp8_probe && /tmp/fp8_probe [filter]
 // clang-format on
 // ctest runs its check mode over every case (PROBE_CHECKS_ONLY=1: no timing) as
 // fp8_grouped_gemm_probe_cuda_test, label cuda (where the build has architecture 90).
 //
-// Cases: y (rows, n) = x (rows, k) · w_g^T per group; a tiny one (the first to debug), one with
-// tails (k 1008: a partial last K tile; n 344: a partial last column block; groups of 0, 1, 37,
-// 129 and 300 rows, empty first and last groups), and the MoE expert layers at 4096 tokens with
-// random top-k routing: Qwen3-30B-A3B (128 experts, top 8: fc1 k 2048 n 1536, fc2 k 768 n 2048),
-// Mixtral-8x7B (8, top 2: fc1 k 4096 n 28672, fc2 k 14336 n 4096), DeepSeek-V3-like (256, top 8:
-// fc1 k 7168 n 4096, fc2 k 2048 n 7168).
+// Forward cases: y (rows, n) = x (rows, k) · w_g^T per group; a tiny one (the first to debug), one
+// with tails (k 1008: a partial last K tile; n 344: a partial last column block; groups of 0, 1,
+// 37, 129 and 300 rows, empty first and last groups), and the MoE expert layers at 4096 tokens
+// with random top-k routing: Qwen3-30B-A3B (128 experts, top 8: fc1 k 2048 n 1536, fc2 k 768 n
+// 2048), Mixtral-8x7B (8, top 2: fc1 k 4096 n 28672, fc2 k 14336 n 4096), DeepSeek-V3-like (256,
+// top 8: fc1 k 7168 n 4096, fc2 k 2048 n 7168).
 // Operands: x and w uniform in [-1, 1) rounded to bf16 (the bf16 GEMM's operands), quantised here
 // as the engine does (fp8_scaling.h: 1 x 128 tiles of x, 128 x 128 blocks of w, scale = max(amax,
 // 2^-64) / 448, q = e4m3(v * 448 / max(amax, 2^-64)), satfinite, nearest even).
@@ -29,8 +29,27 @@
 //     every tile errs the same way, and far less beside max|ref|; bf16 y adds its rounding (2^-9
 //     of |ref|). A wrong row, tile, block or scale errs by a sizeable part of max|ref|;
 //   - the guard rows keep their poison (no store past the last row).
+// Weight-gradient cases ("wgrad ..."): dw_g (groups, n, k) = sum over parts of dy_p,g^T x_p,g
+// (Fp8GroupedMatmulWeightGradSm90) on dy_p (rows_p, n) and x_p (rows_p, k) quantised here as
+// QuantizeColumnTiles lays them out (transposed, tokens padded to Fp8PaddedRows, 128-token tiles
+// per group and column, scales in Fp8ColumnTileSlot's rows: fp8_scaling.h), from bf16 values
+// uniform in [-1, 1) times 2^((row / 37) % 7 - 3) and 2^(column % 5 - 2), so that tiles and
+// columns get different scales and a scale from the wrong slot, row or column errs by a factor
+// of 2 or more. A tiny case; tails (n 336, k 1008: partial row and column tiles; groups of 0, 1,
+// 127, 128, 129, 300, 96 and 37 rows, 818 in all, so the tokens are padded to 832; an empty first
+// and last group; last token tiles whose read 32-token slices end past the group's end (masked)
+// or at it (96: the last slice skipped, unmasked)); two parts; and the MoE shapes above (dw of the
+// forward case's w, one part).
+// Checks for dw f32 and bf16, = (dw and 64 guard rows of k poisoned) and += (onto random dw, the
+// guard rows poisoned), against the f32 reference (per part and group cublasSgemm of the
+// dequantised operands, summed; += adds the initial dw): the forward's tolerances on max|expected|,
+// every element finite, the guard rows untouched, and the groups without rows in any part exactly
+// +0 (=) or bit-identical to what they held (+=). And "two parts == one part": where the first
+// part's groups hold multiples of 128 rows, the two parts' dw equals bit for bit the dw of one
+// part holding each group's rows of both (the same tiles, scales and order of promotions).
 // Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer): median of 10 (after one warm-up)
-// by cudaEvent, in ms and TFLOP/s (2 rows n k): the FP8 kernel (y bf16) and the bf16 kernel.
+// by cudaEvent, in ms and TFLOP/s (2 rows n k): the FP8 kernel (y bf16; dw f32 +=) and the bf16
+// kernel (the same output).
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -42,6 +61,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -50,6 +70,7 @@
 
 #include "engine/kernels/cuda/grouped_gemm/fp8_grouped_gemm_sm90.cuh"
 #include "engine/kernels/cuda/grouped_gemm/grouped_gemm_sm90.cuh"
+#include "engine/kernels/fp8_scaling.h"
 
 #include "tests/kernels/probe_harness.cuh"
 
@@ -62,11 +83,27 @@ constexpr int kGuardRows = 64;
 constexpr double kF32Tolerance = 2e-3;
 constexpr double kBf16Tolerance = 1e-2;
 
-__global__ void FillUniform(bf16* out, size_t count, uint64_t seed) {
+template <typename T>
+__global__ void FillUniform(T* out, size_t count, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
-    out[i] = __float2bfloat16(UniformFromHash(seed, i));
+    out[i] = static_cast<T>(UniformFromHash(seed, i));
   }
+}
+
+// out (rows, cols) bf16 = uniform in [-1, 1) * 2^((row / 37) % 7 - 3) * 2^(column % 5 - 2) (exact
+// in bf16): the weight gradient's operands, whose tiles and columns then get different scales.
+__global__ void FillScaledUniform(bf16* out, int64_t rows, int64_t cols, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const int exponent = static_cast<int>(r / 37 % 7) - 3 + static_cast<int>(c % 5) - 2;
+    out[i] = __float2bfloat16(ldexpf(UniformFromHash(seed, i), exponent));
+  }
+}
+
+__device__ float E4m3ToFloat(uint8_t q) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
 }
 
 // Quantises gridDim.y row-major (rows, cols) bf16 matrices in tiles of tile_rows x kTile (x: 1,
@@ -111,9 +148,101 @@ __global__ void Dequantize(const uint8_t* q, const float* scales, int64_t rows, 
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
-    const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3)));
-    out[i] = v * scales[r / tile_rows * col_tiles + c / kTile];
+    out[i] = E4m3ToFloat(q[i]) * scales[r / tile_rows * col_tiles + c / kTile];
   }
+}
+
+// One 128-row tile of a group's rows, as QuantizeColumnTiles cuts them: rows [begin, end), its
+// scales in row `slot`.
+struct ColumnTile {
+  int begin, end, slot;
+};
+
+// The weight gradient's operand layout (ops::QuantizeColumnTiles): q (cols, stride) e4m3 = x
+// (rows, cols) bf16 transposed, each tile's rows quantised per column with one scale, scales
+// (slots, cols) f32 (the tile's row `slot`). Grid (tiles, ceil(cols / kTile)), kTile threads, one
+// column each; q's columns past the rows and the unused scale rows are left as they are (zeroed
+// by the caller).
+__global__ void QuantizeColumnTiles(const bf16* x, int64_t cols, const ColumnTile* tiles,
+                                    int64_t stride, uint8_t* q, float* scales) {
+  const ColumnTile tile = tiles[blockIdx.x];
+  const int64_t c = blockIdx.y * int64_t{kTile} + threadIdx.x;
+  if (c >= cols) return;
+  float amax = 0.0f;
+  for (int64_t r = tile.begin; r < tile.end; ++r) {
+    amax = fmaxf(amax, fabsf(__bfloat162float(x[r * cols + c])));
+  }
+  const float a = fmaxf(amax, 0x1p-64f);
+  scales[tile.slot * cols + c] = a / 448.0f;
+  const float multiplier = 448.0f / a;
+  for (int64_t r = tile.begin; r < tile.end; ++r) {
+    q[c * stride + r] = __nv_cvt_float_to_fp8(__bfloat162float(x[r * cols + c]) * multiplier,
+                                              __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// out (rows, cols) f32 = QuantizeColumnTiles' q (cols, stride) transposed times its scale;
+// row_slots (rows): the scale row of each row's tile.
+__global__ void DequantizeColumnTiles(const uint8_t* q, const float* scales,
+                                      const int32_t* row_slots, int64_t rows, int64_t cols,
+                                      int64_t stride, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    out[i] = E4m3ToFloat(q[c * stride + r]) * scales[row_slots[r] * cols + c];
+  }
+}
+
+// A comparison of an output with what it should hold, over one block's elements (CompareOutput).
+struct Deviation {
+  double max_error, max_expected;
+  unsigned long long worst, non_finite, empty_changed;
+};
+
+// The bits of an output element.
+__device__ uint32_t Bits(float v) { return __float_as_uint(v); }
+__device__ uint32_t Bits(bf16 v) { return __bfloat16_as_ushort(v); }
+
+constexpr int kCompareThreads = 256;
+constexpr int kCompareBlocks = 1024;
+
+// Per block of kCompareBlocks: got (count) against expected = ref + initial (initial nullptr: 0),
+// in double; and, where empty[i / group_elements], whether got differs from initial bit for bit
+// (or from +0 without initial).
+template <typename Out>
+__global__ void CompareOutput(const Out* got, const float* ref, const Out* initial,
+                              const uint8_t* empty, int64_t group_elements, int64_t count,
+                              Deviation* blocks) {
+  Deviation d = {};
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const Out before = initial != nullptr ? initial[i] : static_cast<Out>(0.0f);
+    if (empty[i / group_elements] && Bits(got[i]) != Bits(before)) ++d.empty_changed;
+    const double v = static_cast<float>(got[i]);
+    const double expected = static_cast<double>(ref[i]) + static_cast<float>(before);
+    d.max_expected = fmax(d.max_expected, fabs(expected));
+    if (!isfinite(v)) {
+      ++d.non_finite;
+    } else if (fabs(v - expected) > d.max_error) {
+      d.max_error = fabs(v - expected);
+      d.worst = i;
+    }
+  }
+  __shared__ Deviation all[kCompareThreads];
+  all[threadIdx.x] = d;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int t = 1; t < kCompareThreads; ++t) {
+    const Deviation& o = all[t];
+    if (o.max_error > d.max_error) {
+      d.max_error = o.max_error;
+      d.worst = o.worst;
+    }
+    d.max_expected = fmax(d.max_expected, o.max_expected);
+    d.non_finite += o.non_finite;
+    d.empty_changed += o.empty_changed;
+  }
+  blocks[blockIdx.x] = d;
 }
 
 // ---------------------------------------------------------------- cases
@@ -276,6 +405,296 @@ void ProbeCase(Tally& tally, cublasHandle_t cublas, const Case& c) {
               fp8_ms, flops / fp8_ms * 1e-9, bf16_ms, flops / bf16_ms * 1e-9, bf16_ms / fp8_ms);
 }
 
+// ---------------------------------------------------------------- weight-gradient cases
+
+using moe::cuda::sm90::Fp8WeightGradRows;
+
+struct WeightGradCase {
+  std::string name;
+  int64_t n, k;                                 // dw (groups, n, k)
+  std::vector<std::vector<int32_t>> part_rows;  // per part: rows per group
+};
+
+std::vector<int32_t> OffsetsOf(const std::vector<int32_t>& rows_per_group) {
+  std::vector<int32_t> offsets(rows_per_group.size() + 1, 0);
+  for (size_t g = 0; g < rows_per_group.size(); ++g) {
+    offsets[g + 1] = offsets[g] + rows_per_group[g];
+  }
+  return offsets;
+}
+
+// One part of a weight gradient's rows on the device: dy (rows, n) and x (rows, k) bf16,
+// QuantizeColumnTiles' forms of them (fp8_scaling.h's layout) and their dequantised values f32.
+class WeightGradPart {
+ public:
+  WeightGradPart(const std::vector<int32_t>& rows_per_group, int64_t n, int64_t k)
+      : n_(n),
+        k_(k),
+        offsets_(OffsetsOf(rows_per_group)),
+        rows_(offsets_.back()),
+        stride_(moe::Fp8PaddedRows(rows_)),
+        slots_(moe::Fp8ColumnTileSlots(groups(), rows_)),
+        device_offsets_(offsets_.size()),
+        dy_(rows_ * n),
+        x_(rows_ * k),
+        dy_q_(n * stride_),
+        x_q_(k * stride_),
+        dy_scales_(slots_ * n),
+        x_scales_(slots_ * k),
+        dy_f32_(rows_ * n),
+        x_f32_(rows_ * k) {
+    MOE_CHECK_CUDA(cudaMemcpy(device_offsets_.data, offsets_.data(),
+                              offsets_.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+
+  int groups() const { return static_cast<int>(offsets_.size()) - 1; }
+  int32_t Rows(int g) const { return offsets_[g + 1] - offsets_[g]; }
+  int64_t rows() const { return rows_; }
+
+  // dy and x = FillScaledUniform's values from `seed`.
+  void Fill(uint64_t seed) {
+    FillScaledUniform<<<4096, 256>>>(dy_.data, rows_, n_, seed);
+    FillScaledUniform<<<4096, 256>>>(x_.data, rows_, k_, seed + 1);
+    MOE_CHECK_CUDA(cudaGetLastError());
+  }
+
+  // Each group's dy and x rows = `all`'s rows [skip[g], skip[g] + Rows(g)) of that group.
+  void TakeRows(const WeightGradPart& all, const std::vector<int32_t>& skip) {
+    for (int g = 0; g < groups(); ++g) {
+      const int64_t from = all.offsets_[g] + skip[g], to = offsets_[g], count = Rows(g);
+      MOE_CHECK_CUDA(cudaMemcpy(dy_.data + to * n_, all.dy_.data + from * n_,
+                                count * n_ * sizeof(bf16), cudaMemcpyDeviceToDevice));
+      MOE_CHECK_CUDA(cudaMemcpy(x_.data + to * k_, all.x_.data + from * k_,
+                                count * k_ * sizeof(bf16), cudaMemcpyDeviceToDevice));
+    }
+  }
+
+  // The quantised forms of dy and x, and their dequantised values.
+  void Quantize() {
+    std::vector<ColumnTile> tiles;
+    std::vector<int32_t> row_slots(rows_);
+    for (int g = 0; g < groups(); ++g) {
+      for (int t = 0; offsets_[g] + t * kTile < offsets_[g + 1]; ++t) {
+        const int begin = offsets_[g] + t * kTile, end = std::min(begin + kTile, offsets_[g + 1]);
+        const int slot = static_cast<int>(moe::Fp8ColumnTileSlot(g, offsets_[g], t));
+        tiles.push_back({begin, end, slot});
+        std::fill(row_slots.begin() + begin, row_slots.begin() + end, slot);
+      }
+    }
+    MOE_CHECK_CUDA(cudaMemset(dy_q_.data, 0, dy_q_.count));
+    MOE_CHECK_CUDA(cudaMemset(x_q_.data, 0, x_q_.count));
+    MOE_CHECK_CUDA(cudaMemset(dy_scales_.data, 0, dy_scales_.count * sizeof(float)));
+    MOE_CHECK_CUDA(cudaMemset(x_scales_.data, 0, x_scales_.count * sizeof(float)));
+    if (tiles.empty()) return;
+    DeviceArray<ColumnTile> device_tiles(tiles.size());
+    DeviceArray<int32_t> device_slots(rows_);
+    MOE_CHECK_CUDA(cudaMemcpy(device_tiles.data, tiles.data(), tiles.size() * sizeof(ColumnTile),
+                              cudaMemcpyHostToDevice));
+    MOE_CHECK_CUDA(cudaMemcpy(device_slots.data, row_slots.data(), rows_ * sizeof(int32_t),
+                              cudaMemcpyHostToDevice));
+    const unsigned count = static_cast<unsigned>(tiles.size());
+    QuantizeColumnTiles<<<dim3(count, (n_ + kTile - 1) / kTile), kTile>>>(
+        dy_.data, n_, device_tiles.data, stride_, dy_q_.data, dy_scales_.data);
+    QuantizeColumnTiles<<<dim3(count, (k_ + kTile - 1) / kTile), kTile>>>(
+        x_.data, k_, device_tiles.data, stride_, x_q_.data, x_scales_.data);
+    DequantizeColumnTiles<<<4096, 256>>>(dy_q_.data, dy_scales_.data, device_slots.data, rows_, n_,
+                                         stride_, dy_f32_.data);
+    DequantizeColumnTiles<<<4096, 256>>>(x_q_.data, x_scales_.data, device_slots.data, rows_, k_,
+                                         stride_, x_f32_.data);
+    MOE_CHECK_CUDA(cudaGetLastError());
+    SyncOrTimeout("column-tile quantisation");
+  }
+
+  // ref (groups, n, k) += dy_g^T x_g of the dequantised operands, per group with rows: row-major
+  // dw_g (n, k) is column-major (k, n) = x_g' (k, rows_g) · dy_g' (n, rows_g)^T.
+  void AddReference(cublasHandle_t cublas, float* ref) const {
+    const float one = 1.0f;
+    for (int g = 0; g < groups(); ++g) {
+      if (Rows(g) == 0) continue;
+      MOE_CHECK_CUBLAS(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(k_),
+                                   static_cast<int>(n_), Rows(g), &one,
+                                   x_f32_.data + offsets_[g] * k_, static_cast<int>(k_),
+                                   dy_f32_.data + offsets_[g] * n_, static_cast<int>(n_), &one,
+                                   ref + g * n_ * k_, static_cast<int>(k_)));
+    }
+  }
+
+  Fp8WeightGradRows Fp8() const {
+    return {dy_q_.data,           dy_scales_.data, x_q_.data, x_scales_.data,
+            device_offsets_.data, rows_,           stride_};
+  }
+  moe::cuda::sm90::WeightGradRows Bf16() const {
+    return {dy_.data, x_.data, device_offsets_.data, rows_};
+  }
+
+ private:
+  int64_t n_, k_;
+  std::vector<int32_t> offsets_;
+  int64_t rows_, stride_, slots_;
+  DeviceArray<int32_t> device_offsets_;
+  DeviceArray<bf16> dy_, x_;
+  DeviceArray<uint8_t> dy_q_, x_q_;
+  DeviceArray<float> dy_scales_, x_scales_, dy_f32_, x_f32_;
+};
+
+// Runs the FP8 weight gradient of `parts` into dw of type Out (=: poisoned; +=: random values)
+// with 64 poisoned guard rows of k after it, and checks it against ref (groups, n, k) (+ the
+// initial dw); empty (groups): the groups without rows in any part.
+template <typename Out>
+void CheckWeightGrad(Tally& tally, const std::string& name,
+                     const std::vector<Fp8WeightGradRows>& parts, int groups, int64_t n, int64_t k,
+                     bool accumulate, const float* ref, const uint8_t* empty) {
+  const std::string what = name + (std::is_same_v<Out, float> ? " (dw f32 " : " (dw bf16 ") +
+                           (accumulate ? "+=)" : "=)");
+  const int64_t elements = groups * n * k, guard = kGuardRows * k;
+  DeviceArray<Out> dw(elements + guard), initial(accumulate ? elements : 0);
+  MOE_CHECK_CUDA(cudaMemset(dw.data, 0xFF, (elements + guard) * sizeof(Out)));
+  if (accumulate) {
+    FillUniform<<<4096, 256>>>(dw.data, elements, 99);
+    MOE_CHECK_CUDA(cudaGetLastError());
+    MOE_CHECK_CUDA(
+        cudaMemcpy(initial.data, dw.data, elements * sizeof(Out), cudaMemcpyDeviceToDevice));
+  }
+  MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<Out>(
+      parts.data(), static_cast<int>(parts.size()), groups, n, k, accumulate, dw.data, nullptr));
+  SyncOrTimeout(what.c_str());
+  DeviceArray<Deviation> blocks(kCompareBlocks);
+  CompareOutput<Out><<<kCompareBlocks, kCompareThreads>>>(
+      dw.data, ref, accumulate ? initial.data : nullptr, empty, n * k, elements, blocks.data);
+  MOE_CHECK_CUDA(cudaGetLastError());
+  std::vector<Deviation> host(kCompareBlocks);
+  MOE_CHECK_CUDA(cudaMemcpy(host.data(), blocks.data, kCompareBlocks * sizeof(Deviation),
+                            cudaMemcpyDeviceToHost));
+  Deviation d = {};
+  for (const Deviation& b : host) {
+    if (b.max_error > d.max_error) {
+      d.max_error = b.max_error;
+      d.worst = b.worst;
+    }
+    d.max_expected = std::max(d.max_expected, b.max_expected);
+    d.non_finite += b.non_finite;
+    d.empty_changed += b.empty_changed;
+  }
+  std::vector<uint8_t> guard_bytes(guard * sizeof(Out));
+  MOE_CHECK_CUDA(cudaMemcpy(guard_bytes.data(), dw.data + elements, guard_bytes.size(),
+                            cudaMemcpyDeviceToHost));
+  const size_t guards_written =
+      guard_bytes.size() - std::count(guard_bytes.begin(), guard_bytes.end(), uint8_t{0xFF});
+  const double tolerance = std::is_same_v<Out, float> ? kF32Tolerance : kBf16Tolerance;
+  const bool ok = d.non_finite == 0 && guards_written == 0 && d.empty_changed == 0 &&
+                  d.max_error <= tolerance * d.max_expected;
+  char detail[320];
+  std::snprintf(detail, sizeof(detail),
+                "max|err| %.3g = %.3g max|expected| (tolerance %.0e) at group %lld row %lld col "
+                "%lld; %llu non-finite; %zu guard bytes written; %llu elements of empty groups "
+                "changed",
+                d.max_error, d.max_expected > 0 ? d.max_error / d.max_expected : 0.0, tolerance,
+                static_cast<long long>(d.worst / (n * k)),
+                static_cast<long long>(d.worst % (n * k) / k), static_cast<long long>(d.worst % k),
+                d.non_finite, guards_written, d.empty_changed);
+  tally.Report(ok, what, detail);
+}
+
+// With several parts: whether their dw (f32 =) equals bit for bit that of `all`, one part holding
+// each group's rows of every part in order. Holds where the first part's groups have multiples of
+// 128 rows (and there are two parts): the same tiles, scales and order of promotions.
+void CheckPartsMatchOnePart(Tally& tally, const std::string& name,
+                            const std::vector<Fp8WeightGradRows>& parts, const WeightGradPart& all,
+                            int groups, int64_t n, int64_t k) {
+  const std::string what = name + " (two parts == one part, dw f32 =)";
+  const size_t elements = static_cast<size_t>(groups * n * k);
+  DeviceArray<float> split(elements), whole(elements);
+  const Fp8WeightGradRows one = all.Fp8();
+  MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<float>(
+      parts.data(), static_cast<int>(parts.size()), groups, n, k, false, split.data, nullptr));
+  MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<float>(
+      &one, 1, groups, n, k, false, whole.data, nullptr));
+  SyncOrTimeout(what.c_str());
+  std::vector<uint32_t> a(elements), b(elements);
+  MOE_CHECK_CUDA(cudaMemcpy(a.data(), split.data, elements * 4, cudaMemcpyDeviceToHost));
+  MOE_CHECK_CUDA(cudaMemcpy(b.data(), whole.data, elements * 4, cudaMemcpyDeviceToHost));
+  size_t differ = 0, first = elements;
+  for (size_t i = 0; i < elements; ++i) {
+    if (a[i] != b[i] && differ++ == 0) first = i;
+  }
+  char detail[160];
+  std::snprintf(detail, sizeof(detail), "%zu of %zu elements differ (first: element %zu)", differ,
+                elements, first);
+  tally.Report(differ == 0, what, detail);
+}
+
+void ProbeWeightGradCase(Tally& tally, cublasHandle_t cublas, const WeightGradCase& c) {
+  const int groups = static_cast<int>(c.part_rows.front().size());
+  const int64_t n = c.n, k = c.k, elements = groups * n * k;
+  // all: each group's rows of every part in order; the parts take their rows from it.
+  std::vector<int32_t> all_rows(groups, 0);
+  for (const std::vector<int32_t>& rows : c.part_rows) {
+    for (int g = 0; g < groups; ++g) all_rows[g] += rows[g];
+  }
+  WeightGradPart all(all_rows, n, k);
+  all.Fill(10);
+  all.Quantize();
+  std::printf("\n%s: %zu part(s), rows %lld, groups %d, n %lld, k %lld\n", c.name.c_str(),
+              c.part_rows.size(), static_cast<long long>(all.rows()), groups,
+              static_cast<long long>(n), static_cast<long long>(k));
+  std::vector<std::unique_ptr<WeightGradPart>> split;
+  std::vector<int32_t> skip(groups, 0);
+  for (const std::vector<int32_t>& rows : c.part_rows) {
+    if (c.part_rows.size() == 1) break;  // the part is `all`
+    split.push_back(std::make_unique<WeightGradPart>(rows, n, k));
+    split.back()->TakeRows(all, skip);
+    split.back()->Quantize();
+    for (int g = 0; g < groups; ++g) skip[g] += rows[g];
+  }
+  std::vector<Fp8WeightGradRows> parts;
+  DeviceArray<float> ref(elements);
+  MOE_CHECK_CUDA(cudaMemset(ref.data, 0, elements * sizeof(float)));
+  if (split.empty()) {
+    parts.push_back(all.Fp8());
+    all.AddReference(cublas, ref.data);
+  }
+  for (const std::unique_ptr<WeightGradPart>& part : split) {
+    parts.push_back(part->Fp8());
+    part->AddReference(cublas, ref.data);
+  }
+  SyncOrTimeout("reference");
+  std::vector<uint8_t> empty(groups);
+  for (int g = 0; g < groups; ++g) empty[g] = all.Rows(g) == 0;
+  DeviceArray<uint8_t> device_empty(groups);
+  MOE_CHECK_CUDA(cudaMemcpy(device_empty.data, empty.data(), groups, cudaMemcpyHostToDevice));
+  for (const bool accumulate : {false, true}) {
+    CheckWeightGrad<float>(tally, c.name, parts, groups, n, k, accumulate, ref.data,
+                           device_empty.data);
+    CheckWeightGrad<bf16>(tally, c.name, parts, groups, n, k, accumulate, ref.data,
+                          device_empty.data);
+  }
+  if (!split.empty()) {
+    CheckPartsMatchOnePart(tally, c.name, parts, all, groups, n, k);
+    return;
+  }
+  if (ChecksOnly()) return;
+
+  DeviceArray<float> dw(elements);
+  MOE_CHECK_CUDA(cudaMemset(dw.data, 0, elements * sizeof(float)));
+  const Fp8WeightGradRows fp8 = all.Fp8();
+  const moe::cuda::sm90::WeightGradRows bf16_rows = all.Bf16();
+  const double flops = 2.0 * all.rows() * n * k;
+  const double fp8_ms = MedianMs(
+      [&] {
+        MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<float>(
+            &fp8, 1, groups, n, k, true, dw.data, nullptr));
+      },
+      "fp8 weight-gradient timing");
+  const double bf16_ms = MedianMs(
+      [&] {
+        MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90<float>(
+            &bf16_rows, 1, groups, n, k, true, dw.data, nullptr));
+      },
+      "bf16 weight-gradient timing");
+  std::printf("  fp8 (dw f32 +=) %8.3f ms %7.1f TFLOP/s | bf16 %8.3f ms %7.1f TFLOP/s | %.2fx\n",
+              fp8_ms, flops / fp8_ms * 1e-9, bf16_ms, flops / bf16_ms * 1e-9, bf16_ms / fp8_ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,6 +705,12 @@ int main(int argc, char** argv) {
       cudaFuncGetAttributes(&attributes, moe::cuda::sm90::detail::Fp8GroupedMatmulKernel<bf16>));
   std::printf("fp8 kernel: %d registers, %zu bytes local, %d bytes of dynamic shared memory\n",
               attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8SmemBytes);
+  MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes,
+                                       moe::cuda::sm90::detail::Fp8GroupedWeightGradKernel<float>));
+  std::printf(
+      "fp8 weight-gradient kernel: %d registers, %zu bytes local, %d bytes of dynamic shared "
+      "memory\n",
+      attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8WeightGradSmemBytes);
   constexpr int kTokens = 4096;
   const std::vector<Case> cases = {
       {"tiny", 256, 256, {120, 80}},
@@ -297,12 +722,31 @@ int main(int argc, char** argv) {
       {"deepseek-v3-like fc1", 7168, 4096, RandomRouting(256, 8, kTokens, 3)},
       {"deepseek-v3-like fc2", 2048, 7168, RandomRouting(256, 8, kTokens, 3)},
   };
+  // dw (groups, n, k) of the forward's w; the two parts' first holds multiples of 128 rows per
+  // group (CheckPartsMatchOnePart), the second ends off a multiple of 16 (padded tokens).
+  std::vector<WeightGradCase> weight_grad_cases = {
+      {"wgrad tiny", 128, 128, {{100, 60}}},
+      {"wgrad tails", 336, 1008, {{0, 1, 127, 128, 129, 300, 96, 37, 0}}},
+      {"wgrad two parts",
+       336,
+       1008,
+       {{0, 128, 0, 256, 128, 0, 128, 0}, {0, 1, 129, 0, 300, 0, 37, 0}}},
+  };
+  for (const Case& c : cases) {
+    if (c.name != "tiny" && c.name != "tails") {
+      weight_grad_cases.push_back({"wgrad " + c.name, c.n, c.k, {c.rows_per_group}});
+    }
+  }
   cublasHandle_t cublas;
   MOE_CHECK_CUBLAS(cublasCreate(&cublas));
   Tally tally;
   for (const Case& c : cases) {
     if (c.name.find(filter) == std::string::npos) continue;
     ProbeCase(tally, cublas, c);
+  }
+  for (const WeightGradCase& c : weight_grad_cases) {
+    if (c.name.find(filter) == std::string::npos) continue;
+    ProbeWeightGradCase(tally, cublas, c);
   }
   MOE_CHECK_CUBLAS(cublasDestroy(cublas));
   std::printf("\n%d passed, %d failed\n", tally.passed, tally.failed);

@@ -281,6 +281,35 @@ std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
           {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true}};
 }
 
+// A quantised operand of the FP8 weight gradient: e4m3 values and their scales.
+struct Fp8GroupedColumnsOperand {
+  Tensor q, scales;
+};
+
+// QuantizeColumnTiles' forms of grouped rows (rows, cols) from `offsets`, made by the CPU
+// reference (so every device multiplies the same e4m3 values and scales) and placed on r's device.
+// The rows hold r's fresh values times 2^(row / 37 % 7 - 3) and 2^(column % 5 - 2), so that
+// tiles and columns get different scales and a scale from the wrong tile, row or column errs by a
+// factor of 2 or more.
+Fp8GroupedColumnsOperand QuantizedColumnsOnCpu(OpRun& r, int64_t rows, int64_t cols,
+                                               const std::vector<int32_t>& offsets) {
+  std::vector<float> values = testing::ToFloats(r.InF32({rows, cols}));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    values[i] = std::ldexp(values[i], static_cast<int>(i / cols / 37 % 7 + i % cols % 5) - 5);
+  }
+  const Device cpu = Device::CPU();
+  const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
+  const Tensor q = Tensor::Empty({cols, Fp8PaddedRows(rows)}, DType::kE4M3, cpu);
+  const Tensor scales = Tensor::Empty({Fp8ColumnTileSlots(groups, rows), cols}, DType::kF32, cpu);
+  ops::QuantizeColumnTiles(FromFloats(values, {rows, cols}, DType::kF32, cpu),
+                           FromInts(offsets, {groups + 1}, cpu), q, scales);
+  if (!r.device().is_cuda()) return {q, scales};
+  const Tensor device_q = r.OutE4M3(q.shape()), device_scales = r.OutF32(scales.shape());
+  ops::CopyFromHost(q.data(), device_q);
+  ops::CopyFromHost(scales.data(), device_scales);
+  return {device_q, device_scales};
+}
+
 std::vector<OpCase> Cases() {
   std::vector<OpCase> cases;
   auto add = [&](std::string name, std::function<void(OpRun&)> body, double f32 = 1e-5,
@@ -523,6 +552,46 @@ std::vector<OpCase> Cases() {
         },
         5e-3, 1e-2);
   }
+  // dw_g (+)= sum over parts of dy_p,g^T x_p,g on QuantizeColumnTiles' forms made on the CPU
+  // (QuantizedColumnsOnCpu: both devices multiply the same e4m3 values and scales), n 48 (a
+  // partial row tile) and k 160 (a partial column tile). Parts: rows 300 (groups of 0, 1, 129, 0,
+  // 160 and 10 rows: an empty first and middle group, tiles that end at and past a group's end)
+  // and 213 (off a multiple of 16: padded tokens), then 9 parts (the Hopper kernel's second
+  // launch adds the ninth). dw f32 =, f32 += onto fresh values, and the run's dtype (= and +=).
+  // Tolerance as fp8_grouped_matmul's (the same tensor-core sums of 128 products).
+  add(
+      "fp8_grouped_matmul_weight_grad",
+      [](OpRun& r) {
+        constexpr int64_t kN = 48, kK = 160, kGroups = 6;
+        const std::vector<std::vector<int32_t>> part_offsets = {{0, 0, 1, 130, 130, 290, 300},
+                                                                {0, 50, 50, 178, 178, 178, 213}};
+        std::vector<ops::Fp8GroupedColumns> parts;
+        for (const std::vector<int32_t>& offsets : part_offsets) {
+          const int64_t rows = offsets.back();
+          const Fp8GroupedColumnsOperand dy = QuantizedColumnsOnCpu(r, rows, kN, offsets);
+          const Fp8GroupedColumnsOperand x = QuantizedColumnsOnCpu(r, rows, kK, offsets);
+          parts.push_back({dy.q, dy.scales, x.q, x.scales, r.Ints(offsets, {kGroups + 1}), rows});
+        }
+        std::vector<ops::Fp8GroupedColumns> nine_parts;
+        for (int p = 0; p < 9; ++p) nine_parts.push_back(parts[p % 2]);
+        const std::span<const ops::Fp8GroupedColumns> one_part(parts.data(), 1);
+        Tensor dw = r.OutF32({kGroups, kN, kK});
+        ops::Fp8GroupedMatmulWeightGrad(one_part, dw, /*accumulate=*/false);
+        Tensor dw_sum = r.InF32({kGroups, kN, kK});
+        ops::Fp8GroupedMatmulWeightGrad(parts, dw_sum, /*accumulate=*/true);
+        Tensor dw_nine = r.OutF32({kGroups, kN, kK});
+        ops::Fp8GroupedMatmulWeightGrad(nine_parts, dw_nine, /*accumulate=*/false);
+        Tensor dw_grad = r.OutGrad({kGroups, kN, kK});
+        ops::Fp8GroupedMatmulWeightGrad(parts, dw_grad, /*accumulate=*/false);
+        Tensor dw_grad_sum = r.InGrad({kGroups, kN, kK});
+        ops::Fp8GroupedMatmulWeightGrad(parts, dw_grad_sum, /*accumulate=*/true);
+        r.Read("dw", dw);
+        r.Read("dw += two parts", dw_sum);
+        r.Read("dw nine parts", dw_nine);
+        r.Read("dw_grad", dw_grad);
+        r.Read("dw_grad += two parts", dw_grad_sum);
+      },
+      5e-3, 1e-2);
   // fc1 with SwiGLU x routing probability, and fc2's input gradient with SwiGLU's backward (each
   // one Hopper kernel in bf16 where f is a multiple of 8, the backward's at any k here; f 136: gate
   // and up tiles past f; f 20: the two ops). n is h's width 2f; fc1's w (groups, 2f, k), fc2's

@@ -1,10 +1,10 @@
 // Hopper (sm_90a) building blocks shared by the wgmma kernels (grouped_gemm_sm90.cuh,
 // attention_sm90.cu): PTX wrappers for mbarriers (also a cluster peer's), TMA
-// (cp.async.bulk.tensor, also multicast to a cluster, with L2 eviction policies), cluster ids and
-// barrier, wgmma issue and waits, setmaxnreg and named barriers; shared-memory matrix descriptors
-// for 128-byte-swizzled operands; the stage/phase walk of an mbarrier ring; and the host's
-// tensor-map encoding. Self-contained (CUDA headers only), so the kernels' probes build with one
-// nvcc command.
+// (cp.async.bulk.tensor, also multicast to a cluster, with L2 eviction policies) and plain bulk
+// copies (cp.async.bulk), cluster ids and barrier, wgmma issue and waits, setmaxnreg and named
+// barriers, 16-byte shared-memory accesses; shared-memory matrix descriptors for 128-byte-swizzled
+// operands; the stage/phase walk of an mbarrier ring; and the host's tensor-map encoding.
+// Self-contained (CUDA headers only), so the kernels' probes build with one nvcc command.
 //
 // Facts these rely on are written where they are used: grouped_gemm/grouped_gemm_sm90.cuh's file
 // comment has the swizzle, descriptor and mbarrier-phase rules.
@@ -184,6 +184,17 @@ __device__ __forceinline__ void TmaLoad3dMulticast(const CUtensorMap& map, uint3
       : "memory");
 }
 
+// Bulk copy (no tensor map): `bytes` (a multiple of 16) from global `src` to shared `dst`, both
+// 16-byte aligned; the bytes complete_tx on `bar`.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 // TMA: global box (c0, c1, c2, c3) of `map` = shared `src` (elements outside the tensor are not
 // written); joins the thread's current bulk group.
 __device__ __forceinline__ void TmaStore4d(const CUtensorMap& map, uint32_t src, int c0, int c1,
@@ -230,6 +241,22 @@ __device__ __forceinline__ void BulkWaitAll() {
 // (wgmma operand reads, TMA stores) that are synchronised after it.
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The 16 bytes at shared address `address` (16-byte aligned), read or written. Through 32-bit
+// shared addresses, which take half the registers of generic pointers.
+__device__ __forceinline__ uint4 LoadShared16(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void StoreShared16(uint32_t address, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // Asks for the 128-byte line holding `p` (global memory) to be brought into L2; no wait.

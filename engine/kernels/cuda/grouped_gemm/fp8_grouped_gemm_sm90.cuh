@@ -1,38 +1,74 @@
-// The Hopper (sm_90a) FP8 grouped GEMM: the MoE expert layers' products on e4m3 operands with
+// The Hopper (sm_90a) FP8 grouped GEMMs: the MoE expert layers' products on e4m3 operands with
 // DeepSeek-V3's blockwise scaling (engine/kernels/fp8_scaling.h). Self-contained (CUDA headers
 // only) so that tests/kernels/fp8_grouped_gemm_sm90_probe.cu builds it with one nvcc command; the
-// engine's CUDA Fp8GroupedMatmul reaches it through fp8_grouped_matmul_sm90.cu (contract:
-// op_declarations.inc). The kernel lies in sm90/fp8_forward_kernel.cuh and shares the bf16
-// kernels' pieces (grouped_gemm_sm90.cuh's design note: the mbarrier stage protocol, TMA with the
-// 128-byte swizzle, the K-major wgmma descriptors, the accumulator layout, the offsets' scan).
+// engine's CUDA Fp8GroupedMatmul and Fp8GroupedMatmulWeightGrad reach it through
+// fp8_grouped_matmul_sm90.cu (contracts: op_declarations.inc). The kernels lie in
+// sm90/fp8_forward_kernel.cuh and sm90/fp8_weight_grad_kernel.cuh, what they share in
+// sm90/fp8_mainloop.cuh, and they share the bf16 kernels' pieces (grouped_gemm_sm90.cuh's design
+// note: the mbarrier stage protocol, TMA with the 128-byte swizzle, the K-major wgmma
+// descriptors, the accumulator layout, the offsets' scan, the weight gradient's parts).
 //
-// Operation: group g owns the rows [offsets[g], offsets[g + 1]) (offsets (groups + 1) int32 in
-// DEVICE memory; the kernel traps unless 0 = offsets[0] <= ... <= offsets[groups] = rows):
-//   y[rows of g] (=) = xq[rows of g] · wq_g^T, xq (rows, k) e4m3, wq (groups, n, k) e4m3 (both
-//   K-major), y (rows, n) f32 or bf16; x_scales (rows, ceil(k / 128)) f32, one per row and
-//   128-wide K tile; w_scales (groups, ceil(n / 128), ceil(k / 128)) f32, one per 128 x 128 block.
-//   Per output element, over the K tiles t in ascending order from acc = 0: partial_t = the
-//   tile's e4m3 products summed by the tensor cores (wgmma, f32 accumulators fresh per tile, so no
-//   reduced-precision sum runs longer than 128), acc = fma(partial_t, x_scale[row, t] *
-//   w_scale[g, column / 128, t], acc); y = acc rounded to y's type (bf16: nearest even). Every
-//   row of y is written (k == 0: zeros).
+// Operations: group g owns the rows [offsets[g], offsets[g + 1]) (offsets (groups + 1) int32 in
+// DEVICE memory; the kernels trap unless 0 = offsets[0] <= ... <= offsets[groups] = rows).
+//   Fp8GroupedMatmulSm90: y[rows of g] (=) = xq[rows of g] · wq_g^T, xq (rows, k) e4m3, wq
+//   (groups, n, k) e4m3 (both K-major), y (rows, n) f32 or bf16; x_scales (rows, ceil(k / 128))
+//   f32, one per row and 128-wide K tile; w_scales (groups, ceil(n / 128), ceil(k / 128)) f32, one
+//   per 128 x 128 block. Per output element, over the K tiles t in ascending order from acc = 0:
+//   partial_t = the tile's e4m3 products summed by the tensor cores (wgmma, f32 accumulators fresh
+//   per tile, so no reduced-precision sum runs longer than 128), acc = fma(partial_t, x_scale[row,
+//   t] * w_scale[g, column / 128, t], acc); y = acc rounded to y's type (bf16: nearest even).
+//   Every row of y is written (k == 0: zeros).
 //   Requirements (the launcher returns cudaErrorInvalidValue otherwise): k a multiple of 16 and n
 //   of 8, xq, wq and y 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes;
 //   the epilogue's column pairs); rows, n, k < 2^31; 1 <= groups <= kMaxGroups.
+//   Fp8GroupedMatmulWeightGradSm90: dw_g (=) or (+=) the sum over up to kMaxWeightGradParts parts
+//   p (Fp8WeightGradRows: QuantizeColumnTiles' forms of dy_p (rows_p, n) and x_p (rows_p, k), each
+//   with its own offsets) of dy_p[rows of g]^T · x_p[rows of g]; dw (groups, n, k) f32 or bf16.
+//   The operands are transposed, tokens contiguous: dy_q (n, stride_p), x_q (k, stride_p) e4m3,
+//   stride_p = Fp8PaddedRows(rows_p) (a multiple of 16); group g's tokens in part p are cut into
+//   128-token tiles t from its first token, whose scales are row Fp8ColumnTileSlot(g, offsets_p[g],
+//   t) of dy_scales (slots_p, n) and x_scales (slots_p, k) f32. Per element (i, j) of dw_g, over
+//   the parts in order and in each over g's tiles in order, from acc = 0: acc = fma(partial_t,
+//   dy_scale[slot, i] * x_scale[slot, j], acc), partial_t the tile's products summed by the tensor
+//   cores (fresh accumulators per tile); then dw = acc rounded (=), or dw = round(dw + acc) in f32
+//   (+=: read, added and written by the thread that holds acc: one rounding, run-to-run
+//   identical). A group without tokens in any part: zeros (=) or unchanged (+=).
+//   Requirements (cudaErrorInvalidValue otherwise): n and k multiples of 16 (the scale rows'
+//   bulk copies take 16-byte pieces), every operand and dw 16-byte aligned, rows_p, n, k < 2^31,
+//   1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
 //
-// Design (one CTA per SM, persistent, no cluster; tiles round-robin over the CTAs):
-//   - Tile 128 x 128 of y (FindFp8Tile: group-major, then column tiles, then row tiles). A row
-//     tile never crosses its group's end: rows past it are loaded (the next group's, or TMA's zero
-//     fill past `rows`) but never stored; n and k tails are zero-filled by TMA (w is a 3-D map
-//     with the group outermost, so no read crosses into the next expert), and zeros add nothing.
-//   - CTA = 3 warpgroups: warpgroup 0's thread 0 produces (TMA into kFp8Stages stages of A 128 x
-//     128 and B 128 x 128 e4m3: one K tile, 32 KiB), warpgroups 1 and 2 consume, 64 rows each.
-//   - A stage's 128 e4m3 of K are one 128-byte swizzle row and one scale tile: per stage a
-//     consumer issues 4 m64n128k32 wgmmas into fresh accumulators, waits for them, releases the
-//     stage and promotes them into its f32 accumulators with one fma each (64 + 64 registers a
-//     thread); the scales of the stage are loaded from global memory before it waits for it.
-//   - Epilogue: each thread stores its accumulators' valid rows and columns as column pairs
-//     (float2 or bf16x2) straight from registers.
+// Design (one CTA per SM, persistent, no cluster; tiles round-robin over the CTAs; CTA = 3
+// warpgroups: warpgroup 0 produces, warpgroups 1 and 2 consume, 64 output rows each):
+//   - A stage holds one 128-deep K tile of both operands, each 128 rows of 128 e4m3 (one 128-byte
+//     swizzle row per operand row: 32 KiB, kFp8Stages = 6 of them). Per stage a consumer issues (up
+//     to) 4 m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its
+//     f32 accumulators with one fma each (64 + 64 registers a thread), then releases the stage
+//     (MultiplyFp8Stage).
+//   - Epilogue: each thread writes its accumulators' valid rows and columns as column pairs
+//     (float2 or bf16x2) straight from registers; the weight gradient's += reads the pair first.
+//   - Forward tiles: 128 x 128 of y (FindFp8Tile: group-major, then column tiles, then row
+//     tiles). A row tile never crosses its group's end: rows past it are loaded (the next
+//     group's, or TMA's zero fill past `rows`) but never stored; n and k tails are zero-filled by
+//     TMA (w is a 3-D map with the group outermost, so no read crosses into the next expert), and
+//     zeros add nothing. The scales of a stage are loaded from global memory before it is waited
+//     for (one per row and one per tile).
+//   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
+//     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
+//     CTAs resident together read one group's operands from L2). K: the group's token tiles in
+//     each part in turn (ForEachTokenTile, which the three roles walk alike). Each element needs
+//     its own scale (its row's dy scale times its column's x scale): the producer bulk-copies the
+//     token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full barrier, counted
+//     in its bytes) beside the stage, and a consumer reads its 2 rows' and 32 columns' scales from
+//     there before it releases the stage. A token tile that ends before 128 tokens holds the next
+//     group's tokens (or zeros past the part's rows) in its last columns: the consumers multiply
+//     only its 32-token K slices with tokens of the group (PartSlicesOf, as the bf16 weight
+//     gradient's 16-row slices), and where the last of them is partly past the end, the producer
+//     lands the stage on landed[s] instead of full[s], and warp 1 of warpgroup 0
+//     (MaskFp8WeightGradStages, walking the same stages) waits for it, zeroes those tokens of that
+//     slice in both operands (each row's 16-byte chunks sit at chunk c ^ (row % 8) under the
+//     swizzle; the chunk holding the group's end keeps its first bytes), fences them for the
+//     tensor cores (fence.proxy.async) and arrives on full[s]. The producer does not wait for the
+//     landing, so it keeps loading ahead.
 #pragma once
 
 #include <cuda.h>
@@ -45,6 +81,7 @@
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_forward_kernel.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/persistent_launch.cuh"
 
 namespace moe::cuda::sm90 {
@@ -85,6 +122,63 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   if (status != cudaSuccess) return status;
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, x_scales, w_scales, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+// See the file comment: dw_g (+)= the sum over the `count` parts (count <= kMaxWeightGradParts)
+// of dy_p,g^T · x_p,g in one launch; dw (groups, n, k), Out float or bf16. Asynchronous on
+// `stream`; returns the first error of argument checks, tensor-map encoding or the launch.
+template <typename Out>
+cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, int count,
+                                           int groups, int64_t n, int64_t k, bool accumulate,
+                                           Out* dw, cudaStream_t stream) {
+  using namespace detail;
+  static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, bf16>, "dw is f32 or bf16");
+  if (groups < 1 || groups > kMaxGroups || count < 1 || count > kMaxWeightGradParts ||
+      !FitsInt(n) || !FitsInt(k) || n % 16 != 0 || k % 16 != 0 || !Aligned16(dw)) {
+    return cudaErrorInvalidValue;
+  }
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  Fp8WeightGradParts parts = {};
+  for (int i = 0; i < count; ++i) {
+    const Fp8WeightGradRows& part = rows_parts[i];
+    if (!FitsInt(part.rows) || !FitsInt(part.stride) || part.stride < part.rows ||
+        part.stride % 16 != 0 || part.offsets == nullptr || !Aligned16(part.dy_q) ||
+        !Aligned16(part.x_q) || !Aligned16(part.dy_scales) || !Aligned16(part.x_scales)) {
+      return cudaErrorInvalidValue;
+    }
+    if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
+    const int p = parts.tokens.count++;
+    const uint64_t stride = static_cast<uint64_t>(part.stride);
+    cudaError_t status =
+        EncodeTensorMap<2>(&parts.tokens.dy[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.dy_q,
+                           {stride, un}, {stride}, {kFp8BlockK, kFp8BlockM});
+    if (status != cudaSuccess) return status;
+    status = EncodeTensorMap<2>(&parts.tokens.x[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.x_q,
+                                {stride, uk}, {stride}, {kFp8BlockK, kFp8BlockN});
+    if (status != cudaSuccess) return status;
+    parts.tokens.offsets[p] = part.offsets;
+    parts.tokens.rows[p] = static_cast<int>(part.rows);
+    parts.dy_scales[p] = part.dy_scales;
+    parts.x_scales[p] = part.x_scales;
+  }
+  if (n == 0 || k == 0) return cudaSuccess;
+  if (parts.tokens.count == 0) {
+    return accumulate
+               ? cudaSuccess
+               : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * sizeof(Out), stream);
+  }
+  const int64_t tiles =
+      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cudaError_t status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream,
+                                                        &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, parts, groups, static_cast<int>(n),
+                              static_cast<int>(k), accumulate, dw);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 

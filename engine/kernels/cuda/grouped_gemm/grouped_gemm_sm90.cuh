@@ -11,8 +11,8 @@
 // TMA writes), swiglu_epilogue.cuh (the activation warps), split_k.cuh (the split last wave),
 // weight_grad_parts.cuh (the weight gradient's K: rows in parts), forward_kernel.cuh and
 // weight_grad_kernel.cuh (each kernel, its roles as force-inlined helpers), launch.cuh (tensor
-// maps, launches), persistent_launch.cuh (persistent cluster launches). The FP8 grouped GEMM
-// (fp8_grouped_gemm_sm90.cuh) shares these pieces.
+// maps, launches), persistent_launch.cuh (persistent cluster launches). The FP8 grouped GEMMs
+// (fp8_grouped_gemm_sm90.cuh) share these pieces.
 //
 // Operations (row-major, bf16 operands, fp32 accumulation; group g owns the token rows
 // [offsets[g], offsets[g + 1]), offsets (groups + 1) int32 in DEVICE memory, 0 = offsets[0] <=

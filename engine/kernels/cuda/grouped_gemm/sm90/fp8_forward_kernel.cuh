@@ -1,43 +1,29 @@
-// The Hopper FP8 grouped GEMM's kernel (design: ../fp8_grouped_gemm_sm90.cuh): y (=) = xq · wq_g^T
-// per group on e4m3 operands, both K-major, with DeepSeek-V3's blockwise scales applied once per
-// 128-wide K tile into f32 accumulators. A persistent launch of warp-specialised CTAs (no
+// The Hopper FP8 grouped GEMM's forward kernel (design: ../fp8_grouped_gemm_sm90.cuh): y (=) = xq ·
+// wq_g^T per group on e4m3 operands, both K-major, with DeepSeek-V3's blockwise scales applied
+// once per 128-wide K tile into f32 accumulators. A persistent launch of warp-specialised CTAs (no
 // cluster): warpgroup 0's thread 0 TMA-loads each K tile's operands into a ring of stages
 // (ProduceFp8Stages), warpgroups 1 and 2 each multiply 64 rows of the 128 x 128 tile and promote
-// the tile's partial sums (ConsumeFp8Tiles), then store their rows of y from registers.
+// the tile's partial sums (ConsumeFp8Tiles), then store their rows of y from registers. The ring
+// and a stage's multiplication are fp8_mainloop.cuh's, shared with the weight gradient.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
-#include "engine/kernels/cuda/grouped_gemm/sm90/pipeline.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/tile_scheduler.cuh"
 
 namespace moe::cuda::sm90 {
 
-constexpr int kFp8BlockM = 128;  // y rows per tile: 64 per consumer warpgroup
-constexpr int kFp8BlockN = 128;  // y columns per tile: one weight scale block
-constexpr int kFp8BlockK = 128;  // e4m3 per stage: one 128-byte swizzle row, one scale tile
-constexpr int kFp8WgmmaK = 32;   // m64n128k32: 4 K slices per stage
-constexpr int kFp8Stages = 6;
-constexpr int kFp8Accumulators = 64 * kFp8BlockN / kWarpgroupThreads;  // f32 per thread and set
-constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;              // A or B of a stage: 16 KiB
-constexpr int kFp8StageBytes = 2 * kFp8OperandBytes;
-// Stages, their barriers, the offsets and the tile prefix (kMaxGroups + 1 ints each).
-constexpr int kFp8SmemBytes = 1023 + kFp8Stages * kFp8StageBytes +
-                              detail::kStageBarrierBytes<kFp8Stages> + 2 * (kMaxGroups + 1) * 4;
-
-static_assert(kFp8BlockK == kSwizzleRowBytes && kFp8BlockM == 64 * kConsumers);
-static_assert(kFp8WgmmaK == kKMajorSliceBytes, "KMajorDescriptor's slices are 32 bytes");
-static_assert(kFp8BlockN == 128 && kFp8Accumulators == 64, "WgmmaE4m3 is m64n128k32");
+// The offsets and the tile prefix (kMaxGroups + 1 ints each), after the stage ring.
+constexpr int kFp8SmemBytes = kFp8RingBytes + 2 * (kMaxGroups + 1) * 4;
 static_assert(kFp8SmemBytes <= 227 * 1024);
-static_assert(detail::kStageBarrierBytes<kFp8Stages> % 16 == 0);
 
 namespace detail {
 
@@ -66,26 +52,13 @@ __device__ __forceinline__ Fp8Tile UniformFp8Tile(const Fp8Tile& tile) {
           WarpUniform(tile.n0)};
 }
 
-// Shared memory: stage s's A (x rows, 128 x 128 e4m3) at A(s), its B (w rows) at B(s), 1024-byte
-// aligned; the stages' barriers; the offsets and the tile prefix.
-struct Fp8Ring {
-  uint8_t* base;
-
-  __device__ explicit Fp8Ring(uint8_t* raw)
-      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                                        ~uintptr_t{1023})) {}
-
-  __device__ uint32_t A(int stage) const { return SmemAddress(base + stage * kFp8StageBytes); }
-  __device__ uint32_t B(int stage) const { return A(stage) + kFp8OperandBytes; }
-  __device__ StageBarriers<kFp8Stages, 1> Barriers() const {
-    return {SmemAddress(base + kFp8Stages * kFp8StageBytes)};
-  }
-  __device__ int* Offsets() const {
-    return reinterpret_cast<int*>(base + kFp8Stages * kFp8StageBytes +
-                                  kStageBarrierBytes<kFp8Stages>);
-  }
-  __device__ int* TilePrefix() const { return Offsets() + kMaxGroups + 1; }
-};
+// The forward's bytes after the stage ring (Fp8Ring::Extra): the offsets, then the tile prefix.
+__device__ __forceinline__ int* Fp8Offsets(const Fp8Ring& ring) {
+  return reinterpret_cast<int*>(ring.Extra());
+}
+__device__ __forceinline__ int* Fp8TilePrefix(const Fp8Ring& ring) {
+  return Fp8Offsets(ring) + kMaxGroups + 1;
+}
 
 // The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each K tile, waits
 // until the next stage is empty and loads x's 128 rows and w's 128 rows of the tile's K tile into
@@ -112,17 +85,6 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
   }
 }
 
-// y[row, column], y[row, column + 1] = a, b rounded to Out (bf16: nearest even).
-template <typename Out>
-__device__ __forceinline__ void StoreOutputPair(Out* y, int64_t index, float a, float b) {
-  if constexpr (std::is_same_v<Out, float>) {
-    *reinterpret_cast<float2*>(y + index) = make_float2(a, b);
-  } else {
-    static_assert(std::is_same_v<Out, __nv_bfloat16>, "y is f32 or bf16");
-    *reinterpret_cast<__nv_bfloat162*>(y + index) = __floats2bfloat162_rn(a, b);
-  }
-}
-
 // Consumer warpgroup `consumer` (0 or 1): for each of this CTA's tiles, its 64 rows from
 // first_row (none when they all lie past the group's end: it only releases the stages). Per K
 // tile kt: part = the tile's e4m3 products (4 wgmmas, fresh), then acc = fma(part, x_scale[row,
@@ -134,8 +96,6 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
                                                 const float* w_scales, const int* offsets,
                                                 const int* tile_prefix, int groups, int total,
                                                 int n, int k_tiles, int consumer, Out* y) {
-  const auto barriers = ring.Barriers();
-  const bool warp_leader = threadIdx.x % 32 == 0;
   const FragmentPosition at;
   const int n_blocks = (n + kFp8BlockN - 1) / kFp8BlockN;
   float acc[kFp8Accumulators], part[kFp8Accumulators];
@@ -162,23 +122,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
         if (xs0 != nullptr) scale0 = xs0[kt] * w_scale;
         if (xs1 != nullptr) scale1 = xs1[kt] * w_scale;
       }
-      MbarrierWait(barriers.Full(state.stage), state.phase);
-      if (active) {
-        FenceAccumulators(part);
-        WgmmaFence();
-#pragma unroll
-        for (int slice = 0; slice < kFp8BlockK / kFp8WgmmaK; ++slice) {
-          WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, slice),
-                    KMajorDescriptor(ring.B(state.stage), slice), slice > 0);
-        }
-        WgmmaCommitGroup();
-      }
-      // Also when inactive (nothing in flight: returns at once), so that every path to the
-      // accumulators' next use passes a wait.
-      WgmmaWaitGroup<0>();
-      FenceAccumulators(part);
-      if (warp_leader) MbarrierArrive(barriers.Empty(state.stage));
-      state.Advance();
+      MultiplyFp8Stage(part, ring, state, a_offset, active, kFp8StageSlices, [](int) {});
       if (active) {
         // Register 4 i + 2 h + j holds row Row() + 8 h.
 #pragma unroll
@@ -193,10 +137,10 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
       const int column = tile.n0 + 8 * i + at.Column();
       if (column >= n) continue;  // n % 8 == 0: column + 1 < n too
       if (row0 < tile.row_end) {
-        StoreOutputPair(y, int64_t{row0} * n + column, acc[4 * i], acc[4 * i + 1]);
+        WriteOutputPair(y, int64_t{row0} * n + column, acc[4 * i], acc[4 * i + 1], false);
       }
       if (row1 < tile.row_end) {
-        StoreOutputPair(y, int64_t{row1} * n + column, acc[4 * i + 2], acc[4 * i + 3]);
+        WriteOutputPair(y, int64_t{row1} * n + column, acc[4 * i + 2], acc[4 * i + 3], false);
       }
     }
   }
@@ -218,8 +162,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Fp8Ring ring(smem_raw);
   if (threadIdx.x == 0) ring.Barriers().Init();
   const int n_tiles = (n + kFp8BlockN - 1) / kFp8BlockN;
-  int* const offsets = ring.Offsets();
-  int* const tile_prefix = ring.TilePrefix();
+  int* const offsets = Fp8Offsets(ring);
+  int* const tile_prefix = Fp8TilePrefix(ring);
   // Its __syncthreads also publish the barriers' initialisation.
   BuildTileSchedule(
       device_offsets, groups, rows,

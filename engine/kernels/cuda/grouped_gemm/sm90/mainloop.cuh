@@ -1,7 +1,8 @@
 // The consumers' mainloop of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): each
 // consumer warpgroup's 64 x 256 f32 accumulators = A · B over a run of stages (m64n256k16 wgmmas
-// on shared-memory descriptors, one wgmma group in flight), releasing each stage once read; and
-// where a thread's accumulators sit in the tile.
+// on shared-memory descriptors, one wgmma group in flight), releasing each stage once read; the
+// issue of a stage's wgmmas as deep as its K slices with rows (also the FP8 kernels'); and where a
+// thread's accumulators sit in the tile.
 #pragma once
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
@@ -27,6 +28,22 @@ struct WholeStages {
   __device__ int operator()() const { return kBlockK / kWgmmaK; }
 };
 
+// issue.template operator()<kSlices>() for `slices` (warp-uniform) from 1 to 4 (4 or more: 4):
+// one straight wgmma sequence per slice count, as ptxas fences every wgmma of a sequence with
+// branches inside it.
+template <typename Issue>
+__device__ __forceinline__ void IssueSlices(int slices, Issue issue) {
+  if (slices >= 4) {
+    issue.template operator()<4>();
+  } else if (slices == 3) {
+    issue.template operator()<3>();
+  } else if (slices == 2) {
+    issue.template operator()<2>();
+  } else {
+    issue.template operator()<1>();
+  }
+}
+
 // Consumer side of k_blocks stages: this warpgroup's 64 x 256 accumulators = A · B over them
 // when `active` (a_descriptor(stage, k_slice), b_descriptor(stage, k_slice) give the operands);
 // an inactive warpgroup (its rows lie outside C) only releases the stages. stage_slices(),
@@ -47,9 +64,8 @@ __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, 
     const int slices = stage_slices();
     MbarrierWait(barriers.Full(state.stage), state.phase);
     if (active) {
-      // One straight wgmma sequence per slice count: ptxas fences every wgmma of a sequence
-      // with branches inside it.
-      const auto issue = [&]<int kSlices>() {
+      static_assert(kBlockK / kWgmmaK == 4, "IssueSlices issues up to 4 slices");
+      IssueSlices(slices, [&]<int kSlices>() {
         FenceAccumulators(acc);
         WgmmaFence();
 #pragma unroll
@@ -58,17 +74,7 @@ __device__ __forceinline__ void MultiplyStages(Accumulators& acc, int k_blocks, 
                                             b_descriptor(state.stage, slice), kb > 0 || slice > 0);
         }
         WgmmaCommitGroup();
-      };
-      static_assert(kBlockK / kWgmmaK == 4);
-      if (slices >= 4) {
-        issue.template operator()<4>();
-      } else if (slices == 3) {
-        issue.template operator()<3>();
-      } else if (slices == 2) {
-        issue.template operator()<2>();
-      } else {
-        issue.template operator()<1>();
-      }
+      });
       WgmmaWaitGroup<1>();
       FenceAccumulators(acc);
       if (unreleased >= 0 && warp_leader) barriers.Release(unreleased);

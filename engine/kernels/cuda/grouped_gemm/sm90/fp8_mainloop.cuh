@@ -1,0 +1,126 @@
+// What the Hopper FP8 grouped GEMM's kernels share (design: ../fp8_grouped_gemm_sm90.cuh): the
+// tile and stage sizes, the stage ring in shared memory, a consumer's multiplication of one stage
+// (one 128-deep K tile: up to four m64n128k32 e4m3 wgmmas into fresh accumulators) and the stores
+// of its results from registers.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/kernels/cuda/common/sm90_ptx.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/pipeline.cuh"
+
+namespace moe::cuda::sm90 {
+
+constexpr int kFp8BlockM = 128;  // output rows per tile: 64 per consumer warpgroup
+constexpr int kFp8BlockN = 128;  // output columns per tile: one scale block
+constexpr int kFp8BlockK = 128;  // e4m3 per stage: one 128-byte swizzle row, one scale tile
+constexpr int kFp8WgmmaK = 32;   // m64n128k32: 4 K slices per stage
+constexpr int kFp8Stages = 6;
+constexpr int kFp8Accumulators = 64 * kFp8BlockN / kWarpgroupThreads;  // f32 per thread and set
+constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;              // A or B of a stage: 16 KiB
+constexpr int kFp8StageBytes = 2 * kFp8OperandBytes;
+// The stages and their barriers, 1024-byte aligned; each kernel adds its own bytes after them.
+constexpr int kFp8RingBytes =
+    1023 + kFp8Stages * kFp8StageBytes + detail::kStageBarrierBytes<kFp8Stages>;
+
+static_assert(kFp8BlockK == kSwizzleRowBytes && kFp8BlockM == 64 * kConsumers);
+static_assert(kFp8WgmmaK == kKMajorSliceBytes, "KMajorDescriptor's slices are 32 bytes");
+static_assert(kFp8BlockN == 128 && kFp8Accumulators == 64, "WgmmaE4m3 is m64n128k32");
+static_assert(detail::kStageBarrierBytes<kFp8Stages> % 16 == 0);
+
+namespace detail {
+
+using Fp8Barriers = StageBarriers<kFp8Stages, 1>;
+
+// Shared memory: stage s's A (128 rows of 128 e4m3) at A(s), its B at B(s), 1024-byte aligned;
+// the stages' barriers; then the kernel's own bytes (Extra(), 16-byte aligned).
+struct Fp8Ring {
+  uint8_t* base;
+
+  __device__ explicit Fp8Ring(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                        ~uintptr_t{1023})) {}
+
+  __device__ uint32_t A(int stage) const { return SmemAddress(base + stage * kFp8StageBytes); }
+  __device__ uint32_t B(int stage) const { return A(stage) + kFp8OperandBytes; }
+  __device__ Fp8Barriers Barriers() const {
+    return {SmemAddress(base + kFp8Stages * kFp8StageBytes)};
+  }
+  __device__ uint8_t* Extra() const {
+    return base + kFp8Stages * kFp8StageBytes + kStageBarrierBytes<kFp8Stages>;
+  }
+};
+
+// A stage's K slices: m64n128k32 wgmmas over its 128 K.
+constexpr int kFp8StageSlices = kFp8BlockK / kFp8WgmmaK;
+static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
+
+// One consumer warpgroup's pass over the next stage: waits until it is full, then, when `active`,
+// part (64 x 128) = its 64 rows of A (from byte a_offset) times B^T over the stage's first
+// `slices` (warp-uniform, 1 to kFp8StageSlices) 32-deep K slices (wgmmas into fresh accumulators:
+// part's old values are dropped; the later slices are skipped, whatever they hold) and waits for
+// them; calls use_stage(stage) (all threads, active or not) while the stage is still held (what a
+// kernel reads from it besides the operands), then releases it (each warp arrives once on empty).
+template <typename UseStage>
+__device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators],
+                                                 const Fp8Ring& ring,
+                                                 PipelineState<kFp8Stages>& state,
+                                                 uint32_t a_offset, bool active, int slices,
+                                                 UseStage use_stage) {
+  const auto barriers = ring.Barriers();
+  MbarrierWait(barriers.Full(state.stage), state.phase);
+  if (active) {
+    IssueSlices(slices, [&]<int kSlices>() {
+      FenceAccumulators(part);
+      WgmmaFence();
+#pragma unroll
+      for (int slice = 0; slice < kSlices; ++slice) {
+        WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, slice),
+                  KMajorDescriptor(ring.B(state.stage), slice), slice > 0);
+      }
+      WgmmaCommitGroup();
+    });
+  }
+  // Also when inactive (nothing in flight: returns at once), so that every path to the
+  // accumulators' next use passes a wait.
+  WgmmaWaitGroup<0>();
+  FenceAccumulators(part);
+  use_stage(state.stage);
+  __syncwarp();  // the warp's reads of the stage precede its leader's release
+  if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Empty(state.stage));
+  state.Advance();
+}
+
+// out[index], out[index + 1] (=) a, b rounded to Out (bf16: nearest even); with `accumulate`
+// (+=) each is old + new in f32, rounded once.
+template <typename Out>
+__device__ __forceinline__ void WriteOutputPair(Out* out, int64_t index, float a, float b,
+                                                bool accumulate) {
+  if constexpr (std::is_same_v<Out, float>) {
+    float2* const pair = reinterpret_cast<float2*>(out + index);
+    if (accumulate) {
+      const float2 old = *pair;
+      a += old.x;
+      b += old.y;
+    }
+    *pair = make_float2(a, b);
+  } else {
+    static_assert(std::is_same_v<Out, __nv_bfloat16>, "the output is f32 or bf16");
+    __nv_bfloat162* const pair = reinterpret_cast<__nv_bfloat162*>(out + index);
+    if (accumulate) {
+      const float2 old = __bfloat1622float2(*pair);
+      a += old.x;
+      b += old.y;
+    }
+    *pair = __floats2bfloat162_rn(a, b);
+  }
+}
+
+}  // namespace detail
+
+}  // namespace moe::cuda::sm90

@@ -1,0 +1,298 @@
+// The Hopper FP8 grouped weight gradient's kernel (design: ../fp8_grouped_gemm_sm90.cuh): dw_g
+// (+)= the sum over parts of dy_p,g^T · x_p,g on QuantizeColumnTiles' forms (tokens contiguous,
+// so both operands are K-major, as FP8 wgmma needs), scaled per 128-token tile, dw row and dw
+// column, with the promotion once per 128 tokens. A persistent launch of warp-specialised CTAs
+// (no cluster): warpgroup 0's thread 0 TMA-loads each token tile's operands and bulk-copies its
+// scales into a ring of stages (ProduceFp8WeightGradStages), its warp 1 zeroes the tokens past a
+// group's end in the 32-token K slice the consumers read last (MaskFp8WeightGradStages), and
+// warpgroups 1 and 2 each multiply 64 dw rows of the 128 x 128 tile over the slices with tokens
+// of the group, promote, and write or add their rows of dw from registers
+// (ConsumeFp8WeightGradTiles).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "engine/kernels/cuda/common/sm90_ptx.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_parts.cuh"
+
+namespace moe::cuda::sm90 {
+
+// One part of an FP8 weight gradient's token rows, as ops::Fp8GroupedColumns holds them: dy_q (n,
+// stride) and x_q (k, stride) e4m3, stride = Fp8PaddedRows(rows) (tokens contiguous); dy_scales
+// (slots, n) and x_scales (slots, k) f32, slots = Fp8ColumnTileSlots(groups, rows); offsets
+// (groups + 1) int32 in device memory.
+struct Fp8WeightGradRows {
+  const uint8_t* dy_q;
+  const float* dy_scales;
+  const uint8_t* x_q;
+  const float* x_scales;
+  const int32_t* offsets;
+  int64_t rows, stride;
+};
+
+// The parts of one launch, a kernel parameter (__grid_constant__: TMA reads the maps there).
+// tokens: the bf16 kernel's parts (weight_grad_parts.cuh) with FP8 maps: dy_q as (stride, n) and
+// x_q as (stride, k) uint8, box (kFp8BlockK, 128); the scales of each part beside them.
+struct Fp8WeightGradParts {
+  WeightGradParts tokens;
+  const float* dy_scales[kMaxWeightGradParts];
+  const float* x_scales[kMaxWeightGradParts];
+};
+
+constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
+// The stage ring, then each stage's scales.
+constexpr int kFp8WeightGradSmemBytes = kFp8RingBytes + kFp8Stages * kFp8ScaleFloats * 4;
+static_assert(kFp8WeightGradSmemBytes <= 227 * 1024);
+
+namespace detail {
+
+// Where group `group`'s token tile `tile` keeps its scales, the group's tokens starting at
+// `group_begin`: fp8_scaling.h's Fp8ColumnTileSlot (which fp8_grouped_matmul_sm90.cu checks this
+// against; that header is not for device code).
+__host__ __device__ constexpr int Fp8ScaleSlot(int group, int group_begin, int tile) {
+  return group + group_begin / kFp8BlockK + tile;
+}
+
+// A tile of dw: group `group`'s rows [m0, m0 + kFp8BlockM) (of n) and columns [n0, n0 +
+// kFp8BlockN) (of k).
+struct Fp8WeightGradTile {
+  int group, m0, n0;
+};
+
+// Tile t: group-major, then row tiles, then column tiles (m_tiles x n_tiles per group).
+__device__ __forceinline__ Fp8WeightGradTile FindFp8WeightGradTile(int t, int m_tiles,
+                                                                   int n_tiles) {
+  const int local = t % (m_tiles * n_tiles);
+  return {t / (m_tiles * n_tiles), local / n_tiles * kFp8BlockM, local % n_tiles * kFp8BlockN};
+}
+
+// A stage's scales: kFp8BlockM of dy (the tile's dw rows), then kFp8BlockN of x (its columns).
+__device__ __forceinline__ float* Fp8StageScales(const Fp8Ring& ring, int stage) {
+  return reinterpret_cast<float*>(ring.Extra()) + stage * kFp8ScaleFloats;
+}
+
+// Calls visit(part, first_token, valid, slot) for each token tile of `group` (one stage each): the
+// parts in order, in each the group's tokens [begin, end) in tiles of kFp8BlockK from `begin`,
+// `valid` = the tile's tokens of the group (the rest of its kFp8BlockK are the next group's or
+// past the part's rows), `slot` = its scales' row (Fp8ScaleSlot).
+template <typename Visit>
+__device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts, int group,
+                                                 Visit visit) {
+  for (int p = 0; p < parts.tokens.count; ++p) {
+    const RowRange range = PartRows(parts.tokens, p, group);
+    int slot = Fp8ScaleSlot(group, range.begin, 0);
+    for (int token = range.begin; token < range.end; token += kFp8BlockK, ++slot) {
+      visit(p, token, min(kFp8BlockK, range.end - token), slot);
+    }
+  }
+}
+
+// The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each of its group's
+// token tiles, waits until the next stage is empty and loads into it dy_q's 128 rows and x_q's 128
+// rows of the tile over the token tile (TMA; rows past n or k and tokens past the stride are
+// zero-filled and count toward the bytes) and their scales (bulk copies of the valid rows' and
+// columns' floats). A stage whose last slice the consumers read holds tokens past the group's end
+// lands on landed[s] (the mask warp marks it full); any other on full[s].
+__device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradParts& parts,
+                                                           const Fp8Ring& ring, int total,
+                                                           int m_tiles, int n_tiles, int n, int k) {
+  for (int p = 0; p < parts.tokens.count; ++p) {
+    PrefetchTensorMap(parts.tokens.dy[p]);
+    PrefetchTensorMap(parts.tokens.x[p]);
+  }
+  const auto barriers = ring.Barriers();
+  PipelineState<kFp8Stages> state;
+  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+    const Fp8WeightGradTile tile = FindFp8WeightGradTile(t, m_tiles, n_tiles);
+    // n, k multiples of 4: whole 16-byte chunks.
+    const uint32_t dy_bytes = min(kFp8BlockM, n - tile.m0) * 4;
+    const uint32_t x_bytes = min(kFp8BlockN, k - tile.n0) * 4;
+    ForEachTokenTile(parts, tile.group, [&](int p, int token, int valid, int slot) {
+      MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
+      const uint32_t landing = valid < ReadRows<kFp8WgmmaK>(valid) ? barriers.Landed(state.stage)
+                                                                   : barriers.Full(state.stage);
+      MbarrierArriveExpectTx(landing, kFp8StageBytes + dy_bytes + x_bytes);
+      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token, tile.m0, L2EvictLast());
+      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token, tile.n0, L2EvictLast());
+      const uint32_t scales = SmemAddress(Fp8StageScales(ring, state.stage));
+      BulkLoad(scales, parts.dy_scales[p] + int64_t{slot} * n + tile.m0, dy_bytes, landing);
+      BulkLoad(scales + kFp8BlockM * 4, parts.x_scales[p] + int64_t{slot} * k + tile.n0, x_bytes,
+               landing);
+      state.Advance();
+    });
+  }
+}
+
+// The bytes of a 16-byte chunk's 32-bit word `word` that hold one of the chunk's first `keep`
+// tokens (little-endian: token 4 word + b is byte b).
+__device__ __forceinline__ uint32_t KeepMask(int keep, int word) {
+  const int bytes = min(max(keep - 4 * word, 0), 4);
+  return bytes == 4 ? 0xFFFFFFFFu : (1u << (8 * bytes)) - 1;
+}
+
+// Zeroes tokens [valid, ReadRows<kFp8WgmmaK>(valid)) (the rest of the last K slice the consumers
+// read) of the stage's 2 x 128 rows (A, then B right after it: 256 128-byte lines, each one row's
+// token tile). TMA's 128-byte swizzle puts a line's 16-byte chunk c (tokens 16 c ..) at chunk c ^
+// (line % 8) (the stage is 1024-byte aligned): the one or two chunks from valid / 16 on are
+// cleared, the first of them only past its first valid % 16 bytes. The warp calls it (all lanes;
+// a line per lane at a time, so 8 lanes fill the 32 banks).
+__device__ __forceinline__ void ZeroTokensPastEnd(uint32_t stage, int valid) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int end_chunk = ReadRows<kFp8WgmmaK>(valid) / 16;
+  for (int line = lane; line < kFp8BlockM + kFp8BlockN; line += 32) {
+    const uint32_t row = stage + line * kSwizzleRowBytes;
+    for (int chunk = valid / 16; chunk < end_chunk; ++chunk) {
+      const uint32_t address = row + (chunk ^ (line % 8)) * 16;
+      const int keep = valid - 16 * chunk;  // < 16
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (keep > 0) {
+        v = LoadShared16(address);
+        v.x &= KeepMask(keep, 0);
+        v.y &= KeepMask(keep, 1);
+        v.z &= KeepMask(keep, 2);
+        v.w &= KeepMask(keep, 3);
+      }
+      StoreShared16(address, v);
+    }
+  }
+}
+
+// The mask warp (warp 1 of warpgroup 0): walks the stages as the producer fills them; for each
+// whose last slice the consumers read holds tokens past its group's end, waits until it has
+// landed (landed[s]), zeroes those tokens in both operands (so that the next group's values, or a
+// NaN among them, add nothing), fences them for the tensor cores (fence.proxy.async) and marks
+// the stage full.
+__device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
+                                                        const Fp8Ring& ring, int total, int m_tiles,
+                                                        int n_tiles) {
+  const auto barriers = ring.Barriers();
+  PipelineState<kFp8Stages> state;
+  uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
+  static_assert(kFp8Stages <= 32);
+  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+    const int group = FindFp8WeightGradTile(t, m_tiles, n_tiles).group;
+    ForEachTokenTile(parts, group, [&](int, int, int valid, int) {
+      if (valid < ReadRows<kFp8WgmmaK>(valid)) {
+        MbarrierWait(barriers.Landed(state.stage), (landed_phases >> state.stage) & 1);
+        landed_phases ^= 1u << state.stage;
+        ZeroTokensPastEnd(ring.A(state.stage), valid);
+        FenceProxyAsync();
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Full(state.stage));
+      }
+      state.Advance();
+    });
+  }
+}
+
+// Consumer warpgroup `consumer` (0 or 1): for each of this CTA's tiles, its 64 dw rows from m0 +
+// 64 consumer (none when they all lie past n: it only releases the stages). Per stage: part = the
+// token tile's e4m3 products over its 32-token slices with tokens of the group (PartSlicesOf: up
+// to 4 wgmmas, fresh), then acc = fma(part, dy_scale[row] *
+// x_scale[column], acc) for its rows Row() and Row() + 8 and its 32 columns (FragmentPosition),
+// with the scales read from the stage before it is released. Then its valid rows and columns of
+// dw_g = acc, or += acc with `accumulate` (read, added in f32, rounded once); a group without
+// tokens in any part is skipped with `accumulate` and written as zeros without.
+template <typename Out>
+__device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradParts& parts,
+                                                          const Fp8Ring& ring, int total,
+                                                          int m_tiles, int n_tiles, int n, int k,
+                                                          int consumer, bool accumulate, Out* dw) {
+  const FragmentPosition at;
+  const int row = 64 * consumer + at.Row();  // in the tile; and row + 8
+  float acc[kFp8Accumulators], part[kFp8Accumulators];
+#pragma unroll
+  for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
+  PipelineState<kFp8Stages> state;
+  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
+    const Fp8WeightGradTile found = FindFp8WeightGradTile(t, m_tiles, n_tiles);
+    const Fp8WeightGradTile tile = {WarpUniform(found.group), WarpUniform(found.m0),
+                                    WarpUniform(found.n0)};
+    int token_tiles = 0;
+    ForEachTokenTile(parts, tile.group, [&](int, int, int, int) { ++token_tiles; });
+    token_tiles = WarpUniform(token_tiles);
+    if (token_tiles == 0 && accumulate) continue;     // no tokens: dw_g stays as it is
+    const bool active = tile.m0 + 64 * consumer < n;  // warp-uniform
+#pragma unroll
+    for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
+    const uint32_t a_offset = consumer * (kFp8OperandBytes / 2);  // its 64 rows of A
+    PartSlicesOf<kFp8BlockK, kFp8WgmmaK> stage_slices{parts.tokens, tile.group};
+    for (int kt = 0; kt < token_tiles; ++kt) {
+      const int slices = stage_slices();
+      MultiplyFp8Stage(part, ring, state, a_offset, active, slices, [&](int stage) {
+        if (!active) return;
+        const float* const scales = Fp8StageScales(ring, stage);
+        const float dy_scale[2] = {scales[row], scales[row + 8]};
+        // Register 4 i + 2 h + j holds row Row() + 8 h, column 8 i + Column() + j.
+#pragma unroll
+        for (int i = 0; i < kFp8Accumulators / 4; ++i) {
+          const float2 x_scale =
+              *reinterpret_cast<const float2*>(scales + kFp8BlockM + 8 * i + at.Column());
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            acc[4 * i + 2 * h] =
+                fmaf(part[4 * i + 2 * h], dy_scale[h] * x_scale.x, acc[4 * i + 2 * h]);
+            acc[4 * i + 2 * h + 1] =
+                fmaf(part[4 * i + 2 * h + 1], dy_scale[h] * x_scale.y, acc[4 * i + 2 * h + 1]);
+          }
+        }
+      });
+    }
+    if (!active) continue;
+#pragma unroll
+    for (int i = 0; i < kFp8Accumulators / 4; ++i) {
+      const int column = tile.n0 + 8 * i + at.Column();
+      if (column >= k) continue;  // k even: column + 1 < k too
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dw_row = tile.m0 + row + 8 * h;
+        if (dw_row >= n) continue;
+        WriteOutputPair(dw, (int64_t{tile.group} * n + dw_row) * k + column, acc[4 * i + 2 * h],
+                        acc[4 * i + 2 * h + 1], accumulate);
+      }
+    }
+  }
+}
+
+// dw_g (+)= sum over the parts of dy_p,g^T · x_p,g with the tile scales (see
+// ../fp8_grouped_gemm_sm90.cuh); dw (groups, n, k). kThreads threads, kFp8WeightGradSmemBytes of
+// dynamic shared memory, any grid (persistent: CTA b takes tiles b, b + gridDim.x, ...).
+template <typename Out>
+__global__ void __launch_bounds__(kThreads, 1)
+    Fp8GroupedWeightGradKernel(const __grid_constant__ Fp8WeightGradParts parts, int groups, int n,
+                               int k, bool accumulate, Out* dw) {
+#if MOE_SM90A_KERNELS
+  extern __shared__ uint8_t smem_raw[];
+  const Fp8Ring ring(smem_raw);
+  if (threadIdx.x == 0) ring.Barriers().Init();
+  __syncthreads();  // publishes the barriers' initialisation
+  const int m_tiles = (n + kFp8BlockM - 1) / kFp8BlockM;
+  const int n_tiles = (k + kFp8BlockN - 1) / kFp8BlockN;
+  const int total = groups * m_tiles * n_tiles;
+  const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
+  if (warpgroup == 0) {
+    DecreaseMaxRegisters<kProducerRegisters>();
+    const int warp = WarpUniform(static_cast<int>(threadIdx.x) / 32);
+    if (threadIdx.x == 0) {
+      ProduceFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles, n, k);
+    } else if (warp == 1) {
+      MaskFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles);
+    }
+  } else {
+    IncreaseMaxRegisters<kConsumerRegisters>();
+    ConsumeFp8WeightGradTiles<Out>(parts, ring, total, m_tiles, n_tiles, n, k, warpgroup - 1,
+                                   accumulate, dw);
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace detail
+
+}  // namespace moe::cuda::sm90
