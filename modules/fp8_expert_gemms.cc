@@ -9,24 +9,39 @@
 
 namespace moe {
 
-Fp8Rows QuantizeRows(const Tensor& x) {
-  Fp8Rows out{Tensor::Empty(x.shape(), DType::kE4M3, x.device()),
-              Tensor::Empty({x.dim(0), Fp8Tiles(x.dim(1))}, DType::kF32, x.device())};
-  ops::QuantizeRowTiles(x, out.q, out.scales);
+namespace {
+
+// Tensors for the FP8 forms of grouped rows (rows, k) over `groups` groups: the column tiles
+// with `columns`, the row tiles into *row_tiles where given.
+Fp8Columns AllocateColumns(int64_t rows, int64_t k, int64_t groups, Device device, bool columns,
+                           Fp8Rows* row_tiles) {
+  if (row_tiles != nullptr) {
+    *row_tiles = {Tensor::Empty({rows, k}, DType::kE4M3, device),
+                  Tensor::Empty({rows, Fp8Tiles(k)}, DType::kF32, device)};
+  }
+  if (!columns) return {};
+  return {Tensor::Empty({k, Fp8PaddedRows(rows)}, DType::kE4M3, device),
+          Tensor::Empty({Fp8ColumnTileSlots(groups, rows), k}, DType::kF32, device), rows};
+}
+
+}  // namespace
+
+Fp8Columns QuantizeColumns(const PermutedRows& x, const Tensor& offsets, Fp8Rows* row_tiles) {
+  const Fp8Columns out = AllocateColumns(x.rows(), x.values.dim(1), offsets.numel() - 1,
+                                         x.values.device(), /*columns=*/true, row_tiles);
+  const Fp8Rows none;
+  const Fp8Rows& rows = row_tiles != nullptr ? *row_tiles : none;
+  ops::QuantizeColumnTiles(x.values, offsets, out.q, out.scales, rows.q, rows.scales, x.index);
   return out;
 }
 
-Fp8Columns QuantizeColumns(const Tensor& x, const Tensor& offsets, Fp8Rows* row_tiles) {
-  const int64_t n = x.dim(0), k = x.dim(1), groups = offsets.numel() - 1;
-  Fp8Columns out{Tensor::Empty({k, Fp8PaddedRows(n)}, DType::kE4M3, x.device()),
-                 Tensor::Empty({Fp8ColumnTileSlots(groups, n), k}, DType::kF32, x.device()), n};
-  if (row_tiles == nullptr) {
-    ops::QuantizeColumnTiles(x, offsets, out.q, out.scales);
-    return out;
-  }
-  *row_tiles = {Tensor::Empty(x.shape(), DType::kE4M3, x.device()),
-                Tensor::Empty({n, Fp8Tiles(k)}, DType::kF32, x.device())};
-  ops::QuantizeColumnTiles(x, offsets, out.q, out.scales, row_tiles->q, row_tiles->scales);
+Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& offsets,
+                          Fp8Rows* row_tiles, bool columns) {
+  const Fp8Columns out =
+      AllocateColumns(h.dim(0), h.dim(1) / 2, offsets.numel() - 1, h.device(), columns, row_tiles);
+  const Fp8Rows none;
+  const Fp8Rows& rows = row_tiles != nullptr ? *row_tiles : none;
+  ops::SwigluForwardQuantized(h, scale, offsets, out.q, out.scales, rows.q, rows.scales);
   return out;
 }
 

@@ -1,10 +1,11 @@
 // The blockwise FP8 recipe of the expert GEMMs (--fp8_recipe=blockwise; DeepSeek-V3's, Megatron-
 // LM's name): the pieces the fused grouped MLP (fused_grouped_mlp.h) runs its GEMMs with.
 //   Activations and gradients: e4m3 in 1 x 128 tiles along the contracted dimension, f32 scales
-//   (ops::QuantizeRowTiles); weights: e4m3 in 128 x 128 blocks (ops::QuantizeBlocks), once per
-//   optimizer step in both orientations (forward: w; input gradients: w transposed, so both GEMM
-//   operands are K-major); ops::Fp8GroupedMatmul promotes the partial sums into f32 every 128 of
-//   the contracted dimension. Outputs in the activations' dtype.
+//   (row tiles, as ops::QuantizeRowTiles writes them); weights: e4m3 in 128 x 128 blocks
+//   (ops::QuantizeBlocks), once per optimizer step in both orientations (forward: w; input
+//   gradients: w transposed, so both GEMM operands are K-major); ops::Fp8GroupedMatmul promotes
+//   the partial sums into f32 every 128 of the contracted dimension. Outputs in the activations'
+//   dtype.
 //   Weight gradients: dy and x (or dh and a) e4m3 in 128 x 1 tiles along the tokens within each
 //   expert's rows, written transposed (ops::QuantizeColumnTiles: the tokens, which the weight
 //   gradient contracts, made contiguous, as the FP8 tensor cores need), by the same pass that
@@ -21,6 +22,7 @@
 #include <span>
 
 #include "engine/core/tensor.h"
+#include "modules/grouped_mlp.h"
 
 namespace moe {
 
@@ -29,9 +31,6 @@ struct Fp8Rows {
   Tensor q;
   Tensor scales;
 };
-
-// x (rows, k) quantised in 1 x 128 tiles.
-Fp8Rows QuantizeRows(const Tensor& x);
 
 // Grouped rows x (rows, k) as the weight gradients take them (ops::QuantizeColumnTiles): q (k,
 // Fp8PaddedRows(rows)) e4m3, each group's rows transposed; scales (Fp8ColumnTileSlots(groups,
@@ -42,9 +41,15 @@ struct Fp8Columns {
   int64_t rows = 0;
 };
 
-// x's column tiles over `offsets` (groups + 1); with `row_tiles` given, x's row tiles too, from the
-// same pass over x.
-Fp8Columns QuantizeColumns(const Tensor& x, const Tensor& offsets, Fp8Rows* row_tiles = nullptr);
+// The column tiles of x's rows (rows.values itself or its rows rows.index[r]) over `offsets`
+// (groups + 1); with `row_tiles` given, their row tiles too, from the same pass over x.
+Fp8Columns QuantizeColumns(const PermutedRows& x, const Tensor& offsets,
+                           Fp8Rows* row_tiles = nullptr);
+// The FP8 forms of a = SwigluForward(h, scale) (rows, f) over `offsets`, a never in memory
+// (ops::SwigluForwardQuantized): its row tiles into `row_tiles` where given, and its column tiles,
+// returned with `columns` (else an empty Fp8Columns).
+Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& offsets,
+                          Fp8Rows* row_tiles, bool columns);
 // dw (groups, n, k) (+)= the sum over the parts of dy_p^T · x_p per group (the parts' column tiles
 // of dy (rows_p, n) and x (rows_p, k) over offsets_p): ops::Fp8GroupedMatmulWeightGrad.
 struct Fp8WeightGradPart {

@@ -16,14 +16,15 @@ bool FusedGroupedMlp::NeedsHostOffsets() const {
          ops::GroupedMatmulNeedsHostOffsets(fc2.device(), fc2.dtype(), fc2.shape());
 }
 
-Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                                const Tensor& weights, int segment,
+Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const PermutedRows& x_rows,
+                                const Tensor& offsets, const Tensor& weights, int segment,
                                 const Tensor& known_host_offsets) {
   const Tensor host_offsets =
       NeedsHostOffsets() ? HostOffsets(offsets, known_host_offsets) : Tensor();
   const std::span<const int32_t> host_rows = OffsetValues(host_offsets);
-  const int64_t n = x.dim(0), ffn = config_.moe_ffn_hidden_size;
-  const Device device = x.device();
+  const int64_t n = x_rows.rows(), ffn = config_.moe_ffn_hidden_size;
+  const DType dtype = x_rows.values.dtype();
+  const Device device = x_rows.values.device();
   saved.Save(Key(".offsets", segment), offsets);
   if (host_offsets.defined()) saved.Save(Key(".host_offsets", segment), host_offsets);
   saved.Save(Key(".weights", segment), weights);
@@ -34,28 +35,22 @@ Tensor FusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tens
     fc1_fp8_.Refresh(fc1_.value, parameters_.values_version());
     fc2_fp8_.Refresh(fc2_.value, parameters_.values_version());
     Fp8Rows xq;  // fc1's operand; the weight gradient's (x's columns) is saved
-    SaveColumns(saved, ".x", segment, QuantizeColumns(x, offsets, &xq));
-    const Tensor h = fc1_fp8_.Forward(xq, offsets, x.dtype());
+    SaveColumns(saved, ".x", segment, QuantizeColumns(x_rows, offsets, &xq));
+    const Tensor h = fc1_fp8_.Forward(xq, offsets, dtype);
     saved.Save(Key(".h", segment), h);
-    Fp8Rows aq;
-    {  // a itself is freed before fc2's output exists
-      Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
-      ops::SwigluForward(h, weights, a);
-      if (keep_a) {
-        SaveColumns(saved, ".a", segment, QuantizeColumns(a, offsets, &aq));
-      } else {
-        aq = QuantizeRows(a);
-      }
-    }
-    return fc2_fp8_.Forward(aq, offsets, x.dtype());
+    Fp8Rows aq;  // fc2's operand, from h without a in memory; a's columns saved unless recomputed
+    const Fp8Columns a_columns = QuantizeSwiglu(h, weights, offsets, &aq, keep_a);
+    if (keep_a) SaveColumns(saved, ".a", segment, a_columns);
+    return fc2_fp8_.Forward(aq, offsets, dtype);
   }
+  const Tensor x = x_rows.Gathered();
   saved.Save(Key(".x", segment), x);
-  Tensor h = Tensor::Empty({n, 2 * ffn}, x.dtype(), device);
-  Tensor a = Tensor::Empty({n, ffn}, x.dtype(), device);
+  Tensor h = Tensor::Empty({n, 2 * ffn}, dtype, device);
+  Tensor a = Tensor::Empty({n, ffn}, dtype, device);
   ops::GroupedMatmulSwiglu(x, fc1_.value, offsets, host_rows, weights, h, a);
   saved.Save(Key(".h", segment), h);
   if (keep_a) saved.Save(Key(".a", segment), a);
-  Tensor y = Tensor::Empty({n, config_.hidden_size}, x.dtype(), device);
+  Tensor y = Tensor::Empty({n, config_.hidden_size}, dtype, device);
   ops::GroupedMatmul(a, fc2_.value, offsets, host_rows, y, /*transpose_w=*/true);
   return y;
 }
@@ -89,14 +84,15 @@ Tensor FusedGroupedMlp::RecomputedA(const SavedSegment& s) const {
   return a;
 }
 
-GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy,
+GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const PermutedRows& dy,
                                                       int segment) {
   const SavedSegment s = LoadSegment(saved, segment);
   const DType dtype = s.h.dtype();
   const int64_t rows = s.h.dim(0);
-  const Fp8Columns a = config_.recompute_in(layer_).moe_act
-                           ? QuantizeColumns(RecomputedA(s), s.offsets)
-                           : LoadColumns(saved, ".a", segment, rows);
+  const Fp8Columns a =
+      config_.recompute_in(layer_).moe_act
+          ? QuantizeSwiglu(s.h, s.weights, s.offsets, /*row_tiles=*/nullptr, /*columns=*/true)
+          : LoadColumns(saved, ".a", segment, rows);
   Grads grads;
   Fp8Rows dyq, dhq;  // the input gradients' operands; their columns wait for the weight gradients
   const Fp8Columns dy_columns = QuantizeColumns(dy, s.offsets, &dyq);
@@ -115,9 +111,10 @@ GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const
   return grads;
 }
 
-GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Tensor& dy,
+GroupedMlp::Grads FusedGroupedMlp::BackwardSegment(SavedTensors& saved, const PermutedRows& dy_rows,
                                                    int segment) {
-  if (fp8()) return Fp8BackwardSegment(saved, dy, segment);
+  if (fp8()) return Fp8BackwardSegment(saved, dy_rows, segment);
+  const Tensor dy = dy_rows.Gathered();
   const SavedSegment s = LoadSegment(saved, segment);
   const std::span<const int32_t> host_rows = OffsetValues(s.host_offsets);
   const Device device = dy.device();

@@ -20,10 +20,12 @@
 // that traffic where experts get few rows: the preset's bf16 gradients of a layer, 1.2 GB, are
 // read and written per pass). With source slots (grouped_mlp.h) one pass per source instead.
 // With config.fp8_recipe blockwise (fp8_expert_gemms.h) all six GEMMs run in FP8: x and a
-// quantised in 1 x 128 tiles (fc1 and fc2 forward), dy and dh likewise (their input gradients),
+// quantised in 1 x 128 tiles (fc1 and fc2 forward), dy and dh likewise (their input gradients;
+// x and dy read where the MoE layer's permutation finds them, never gathered in bf16),
 // the weights once per step; the weight gradients take x, a, dy and dh in 128 x 1 column tiles
 // (each expert's rows transposed), which the pass that writes an operand's row tiles writes too.
-// SwiGLU runs apart (ops::SwigluForward, SwigluBackward). x and a are saved only as their column
+// SwiGLU's forward writes a's FP8 forms itself (ops::SwigluForwardQuantized: a is never in memory
+// in bf16); its backward runs apart (ops::SwigluBackward). x and a are saved only as their column
 // tiles, e4m3 with f32 scales (about 1 + 4/128 bytes an element instead of 2: the
 // fused_group_mlp group moves about half the bytes); the weight gradients' operands wait in FP8.
 #pragma once
@@ -39,9 +41,10 @@ namespace moe {
 class FusedGroupedMlp final : public GroupedMlp {
  public:
   using GroupedMlp::GroupedMlp;
-  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets, const Tensor& weights,
-                 int segment = 0, const Tensor& known_host_offsets = Tensor()) override;
-  Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) override;
+  Tensor Forward(SavedTensors& saved, const PermutedRows& x_rows, const Tensor& offsets,
+                 const Tensor& weights, int segment = 0,
+                 const Tensor& known_host_offsets = Tensor()) override;
+  Grads BackwardSegment(SavedTensors& saved, const PermutedRows& dy_rows, int segment) override;
   void EndBackward(bool last_of_step) override;
 
  private:
@@ -70,7 +73,7 @@ class FusedGroupedMlp final : public GroupedMlp {
   void SaveColumns(SavedTensors& saved, const char* what, int segment,
                    const Fp8Columns& columns) const;
   Fp8Columns LoadColumns(SavedTensors& saved, const char* what, int segment, int64_t rows) const;
-  Grads Fp8BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment);
+  Grads Fp8BackwardSegment(SavedTensors& saved, const PermutedRows& dy, int segment);
   // Adds the pending micro-batches' weight gradients and forgets them.
   void AddWeightGrads();
 

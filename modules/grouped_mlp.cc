@@ -56,7 +56,15 @@ GroupedMlp::GroupedMlp(ParameterSet& parameters, const std::string& name, const 
   CHECK(shard.sources >= 1) << name << ": " << shard.sources << " row sources";
 }
 
-GroupedMlp::Grads GroupedMlp::Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step) {
+Tensor PermutedRows::Gathered() const {
+  if (!index.defined()) return values;
+  Tensor out = Tensor::Empty({index.dim(0), values.dim(1)}, values.dtype(), values.device());
+  ops::GatherRows(values, index, out);
+  return out;
+}
+
+GroupedMlp::Grads GroupedMlp::Backward(SavedTensors& saved, const PermutedRows& dy,
+                                       bool last_of_step) {
   Grads grads = BackwardSegment(saved, dy, 0);
   EndBackward(last_of_step);
   return grads;

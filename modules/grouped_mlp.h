@@ -49,6 +49,20 @@ struct ExpertShard {
 // themselves (the CPU under expert parallelism, above): the trainer must not reduce them again.
 bool ExpertGradsSummedByModule(Device device, bool expert_parallel);
 
+// The rows a grouped MLP runs (its x, its dy): `values` itself, or with `index` (rows) i32 the
+// rows values[index[r]], the MoE layer's permutation, which an implementation gathers (Gathered)
+// or reads in place (the FP8 recipe quantises them where they lie).
+struct PermutedRows {
+  PermutedRows(const Tensor& values) : values(values) {}  // NOLINT: rows as they are
+  PermutedRows(const Tensor& values, const Tensor& index) : values(values), index(index) {}
+  int64_t rows() const { return index.defined() ? index.dim(0) : values.dim(0); }
+  // The rows in memory: `values`, or a new (rows, values' width) tensor gathered from it.
+  Tensor Gathered() const;
+
+  Tensor values;
+  Tensor index;
+};
+
 class GroupedMlp {
  public:
   struct Grads {
@@ -64,14 +78,15 @@ class GroupedMlp {
   // One segment's rows: x (rows, hidden), offsets (local experts + 1) from 0, weights (rows);
   // host_offsets: the same offsets as a CPU tensor where the caller has them (then never read
   // back from the device), else undefined.
-  virtual Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
+  virtual Tensor Forward(SavedTensors& saved, const PermutedRows& x, const Tensor& offsets,
                          const Tensor& weights, int segment = 0,
                          const Tensor& host_offsets = Tensor()) = 0;
-  // One segment's backward, then, after a micro-batch's segments, EndBackward.
-  virtual Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) = 0;
+  // One segment's backward (dy (rows, hidden)), then, after a micro-batch's segments,
+  // EndBackward.
+  virtual Grads BackwardSegment(SavedTensors& saved, const PermutedRows& dy, int segment) = 0;
   virtual void EndBackward(bool last_of_step) = 0;
   // The one-segment case: BackwardSegment(saved, dy, 0), then EndBackward(last_of_step).
-  Grads Backward(SavedTensors& saved, const Tensor& dy, bool last_of_step);
+  Grads Backward(SavedTensors& saved, const PermutedRows& dy, bool last_of_step);
 
  protected:
   // The saved-tensor name of `what` (".x", ...) for `segment`.

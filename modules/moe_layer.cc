@@ -64,14 +64,13 @@ Tensor MoeLayer::ForwardSaving(SavedTensors& saved, const Tensor& x, const Tenso
   Tensor source_rows = Tensor::Empty({rows}, DType::kI32, device);
   Tensor inverse = Tensor::Empty({rows}, DType::kI32, device);
   ops::InvertPermutation(routing.order, k, source_rows, inverse);
-  Tensor permuted = Tensor::Empty({rows, x.dim(1)}, x.dtype(), device);
-  ops::GatherRows(x, source_rows, permuted);
   Tensor weights = Tensor::Empty({rows, 1}, DType::kF32, device);
   ops::GatherRows(routing.weights.View({rows, 1}), routing.order, weights);
   saved.Save(name_ + ".source_rows", source_rows);
   saved.Save(name_ + ".inverse", inverse);
 
-  const Tensor expert_out = ExpertsForward(saved, permuted, routing.offsets, weights.View({rows}));
+  const Tensor expert_out =
+      ExpertsForward(saved, PermutedRows(x, source_rows), routing.offsets, weights.View({rows}));
   Tensor y = Tensor::Empty(x.shape(), x.dtype(), device);
   ops::GatherSumRows(expert_out, inverse.View({tokens, k}), y);
   return y;
@@ -84,9 +83,8 @@ Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_
   const Tensor source_rows = saved.Load(name_ + ".source_rows");
   const Tensor inverse = saved.Load(name_ + ".inverse");
 
-  Tensor dexpert_out = Tensor::Empty({rows, dy.dim(1)}, dy.dtype(), device);
-  ops::GatherRows(dy, source_rows, dexpert_out);
-  const GroupedMlp::Grads grads = ExpertsBackward(saved, dexpert_out, last_of_step);
+  const GroupedMlp::Grads grads =
+      ExpertsBackward(saved, PermutedRows(dy, source_rows), last_of_step);
 
   Tensor dx = Tensor::Empty(dy.shape(), dy.dtype(), device);
   ops::GatherSumRows(grads.dx, inverse.View({tokens, k}), dx);
@@ -96,9 +94,10 @@ Tensor MoeLayer::BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_
   return dx;
 }
 
-Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const Tensor& permuted, const Tensor& offsets,
-                                const Tensor& weights) {
-  if (expert_parallel_ == nullptr) return experts_->Forward(saved, permuted, offsets, weights);
+Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const PermutedRows& permuted_rows,
+                                const Tensor& offsets, const Tensor& weights) {
+  if (expert_parallel_ == nullptr) return experts_->Forward(saved, permuted_rows, offsets, weights);
+  const Tensor permuted = permuted_rows.Gathered();
   const Device device = permuted.device();
   const ExpertRoute route = [&] {  // the host waits for the group's counts: compute idles
     const PhaseScope waiting(device, StepPhase::kExpertParallelWait);
@@ -133,9 +132,10 @@ Tensor MoeLayer::ExpertsForward(SavedTensors& saved, const Tensor& permuted, con
   return expert_out;
 }
 
-GroupedMlp::Grads MoeLayer::ExpertsBackward(SavedTensors& saved, const Tensor& dexpert_out,
+GroupedMlp::Grads MoeLayer::ExpertsBackward(SavedTensors& saved, const PermutedRows& dexpert_rows,
                                             bool last_of_step) {
-  if (expert_parallel_ == nullptr) return experts_->Backward(saved, dexpert_out, last_of_step);
+  if (expert_parallel_ == nullptr) return experts_->Backward(saved, dexpert_rows, last_of_step);
+  const Tensor dexpert_out = dexpert_rows.Gathered();
   const ExpertRoute route(saved.Load(name_ + ".expert_counts"), expert_parallel_->group->rank());
   const int64_t received = route.recv_offsets().back(), hidden = dexpert_out.dim(1);
   const Device device = dexpert_out.device();

@@ -1,7 +1,9 @@
 // Mixture-of-Experts MLP: route, permute, run the experts, unpermute and sum over the top-k.
 //   x (tokens, hidden) -> y (tokens, hidden); dropless (every choice is computed).
 // Permutation: the (tokens, k) choices sorted stably by expert; row i of the permuted batch is
-// token source_rows[i] = order[i] / k, and choice (t, j) lands at row inverse[t * k + j].
+// token source_rows[i] = order[i] / k, and choice (t, j) lands at row inverse[t * k + j]. The
+// experts take x and the output gradient as PermutedRows (grouped_mlp.h): the bf16 paths gather
+// them, the FP8 recipe quantises them where they lie.
 // Saves (no group): source_rows and inverse; the router and the grouped MLP save their own.
 // With config.recompute_in(layer).moe the layer saves only its input x: forward runs without
 // saving, and backward first runs forward again from x (into a context of its own, aux loss
@@ -52,11 +54,13 @@ class MoeLayer {
  private:
   Tensor ForwardSaving(SavedTensors& saved, const Tensor& x, const Tensor& aux_loss);
   Tensor BackwardSaved(SavedTensors& saved, const Tensor& dy, float aux_grad, bool last_of_step);
-  // The experts over the permuted rows (rows, hidden) with their offsets (device) and weights
-  // (rows) f32: on this rank, or through the expert group. Returns their output (rows, hidden).
-  Tensor ExpertsForward(SavedTensors& saved, const Tensor& permuted, const Tensor& offsets,
+  // The experts over the permuted rows (rows, hidden: the tokens' rows source_rows[r], which the
+  // experts on this rank read in place, and the exchange through the expert group gathers) with
+  // their offsets (device) and weights (rows) f32: on this rank, or through the expert group.
+  // Returns their output (rows, hidden). Backward likewise, from the output's gradient's rows.
+  Tensor ExpertsForward(SavedTensors& saved, const PermutedRows& permuted, const Tensor& offsets,
                         const Tensor& weights);
-  GroupedMlp::Grads ExpertsBackward(SavedTensors& saved, const Tensor& dexpert_out,
+  GroupedMlp::Grads ExpertsBackward(SavedTensors& saved, const PermutedRows& dexpert_out,
                                     bool last_of_step);
   // One all-to-all of the exchange (`what`: its trace name), in the step's expert-parallel wait.
   void Exchange(const char* what, std::span<const RowExchange> tensors,

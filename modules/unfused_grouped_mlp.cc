@@ -36,9 +36,10 @@ void PerExpertBackward(std::span<const int32_t> rows, const Tensor& dy, const Te
 
 }  // namespace
 
-Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets,
-                                  const Tensor& weights, int segment,
+Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const PermutedRows& x_rows,
+                                  const Tensor& offsets, const Tensor& weights, int segment,
                                   const Tensor& known_host_offsets) {
+  const Tensor x = x_rows.Gathered();
   const Tensor host_offsets = HostOffsets(offsets, known_host_offsets);
   const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const int64_t ffn = config_.moe_ffn_hidden_size;
@@ -59,8 +60,9 @@ Tensor UnfusedGroupedMlp::Forward(SavedTensors& saved, const Tensor& x, const Te
   return y;
 }
 
-GroupedMlp::Grads UnfusedGroupedMlp::BackwardSegment(SavedTensors& saved, const Tensor& dy,
-                                                     int segment) {
+GroupedMlp::Grads UnfusedGroupedMlp::BackwardSegment(SavedTensors& saved,
+                                                     const PermutedRows& dy_rows, int segment) {
+  const Tensor dy = dy_rows.Gathered();
   const Tensor host_offsets = saved.Load(Key(".offsets", segment));
   const std::span<const int32_t> rows = OffsetValues(host_offsets);
   const Tensor weights = saved.Load(Key(".weights", segment));

@@ -14,9 +14,10 @@ namespace moe {
 class UnfusedGroupedMlp final : public GroupedMlp {
  public:
   using GroupedMlp::GroupedMlp;
-  Tensor Forward(SavedTensors& saved, const Tensor& x, const Tensor& offsets, const Tensor& weights,
-                 int segment = 0, const Tensor& known_host_offsets = Tensor()) override;
-  Grads BackwardSegment(SavedTensors& saved, const Tensor& dy, int segment) override;
+  Tensor Forward(SavedTensors& saved, const PermutedRows& x_rows, const Tensor& offsets,
+                 const Tensor& weights, int segment = 0,
+                 const Tensor& known_host_offsets = Tensor()) override;
+  Grads BackwardSegment(SavedTensors& saved, const PermutedRows& dy_rows, int segment) override;
   void EndBackward(bool last_of_step) override;
 };
 

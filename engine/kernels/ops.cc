@@ -413,20 +413,46 @@ void CheckColumnTiles(const Tensor& q, const Tensor& scales, int64_t groups, int
 }  // namespace
 
 void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
-                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
-  const Device device = CommonDevice({&x, &offsets, &q, &scales, &row_q, &row_scales});
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales,
+                         const Tensor& index) {
+  const Device device = CommonDevice({&x, &offsets, &q, &scales, &row_q, &row_scales, &index});
   CheckFloat(x, "quantize column tiles input");
   CHECK_EQ(x.ndim(), 2) << "quantize column tiles input must be (rows, k): " << x.DebugString();
+  int64_t rows = x.dim(0);
+  if (index.defined()) {
+    CheckDType(index, DType::kI32, "quantize column tiles index");
+    CHECK_EQ(index.ndim(), 1) << "quantize column tiles index must be (rows): "
+                              << index.DebugString();
+    rows = index.dim(0);
+  }
   const int64_t groups = offsets.numel() - 1;
-  CheckGroupOffsets(offsets, {}, groups, x.dim(0), "quantize column tiles offsets");
-  CheckColumnTiles(q, scales, groups, x.dim(0), x.dim(1), "quantize column tiles");
+  CheckGroupOffsets(offsets, {}, groups, rows, "quantize column tiles offsets");
+  CheckColumnTiles(q, scales, groups, rows, x.dim(1), "quantize column tiles");
   CHECK_EQ(row_q.defined(), row_scales.defined())
       << "quantize column tiles: row tiles take both values and scales";
   if (row_q.defined()) {
-    CheckQuantized(row_q, row_scales, x.shape(), RowTileScalesShape(x, "quantize column tiles"),
+    CheckQuantized(row_q, row_scales, {rows, x.dim(1)}, {rows, Fp8Tiles(x.dim(1))},
                    "quantize column tiles' row tiles");
   }
-  MOE_DISPATCH(device, QuantizeColumnTiles, x, offsets, q, scales, row_q, row_scales);
+  MOE_DISPATCH(device, QuantizeColumnTiles, x, offsets, q, scales, row_q, row_scales, index);
+}
+
+void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& offsets,
+                            const Tensor& q, const Tensor& scales, const Tensor& row_q,
+                            const Tensor& row_scales) {
+  const Device device = CommonDevice({&h, &scale, &offsets, &q, &scales, &row_q, &row_scales});
+  CheckSwigluInput(h, scale, "swiglu quantized input");
+  const int64_t rows = h.dim(0), f = h.dim(1) / 2, groups = offsets.numel() - 1;
+  CheckGroupOffsets(offsets, {}, groups, rows, "swiglu quantized offsets");
+  CHECK(q.defined() || row_q.defined()) << "swiglu quantized: no output";
+  CHECK_EQ(q.defined(), scales.defined()) << "swiglu quantized: column tiles take both tensors";
+  CHECK_EQ(row_q.defined(), row_scales.defined())
+      << "swiglu quantized: row tiles take both tensors";
+  if (q.defined()) CheckColumnTiles(q, scales, groups, rows, f, "swiglu quantized column tiles");
+  if (row_q.defined()) {
+    CheckQuantized(row_q, row_scales, {rows, f}, {rows, Fp8Tiles(f)}, "swiglu quantized row tiles");
+  }
+  MOE_DISPATCH(device, SwigluForwardQuantized, h, scale, offsets, q, scales, row_q, row_scales);
 }
 
 void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const Tensor& dw,

@@ -292,7 +292,8 @@ const ColumnLayout kColumnLayouts[] = {{"tails", {0, 0, 1, 128, 256, 385, 642, 6
 
 // Each group's rows transposed, cut into 1 x 128 tiles along the rows from the group's first row,
 // are the contract's formula bit for bit; the padding columns and the unused scale slots are
-// zeros; the row tiles written beside them are QuantizeRowTiles' bit for bit.
+// zeros; the row tiles written beside them are QuantizeRowTiles' bit for bit; rows read through
+// an index are the gathered rows' forms.
 TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
   for (const ColumnLayout& l : kColumnLayouts) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
@@ -332,12 +333,56 @@ TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
     }
   }
   const Tensor x = Random({20, 16});
+  // With an index: the gathered rows' forms, read in place.
+  const std::vector<int32_t> index = {3, 3, 19, 0, 7, 12, 5, 5, 5, 1, 2};
+  const Tensor offsets = Ints({0, 4, 4, 11}, {4}), index_tensor = Ints(index, {11});
+  const Tensor gathered = Poisoned({11, 16});
+  ops::GatherRows(x, index_tensor, gathered);
+  Tensor want_q = Poisoned({16, 16}, DType::kE4M3), want_scales = Poisoned({4, 16});
+  Tensor got_q = Poisoned({16, 16}, DType::kE4M3), got_scales = Poisoned({4, 16});
+  Tensor want_rows = Poisoned({11, 16}, DType::kE4M3), want_row_scales = Poisoned({11, 1});
+  Tensor got_rows = Poisoned({11, 16}, DType::kE4M3), got_row_scales = Poisoned({11, 1});
+  ops::QuantizeColumnTiles(gathered, offsets, want_q, want_scales, want_rows, want_row_scales);
+  ops::QuantizeColumnTiles(x, offsets, got_q, got_scales, got_rows, got_row_scales, index_tensor);
+  EXPECT_EQ(FloatBits(got_q), FloatBits(want_q));
+  EXPECT_EQ(FloatBits(got_scales), FloatBits(want_scales));
+  EXPECT_EQ(FloatBits(got_rows), FloatBits(want_rows));
+  EXPECT_EQ(FloatBits(got_row_scales), FloatBits(want_row_scales));
   EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 20}, {2}), Poisoned({16, 20}, DType::kE4M3),
                                         Poisoned({2, 16})),
                "quantize column tiles values");
   EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 21}, {2}), Poisoned({16, 32}, DType::kE4M3),
                                         Poisoned({2, 16})),
                "offsets");
+}
+
+// SwiGLU's output quantised without being stored: the forms of SwigluForward's output, both at
+// once and each alone.
+TEST_F(Fp8OpsTest, SwigluForwardQuantizedIsSwigluThenTheQuantisation) {
+  const ColumnLayout& l = kColumnLayouts[0];
+  const int64_t groups = static_cast<int64_t>(l.offsets.size()) - 1, rows = l.offsets.back();
+  const int64_t f = l.cols;
+  const Tensor h = Random({rows, 2 * f}, 3.0f), scale = Random({rows});
+  const Tensor offsets = Ints(l.offsets, {groups + 1});
+  const Tensor a = Poisoned({rows, f});
+  ops::SwigluForward(h, scale, a);
+  const auto forms = [&] {
+    return std::vector<Tensor>{Poisoned({f, Fp8PaddedRows(rows)}, DType::kE4M3),
+                               Poisoned({Fp8ColumnTileSlots(groups, rows), f}),
+                               Poisoned({rows, f}, DType::kE4M3), Poisoned({rows, Tiles(f)})};
+  };
+  const std::vector<Tensor> want = forms(), both = forms(), columns = forms(), row_tiles = forms();
+  ops::QuantizeColumnTiles(a, offsets, want[0], want[1], want[2], want[3]);
+  ops::SwigluForwardQuantized(h, scale, offsets, both[0], both[1], both[2], both[3]);
+  ops::SwigluForwardQuantized(h, scale, offsets, columns[0], columns[1], Tensor(), Tensor());
+  ops::SwigluForwardQuantized(h, scale, offsets, Tensor(), Tensor(), row_tiles[2], row_tiles[3]);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(FloatBits(both[i]), FloatBits(want[i])) << "output " << i;
+    EXPECT_EQ(FloatBits(i < 2 ? columns[i] : row_tiles[i]), FloatBits(want[i])) << "output " << i;
+  }
+  EXPECT_DEATH(
+      ops::SwigluForwardQuantized(h, scale, offsets, Tensor(), Tensor(), Tensor(), Tensor()),
+      "no output");
 }
 
 // ---------------------------------------------------------------- Fp8GroupedMatmul

@@ -237,6 +237,7 @@ struct Fp8ColumnTileCase {
   std::vector<int32_t> offsets;
   int64_t k;
   bool row_tiles;
+  bool through_index = false;  // the grouped rows are x's rows (7 r + 3) mod rows, read in place
 };
 struct Fp8ColumnTileOperands {
   Fp8ColumnTileOperands(OpRun& r, const Fp8ColumnTileCase& c)
@@ -253,7 +254,14 @@ struct Fp8ColumnTileOperands {
     ops::Scale(x.Rows(200, 201), std::ldexp(1.0f, 10), x.Rows(200, 201));
     ops::Fill(x_flat.Rows(260 * c.k, 260 * c.k + 1), 16384.0f);
     ops::Fill(x_flat.Rows(300 * c.k - 1, 300 * c.k), -16384.0f);
-    ops::QuantizeColumnTiles(x, r.Ints(c.offsets, {groups + 1}), q, scales, row_q, row_scales);
+    Tensor index;
+    if (c.through_index) {  // rows is 642 or 300 here: 7 is coprime to it, a permutation
+      std::vector<int32_t> permutation(rows);
+      for (int64_t i = 0; i < rows; ++i) permutation[i] = static_cast<int32_t>((7 * i + 3) % rows);
+      index = r.Ints(permutation, {rows});
+    }
+    ops::QuantizeColumnTiles(x, r.Ints(c.offsets, {groups + 1}), q, scales, row_q, row_scales,
+                             index);
   }
   // Every output: its name and tensor.
   std::vector<std::pair<std::string, Tensor>> Outputs() const {
@@ -271,14 +279,16 @@ struct Fp8ColumnTileOperands {
 // Groups of 0, 1, 127, 128, 129 and 257 rows (642 in all: q's rows padded to 656), empty first
 // and last, so that slots before, between and after the groups' tiles go unused; all rows in one
 // group (300, padded to 304); a group starting off the 128-row tiles and rows a multiple of 16 (no
-// padding); k with a partial last column tile (208) and k 2048.
+// padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
+// permutation (QuantizeColumnTiles' index).
 std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
   const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};
   return {{"fp8_column_tiles", tails, 208, true},
           {"fp8_column_tiles_k2048", tails, 2048, false},
           {"fp8_column_tiles_one_group", {0, 300}, 208, false},
           {"fp8_column_tiles_one_group_k2048", {0, 300}, 2048, true},
-          {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true}};
+          {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true},
+          {"fp8_column_tiles_through_index", tails, 208, true, true}};
 }
 
 // A quantised operand of the FP8 weight gradient: e4m3 values and their scales.
@@ -1272,6 +1282,49 @@ TEST(Fp8QuantizeColumnTilesTest, HasTheCpuReferencesBits) {
       for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_EQ(testing::FloatBits(got[i].second), testing::FloatBits(want[i].second))
             << want[i].first;
+      }
+    }
+  }
+}
+
+// SwigluForwardQuantized on the GPU has the bits of the GPU's SwigluForward, then
+// QuantizeColumnTiles of its output (the CPU's SwiGLU rounds differently, so the two backends'
+// FP8 forms may differ in a value's last bit before quantisation: compared on one device): both
+// tile forms together, and each alone, f32 and bf16 h, with and without the routing scale, on the
+// column-tile cases' offsets (f = their k).
+TEST(Fp8SwigluForwardQuantizedTest, IsSwigluForwardThenTheQuantisationBitForBit) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
+      if (c.through_index) continue;
+      const uint32_t seed = testing::TestSeed();
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
+      OpRun r(Device::CUDA(0), dtype, seed);
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      const int64_t f = c.k;
+      const Tensor h = r.In({rows, 2 * f}, 4.0f), offsets = r.Ints(c.offsets, {groups + 1});
+      for (const Tensor& scale : {r.InF32({rows}), Tensor()}) {
+        const Tensor a = r.Out({rows, f});
+        ops::SwigluForward(h, scale, a);
+        const auto forms = [&] {
+          return std::vector<Tensor>{r.OutE4M3({f, Fp8PaddedRows(rows)}),
+                                     r.OutF32({Fp8ColumnTileSlots(groups, rows), f}),
+                                     r.OutE4M3({rows, f}), r.OutF32({rows, Fp8Tiles(f)})};
+        };
+        const std::vector<Tensor> want = forms(), both = forms(), columns = forms(),
+                                  rows_only = forms();
+        ops::QuantizeColumnTiles(a, offsets, want[0], want[1], want[2], want[3]);
+        ops::SwigluForwardQuantized(h, scale, offsets, both[0], both[1], both[2], both[3]);
+        ops::SwigluForwardQuantized(h, scale, offsets, columns[0], columns[1], Tensor(), Tensor());
+        ops::SwigluForwardQuantized(h, scale, offsets, Tensor(), Tensor(), rows_only[2],
+                                    rows_only[3]);
+        const char* names[] = {"q", "scales", "row_q", "row_scales"};
+        for (int i = 0; i < 4; ++i) {
+          const std::vector<uint32_t> bits = testing::FloatBits(want[i]);
+          EXPECT_EQ(testing::FloatBits(both[i]), bits) << names[i];
+          EXPECT_EQ(testing::FloatBits(i < 2 ? columns[i] : rows_only[i]), bits)
+              << names[i] << " alone";
+        }
       }
     }
   }

@@ -74,26 +74,32 @@ struct PathRun {
   std::vector<std::string> keys;  // saved after forward
 };
 
+// x and dy hold the rows themselves, or with `index` the tokens whose rows index[r] they are
+// (PermutedRows: read in place).
 PathRun RunPath(GroupedMlpKind kind, const GptConfig& base, const std::vector<int32_t>& offsets,
                 const std::vector<float>& x, const std::vector<float>& weights,
-                const std::vector<float>& dy) {
+                const std::vector<float>& dy, const std::vector<int32_t>& index = {}) {
   GptConfig config = base;
   config.moe_grouped_mlp = kind;
   ParameterSet parameters(Device::CPU(), DType::kF32, /*seed=*/7);
   std::unique_ptr<GroupedMlp> mlp = MakeGroupedMlp(parameters, "experts", config, kLayer);
   const int64_t rows = offsets.back(), hidden = config.hidden_size;
+  const int64_t x_rows = static_cast<int64_t>(x.size()) / hidden;
   const Device cpu = Device::CPU();
+  const auto rows_of = [&](const std::vector<float>& values) {
+    const Tensor t = testing::FromFloats(values, {x_rows, hidden}, DType::kF32, cpu);
+    if (index.empty()) return PermutedRows(t);
+    return PermutedRows(t, testing::FromInts(index, {rows}, cpu));
+  };
   SavedTensors saved;
-  const Tensor y = mlp->Forward(saved, testing::FromFloats(x, {rows, hidden}, DType::kF32, cpu),
-                                testing::FromInts(offsets, {config.num_experts + 1}, cpu),
-                                testing::FromFloats(weights, {rows}, DType::kF32, cpu));
+  const Tensor y =
+      mlp->Forward(saved, rows_of(x), testing::FromInts(offsets, {config.num_experts + 1}, cpu),
+                   testing::FromFloats(weights, {rows}, DType::kF32, cpu));
   PathRun run;
   run.groups = saved.groups();
   run.keys = saved.keys();
   parameters.ZeroGrads();
-  const GroupedMlp::Grads grads =
-      mlp->Backward(saved, testing::FromFloats(dy, {rows, hidden}, DType::kF32, cpu),
-                    /*last_of_step=*/true);
+  const GroupedMlp::Grads grads = mlp->Backward(saved, rows_of(dy), /*last_of_step=*/true);
   EXPECT_TRUE(saved.empty()) << "backward left saved tensors";
   run.y = ToFloats(y);
   run.dx = ToFloats(grads.dx);
@@ -101,6 +107,44 @@ PathRun RunPath(GroupedMlpKind kind, const GptConfig& base, const std::vector<in
   run.fc1_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc1.weight")));
   run.fc2_grad = ToFloats(MaterializedGrad(parameters.Get("experts.fc2.weight")));
   return run;
+}
+
+// Rows read in place through the MoE layer's permutation (PermutedRows with an index, the FP8
+// recipe quantising them where they lie) give exactly what the gathered rows give, on every path.
+TEST(GroupedMlpTest, PermutedRowsReadInPlaceGiveExactlyTheGatheredRowsResults) {
+  GptConfig config = MlpConfig();
+  config.hidden_size = 32;  // the FP8 recipe's multiples of 16
+  config.moe_ffn_hidden_size = 16;
+  std::mt19937 rng(testing::TestSeed());
+  const std::vector<int32_t> offsets = OffsetsOf({5, 0, 9, 2, 0, 6});
+  const int64_t rows = offsets.back(), tokens = 15, hidden = config.hidden_size;
+  std::vector<int32_t> index(rows);
+  for (int32_t& i : index) i = static_cast<int32_t>(rng() % tokens);
+  const std::vector<float> x = testing::RandomFloats(tokens * hidden, rng);
+  const std::vector<float> dy = testing::RandomFloats(tokens * hidden, rng);
+  const auto gathered = [&](const std::vector<float>& values) {
+    std::vector<float> out;
+    for (const int32_t i : index) {
+      out.insert(out.end(), values.begin() + i * hidden, values.begin() + (i + 1) * hidden);
+    }
+    return out;
+  };
+  std::vector<float> weights = testing::RandomFloats(rows, rng);
+  for (float& w : weights) w = std::abs(w) + 0.05f;
+  for (const auto& [kind, fp8] : {std::pair{GroupedMlpKind::kUnfused, Fp8Recipe::kNone},
+                                  std::pair{GroupedMlpKind::kFused, Fp8Recipe::kNone},
+                                  std::pair{GroupedMlpKind::kFused, Fp8Recipe::kBlockwise}}) {
+    config.fp8_recipe = fp8;
+    SCOPED_TRACE(std::string(kind == GroupedMlpKind::kFused ? "fused" : "unfused") +
+                 (fp8 == Fp8Recipe::kBlockwise ? " fp8" : ""));
+    const PathRun in_place = RunPath(kind, config, offsets, x, weights, dy, index);
+    const PathRun gathered_run = RunPath(kind, config, offsets, gathered(x), weights, gathered(dy));
+    EXPECT_EQ(in_place.y, gathered_run.y) << "y";
+    EXPECT_EQ(in_place.dx, gathered_run.dx) << "dx";
+    EXPECT_EQ(in_place.dweights, gathered_run.dweights) << "dweights";
+    EXPECT_EQ(in_place.fc1_grad, gathered_run.fc1_grad) << "fc1_grad";
+    EXPECT_EQ(in_place.fc2_grad, gathered_run.fc2_grad) << "fc2_grad";
+  }
 }
 
 TEST(GroupedMlpTest, FusedMatchesUnfusedToFp32Rounding) {

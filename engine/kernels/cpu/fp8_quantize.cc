@@ -1,7 +1,8 @@
-// CPU QuantizeRowTiles, QuantizeBlocks, QuantizeColumnTiles, DequantizeRowTiles and
-// DequantizeBlocks (contracts: engine/kernels/op_declarations.inc): the reference numerics of the
-// blockwise FP8 recipe, which the CUDA kernels reproduce bit for bit: tile by tile
-// (Fp8TiledMatrices), the amax, then the tile's elements. Inputs and outputs f32 or bf16.
+// CPU QuantizeRowTiles, QuantizeBlocks, QuantizeColumnTiles, SwigluForwardQuantized (SwigluForward,
+// then the quantisation), DequantizeRowTiles and DequantizeBlocks (contracts:
+// engine/kernels/op_declarations.inc): the reference numerics of the blockwise FP8 recipe, which
+// the CUDA kernels reproduce bit for bit: tile by tile (Fp8TiledMatrices), the amax, then the
+// tile's elements. Inputs and outputs f32 or bf16.
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -73,7 +74,13 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool
 }
 
 void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
-                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales,
+                         const Tensor& index) {
+  if (index.defined()) {  // the gathered rows, then as without an index
+    const Tensor gathered = Tensor::Empty({index.dim(0), x.dim(1)}, x.dtype(), x.device());
+    GatherRows(x, index, gathered);
+    return QuantizeColumnTiles(gathered, offsets, q, scales, row_q, row_scales);
+  }
   if (row_q.defined()) QuantizeRowTiles(x, row_q, row_scales);
   const int64_t k = x.dim(1), padded = q.dim(1);
   const std::span<const int32_t> bounds = offsets.values<int32_t>();
@@ -99,6 +106,18 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
       }
     }
   });
+}
+
+void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& offsets,
+                            const Tensor& q, const Tensor& scales, const Tensor& row_q,
+                            const Tensor& row_scales) {
+  const Tensor a = Tensor::Empty({h.dim(0), h.dim(1) / 2}, h.dtype(), h.device());
+  SwigluForward(h, scale, a);
+  if (q.defined()) {
+    QuantizeColumnTiles(a, offsets, q, scales, row_q, row_scales);
+  } else {
+    QuantizeRowTiles(a, row_q, row_scales);
+  }
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {

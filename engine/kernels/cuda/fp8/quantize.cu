@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kTileThreads)
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
   const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
   TileSlice slice;
-  LoadTile(x + group * m.elements() + r0 * m.cols + c0, m.cols, rows, cols, slice);
+  const T* const tile_x = x + group * m.elements() + r0 * m.cols + c0;
+  LoadTile([&](int r) { return RowReader(tile_x + r * m.cols); }, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, LaneRowAmax(slice, i));

@@ -1,7 +1,9 @@
 // CUDA QuantizeColumnTiles (contract: engine/kernels/op_declarations.inc; the layout's arithmetic
 // in engine/kernels/fp8_scaling.h): the weight gradients' operands, grouped rows x (rows, k)
 // transposed into q (k, Fp8PaddedRows(rows)) with one scale per 128-row tile of a group and
-// column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass.
+// column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass; with
+// an index the grouped rows are x's rows index[r], read in place (a permutation's gather).
+// SwigluForwardQuantized runs the same kernel over SwiGLU's output, computed as it is read.
 // One block of kTileThreads threads per (scale slot, 128 columns of k): the slot's group is found
 // by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
 // on the device offsets, and its tile is t = slot - that; a slot past its group's tiles writes
@@ -15,6 +17,7 @@
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
+#include "engine/kernels/cuda/layers/swiglu_math.cuh"
 #include "engine/kernels/fp8_scaling.h"
 
 namespace moe::cuda {
@@ -54,11 +57,46 @@ __device__ __forceinline__ void QuantizeTileRows(const TileSlice& slice, int row
   }
 }
 
-// Block (slot, column tile) = (blockIdx.x, blockIdx.y), kTileThreads threads. row_q and
-// row_scales are null without the row tiles.
+// The grouped rows of QuantizeColumnTiles: x's rows index[r] (x has `sources` rows; without an
+// index, index is null and row r is x's row r).
 template <typename T>
+struct RowsOfX {
+  const T* x;
+  int64_t sources;
+  const int32_t* index;
+  int64_t k;
+
+  __device__ auto Row(int64_t r, int64_t c0) const {
+    const int64_t source = index == nullptr ? r : index[r];
+    MOE_DEVICE_CHECK(0 <= source && source < sources);
+    return RowReader(x + source * k + c0);
+  }
+};
+
+// The rows of SwigluForward(h, scale)'s output (rows, f), each value rounded to T as that op
+// stores it (SwigluValue, then FromFloat), computed as they are read.
+template <typename T>
+struct SwigluRows {
+  const T* h;          // (rows, 2f) = [gate | up]
+  const float* scale;  // (rows) or null
+  int64_t f;
+
+  __device__ auto Row(int64_t r, int64_t c0) const {
+    const T* const gate = h + r * 2 * f + c0;
+    const T* const up = gate + f;
+    const float s = scale != nullptr ? scale[r] : 1.0f;
+    return [gate, up, s](int c) {
+      return ToFloat(FromFloat<T>(SwigluValue(ToFloat(gate[c]), ToFloat(up[c]), s)));
+    };
+  }
+};
+
+// Block (slot, column tile) = (blockIdx.x, blockIdx.y), kTileThreads threads, over the grouped
+// rows (rows, k) that source.Row(r, c0) reads (from column c0 on). q and scales are null without
+// the column tiles, row_q and row_scales without the row tiles.
+template <typename Source>
 __global__ void __launch_bounds__(kTileThreads)
-    QuantizeColumnTilesKernel(const T* x, const int32_t* offsets, int64_t groups, int64_t rows,
+    QuantizeColumnTilesKernel(Source source, const int32_t* offsets, int64_t groups, int64_t rows,
                               int64_t k, __nv_fp8_storage_t* q, float* scales,
                               __nv_fp8_storage_t* row_q, float* row_scales) {
   const int64_t slot = blockIdx.x, c0 = int64_t{blockIdx.y} * kFp8TileSize;
@@ -67,19 +105,20 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t begin = offsets[group], end = offsets[group + 1];
   MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
   const int64_t r0 = begin + (slot - Fp8ColumnTileSlot(group, begin, 0)) * kFp8TileSize;
-  float* const slot_scales = scales + slot * k + c0;
+  float* const slot_scales = scales != nullptr ? scales + slot * k + c0 : nullptr;
   if (r0 >= end) {  // no tile uses the slot (block-uniform)
-    if (threadIdx.x < cols) slot_scales[threadIdx.x] = 0.0f;
+    if (slot_scales != nullptr && threadIdx.x < cols) slot_scales[threadIdx.x] = 0.0f;
     return;
   }
   const int tile_rows = static_cast<int>(min(end - r0, kFp8TileSize));
   TileSlice slice;
-  LoadTile(x + r0 * k + c0, k, tile_rows, cols, slice);
+  LoadTile([&](int r) { return source.Row(r0 + r, c0); }, tile_rows, cols, slice);
   if (row_q != nullptr) {
     const int64_t row_tiles = Fp8Tiles(k);
     QuantizeTileRows(slice, tile_rows, cols, row_q + r0 * k + c0, k,
                      row_scales + r0 * row_tiles + blockIdx.y, row_tiles);
   }
+  if (q == nullptr) return;  // block-uniform
 
   __shared__ float warp_amax[kTileWarps][kFp8TileSize];  // over the warp's rows, per column
   __shared__ float multipliers[kFp8TileSize];
@@ -111,11 +150,12 @@ __global__ void __launch_bounds__(kTileThreads)
   StoreTransposed(staged, tile_rows, cols, width, q + c0 * padded_rows + r0, padded_rows);
 }
 
-}  // namespace
-
-void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
-                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales) {
-  const int64_t rows = x.dim(0), k = x.dim(1), groups = offsets.numel() - 1;
+// The kernel over `rows` grouped rows of width k that `source` reads, into the defined outputs.
+template <typename Source>
+void LaunchColumnTiles(const Source& source, int64_t rows, int64_t k, const Tensor& offsets,
+                       const Tensor& q, const Tensor& scales, const Tensor& row_q,
+                       const Tensor& row_scales, cudaStream_t stream) {
+  const int64_t groups = offsets.numel() - 1;
   CHECK(groups >= 1 || rows == 0) << "fp8 column-tile quantisation of " << rows
                                   << " rows in no group";
   const int64_t slots = Fp8ColumnTileSlots(groups, rows), col_tiles = Fp8Tiles(k);
@@ -123,12 +163,32 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
   CHECK(slots <= INT32_MAX && col_tiles <= 65535)
       << "fp8 column-tile quantisation grid of " << slots << " slots x " << col_tiles
       << " column tiles";
+  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(col_tiles));
+  QuantizeColumnTilesKernel<<<grid, kTileThreads, 0, stream>>>(
+      source, Ptr<const int32_t>(offsets), groups, rows, k, Ptr<__nv_fp8_storage_t>(q),
+      Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(row_q), Ptr<float>(row_scales));
+  MOE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
+                         const Tensor& scales, const Tensor& row_q, const Tensor& row_scales,
+                         const Tensor& index) {
+  const int64_t rows = index.defined() ? index.dim(0) : x.dim(0), k = x.dim(1);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(col_tiles));
-    QuantizeColumnTilesKernel<T><<<grid, kTileThreads, 0, StreamOf(x)>>>(
-        Ptr<const T>(x), Ptr<const int32_t>(offsets), groups, rows, k, Ptr<__nv_fp8_storage_t>(q),
-        Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(row_q), Ptr<float>(row_scales));
-    MOE_CUDA_CHECK_LAUNCH();
+    const RowsOfX<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k};
+    LaunchColumnTiles(source, rows, k, offsets, q, scales, row_q, row_scales, StreamOf(x));
+  });
+}
+
+void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& offsets,
+                            const Tensor& q, const Tensor& scales, const Tensor& row_q,
+                            const Tensor& row_scales) {
+  const int64_t rows = h.dim(0), f = h.dim(1) / 2;
+  DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
+    const SwigluRows<T> source{Ptr<const T>(h), Ptr<const float>(scale), f};
+    LaunchColumnTiles(source, rows, f, offsets, q, scales, row_q, row_scales, StreamOf(h));
   });
 }
 

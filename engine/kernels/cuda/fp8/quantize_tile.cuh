@@ -1,8 +1,10 @@
 // The pieces of the FP8 kernels that quantise a tile of at most kFp8TileSize x kFp8TileSize
 // elements with one block of kTileThreads threads (include only from .cu files):
 //   TileSlice / LoadTile: the tile in the block's registers, warp w holding the tile's rows
-//     w + kTileWarps * i, lane l their columns l + 32 j: every load of a warp reads 32
-//     consecutive elements of a row; elements outside the tile read as 0 (no amax changes).
+//     w + kTileWarps * i (wherever each row lies, or computed as it is read: a gather reads in
+//     place, SwiGLU's output is never stored), lane l their columns l + 32 j: every load of a
+//     warp reads 32 consecutive elements of a row; elements outside the tile read as 0 (no amax
+//     changes).
 //   StoreQuantizedRow: one row's quantised bytes, 32 consecutive bytes a store.
 //   StagedTile / StageTransposed / StoreTransposed: the quantised tile transposed through shared
 //     memory, so that a warp stores 32 consecutive bytes of a transposed row at a time. A staged
@@ -35,21 +37,33 @@ struct TileSlice {
   float v[kTileRowsPerWarp][kTileColsPerLane];
 };
 
-// The tile of `rows` x `cols` elements (each at most kFp8TileSize) at x, rows `ld` elements
-// apart, as f32; elements past rows or cols are 0.
-template <typename T>
-__device__ __forceinline__ void LoadTile(const T* x, int64_t ld, int rows, int cols,
-                                         TileSlice& slice) {
+// The tile of `rows` x `cols` elements (each at most kFp8TileSize) as f32: element (r, c) is
+// row_of(r)(c) (row_of is called for r < rows only, the row it returns for c < cols only);
+// elements past rows or cols are 0.
+template <typename RowOf>
+__device__ __forceinline__ void LoadTile(RowOf row_of, int rows, int cols, TileSlice& slice) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = warp + kTileWarps * i;
+    const int r = warp + kTileWarps * i;  // warp-uniform
+    if (r >= rows) {
+#pragma unroll
+      for (int j = 0; j < kTileColsPerLane; ++j) slice.v[i][j] = 0.0f;
+      continue;
+    }
+    const auto row = row_of(r);
 #pragma unroll
     for (int j = 0; j < kTileColsPerLane; ++j) {
       const int c = lane + 32 * j;
-      slice.v[i][j] = r < rows && c < cols ? ToFloat(x[r * ld + c]) : 0.0f;
+      slice.v[i][j] = c < cols ? row(c) : 0.0f;
     }
   }
+}
+
+// A row's elements from `first` on, as f32.
+template <typename T>
+__device__ __forceinline__ auto RowReader(const T* first) {
+  return [first](int c) { return ToFloat(first[c]); };
 }
 
 // The largest magnitude of the lane's elements of slice row i (0 if none; NaN skipped).
