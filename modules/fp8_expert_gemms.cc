@@ -45,6 +45,15 @@ Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& of
   return out;
 }
 
+Fp8Columns QuantizeSwigluGradient(const Tensor& da, const Tensor& h, const Tensor& scale,
+                                  const Tensor& offsets, Fp8Rows* row_tiles, const Tensor& dscale) {
+  const Fp8Columns out = AllocateColumns(h.dim(0), h.dim(1), offsets.numel() - 1, h.device(),
+                                         /*columns=*/true, row_tiles);
+  ops::SwigluBackwardQuantized(da, h, scale, offsets, out.q, out.scales, row_tiles->q,
+                               row_tiles->scales, dscale);
+  return out;
+}
+
 void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& dw,
                        bool accumulate) {
   std::vector<ops::Fp8GroupedColumns> columns;

@@ -96,11 +96,9 @@ GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const
   Grads grads;
   Fp8Rows dyq, dhq;  // the input gradients' operands; their columns wait for the weight gradients
   const Fp8Columns dy_columns = QuantizeColumns(dy, s.offsets, &dyq);
-  Tensor dh = Tensor::Empty(s.h.shape(), dtype, s.h.device());
   grads.dweights = Tensor::Empty(s.weights.shape(), DType::kF32, s.h.device());
-  ops::SwigluBackward(fc2_fp8_.InputGrad(dyq, s.offsets, dtype), s.h, s.weights, dh,
-                      grads.dweights);
-  const Fp8Columns dh_columns = QuantizeColumns(dh, s.offsets, &dhq);
+  const Fp8Columns dh_columns = QuantizeSwigluGradient(
+      fc2_fp8_.InputGrad(dyq, s.offsets, dtype), s.h, s.weights, s.offsets, &dhq, grads.dweights);
   grads.dx = fc1_fp8_.InputGrad(dhq, s.offsets, dtype);
 
   PendingWeightGrads pending;

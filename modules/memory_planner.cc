@@ -337,8 +337,8 @@ class RankModel {
     }
     const double rows = ExpertRows(m, request_.run.micro_batch_size, request_.run.expert_parallel);
     const double f = D(m.moe_ffn_hidden_size);
-    // FP8: da, dh and dx, dy (read in place, not gathered) and dh quantised twice (row and column
-    // tiles).
+    // FP8: da, dh (the CPU op's temporary; CUDA never stores it) and dx, and dy (read in place,
+    // not gathered) and dh quantised twice (row and column tiles).
     const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? 2 * h + 4 * f
                            : m.fp8_recipe != Fp8Recipe::kNone ? h + 4 * f + 2 * (h + 2 * f) / b
                                                               : std::max(h + 3 * f, 2 * h + 2 * f);

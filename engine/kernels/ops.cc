@@ -214,8 +214,10 @@ void CheckSwiglu(const Tensor& x, const Tensor& scale, const Tensor& y, const ch
 void CheckSwigluGradients(const Tensor& x, const Tensor& scale, const Tensor& dx,
                           const Tensor& dscale, const char* what) {
   CheckSwigluInput(x, scale, what);
-  CheckShape(dx, x.shape(), "swiglu dx");
-  CheckSameDType(dx, x, what);
+  if (dx.defined()) {
+    CheckShape(dx, x.shape(), "swiglu dx");
+    CheckSameDType(dx, x, what);
+  }
   if (dscale.defined()) {
     CHECK(scale.defined()) << what << ": dscale without scale";
     CheckShape(dscale, {x.dim(0)}, "swiglu dscale");
@@ -277,6 +279,7 @@ void GroupedMatmulSwigluBackward(const Tensor& dy, const Tensor& w, const Tensor
   const Device device = CommonDevice({&dy, &w, &offsets, &h, &scale, &dh, &dscale});
   const Shape da_shape =
       CheckGroupedMatmulInputs(dy, w, offsets, host_offsets, /*transpose_w=*/false);
+  CHECK(dh.defined()) << "grouped matmul swiglu backward writes dh: it must be given";
   CheckSwigluGradients(h, scale, dh, dscale, "grouped matmul swiglu backward");
   CheckShape(h, {da_shape[0], 2 * da_shape[1]}, "grouped matmul swiglu backward h");
   CheckSameDType(dy, h, "grouped matmul swiglu backward");
@@ -453,6 +456,22 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
     CheckQuantized(row_q, row_scales, {rows, f}, {rows, Fp8Tiles(f)}, "swiglu quantized row tiles");
   }
   MOE_DISPATCH(device, SwigluForwardQuantized, h, scale, offsets, q, scales, row_q, row_scales);
+}
+
+void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& scale,
+                             const Tensor& offsets, const Tensor& q, const Tensor& scales,
+                             const Tensor& row_q, const Tensor& row_scales, const Tensor& dscale) {
+  const Device device =
+      CommonDevice({&da, &h, &scale, &offsets, &q, &scales, &row_q, &row_scales, &dscale});
+  CheckSwiglu(h, scale, da, "swiglu backward quantized");
+  CheckSwigluGradients(h, scale, Tensor(), dscale, "swiglu backward quantized");
+  const int64_t rows = h.dim(0), groups = offsets.numel() - 1;
+  CheckGroupOffsets(offsets, {}, groups, rows, "swiglu backward quantized offsets");
+  CheckColumnTiles(q, scales, groups, rows, h.dim(1), "swiglu backward quantized column tiles");
+  CheckQuantized(row_q, row_scales, h.shape(), {rows, Fp8Tiles(h.dim(1))},
+                 "swiglu backward quantized row tiles");
+  MOE_DISPATCH(device, SwigluBackwardQuantized, da, h, scale, offsets, q, scales, row_q, row_scales,
+               dscale);
 }
 
 void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const Tensor& dw,

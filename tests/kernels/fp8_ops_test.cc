@@ -385,6 +385,30 @@ TEST_F(Fp8OpsTest, SwigluForwardQuantizedIsSwigluThenTheQuantisation) {
       "no output");
 }
 
+// SwiGLU's input gradient quantised without being stored: the forms of SwigluBackward's dh and
+// its dscale, bit for bit.
+TEST_F(Fp8OpsTest, SwigluBackwardQuantizedIsSwigluBackwardThenTheQuantisation) {
+  const ColumnLayout& l = kColumnLayouts[0];
+  const int64_t groups = static_cast<int64_t>(l.offsets.size()) - 1, rows = l.offsets.back();
+  const int64_t f = l.cols;
+  const Tensor h = Random({rows, 2 * f}, 3.0f), scale = Random({rows}), da = Random({rows, f});
+  const Tensor offsets = Ints(l.offsets, {groups + 1});
+  const Tensor dh = Poisoned({rows, 2 * f}), want_dscale = Poisoned({rows});
+  ops::SwigluBackward(da, h, scale, dh, want_dscale);
+  const auto forms = [&] {
+    return std::vector<Tensor>{Poisoned({2 * f, Fp8PaddedRows(rows)}, DType::kE4M3),
+                               Poisoned({Fp8ColumnTileSlots(groups, rows), 2 * f}),
+                               Poisoned({rows, 2 * f}, DType::kE4M3),
+                               Poisoned({rows, Tiles(2 * f)})};
+  };
+  const std::vector<Tensor> want = forms(), got = forms();
+  ops::QuantizeColumnTiles(dh, offsets, want[0], want[1], want[2], want[3]);
+  const Tensor dscale = Poisoned({rows});
+  ops::SwigluBackwardQuantized(da, h, scale, offsets, got[0], got[1], got[2], got[3], dscale);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(FloatBits(got[i]), FloatBits(want[i])) << "output " << i;
+  EXPECT_EQ(FloatBits(dscale), FloatBits(want_dscale));
+}
+
 // ---------------------------------------------------------------- Fp8GroupedMatmul
 
 // Quantised operands of one grouped GEMM y = x w_g^T: x (rows, k) in row tiles, w (groups, n, k)

@@ -1330,6 +1330,41 @@ TEST(Fp8SwigluForwardQuantizedTest, IsSwigluForwardThenTheQuantisationBitForBit)
   }
 }
 
+// SwigluBackwardQuantized on the GPU has the bits of the GPU's SwigluBackward (dh and dscale),
+// then QuantizeColumnTiles of dh (f = the cases' k: dh's 2f columns put gate and up halves in one
+// 128-column tile where f is not a multiple of 128), f32 and bf16.
+TEST(Fp8SwigluBackwardQuantizedTest, IsSwigluBackwardThenTheQuantisationBitForBit) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
+      if (c.through_index) continue;
+      const uint32_t seed = testing::TestSeed();
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
+      OpRun r(Device::CUDA(0), dtype, seed);
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      const int64_t f = c.k;
+      const Tensor h = r.In({rows, 2 * f}, 4.0f), da = r.In({rows, f}), scale = r.InF32({rows});
+      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
+      const Tensor dh = r.Out({rows, 2 * f}), want_dscale = r.OutF32({rows});
+      ops::SwigluBackward(da, h, scale, dh, want_dscale);
+      const auto forms = [&] {
+        return std::vector<Tensor>{r.OutE4M3({2 * f, Fp8PaddedRows(rows)}),
+                                   r.OutF32({Fp8ColumnTileSlots(groups, rows), 2 * f}),
+                                   r.OutE4M3({rows, 2 * f}), r.OutF32({rows, Fp8Tiles(2 * f)})};
+      };
+      const std::vector<Tensor> want = forms(), got = forms();
+      ops::QuantizeColumnTiles(dh, offsets, want[0], want[1], want[2], want[3]);
+      const Tensor dscale = r.OutF32({rows});
+      ops::SwigluBackwardQuantized(da, h, scale, offsets, got[0], got[1], got[2], got[3], dscale);
+      const char* names[] = {"q", "scales", "row_q", "row_scales"};
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(testing::FloatBits(got[i]), testing::FloatBits(want[i])) << names[i];
+      }
+      EXPECT_EQ(testing::FloatBits(dscale), testing::FloatBits(want_dscale)) << "dscale";
+    }
+  }
+}
+
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed
 // order, with no atomics: two runs on the same inputs agree bit for bit (the offload and pipeline
 // bit-identity tests rely on it), at both head dims and with GQA groups split over clusters.

@@ -52,15 +52,16 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
     const float* gate = x.data<float>() + r * 2 * f;
     const float* up = gate + f;
     const float* dyr = dy.data<float>() + r * f;
-    float* dgate = dx.data<float>() + r * 2 * f;
-    float* dup = dgate + f;
     const float s = scale.defined() ? scale.data<float>()[r] : 1.0f;
     double ds = 0;
     for (int64_t j = 0; j < f; ++j) {
       const float silu = Silu(gate[j]);
       ds += static_cast<double>(silu) * up[j] * dyr[j];
-      dgate[j] = dyr[j] * s * up[j] * SiluGrad(gate[j]);
-      dup[j] = dyr[j] * s * silu;
+      if (dx.defined()) {
+        float* const dgate = dx.data<float>() + r * 2 * f;
+        dgate[j] = dyr[j] * s * up[j] * SiluGrad(gate[j]);
+        dgate[f + j] = dyr[j] * s * silu;
+      }
     }
     if (dscale.defined()) dscale.data<float>()[r] = static_cast<float>(ds);
   }

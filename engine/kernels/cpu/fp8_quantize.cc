@@ -1,5 +1,6 @@
-// CPU QuantizeRowTiles, QuantizeBlocks, QuantizeColumnTiles, SwigluForwardQuantized (SwigluForward,
-// then the quantisation), DequantizeRowTiles and DequantizeBlocks (contracts:
+// CPU QuantizeRowTiles, QuantizeBlocks, QuantizeColumnTiles, SwigluForwardQuantized and
+// SwigluBackwardQuantized (the SwiGLU op, then the quantisation), DequantizeRowTiles and
+// DequantizeBlocks (contracts:
 // engine/kernels/op_declarations.inc): the reference numerics of the blockwise FP8 recipe, which
 // the CUDA kernels reproduce bit for bit: tile by tile (Fp8TiledMatrices), the amax, then the
 // tile's elements. Inputs and outputs f32 or bf16.
@@ -118,6 +119,14 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
   } else {
     QuantizeRowTiles(a, row_q, row_scales);
   }
+}
+
+void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& scale,
+                             const Tensor& offsets, const Tensor& q, const Tensor& scales,
+                             const Tensor& row_q, const Tensor& row_scales, const Tensor& dscale) {
+  const Tensor dh = Tensor::Empty(h.shape(), h.dtype(), h.device());
+  SwigluBackward(da, h, scale, dh, dscale);
+  QuantizeColumnTiles(dh, offsets, q, scales, row_q, row_scales);
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {

@@ -3,7 +3,9 @@
 // transposed into q (k, Fp8PaddedRows(rows)) with one scale per 128-row tile of a group and
 // column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass; with
 // an index the grouped rows are x's rows index[r], read in place (a permutation's gather).
-// SwigluForwardQuantized runs the same kernel over SwiGLU's output, computed as it is read.
+// SwigluForwardQuantized and SwigluBackwardQuantized run the same kernel over SwiGLU's output or
+// its input gradient, computed as they are read (the backward's dscale by SwigluBackward's own
+// kernel, told not to store dh).
 // One block of kTileThreads threads per (scale slot, 128 columns of k): the slot's group is found
 // by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
 // on the device offsets, and its tile is t = slot - that; a slot past its group's tiles writes
@@ -87,6 +89,32 @@ struct SwigluRows {
     const float s = scale != nullptr ? scale[r] : 1.0f;
     return [gate, up, s](int c) {
       return ToFloat(FromFloat<T>(SwigluValue(ToFloat(gate[c]), ToFloat(up[c]), s)));
+    };
+  }
+};
+
+// The rows of SwigluBackward's dh (rows, 2f) = [dgate | dup] from da (rows, f) and h, each value
+// rounded to T as that op stores it (SwigluGradients, then FromFloat), computed as they are read
+// (each (gate, up) pair's gradients twice: once for its dgate column, once for its dup column).
+template <typename T>
+struct SwigluGradientRows {
+  const T* da;
+  const T* h;
+  const float* scale;  // (rows) or null
+  int64_t f;
+
+  __device__ auto Row(int64_t r, int64_t c0) const {
+    const T* const gate = h + r * 2 * f;
+    const T* const d = da + r * f;
+    const float s = scale != nullptr ? scale[r] : 1.0f;
+    const int64_t f_ = f;
+    return [gate, d, s, c0, f_](int c) {
+      const int64_t column = c0 + c;
+      const bool dgate = column < f_;
+      const int64_t j = dgate ? column : column - f_;
+      const SwigluGradient g =
+          SwigluGradients(ToFloat(gate[j]), ToFloat(gate[f_ + j]), s, ToFloat(d[j]));
+      return ToFloat(FromFloat<T>(dgate ? g.gate : g.up));
     };
   }
 };
@@ -189,6 +217,18 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
   DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
     const SwigluRows<T> source{Ptr<const T>(h), Ptr<const float>(scale), f};
     LaunchColumnTiles(source, rows, f, offsets, q, scales, row_q, row_scales, StreamOf(h));
+  });
+}
+
+void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& scale,
+                             const Tensor& offsets, const Tensor& q, const Tensor& scales,
+                             const Tensor& row_q, const Tensor& row_scales, const Tensor& dscale) {
+  SwigluBackward(da, h, scale, Tensor(), dscale);  // dscale alone, as SwigluBackward sums it
+  const int64_t rows = h.dim(0), f = da.dim(1);
+  DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
+    const SwigluGradientRows<T> source{Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale),
+                                       f};
+    LaunchColumnTiles(source, rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
   });
 }
 

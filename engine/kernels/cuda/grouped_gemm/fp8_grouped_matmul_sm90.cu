@@ -71,11 +71,8 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
                     Ptr<const int32_t>(part.offsets), part.rows, part.dy_q.dim(1)});
   }
   const cudaStream_t stream = StreamOf(dw);
-  if (rows.empty()) {  // no rows: as a part whose groups are all empty
-    if (!accumulate) MOE_CUDA_CALL(cudaMemsetAsync(dw.data(), 0, dw.nbytes(), stream));
-    return;
-  }
-  // One launch per kMaxWeightGradParts parts; the later ones add to what the first wrote.
+  // One launch per kMaxWeightGradParts parts (ops checked there is one at least); the later ones
+  // add to what the first wrote.
   const int launch_groups = static_cast<int>(groups);
   for (size_t first = 0; first < rows.size(); first += sm90::kMaxWeightGradParts) {
     const int count =

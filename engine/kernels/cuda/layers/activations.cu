@@ -46,8 +46,6 @@ __global__ void SwigluBackwardKernel(const T* dy, const T* x, const float* scale
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* gate = x + row * 2 * f;
     const T* up = gate + f;
-    T* dgate = dx + row * 2 * f;
-    T* dup = dgate + f;
     const float s = scale != nullptr ? scale[row] : 1.0f;
     float dscale_partial = 0.0f;
     for (int64_t c = threadIdx.x * kVec; c < f; c += blockDim.x * kVec) {
@@ -61,8 +59,10 @@ __global__ void SwigluBackwardKernel(const T* dy, const T* x, const float* scale
         du.v[j] = gradient.up;
         dscale_partial += gradient.product;
       }
-      StoreFloats(dgate + c, dg);
-      StoreFloats(dup + c, du);
+      if (dx != nullptr) {  // the same for every thread
+        StoreFloats(dx + row * 2 * f + c, dg);
+        StoreFloats(dx + row * 2 * f + f + c, du);
+      }
     }
     if (dscale != nullptr) {  // the same for every thread: all reach the block reduction
       dscale_partial = BlockSum(dscale_partial);
@@ -102,12 +102,14 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
   const int64_t rows = x.dim(0), f = dy.dim(1);
   if (rows == 0) return;
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    DispatchVec(f, {dy.data(), x.data(), dx.data()}, [&]<int kVec>(VecTag<kVec>) {
-      SwigluBackwardKernel<kVec, T><<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
-          Ptr<const T>(dy), Ptr<const T>(x), Ptr<const float>(scale), rows, f, Ptr<T>(dx),
-          Ptr<float>(dscale));
-      MOE_CUDA_CHECK_LAUNCH();
-    });
+    DispatchVec(f, {dy.data(), x.data(), dx.defined() ? dx.data() : x.data()},
+                [&]<int kVec>(VecTag<kVec>) {
+                  SwigluBackwardKernel<kVec, T>
+                      <<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
+                          Ptr<const T>(dy), Ptr<const T>(x), Ptr<const float>(scale), rows, f,
+                          Ptr<T>(dx), Ptr<float>(dscale));
+                  MOE_CUDA_CHECK_LAUNCH();
+                });
   });
 }
 
