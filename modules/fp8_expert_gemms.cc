@@ -46,11 +46,11 @@ Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& of
 }
 
 Fp8Columns QuantizeSwigluGradient(const Tensor& da, const Tensor& h, const Tensor& scale,
-                                  const Tensor& offsets, Fp8Rows* row_tiles, const Tensor& dscale) {
+                                  const Tensor& offsets, Fp8Rows& row_tiles, const Tensor& dscale) {
   const Fp8Columns out = AllocateColumns(h.dim(0), h.dim(1), offsets.numel() - 1, h.device(),
-                                         /*columns=*/true, row_tiles);
-  ops::SwigluBackwardQuantized(da, h, scale, offsets, out.q, out.scales, row_tiles->q,
-                               row_tiles->scales, dscale);
+                                         /*columns=*/true, &row_tiles);
+  ops::SwigluBackwardQuantized(da, h, scale, offsets, out.q, out.scales, row_tiles.q,
+                               row_tiles.scales, dscale);
   return out;
 }
 

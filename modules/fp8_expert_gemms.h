@@ -51,10 +51,10 @@ Fp8Columns QuantizeColumns(const PermutedRows& x, const Tensor& offsets,
 Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& offsets,
                           Fp8Rows* row_tiles, bool columns);
 // The FP8 forms of dh, SwigluBackward(da, h, scale)'s input gradient (rows, 2f), over `offsets`,
-// dh never in memory (ops::SwigluBackwardQuantized): its row tiles into *row_tiles, its column
+// dh never in memory (ops::SwigluBackwardQuantized): its row tiles into row_tiles, its column
 // tiles returned; dscale (rows) f32 = as SwigluBackward's.
 Fp8Columns QuantizeSwigluGradient(const Tensor& da, const Tensor& h, const Tensor& scale,
-                                  const Tensor& offsets, Fp8Rows* row_tiles, const Tensor& dscale);
+                                  const Tensor& offsets, Fp8Rows& row_tiles, const Tensor& dscale);
 // dw (groups, n, k) (+)= the sum over the parts of dy_p^T · x_p per group (the parts' column tiles
 // of dy (rows_p, n) and x (rows_p, k) over offsets_p): ops::Fp8GroupedMatmulWeightGrad.
 struct Fp8WeightGradPart {

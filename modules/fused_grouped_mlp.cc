@@ -98,7 +98,7 @@ GroupedMlp::Grads FusedGroupedMlp::Fp8BackwardSegment(SavedTensors& saved, const
   const Fp8Columns dy_columns = QuantizeColumns(dy, s.offsets, &dyq);
   grads.dweights = Tensor::Empty(s.weights.shape(), DType::kF32, s.h.device());
   const Fp8Columns dh_columns = QuantizeSwigluGradient(
-      fc2_fp8_.InputGrad(dyq, s.offsets, dtype), s.h, s.weights, s.offsets, &dhq, grads.dweights);
+      fc2_fp8_.InputGrad(dyq, s.offsets, dtype), s.h, s.weights, s.offsets, dhq, grads.dweights);
   grads.dx = fc1_fp8_.InputGrad(dhq, s.offsets, dtype);
 
   PendingWeightGrads pending;

@@ -157,8 +157,8 @@ double HeadActivationBytes(const GptConfig& model, int64_t micro_batch_size, boo
 // What `moe_layers` fused MoE layers hold through a step, beside their saved activations, while
 // they wait to add weight gradients (GptConfig::moe_wgrad_micro_batches, fused_grouped_mlp.h):
 // min(that, micro_batches) - 1 earlier micro-batches' operands per layer, ExpertRows x (2 hidden
-// + 3 moe_ffn) elements each (fc2's dy and a, fc1's dh and x; x and a as FP8 rows under the
-// recipe). 0 on the unfused path.
+// + 3 moe_ffn) elements each (fc2's dy and a, fc1's dh and x; all four as FP8 column tiles under
+// the recipe). 0 on the unfused path.
 double PendingWeightGradBytes(const GptConfig& model, int64_t micro_batch_size,
                               int64_t expert_parallel, int64_t micro_batches, double moe_layers,
                               bool cuda);
