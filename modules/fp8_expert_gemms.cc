@@ -11,47 +11,55 @@ namespace moe {
 
 namespace {
 
-// Tensors for the FP8 forms of grouped rows (rows, k) over `groups` groups: the column tiles
-// with `columns`, the row tiles into *row_tiles where given.
-Fp8Columns AllocateColumns(int64_t rows, int64_t k, int64_t groups, Device device, bool columns,
-                           Fp8Rows* row_tiles) {
-  if (row_tiles != nullptr) {
-    *row_tiles = {Tensor::Empty({rows, k}, DType::kE4M3, device),
-                  Tensor::Empty({rows, Fp8Tiles(k)}, DType::kF32, device)};
+// The FP8 forms of grouped rows (rows, k) over `groups` groups: the column tiles with
+// `columns`, the row tiles with `row_tiles` (undefined tensors otherwise).
+struct Fp8Forms {
+  Fp8Columns columns;
+  Fp8Rows rows;
+};
+Fp8Forms AllocateForms(int64_t rows, int64_t k, int64_t groups, Device device, bool columns,
+                       bool row_tiles) {
+  Fp8Forms out;
+  if (columns) {
+    out.columns = {Tensor::Empty({k, Fp8PaddedRows(rows)}, DType::kE4M3, device),
+                   Tensor::Empty({Fp8ColumnTileSlots(groups, rows), k}, DType::kF32, device), rows};
   }
-  if (!columns) return {};
-  return {Tensor::Empty({k, Fp8PaddedRows(rows)}, DType::kE4M3, device),
-          Tensor::Empty({Fp8ColumnTileSlots(groups, rows), k}, DType::kF32, device), rows};
+  if (row_tiles) {
+    out.rows = {Tensor::Empty({rows, k}, DType::kE4M3, device),
+                Tensor::Empty({rows, Fp8Tiles(k)}, DType::kF32, device)};
+  }
+  return out;
 }
 
 }  // namespace
 
 Fp8Columns QuantizeColumns(const PermutedRows& x, const Tensor& offsets, Fp8Rows* row_tiles) {
-  const Fp8Columns out = AllocateColumns(x.rows(), x.values.dim(1), offsets.numel() - 1,
-                                         x.values.device(), /*columns=*/true, row_tiles);
-  const Fp8Rows none;
-  const Fp8Rows& rows = row_tiles != nullptr ? *row_tiles : none;
-  ops::QuantizeColumnTiles(x.values, offsets, out.q, out.scales, rows.q, rows.scales, x.index);
-  return out;
+  const Fp8Forms f = AllocateForms(x.rows(), x.values.dim(1), offsets.numel() - 1,
+                                   x.values.device(), /*columns=*/true, row_tiles != nullptr);
+  ops::QuantizeColumnTiles(x.values, offsets, f.columns.q, f.columns.scales, f.rows.q,
+                           f.rows.scales, x.index);
+  if (row_tiles != nullptr) *row_tiles = f.rows;
+  return f.columns;
 }
 
 Fp8Columns QuantizeSwiglu(const Tensor& h, const Tensor& scale, const Tensor& offsets,
                           Fp8Rows* row_tiles, bool columns) {
-  const Fp8Columns out =
-      AllocateColumns(h.dim(0), h.dim(1) / 2, offsets.numel() - 1, h.device(), columns, row_tiles);
-  const Fp8Rows none;
-  const Fp8Rows& rows = row_tiles != nullptr ? *row_tiles : none;
-  ops::SwigluForwardQuantized(h, scale, offsets, out.q, out.scales, rows.q, rows.scales);
-  return out;
+  const Fp8Forms f = AllocateForms(h.dim(0), h.dim(1) / 2, offsets.numel() - 1, h.device(), columns,
+                                   row_tiles != nullptr);
+  ops::SwigluForwardQuantized(h, scale, offsets, f.columns.q, f.columns.scales, f.rows.q,
+                              f.rows.scales);
+  if (row_tiles != nullptr) *row_tiles = f.rows;
+  return f.columns;
 }
 
 Fp8Columns QuantizeSwigluGradient(const Tensor& da, const Tensor& h, const Tensor& scale,
                                   const Tensor& offsets, Fp8Rows& row_tiles, const Tensor& dscale) {
-  const Fp8Columns out = AllocateColumns(h.dim(0), h.dim(1), offsets.numel() - 1, h.device(),
-                                         /*columns=*/true, &row_tiles);
-  ops::SwigluBackwardQuantized(da, h, scale, offsets, out.q, out.scales, row_tiles.q,
-                               row_tiles.scales, dscale);
-  return out;
+  const Fp8Forms f = AllocateForms(h.dim(0), h.dim(1), offsets.numel() - 1, h.device(),
+                                   /*columns=*/true, /*row_tiles=*/true);
+  ops::SwigluBackwardQuantized(da, h, scale, offsets, f.columns.q, f.columns.scales, f.rows.q,
+                               f.rows.scales, dscale);
+  row_tiles = f.rows;
+  return f.columns;
 }
 
 void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& dw,

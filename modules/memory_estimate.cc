@@ -12,9 +12,12 @@ namespace {
 
 double D(int64_t value) { return static_cast<double>(value); }
 
-// The experts a rank holds, the groups of its grouped GEMMs.
-int64_t LocalExperts(const GptConfig& m, int64_t expert_parallel) {
-  return m.num_experts / std::max<int64_t>(1, expert_parallel);
+// The bytes of `rows` rows of width k as FP8 column tiles (values, scales) over the experts a
+// rank holds (the groups of its grouped GEMMs).
+Fp8ColumnTileSizes ExpertColumnTileBytes(const GptConfig& m, int64_t expert_parallel, double rows,
+                                         int64_t k) {
+  const int64_t experts = m.num_experts / std::max<int64_t>(1, expert_parallel);
+  return Fp8ColumnTileBytes(experts, static_cast<int64_t>(rows), k);
 }
 
 }  // namespace
@@ -118,8 +121,7 @@ std::vector<SavedTensorSize> LayerSaves(const GptConfig& m, int64_t micro_batch_
     // scales).
     const auto add_rows = [&](int64_t k) {
       if (m.fp8_recipe == Fp8Recipe::kNone) return add(kFusedGroupMlpGroup, expert_rows * b * D(k));
-      const Fp8ColumnTileSizes sizes = Fp8ColumnTileBytes(LocalExperts(m, expert_parallel),
-                                                          static_cast<int64_t>(expert_rows), k);
+      const Fp8ColumnTileSizes sizes = ExpertColumnTileBytes(m, expert_parallel, expert_rows, k);
       add(kFusedGroupMlpGroup, D(sizes.values));
       add(kFusedGroupMlpGroup, D(sizes.scales));
     };
@@ -184,8 +186,7 @@ double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int6
   // dy and dh, x and a (under the recipe their FP8 column tiles).
   if (m.fp8_recipe == Fp8Recipe::kNone) return moe_layers * held * rows * (2 * h + 3 * f) * b;
   const auto columns = [&](int64_t k) {
-    const Fp8ColumnTileSizes sizes =
-        Fp8ColumnTileBytes(LocalExperts(m, expert_parallel), static_cast<int64_t>(rows), k);
+    const Fp8ColumnTileSizes sizes = ExpertColumnTileBytes(m, expert_parallel, rows, k);
     return D(sizes.values + sizes.scales);
   };
   const int64_t hidden = m.hidden_size, ffn = m.moe_ffn_hidden_size;

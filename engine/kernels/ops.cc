@@ -413,6 +413,23 @@ void CheckColumnTiles(const Tensor& q, const Tensor& scales, int64_t groups, int
   CheckQuantized(q, scales, {cols, Fp8PaddedRows(rows)}, {Fp8ColumnTileSlots(groups, rows), cols},
                  what);
 }
+
+// The FP8 forms an op writes of grouped rows (rows, k) over `offsets`: the column tiles (q,
+// scales) and the row tiles (row_q, row_scales), each pair whole or left out, not both.
+void CheckFp8Forms(const Tensor& offsets, int64_t rows, int64_t k, const Tensor& q,
+                   const Tensor& scales, const Tensor& row_q, const Tensor& row_scales,
+                   const std::string& what) {
+  const int64_t groups = offsets.numel() - 1;
+  CheckGroupOffsets(offsets, {}, groups, rows, (what + " offsets").c_str());
+  CHECK(q.defined() || row_q.defined()) << what << ": no output";
+  CHECK_EQ(q.defined(), scales.defined()) << what << ": column tiles take both values and scales";
+  CHECK_EQ(row_q.defined(), row_scales.defined())
+      << what << ": row tiles take both values and scales";
+  if (q.defined()) CheckColumnTiles(q, scales, groups, rows, k, what);
+  if (row_q.defined()) {
+    CheckQuantized(row_q, row_scales, {rows, k}, {rows, Fp8Tiles(k)}, what + " row tiles");
+  }
+}
 }  // namespace
 
 void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,
@@ -428,15 +445,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
                               << index.DebugString();
     rows = index.dim(0);
   }
-  const int64_t groups = offsets.numel() - 1;
-  CheckGroupOffsets(offsets, {}, groups, rows, "quantize column tiles offsets");
-  CheckColumnTiles(q, scales, groups, rows, x.dim(1), "quantize column tiles");
-  CHECK_EQ(row_q.defined(), row_scales.defined())
-      << "quantize column tiles: row tiles take both values and scales";
-  if (row_q.defined()) {
-    CheckQuantized(row_q, row_scales, {rows, x.dim(1)}, {rows, Fp8Tiles(x.dim(1))},
-                   "quantize column tiles' row tiles");
-  }
+  CHECK(q.defined()) << "quantize column tiles writes the column tiles: q must be given";
+  CheckFp8Forms(offsets, rows, x.dim(1), q, scales, row_q, row_scales, "quantize column tiles");
   MOE_DISPATCH(device, QuantizeColumnTiles, x, offsets, q, scales, row_q, row_scales, index);
 }
 
@@ -445,16 +455,7 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
                             const Tensor& row_scales) {
   const Device device = CommonDevice({&h, &scale, &offsets, &q, &scales, &row_q, &row_scales});
   CheckSwigluInput(h, scale, "swiglu quantized input");
-  const int64_t rows = h.dim(0), f = h.dim(1) / 2, groups = offsets.numel() - 1;
-  CheckGroupOffsets(offsets, {}, groups, rows, "swiglu quantized offsets");
-  CHECK(q.defined() || row_q.defined()) << "swiglu quantized: no output";
-  CHECK_EQ(q.defined(), scales.defined()) << "swiglu quantized: column tiles take both tensors";
-  CHECK_EQ(row_q.defined(), row_scales.defined())
-      << "swiglu quantized: row tiles take both tensors";
-  if (q.defined()) CheckColumnTiles(q, scales, groups, rows, f, "swiglu quantized column tiles");
-  if (row_q.defined()) {
-    CheckQuantized(row_q, row_scales, {rows, f}, {rows, Fp8Tiles(f)}, "swiglu quantized row tiles");
-  }
+  CheckFp8Forms(offsets, h.dim(0), h.dim(1) / 2, q, scales, row_q, row_scales, "swiglu quantized");
   MOE_DISPATCH(device, SwigluForwardQuantized, h, scale, offsets, q, scales, row_q, row_scales);
 }
 
@@ -465,11 +466,10 @@ void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& sc
       CommonDevice({&da, &h, &scale, &offsets, &q, &scales, &row_q, &row_scales, &dscale});
   CheckSwiglu(h, scale, da, "swiglu backward quantized");
   CheckSwigluGradients(h, scale, Tensor(), dscale, "swiglu backward quantized");
-  const int64_t rows = h.dim(0), groups = offsets.numel() - 1;
-  CheckGroupOffsets(offsets, {}, groups, rows, "swiglu backward quantized offsets");
-  CheckColumnTiles(q, scales, groups, rows, h.dim(1), "swiglu backward quantized column tiles");
-  CheckQuantized(row_q, row_scales, h.shape(), {rows, Fp8Tiles(h.dim(1))},
-                 "swiglu backward quantized row tiles");
+  CHECK(q.defined() && row_q.defined())
+      << "swiglu backward quantized writes both tile forms: both must be given";
+  CheckFp8Forms(offsets, h.dim(0), h.dim(1), q, scales, row_q, row_scales,
+                "swiglu backward quantized");
   MOE_DISPATCH(device, SwigluBackwardQuantized, da, h, scale, offsets, q, scales, row_q, row_scales,
                dscale);
 }
