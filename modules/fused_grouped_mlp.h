@@ -22,8 +22,9 @@
 // With config.fp8_recipe blockwise (fp8_expert_gemms.h) all six GEMMs run in FP8: x and a
 // quantised in 1 x 128 tiles (fc1 and fc2 forward), dy and dh likewise (their input gradients;
 // x and dy read where the MoE layer's permutation finds them, never gathered in bf16), the
-// weights once per step; the weight gradients take x, a, dy and dh in 128 x 1 column tiles (each
-// expert's rows transposed), which the pass that writes an operand's row tiles writes too.
+// weights once per step; the weight gradients take x, a, dy and dh in column tiles (each expert's
+// rows transposed, one scale per column and 128-row window), which the pass that writes an
+// operand's row tiles writes too.
 // SwiGLU's forward writes a's FP8 forms itself and its backward dh's (ops::SwigluForwardQuantized,
 // SwigluBackwardQuantized: neither a nor dh is in memory in bf16). x and a are saved only as their
 // column tiles, e4m3 with f32 scales (about 1 + 4/128 bytes an element instead of 2: the

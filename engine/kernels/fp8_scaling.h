@@ -50,15 +50,28 @@ constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
 constexpr int64_t kFp8RowAlignment = 16;
 
 // The weight gradients' operands (ops::QuantizeColumnTiles): grouped rows (rows, k) transposed,
-// each group's rows cut into 128-row tiles from the group's first row, one f32 scale per tile
-// and column. The transposed rows are padded to a multiple of kFp8RowAlignment (TMA's strides).
+// one f32 scale per tile and column, a group's tiles its rows in each 128-row window [128 j,
+// 128 (j + 1)) of all the rows (so every tile's first transposed column, and every TMA box the
+// Hopper kernel loads, starts at a multiple of 128 or at the group's first row, and the kernel
+// loads whole windows). The transposed rows are padded to a multiple of kFp8RowAlignment (TMA's
+// strides).
 constexpr int64_t Fp8PaddedRows(int64_t rows) {
   return (rows + kFp8RowAlignment - 1) / kFp8RowAlignment * kFp8RowAlignment;
 }
+// Tile t of the group of rows [group_begin, group_end): its rows in window floor(group_begin /
+// 128) + t; empty (begin >= end) past the group's last tile.
+struct Fp8RowRange {
+  int64_t begin, end;
+};
+constexpr Fp8RowRange Fp8ColumnTileRows(int64_t group_begin, int64_t group_end, int64_t t) {
+  const int64_t window = (group_begin / kFp8TileSize + t) * kFp8TileSize;
+  return {window > group_begin ? window : group_begin,
+          window + kFp8TileSize < group_end ? window + kFp8TileSize : group_end};
+}
 // Where tile t of a group that starts at row `group_begin` keeps its scales: slot group +
-// floor(group_begin / 128) + t. A group of m rows has ceil(m / 128) tiles, at most
-// 1 + floor((group_begin + m) / 128) - floor(group_begin / 128) (its end's slot minus its start's,
-// plus one), so the slots of consecutive groups never meet and their number is bounded by the
+// floor(group_begin / 128) + t, i.e. the group's index plus its tile's window. A group's last
+// tile lies in the window of its last row, and the next group's first tile in that window or a
+// later one, so the slots of consecutive groups never meet and their number is bounded by the
 // rows alone, without reading the offsets: Fp8ColumnTileSlots.
 constexpr int64_t Fp8ColumnTileSlot(int64_t group, int64_t group_begin, int64_t t) {
   return group + group_begin / kFp8TileSize + t;

@@ -290,7 +290,7 @@ const ColumnLayout kColumnLayouts[] = {{"tails", {0, 0, 1, 128, 256, 385, 642, 6
                                        {"one group with every row", {0, 0, 300, 300}, 5},
                                        {"small", {0, 3}, 16}};
 
-// Each group's rows transposed, cut into 1 x 128 tiles along the rows from the group's first row,
+// Each group's rows transposed, cut into tiles along the rows by the 128-row windows of all rows,
 // are the contract's formula bit for bit; the padding columns and the unused scale slots are
 // zeros; the row tiles written beside them are QuantizeRowTiles' bit for bit; rows read through
 // an index are the gathered rows' forms.
@@ -310,16 +310,20 @@ TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
 
       std::vector<float> want_q(k * padded, 0.0f), want_scales(scales.numel(), 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
-        const int64_t begin = l.offsets[g], m = l.offsets[g + 1] - begin;
-        std::vector<float> transposed(k * m);
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t c = 0; c < k; ++c) transposed[c * m + r] = x[(begin + r) * k + c];
-        }
-        const HostQuantized group = ScalarQuantize(transposed, 1, k, m, 1);
-        for (int64_t c = 0; c < k; ++c) {
-          for (int64_t r = 0; r < m; ++r) want_q[c * padded + begin + r] = group.values[c * m + r];
-          for (int64_t t = 0; t < Tiles(m); ++t) {
-            want_scales[Fp8ColumnTileSlot(g, begin, t) * k + c] = group.scales[c * Tiles(m) + t];
+        const int64_t begin = l.offsets[g], end = l.offsets[g + 1];
+        // Tile t: the group's rows in window begin / 128 + t, each quantised as one 1 x m tile.
+        for (int64_t window = begin / kTile, t = 0; begin < end && window * kTile < end;
+             ++window, ++t) {
+          const int64_t r0 = std::max(begin, window * kTile);
+          const int64_t m = std::min(end, (window + 1) * kTile) - r0;
+          std::vector<float> transposed(k * m);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t c = 0; c < k; ++c) transposed[c * m + r] = x[(r0 + r) * k + c];
+          }
+          const HostQuantized tile = ScalarQuantize(transposed, 1, k, m, 1);
+          for (int64_t c = 0; c < k; ++c) {
+            for (int64_t r = 0; r < m; ++r) want_q[c * padded + r0 + r] = tile.values[c * m + r];
+            want_scales[Fp8ColumnTileSlot(g, begin, t) * k + c] = tile.scales[c];
           }
         }
       }
@@ -575,9 +579,9 @@ TEST_F(Fp8WeightGradTest, IsTheDequantisedProductUpToF32Summation) {
         const std::vector<float> x = ToFloats(part.x_q), xs = ToFloats(part.x_scales);
         const int64_t padded = Fp8PaddedRows(part.rows), begin = c.parts[p][g];
         const int64_t end = c.parts[p][g + 1];
-        tiles += Tiles(end - begin);
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t slot = Fp8ColumnTileSlot(g, begin, (r - begin) / kTile);
+        tiles += end > begin ? (end - 1) / kTile - begin / kTile + 1 : 0;
+        for (int64_t r = begin; r < end; ++r) {  // row r's tile: its window's, counted from begin's
+          const int64_t slot = Fp8ColumnTileSlot(g, begin, r / kTile - begin / kTile);
           for (int64_t i = 0; i < c.n; ++i) {
             for (int64_t j = 0; j < c.k; ++j) {
               const double term = static_cast<double>(dy[i * padded + r]) * dys[slot * c.n + i] *

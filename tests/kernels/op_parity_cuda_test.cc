@@ -278,8 +278,8 @@ struct Fp8ColumnTileOperands {
 
 // Groups of 0, 1, 127, 128, 129 and 257 rows (642 in all: q's rows padded to 656), empty first
 // and last, so that slots before, between and after the groups' tiles go unused; all rows in one
-// group (300, padded to 304); a group starting off the 128-row tiles and rows a multiple of 16 (no
-// padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
+// group (300, padded to 304); a group starting off the 128-row windows and rows a multiple of 16
+// (no padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
 // permutation (QuantizeColumnTiles' index).
 std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
   const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};

@@ -8,14 +8,14 @@
 // kernel, told not to store dh).
 // One block of kTileThreads threads per (scale slot, 128 columns of k): the slot's group is found
 // by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
-// on the device offsets, and its tile is t = slot - that; a slot past its group's tiles writes
-// zero scales and ends. Otherwise the tile (at most 128 x 128 elements, quantize_tile.cuh) is
-// loaded once into registers; its rows, each exactly one 1 x 128 row tile (the block's columns
-// start at a multiple of 128), are quantised by a warp's max and stored; its columns' maxes meet
-// in shared memory, and the tile quantised per column is staged transposed in shared memory and
-// stored as rows of q, 32 consecutive bytes a store. The block holding a matrix's last row also
-// zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32 operations as the CPU
-// reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the bits agree.
+// on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
+// group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
+// quantize_tile.cuh) is loaded once into registers; its rows, each exactly one 1 x 128 row tile
+// (the block's columns start at a multiple of 128), are quantised by a warp's max and stored; its
+// columns' maxes meet in shared memory, and the tile quantised per column is staged transposed in
+// shared memory and stored as rows of q, 32 consecutive bytes a store. The block holding a matrix's
+// last row also zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32 operations as
+// the CPU reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -132,13 +132,14 @@ __global__ void __launch_bounds__(kTileThreads)
   const int64_t group = GroupOfSlot(offsets, groups, slot);
   const int64_t begin = offsets[group], end = offsets[group + 1];
   MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
-  const int64_t r0 = begin + (slot - Fp8ColumnTileSlot(group, begin, 0)) * kFp8TileSize;
+  const Fp8RowRange tile = Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
+  const int64_t r0 = tile.begin;
   float* const slot_scales = scales != nullptr ? scales + slot * k + c0 : nullptr;
-  if (r0 >= end) {  // no tile uses the slot (block-uniform)
+  if (r0 >= tile.end) {  // no tile uses the slot (block-uniform)
     if (slot_scales != nullptr && threadIdx.x < cols) slot_scales[threadIdx.x] = 0.0f;
     return;
   }
-  const int tile_rows = static_cast<int>(min(end - r0, kFp8TileSize));
+  const int tile_rows = static_cast<int>(tile.end - r0);
   TileSlice slice;
   LoadTile([&](int r) { return source.Row(r0 + r, c0); }, tile_rows, cols, slice);
   if (row_q != nullptr) {

@@ -26,8 +26,8 @@
 //   with its own offsets) of dy_p[rows of g]^T · x_p[rows of g]; dw (groups, n, k) f32 or bf16.
 //   The operands are transposed, tokens contiguous: dy_q (n, stride_p), x_q (k, stride_p) e4m3,
 //   stride_p = Fp8PaddedRows(rows_p) (a multiple of 16); group g's tokens in part p are cut into
-//   128-token tiles t from its first token, whose scales are row Fp8ColumnTileSlot(g, offsets_p[g],
-//   t) of dy_scales (slots_p, n) and x_scales (slots_p, k) f32. Per element (i, j) of dw_g, over
+//   tiles t by the 128-token windows of the part (fp8_scaling.h's Fp8ColumnTileRows), whose scales
+//   are row Fp8ColumnTileSlot(g, offsets_p[g], t) of dy_scales (slots_p, n) and x_scales (slots_p, k) f32. Per element (i, j) of dw_g, over
 //   the parts in order and in each over g's tiles in order, from acc = 0: acc = fma(partial_t,
 //   dy_scale[slot, i] * x_scale[slot, j], acc), partial_t the tile's products summed by the tensor
 //   cores (fresh accumulators per tile); then dw = acc rounded (=), or dw = round(dw + acc) in f32
@@ -59,16 +59,17 @@
 //     its own scale (its row's dy scale times its column's x scale): the producer bulk-copies the
 //     token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full barrier, counted
 //     in its bytes) beside the stage, and a consumer reads its 2 rows' and 32 columns' scales from
-//     there before it releases the stage. A token tile that ends before 128 tokens holds the next
-//     group's tokens (or zeros past the part's rows) in its last columns: the consumers multiply
-//     only its 32-token K slices with tokens of the group (PartSlicesOf, as the bf16 weight
-//     gradient's 16-row slices), and where the last of them is partly past the end, the producer
-//     lands the stage on landed[s] instead of full[s], and warp 1 of warpgroup 0
-//     (MaskFp8WeightGradStages, walking the same stages) waits for it, zeroes those tokens of that
-//     slice in both operands (each row's 16-byte chunks sit at chunk c ^ (row % 8) under the
-//     swizzle; the chunk holding the group's end keeps its first bytes), fences them for the
-//     tensor cores (fence.proxy.async) and arrives on full[s]. The producer does not wait for the
-//     landing, so it keeps loading ahead.
+//     there before it releases the stage. TMA loads a token tile's whole window (its first
+//     token a multiple of 128, as TMA needs its boxes' first bytes 16-byte aligned), which holds
+//     other groups' tokens (or zeros past the part's rows) outside the tile: the consumers
+//     multiply only the window's 32-token K slices with tokens of the tile (Fp8TokenTile), and
+//     where the first or last of them is partly outside, the producer lands the stage on
+//     landed[s] instead of full[s], and warp 1 of warpgroup 0 (MaskFp8WeightGradStages, walking
+//     the same stages) waits for it, zeroes those tokens of those slices in both operands (each
+//     row's 16-byte chunks sit at chunk c ^ (row % 8) under the swizzle; a chunk holding the
+//     tile's first or last token keeps its bytes inside), fences them for the tensor cores
+//     (fence.proxy.async) and arrives on full[s]. The producer does not wait for the landing, so
+//     it keeps loading ahead.
 #pragma once
 
 #include <cuda.h>

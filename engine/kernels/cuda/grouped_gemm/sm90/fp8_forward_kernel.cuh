@@ -122,7 +122,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
         if (xs0 != nullptr) scale0 = xs0[kt] * w_scale;
         if (xs1 != nullptr) scale1 = xs1[kt] * w_scale;
       }
-      MultiplyFp8Stage(part, ring, state, a_offset, active, kFp8StageSlices, [](int) {});
+      MultiplyFp8Stage(part, ring, state, a_offset, active, 0, kFp8StageSlices, [](int) {});
       if (active) {
         // Register 4 i + 2 h + j holds row Row() + 8 h.
 #pragma unroll

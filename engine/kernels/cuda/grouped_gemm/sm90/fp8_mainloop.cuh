@@ -61,17 +61,18 @@ constexpr int kFp8StageSlices = kFp8BlockK / kFp8WgmmaK;
 static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
 
 // One consumer warpgroup's pass over the next stage: waits until it is full, then, when `active`,
-// part (64 x 128) = its 64 rows of A (from byte a_offset) times B^T over the stage's first
-// `slices` (warp-uniform, 1 to kFp8StageSlices) 32-deep K slices (wgmmas into fresh accumulators:
-// part's old values are dropped; the later slices are skipped, whatever they hold) and waits for
-// them; calls use_stage(stage) (all threads, active or not) while the stage is still held (what a
-// kernel reads from it besides the operands), then releases it (each warp arrives once on empty).
+// part (64 x 128) = its 64 rows of A (from byte a_offset) times B^T over the stage's `slices`
+// 32-deep K slices from slice `first` (warp-uniform; 1 <= slices, first + slices <=
+// kFp8StageSlices; wgmmas into fresh accumulators: part's old values are dropped; the other
+// slices are skipped, whatever they hold) and waits for them; calls use_stage(stage) (all
+// threads, active or not) while the stage is still held (what a kernel reads from it besides
+// the operands), then releases it (each warp arrives once on empty).
 template <typename UseStage>
 __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators],
                                                  const Fp8Ring& ring,
                                                  PipelineState<kFp8Stages>& state,
-                                                 uint32_t a_offset, bool active, int slices,
-                                                 UseStage use_stage) {
+                                                 uint32_t a_offset, bool active, int first,
+                                                 int slices, UseStage use_stage) {
   const auto barriers = ring.Barriers();
   MbarrierWait(barriers.Full(state.stage), state.phase);
   if (active) {
@@ -79,9 +80,9 @@ __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators]
       FenceAccumulators(part);
       WgmmaFence();
 #pragma unroll
-      for (int slice = 0; slice < kSlices; ++slice) {
-        WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, slice),
-                  KMajorDescriptor(ring.B(state.stage), slice), slice > 0);
+      for (int i = 0; i < kSlices; ++i) {
+        WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, first + i),
+                  KMajorDescriptor(ring.B(state.stage), first + i), i > 0);
       }
       WgmmaCommitGroup();
     });

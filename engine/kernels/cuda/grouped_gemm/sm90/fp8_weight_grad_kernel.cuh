@@ -1,13 +1,13 @@
 // The Hopper FP8 grouped weight gradient's kernel (design: ../fp8_grouped_gemm_sm90.cuh): dw_g
 // (+)= the sum over parts of dy_p,g^T · x_p,g on QuantizeColumnTiles' forms (tokens contiguous,
-// so both operands are K-major, as FP8 wgmma needs), scaled per 128-token tile, dw row and dw
-// column, with the promotion once per 128 tokens. A persistent launch of warp-specialised CTAs
-// (no cluster): warpgroup 0's thread 0 TMA-loads each token tile's operands and bulk-copies its
-// scales into a ring of stages (ProduceFp8WeightGradStages), its warp 1 zeroes the tokens past a
-// group's end in the 32-token K slice the consumers read last (MaskFp8WeightGradStages), and
-// warpgroups 1 and 2 each multiply 64 dw rows of the 128 x 128 tile over the slices with tokens
-// of the group, promote, and write or add their rows of dw from registers
-// (ConsumeFp8WeightGradTiles).
+// so both operands are K-major, as FP8 wgmma needs), scaled per token tile (a group's tokens in
+// one 128-token window), dw row and dw column, with the promotion once per token tile. A
+// persistent launch of warp-specialised CTAs (no cluster): warpgroup 0's thread 0 TMA-loads each
+// token tile's window of both operands and bulk-copies its scales into a ring of stages
+// (ProduceFp8WeightGradStages), its warp 1 zeroes the other groups' tokens in the 32-token K
+// slices the consumers read (MaskFp8WeightGradStages), and warpgroups 1 and 2 each multiply 64 dw
+// rows of the 128 x 128 tile over the slices with tokens of the tile, promote, and write or add
+// their rows of dw from registers (ConsumeFp8WeightGradTiles).
 #pragma once
 
 #include <cuda.h>
@@ -76,28 +76,44 @@ __device__ __forceinline__ float* Fp8StageScales(const Fp8Ring& ring, int stage)
   return reinterpret_cast<float*>(ring.Extra()) + stage * kFp8ScaleFloats;
 }
 
-// Calls visit(part, first_token, valid, slot) for each token tile of `group` (one stage each): the
-// parts in order, in each the group's tokens [begin, end) in tiles of kFp8BlockK from `begin`,
-// `valid` = the tile's tokens of the group (the rest of its kFp8BlockK are the next group's or
-// past the part's rows), `slot` = its scales' row (Fp8ScaleSlot).
+// A token tile: group g's tokens [lo, hi) of the 128-token window from token `window` (a
+// multiple of kFp8BlockK: where TMA loads it) of part `part`, its scales in row `slot`; the
+// consumers multiply its 32-token K slices [first, first + slices), the ones holding its tokens.
+struct Fp8TokenTile {
+  int part, window, lo, hi, slot;
+
+  __device__ int FirstSlice() const { return lo / kFp8WgmmaK; }
+  __device__ int Slices() const { return (hi + kFp8WgmmaK - 1) / kFp8WgmmaK - FirstSlice(); }
+  // Whether those slices hold tokens outside [lo, hi) (another group's, or zeros past the rows):
+  // the mask warp zeroes them before the consumers read the stage.
+  __device__ bool Masked() const { return lo % kFp8WgmmaK != 0 || hi % kFp8WgmmaK != 0; }
+};
+
+// Calls visit(tile) for each token tile of `group` (one stage each): the parts in order, in
+// each the windows of kFp8BlockK tokens that hold the group's tokens [begin, end) in order
+// (fp8_scaling.h's Fp8ColumnTileRows: tile t is window floor(begin / 128) + t, and its slot
+// Fp8ScaleSlot(group, begin, t)).
 template <typename Visit>
 __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts, int group,
                                                  Visit visit) {
   for (int p = 0; p < parts.tokens.count; ++p) {
     const RowRange range = PartRows(parts.tokens, p, group);
+    if (range.begin == range.end) continue;  // no tiles (even where its begin is mid-window)
     int slot = Fp8ScaleSlot(group, range.begin, 0);
-    for (int token = range.begin; token < range.end; token += kFp8BlockK, ++slot) {
-      visit(p, token, min(kFp8BlockK, range.end - token), slot);
+    for (int window = range.begin / kFp8BlockK * kFp8BlockK; window < range.end;
+         window += kFp8BlockK, ++slot) {
+      visit(Fp8TokenTile{p, window, max(range.begin, window) - window,
+                         min(range.end, window + kFp8BlockK) - window, slot});
     }
   }
 }
 
 // The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each of its group's
 // token tiles, waits until the next stage is empty and loads into it dy_q's 128 rows and x_q's 128
-// rows of the tile over the token tile (TMA; rows past n or k and tokens past the stride are
-// zero-filled and count toward the bytes) and their scales (bulk copies of the valid rows' and
-// columns' floats). A stage whose last slice the consumers read holds tokens past the group's end
-// lands on landed[s] (the mask warp marks it full); any other on full[s].
+// rows of the tile over the token tile's window (TMA; rows past n or k and tokens past the stride
+// are zero-filled and count toward the bytes) and their scales (bulk copies of the valid rows'
+// and columns' floats). A masked token tile's stage lands on landed[s] (the mask warp marks it
+// full); any other on full[s].
 __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                            const Fp8Ring& ring, int total,
                                                            int m_tiles, int n_tiles, int n, int k) {
@@ -112,50 +128,59 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
     // n, k multiples of 4: whole 16-byte chunks.
     const uint32_t dy_bytes = min(kFp8BlockM, n - tile.m0) * 4;
     const uint32_t x_bytes = min(kFp8BlockN, k - tile.n0) * 4;
-    ForEachTokenTile(parts, tile.group, [&](int p, int token, int valid, int slot) {
+    ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
+      const int p = token_tile.part;
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-      const uint32_t landing = valid < ReadRows<kFp8WgmmaK>(valid) ? barriers.Landed(state.stage)
-                                                                   : barriers.Full(state.stage);
+      const uint32_t landing =
+          token_tile.Masked() ? barriers.Landed(state.stage) : barriers.Full(state.stage);
       MbarrierArriveExpectTx(landing, kFp8StageBytes + dy_bytes + x_bytes);
-      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token, tile.m0, L2EvictLast());
-      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token, tile.n0, L2EvictLast());
+      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token_tile.window, tile.m0,
+                L2EvictLast());
+      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token_tile.window, tile.n0,
+                L2EvictLast());
       const uint32_t scales = SmemAddress(Fp8StageScales(ring, state.stage));
-      BulkLoad(scales, parts.dy_scales[p] + int64_t{slot} * n + tile.m0, dy_bytes, landing);
-      BulkLoad(scales + kFp8BlockM * 4, parts.x_scales[p] + int64_t{slot} * k + tile.n0, x_bytes,
-               landing);
+      const int64_t slot = token_tile.slot;
+      BulkLoad(scales, parts.dy_scales[p] + slot * n + tile.m0, dy_bytes, landing);
+      BulkLoad(scales + kFp8BlockM * 4, parts.x_scales[p] + slot * k + tile.n0, x_bytes, landing);
       state.Advance();
     });
   }
 }
 
-// The bytes of a 16-byte chunk's 32-bit word `word` that hold one of the chunk's first `keep`
-// tokens (little-endian: token 4 word + b is byte b).
-__device__ __forceinline__ uint32_t KeepMask(int keep, int word) {
-  const int bytes = min(max(keep - 4 * word, 0), 4);
-  return bytes == 4 ? 0xFFFFFFFFu : (1u << (8 * bytes)) - 1;
+// The bytes of the 32-bit word holding tokens [first, first + 4) that hold tokens in [lo, hi)
+// (little-endian: token first + b is byte b).
+__device__ __forceinline__ uint32_t KeepMask(int lo, int hi, int first) {
+  uint32_t mask = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    if (lo <= first + b && first + b < hi) mask |= 0xFFu << (8 * b);
+  }
+  return mask;
 }
 
-// Zeroes tokens [valid, ReadRows<kFp8WgmmaK>(valid)) (the rest of the last K slice the consumers
-// read) of the stage's 2 x 128 rows (A, then B right after it: 256 128-byte lines, each one row's
-// token tile). TMA's 128-byte swizzle puts a line's 16-byte chunk c (tokens 16 c ..) at chunk c ^
-// (line % 8) (the stage is 1024-byte aligned): the one or two chunks from valid / 16 on are
-// cleared, the first of them only past its first valid % 16 bytes. The warp calls it (all lanes;
-// a line per lane at a time, so 8 lanes fill the 32 banks).
-__device__ __forceinline__ void ZeroTokensPastEnd(uint32_t stage, int valid) {
+// Zeroes the tokens outside [tile.lo, tile.hi) of the K slices the consumers read, in the stage's
+// 2 x 128 rows (A, then B right after it: 256 128-byte lines, each one row's token window).
+// TMA's 128-byte swizzle puts a line's 16-byte chunk c (tokens 16 c ..) at chunk c ^ (line % 8)
+// (the stage is 1024-byte aligned): of the read slices' chunks, those wholly outside are cleared,
+// those holding lo or hi keep their bytes inside, those wholly inside are left. The warp calls it
+// (all lanes; a line per lane at a time, so 8 lanes fill the 32 banks).
+__device__ __forceinline__ void ZeroTokensOutside(uint32_t stage, const Fp8TokenTile& tile) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int end_chunk = ReadRows<kFp8WgmmaK>(valid) / 16;
+  const int first_chunk = tile.FirstSlice() * kFp8WgmmaK / 16;
+  const int end_chunk = (tile.FirstSlice() + tile.Slices()) * kFp8WgmmaK / 16;
   for (int line = lane; line < kFp8BlockM + kFp8BlockN; line += 32) {
     const uint32_t row = stage + line * kSwizzleRowBytes;
-    for (int chunk = valid / 16; chunk < end_chunk; ++chunk) {
+    for (int chunk = first_chunk; chunk < end_chunk; ++chunk) {
+      const int first = 16 * chunk;
+      if (tile.lo <= first && first + 16 <= tile.hi) continue;  // wholly inside
       const uint32_t address = row + (chunk ^ (line % 8)) * 16;
-      const int keep = valid - 16 * chunk;  // < 16
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (keep > 0) {
+      if (first < tile.hi && tile.lo < first + 16) {  // partly inside
         v = LoadShared16(address);
-        v.x &= KeepMask(keep, 0);
-        v.y &= KeepMask(keep, 1);
-        v.z &= KeepMask(keep, 2);
-        v.w &= KeepMask(keep, 3);
+        v.x &= KeepMask(tile.lo, tile.hi, first);
+        v.y &= KeepMask(tile.lo, tile.hi, first + 4);
+        v.z &= KeepMask(tile.lo, tile.hi, first + 8);
+        v.w &= KeepMask(tile.lo, tile.hi, first + 12);
       }
       StoreShared16(address, v);
     }
@@ -163,10 +188,10 @@ __device__ __forceinline__ void ZeroTokensPastEnd(uint32_t stage, int valid) {
 }
 
 // The mask warp (warp 1 of warpgroup 0): walks the stages as the producer fills them; for each
-// whose last slice the consumers read holds tokens past its group's end, waits until it has
-// landed (landed[s]), zeroes those tokens in both operands (so that the next group's values, or a
-// NaN among them, add nothing), fences them for the tensor cores (fence.proxy.async) and marks
-// the stage full.
+// masked token tile's, waits until it has landed (landed[s]), zeroes the tokens outside the tile
+// in the slices the consumers read, in both operands (so that another group's values, or a NaN
+// among them, add nothing), fences them for the tensor cores (fence.proxy.async) and marks the
+// stage full.
 __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                         const Fp8Ring& ring, int total, int m_tiles,
                                                         int n_tiles) {
@@ -176,11 +201,11 @@ __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts
   static_assert(kFp8Stages <= 32);
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const int group = FindFp8WeightGradTile(t, m_tiles, n_tiles).group;
-    ForEachTokenTile(parts, group, [&](int, int, int valid, int) {
-      if (valid < ReadRows<kFp8WgmmaK>(valid)) {
+    ForEachTokenTile(parts, group, [&](const Fp8TokenTile& token_tile) {
+      if (token_tile.Masked()) {
         MbarrierWait(barriers.Landed(state.stage), (landed_phases >> state.stage) & 1);
         landed_phases ^= 1u << state.stage;
-        ZeroTokensPastEnd(ring.A(state.stage), valid);
+        ZeroTokensOutside(ring.A(state.stage), token_tile);
         FenceProxyAsync();
         __syncwarp();
         if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Full(state.stage));
@@ -192,12 +217,12 @@ __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts
 
 // Consumer warpgroup `consumer` (0 or 1): for each of this CTA's tiles, its 64 dw rows from m0 +
 // 64 consumer (none when they all lie past n: it only releases the stages). Per stage: part = the
-// token tile's e4m3 products over its 32-token slices with tokens of the group (PartSlicesOf: up
-// to 4 wgmmas, fresh), then acc = fma(part, dy_scale[row] *
-// x_scale[column], acc) for its rows Row() and Row() + 8 and its 32 columns (FragmentPosition),
-// with the scales read from the stage before it is released. Then its valid rows and columns of
-// dw_g = acc, or += acc with `accumulate` (read, added in f32, rounded once); a group without
-// tokens in any part is skipped with `accumulate` and written as zeros without.
+// token tile's e4m3 products over its 32-token slices with tokens of the tile (Fp8TokenTile: up
+// to 4 wgmmas, fresh), then acc = fma(part, dy_scale[row] * x_scale[column], acc) for its rows
+// Row() and Row() + 8 and its 32 columns (FragmentPosition), with the scales read from the stage
+// before it is released. Then its valid rows and columns of dw_g = acc, or += acc with `accumulate`
+// (read, added in f32, rounded once); a group without tokens in any part is skipped with
+// `accumulate` and written as zeros without.
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradParts& parts,
                                                           const Fp8Ring& ring, int total,
@@ -214,17 +239,17 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
     const Fp8WeightGradTile tile = {WarpUniform(found.group), WarpUniform(found.m0),
                                     WarpUniform(found.n0)};
     int token_tiles = 0;
-    ForEachTokenTile(parts, tile.group, [&](int, int, int, int) { ++token_tiles; });
+    ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile&) { ++token_tiles; });
     token_tiles = WarpUniform(token_tiles);
     if (token_tiles == 0 && accumulate) continue;     // no tokens: dw_g stays as it is
     const bool active = tile.m0 + 64 * consumer < n;  // warp-uniform
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
     const uint32_t a_offset = consumer * (kFp8OperandBytes / 2);  // its 64 rows of A
-    PartSlicesOf<kFp8BlockK, kFp8WgmmaK> stage_slices{parts.tokens, tile.group};
-    for (int kt = 0; kt < token_tiles; ++kt) {
-      const int slices = stage_slices();
-      MultiplyFp8Stage(part, ring, state, a_offset, active, slices, [&](int stage) {
+    ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
+      const int first = WarpUniform(token_tile.FirstSlice());
+      const int slices = WarpUniform(token_tile.Slices());
+      MultiplyFp8Stage(part, ring, state, a_offset, active, first, slices, [&](int stage) {
         if (!active) return;
         const float* const scales = Fp8StageScales(ring, stage);
         const float dy_scale[2] = {scales[row], scales[row + 8]};
@@ -242,7 +267,7 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
           }
         }
       });
-    }
+    });
     if (!active) continue;
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators / 4; ++i) {
