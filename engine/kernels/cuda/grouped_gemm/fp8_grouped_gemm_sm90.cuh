@@ -27,12 +27,13 @@
 //   The operands are transposed, tokens contiguous: dy_q (n, stride_p), x_q (k, stride_p) e4m3,
 //   stride_p = Fp8PaddedRows(rows_p) (a multiple of 16); group g's tokens in part p are cut into
 //   tiles t by the 128-token windows of the part (fp8_scaling.h's Fp8ColumnTileRows), whose scales
-//   are row Fp8ColumnTileSlot(g, offsets_p[g], t) of dy_scales (slots_p, n) and x_scales (slots_p, k) f32. Per element (i, j) of dw_g, over
-//   the parts in order and in each over g's tiles in order, from acc = 0: acc = fma(partial_t,
-//   dy_scale[slot, i] * x_scale[slot, j], acc), partial_t the tile's products summed by the tensor
-//   cores (fresh accumulators per tile); then dw = acc rounded (=), or dw = round(dw + acc) in f32
-//   (+=: read, added and written by the thread that holds acc: one rounding, run-to-run
-//   identical). A group without tokens in any part: zeros (=) or unchanged (+=).
+//   are row Fp8ColumnTileSlot(g, offsets_p[g], t) of dy_scales (slots_p, n) and x_scales (slots_p,
+//   k) f32. Per element (i, j) of dw_g, over the parts in order and in each over g's tiles in
+//   order, from acc = 0: acc = fma(partial_t, dy_scale[slot, i] * x_scale[slot, j], acc), partial_t
+//   the tile's products summed by the tensor cores (fresh accumulators per tile); then dw = acc
+//   rounded (=), or dw = round(dw + acc) in f32 (+=: read, added and written by the thread that
+//   holds acc: one rounding, run-to-run identical). A group without tokens in any part: zeros (=)
+//   or unchanged (+=).
 //   Requirements (cudaErrorInvalidValue otherwise): n and k multiples of 16 (the scale rows'
 //   bulk copies take 16-byte pieces), every operand and dw 16-byte aligned, rows_p, n, k < 2^31,
 //   1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
