@@ -68,6 +68,11 @@ constexpr Fp8RowRange Fp8ColumnTileRows(int64_t group_begin, int64_t group_end, 
   return {window > group_begin ? window : group_begin,
           window + kFp8TileSize < group_end ? window + kFp8TileSize : group_end};
 }
+// The tiles of that group: the windows from its first row's to its last row's (none if empty).
+constexpr int64_t Fp8ColumnTileCount(int64_t group_begin, int64_t group_end) {
+  return group_begin < group_end ? (group_end - 1) / kFp8TileSize - group_begin / kFp8TileSize + 1
+                                 : 0;
+}
 // Where tile t of a group that starts at row `group_begin` keeps its scales: slot group +
 // floor(group_begin / 128) + t, i.e. the group's index plus its tile's window. A group's last
 // tile lies in the window of its last row, and the next group's first tile in that window or a

@@ -473,9 +473,8 @@ class WeightGradPart {
     std::vector<ColumnTile> tiles;
     std::vector<int32_t> row_slots(rows_);
     for (int g = 0; g < groups(); ++g) {
-      for (int t = 0;; ++t) {
+      for (int t = 0; t < moe::Fp8ColumnTileCount(offsets_[g], offsets_[g + 1]); ++t) {
         const moe::Fp8RowRange range = moe::Fp8ColumnTileRows(offsets_[g], offsets_[g + 1], t);
-        if (range.begin >= range.end) break;
         const int begin = static_cast<int>(range.begin), end = static_cast<int>(range.end);
         const int slot = static_cast<int>(moe::Fp8ColumnTileSlot(g, offsets_[g], t));
         tiles.push_back({begin, end, slot});

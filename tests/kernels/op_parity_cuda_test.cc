@@ -1287,82 +1287,81 @@ TEST(Fp8QuantizeColumnTilesTest, HasTheCpuReferencesBits) {
   }
 }
 
+// Calls test(r, offsets, groups, rows, f) on the GPU for f32 and bf16 and each column-tile case
+// read without an index (f = its k), each with its own seed.
+template <typename Test>
+void ForEachSwigluQuantizedCase(Test test) {
+  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
+      if (c.through_index) continue;
+      const uint32_t seed = testing::TestSeed();
+      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
+      OpRun r(Device::CUDA(0), dtype, seed);
+      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
+      test(r, r.Ints(c.offsets, {groups + 1}), groups, rows, c.k);
+    }
+  }
+}
+
+// Fresh outputs for the FP8 forms of grouped rows (rows, k): q, scales, row_q, row_scales.
+std::vector<Tensor> Fp8FormOutputs(OpRun& r, int64_t groups, int64_t rows, int64_t k) {
+  return {r.OutE4M3({k, Fp8PaddedRows(rows)}), r.OutF32({Fp8ColumnTileSlots(groups, rows), k}),
+          r.OutE4M3({rows, k}), r.OutF32({rows, Fp8Tiles(k)})};
+}
+
 // SwigluForwardQuantized on the GPU has the bits of the GPU's SwigluForward, then
 // QuantizeColumnTiles of its output (the CPU's SwiGLU rounds differently, so the two backends'
 // FP8 forms may differ in a value's last bit before quantisation: compared on one device): both
 // tile forms together, and each alone, f32 and bf16 h, with and without the routing scale, on the
 // column-tile cases' offsets (f = their k).
 TEST(Fp8SwigluForwardQuantizedTest, IsSwigluForwardThenTheQuantisationBitForBit) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
-      if (c.through_index) continue;
-      const uint32_t seed = testing::TestSeed();
-      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
-      OpRun r(Device::CUDA(0), dtype, seed);
-      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
-      const int64_t f = c.k;
-      const Tensor h = r.In({rows, 2 * f}, 4.0f), offsets = r.Ints(c.offsets, {groups + 1});
-      for (const Tensor& scale : {r.InF32({rows}), Tensor()}) {
-        const Tensor a = r.Out({rows, f});
-        ops::SwigluForward(h, scale, a);
-        const auto forms = [&] {
-          return std::vector<Tensor>{r.OutE4M3({f, Fp8PaddedRows(rows)}),
-                                     r.OutF32({Fp8ColumnTileSlots(groups, rows), f}),
-                                     r.OutE4M3({rows, f}), r.OutF32({rows, Fp8Tiles(f)})};
-        };
-        const std::vector<Tensor> want = forms(), both = forms(), columns = forms(),
-                                  rows_only = forms();
-        ops::QuantizeColumnTiles(a, offsets, want[0], want[1], want[2], want[3]);
-        ops::SwigluForwardQuantized(h, scale, offsets, both[0], both[1], both[2], both[3]);
-        ops::SwigluForwardQuantized(h, scale, offsets, columns[0], columns[1], Tensor(), Tensor());
-        ops::SwigluForwardQuantized(h, scale, offsets, Tensor(), Tensor(), rows_only[2],
-                                    rows_only[3]);
-        const char* names[] = {"q", "scales", "row_q", "row_scales"};
-        for (int i = 0; i < 4; ++i) {
-          const std::vector<uint32_t> bits = testing::FloatBits(want[i]);
-          EXPECT_EQ(testing::FloatBits(both[i]), bits) << names[i];
-          EXPECT_EQ(testing::FloatBits(i < 2 ? columns[i] : rows_only[i]), bits)
-              << names[i] << " alone";
-        }
+  ForEachSwigluQuantizedCase([](OpRun& r, const Tensor& offsets, int64_t groups, int64_t rows,
+                                int64_t f) {
+    const Tensor h = r.In({rows, 2 * f}, 4.0f);
+    for (const Tensor& scale : {r.InF32({rows}), Tensor()}) {
+      const Tensor a = r.Out({rows, f});
+      ops::SwigluForward(h, scale, a);
+      const std::vector<Tensor> want = Fp8FormOutputs(r, groups, rows, f),
+                                both = Fp8FormOutputs(r, groups, rows, f),
+                                columns = Fp8FormOutputs(r, groups, rows, f),
+                                rows_only = Fp8FormOutputs(r, groups, rows, f);
+      ops::QuantizeColumnTiles(a, offsets, want[0], want[1], want[2], want[3]);
+      ops::SwigluForwardQuantized(h, scale, offsets, both[0], both[1], both[2], both[3]);
+      ops::SwigluForwardQuantized(h, scale, offsets, columns[0], columns[1], Tensor(), Tensor());
+      ops::SwigluForwardQuantized(h, scale, offsets, Tensor(), Tensor(), rows_only[2],
+                                  rows_only[3]);
+      const char* names[] = {"q", "scales", "row_q", "row_scales"};
+      for (int i = 0; i < 4; ++i) {
+        const std::vector<uint32_t> bits = testing::FloatBits(want[i]);
+        EXPECT_EQ(testing::FloatBits(both[i]), bits) << names[i];
+        EXPECT_EQ(testing::FloatBits(i < 2 ? columns[i] : rows_only[i]), bits)
+            << names[i] << " alone";
       }
     }
-  }
+  });
 }
 
 // SwigluBackwardQuantized on the GPU has the bits of the GPU's SwigluBackward (dh and dscale),
 // then QuantizeColumnTiles of dh (f = the cases' k: dh's 2f columns put gate and up halves in one
 // 128-column tile where f is not a multiple of 128), f32 and bf16.
 TEST(Fp8SwigluBackwardQuantizedTest, IsSwigluBackwardThenTheQuantisationBitForBit) {
-  ASSERT_GT(CudaDeviceCount(), 0) << "cuda tests need a GPU: they must not pass without one";
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    for (const Fp8ColumnTileCase& c : Fp8ColumnTileCases()) {
-      if (c.through_index) continue;
-      const uint32_t seed = testing::TestSeed();
-      SCOPED_TRACE(c.name + " " + DTypeName(dtype) + ", MOE_TEST_SEED=" + std::to_string(seed));
-      OpRun r(Device::CUDA(0), dtype, seed);
-      const int64_t groups = static_cast<int64_t>(c.offsets.size()) - 1, rows = c.offsets.back();
-      const int64_t f = c.k;
-      const Tensor h = r.In({rows, 2 * f}, 4.0f), da = r.In({rows, f}), scale = r.InF32({rows});
-      const Tensor offsets = r.Ints(c.offsets, {groups + 1});
-      const Tensor dh = r.Out({rows, 2 * f}), want_dscale = r.OutF32({rows});
-      ops::SwigluBackward(da, h, scale, dh, want_dscale);
-      const auto forms = [&] {
-        return std::vector<Tensor>{r.OutE4M3({2 * f, Fp8PaddedRows(rows)}),
-                                   r.OutF32({Fp8ColumnTileSlots(groups, rows), 2 * f}),
-                                   r.OutE4M3({rows, 2 * f}), r.OutF32({rows, Fp8Tiles(2 * f)})};
-      };
-      const std::vector<Tensor> want = forms(), got = forms();
-      ops::QuantizeColumnTiles(dh, offsets, want[0], want[1], want[2], want[3]);
-      const Tensor dscale = r.OutF32({rows});
-      ops::SwigluBackwardQuantized(da, h, scale, offsets, got[0], got[1], got[2], got[3], dscale);
-      const char* names[] = {"q", "scales", "row_q", "row_scales"};
-      for (int i = 0; i < 4; ++i) {
-        EXPECT_EQ(testing::FloatBits(got[i]), testing::FloatBits(want[i])) << names[i];
-      }
-      EXPECT_EQ(testing::FloatBits(dscale), testing::FloatBits(want_dscale)) << "dscale";
-    }
-  }
+  ForEachSwigluQuantizedCase(
+      [](OpRun& r, const Tensor& offsets, int64_t groups, int64_t rows, int64_t f) {
+        const Tensor h = r.In({rows, 2 * f}, 4.0f), da = r.In({rows, f}), scale = r.InF32({rows});
+        const Tensor dh = r.Out({rows, 2 * f}), want_dscale = r.OutF32({rows});
+        ops::SwigluBackward(da, h, scale, dh, want_dscale);
+        const std::vector<Tensor> want = Fp8FormOutputs(r, groups, rows, 2 * f),
+                                  got = Fp8FormOutputs(r, groups, rows, 2 * f);
+        ops::QuantizeColumnTiles(dh, offsets, want[0], want[1], want[2], want[3]);
+        const Tensor dscale = r.OutF32({rows});
+        ops::SwigluBackwardQuantized(da, h, scale, offsets, got[0], got[1], got[2], got[3], dscale);
+        const char* names[] = {"q", "scales", "row_q", "row_scales"};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(testing::FloatBits(got[i]), testing::FloatBits(want[i])) << names[i];
+        }
+        EXPECT_EQ(testing::FloatBits(dscale), testing::FloatBits(want_dscale)) << "dscale";
+      });
 }
 
 // The bf16 attention kernels (Hopper and mma.sync) accumulate every output element in a fixed

@@ -72,9 +72,8 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
       const int64_t padded = part.dy_q.dim(1);
       const std::span<const int32_t> bounds = part.offsets.values<int32_t>();
       has_rows = has_rows || bounds[g] < bounds[g + 1];
-      for (int64_t t = 0;; ++t) {
+      for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
-        if (r0 >= r1) break;
         const int64_t slot = Fp8ColumnTileSlot(g, bounds[g], t);
         const float* dy_scales = part.dy_scales.data<float>() + slot * n;
         const float* x_scales = part.x_scales.data<float>() + slot * k;

@@ -91,9 +91,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
     const T* in = x.data<T>();
     Float8E4M3* out = q.data<Float8E4M3>();
     for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-      for (int64_t t = 0;; ++t) {
+      for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
-        if (r0 >= r1) break;
         float* tile_scales = scales.data<float>() + Fp8ColumnTileSlot(g, bounds[g], t) * k;
         for (int64_t c = 0; c < k; ++c) {
           float amax = 0.0f;
