@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gpus=$(nvidia-smi -L | wc -l)
-labels=${1:-cuda$([ "$gpus" -ge 2 ] && echo "|multi_gpu")}
+labels=${1:-cuda$([ "$gpus" -ge 2 ] && echo "|multi_gpu" || true)}
 prefix=/tmp/moe-prefix
 build=/tmp/moe-build
 out=${OUT:-/tmp/moe-out}
