@@ -26,7 +26,9 @@
 # (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16
 # state) and the preset offloading fused_group_mlp whole at global batch 1, and (fp8_curves) loss
 # curves of both: moe_100m (FP8_CURVE_STEPS, default 2000) and the preset at global batch 8
-# (FP8_PRESET_STEPS, default 300), and (fp8) the FP8 grouped GEMM's probe (the suite's build of
+# (FP8_PRESET_STEPS, default 300), and (fp8_lag) the preset's first 150 steps with FP8 beside
+# bf16, and with f32 state or a weight gradient per micro-batch instead, and (fp8) the FP8
+# grouped GEMM's probe (the suite's build of
 # tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
 # operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
 # and tails cases and on op_parity_cuda_test's FP8 cases (the quantisers), and (ab) the
@@ -40,8 +42,8 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves ab gemm_versus
-#   sustained real_shape base_build before_after; default the first three)
+#   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag ab
+#   gemm_versus sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,8 +60,9 @@ preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; 
     ${3:-} > "$out/$2.log" 2>&1
   echo "global batch $1 ${3:-} (rc $?): $(grep '^step' "$out/$2.log" | tail -1)"
 }
-build_probe() {  # source tree, binary, log: the grouped GEMM probe from that tree's kernels
-  (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/grouped_gemm_sm90_probe.cu \
+build_probe() {  # source tree, binary, log[, probe source]: a GEMM probe (default the bf16
+  # grouped GEMM's) built from that tree's kernels
+  (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a -I. "${4:-tests/kernels/grouped_gemm_sm90_probe.cu}" \
     -lcublas -o "$2") > "$3" 2>&1
 }
 sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, synccheck on its
@@ -328,6 +331,24 @@ for recipe in none blockwise; do  # the preset at global batch 8, bf16 state
 done
 fi
 
+if [[ $sections == *fp8_lag* ]]; then
+echo "== the preset's first FP8_LAG_STEPS (default 150) steps at global batch 8, one change each"
+# bf16 and FP8 with the fp8_curves section's flags, then FP8 with f32 state, with the weight
+# gradients once per micro-batch, and with both: which of them the FP8 curve's lag goes with.
+i=0
+wgrad8="--moe_wgrad_micro_batches=8"
+for run in "none|$bf16_state $wgrad8" "blockwise|$bf16_state $wgrad8" "blockwise|$wgrad8" \
+    "blockwise|$bf16_state" "blockwise|"; do
+  recipe=${run%%|*} flags=${run#*|} i=$((i + 1))
+  log="$out/fp8_lag_$i"
+  timeout 200 "$bin/moe_train" --flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=20 \
+    --global_batch_size=8 --train_steps=${FP8_LAG_STEPS:-150} --log_interval=10 \
+    --eval_interval=50 --eval_steps=2 $flags --fp8_recipe=$recipe --metrics_file="$log.jsonl" \
+    > "$log.log" 2>&1
+  echo "$recipe $flags (rc $?): $(grep '^eval' "$log.log" | awk '{print $3 ": " $7}' | tr '\n' ' ')"
+done
+fi
+
 if [[ $sections == *ab* ]]; then
 echo "== the preset's step, a base revision against the tree, alternating in this call"
 # .device-deps/base holds the base revision's versions of the files that differ, e.g.
@@ -394,14 +415,17 @@ echo "PyTorch eager, ACCUM=8 (rc $?): $(tail -1 "$out/ba_peer.log" | cut -c1-300
 fi
 
 if [[ $sections == *gemm_versus* ]]; then
-echo "== the grouped GEMM probe: a base revision's kernels against the tree's, alternating"
+echo "== a GEMM probe: a base revision's kernels against the tree's, alternating"
 # .device-deps/gemm_base holds the base revision's kernels and probe, e.g.
-#   git archive REV engine/kernels/cuda tests/kernels/grouped_gemm_sm90_probe.cu |
-#     tar -x -C .device-deps/gemm_base
-# Each probe checks its kernels, then times only them (PROBE_OURS_ONLY=1); the cases (the probe's
-# filters, ":"-separated in GEMM_VERSUS_CASES) run base, tree, base, tree.
-build_probe . /tmp/probe_tree "$out/probe_tree_build.log" & tree_build=$!
-build_probe .device-deps/gemm_base /tmp/probe_base "$out/probe_base_build.log" & base_build=$!
+#   git archive REV engine/kernels/cuda tests/kernels | tar -x -C .device-deps/gemm_base
+# GEMM_VERSUS_PROBE names the probe (default tests/kernels/grouped_gemm_sm90_probe.cu; the FP8
+# one, fp8_grouped_gemm_sm90_probe.cu, times the bf16 kernels beside its own as a control).
+# Each probe checks its kernels, then times them (the bf16 probe only its own: PROBE_OURS_ONLY=1);
+# the cases (the probe's filters, ":"-separated in GEMM_VERSUS_CASES) run base, tree, base, tree.
+versus_probe=${GEMM_VERSUS_PROBE:-tests/kernels/grouped_gemm_sm90_probe.cu}
+build_probe . /tmp/probe_tree "$out/probe_tree_build.log" "$versus_probe" & tree_build=$!
+build_probe .device-deps/gemm_base /tmp/probe_base "$out/probe_base_build.log" "$versus_probe" &
+base_build=$!
 wait $tree_build && wait $base_build || { tail -5 "$out"/probe_*_build.log; exit 1; }
 IFS=: read -r -a versus_cases <<< "${GEMM_VERSUS_CASES:-mixtral:qwen3 random:deepseek}"
 for case in "${versus_cases[@]}"; do
