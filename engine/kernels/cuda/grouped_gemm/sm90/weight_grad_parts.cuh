@@ -1,8 +1,8 @@
 // The weight gradient's reduction dimension in the Hopper grouped GEMMs (design:
 // ../grouped_gemm_sm90.cuh): a group's token rows in up to kMaxWeightGradParts parts, walked in
-// 64-row K steps; which 16-row slices of a part's last step the consumers read (also for the FP8
-// kernel's 128-row steps of 32-row slices), and the producer's zeroing of the rows past the group's
-// end in them; and a part as the launcher takes it.
+// 64-row K steps; which 16-row slices of a part's last step the consumers read, and the producer's
+// zeroing of the rows past the group's end in them; and a part as the launcher takes it. (The FP8
+// weight gradient walks its parts' rows in 128-token windows of its own: ForEachTokenTile.)
 #pragma once
 
 #include <cuda.h>
@@ -48,19 +48,16 @@ __device__ __forceinline__ RowRange PartRows(const WeightGradParts& parts, int p
   return {begin, end};
 }
 
-// The rows of a stage holding `valid` K rows that the consumers read: its kSliceRows-deep K slices
-// with rows (the bf16 kernel's 16, the FP8 kernel's 32).
-template <int kSliceRows = kWgmmaK>
+// The rows of a stage holding `valid` K rows that the consumers read: its 16-row K slices with
+// rows.
 __device__ __forceinline__ int ReadRows(int valid) {
-  return (valid + kSliceRows - 1) / kSliceRows * kSliceRows;
+  return (valid + kWgmmaK - 1) / kWgmmaK * kWgmmaK;
 }
 
-// The kSliceRows-deep K slices with rows in each stage (kStageRows K rows) of a weight-gradient
-// tile of `group`, called once per stage in order (the consumers' stage_slices): every part's
-// stages are whole but its last, which ends with the part's rows; the consumers skip the slices
-// after that.
-template <int kStageRows, int kSliceRows>
-struct PartSlicesOf {
+// The 16-row K slices with rows in each 64-row stage of a weight-gradient tile of `group`, called
+// once per stage in order (the consumers' stage_slices): every part's stages are whole but its
+// last, which ends with the part's rows; the consumers skip the slices after that.
+struct PartSlices {
   const WeightGradParts& parts;
   int group;
   int part = -1;
@@ -72,13 +69,11 @@ struct PartSlicesOf {
       const RowRange range = PartRows(parts, part, group);
       rows_left = range.end - range.begin;
     }
-    const int rows = min(kStageRows, rows_left);
+    const int rows = min(kBlockK, rows_left);
     rows_left -= rows;
-    return WarpUniform(ReadRows<kSliceRows>(rows) / kSliceRows);
+    return WarpUniform(ReadRows(rows) / kWgmmaK);
   }
 };
-// The bf16 kernel's: 64-row stages of 16-row slices.
-using PartSlices = PartSlicesOf<kBlockK, kWgmmaK>;
 
 // Zeroes the 128-byte lines of rows [valid, ReadRows(valid)) of the stage's six 64-row boxes (A:
 // 2, B: 4): the K rows past the group's end that the consumers read (the slices after them they
