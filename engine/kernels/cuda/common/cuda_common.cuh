@@ -76,8 +76,8 @@ template <int N>
 struct VecTag {};
 
 // Calls f(VecTag<8>{}) when rows of `row_length` elements can be walked 8 at a time (the length
-// is a multiple of 8 and every base pointer is 16-byte aligned), else f(VecTag<1>{}). Use with
-// [&]<int kVec>(VecTag<kVec>) {...}.
+// is a multiple of 8 and every base pointer is 16-byte aligned; an absent one, nullptr, is), else
+// f(VecTag<1>{}). Use with [&]<int kVec>(VecTag<kVec>) {...}.
 template <typename F>
 void DispatchVec(int64_t row_length, std::initializer_list<const void*> pointers, F&& f) {
   bool vectorise = row_length % 8 == 0;

@@ -102,14 +102,12 @@ void SwigluBackward(const Tensor& dy, const Tensor& x, const Tensor& scale, cons
   const int64_t rows = x.dim(0), f = dy.dim(1);
   if (rows == 0) return;
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    DispatchVec(f, {dy.data(), x.data(), dx.defined() ? dx.data() : x.data()},
-                [&]<int kVec>(VecTag<kVec>) {
-                  SwigluBackwardKernel<kVec, T>
-                      <<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
-                          Ptr<const T>(dy), Ptr<const T>(x), Ptr<const float>(scale), rows, f,
-                          Ptr<T>(dx), Ptr<float>(dscale));
-                  MOE_CUDA_CHECK_LAUNCH();
-                });
+    DispatchVec(f, {dy.data(), x.data(), Ptr<const T>(dx)}, [&]<int kVec>(VecTag<kVec>) {
+      SwigluBackwardKernel<kVec, T><<<BlocksFor(rows, 1), RowThreads(f / kVec), 0, StreamOf(x)>>>(
+          Ptr<const T>(dy), Ptr<const T>(x), Ptr<const float>(scale), rows, f, Ptr<T>(dx),
+          Ptr<float>(dscale));
+      MOE_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
