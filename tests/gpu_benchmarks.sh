@@ -417,7 +417,7 @@ fi
 if [[ $sections == *gemm_versus* ]]; then
 echo "== a GEMM probe: a base revision's kernels against the tree's, alternating"
 # .device-deps/gemm_base holds the base revision's kernels and probe, e.g.
-#   git archive REV engine/kernels/cuda tests/kernels | tar -x -C .device-deps/gemm_base
+#   git archive REV engine/kernels engine/core tests/kernels | tar -x -C .device-deps/gemm_base
 # GEMM_VERSUS_PROBE names the probe (default tests/kernels/grouped_gemm_sm90_probe.cu; the FP8
 # one, fp8_grouped_gemm_sm90_probe.cu, times the bf16 kernels beside its own as a control).
 # Each probe checks its kernels, then times them (the bf16 probe only its own: PROBE_OURS_ONLY=1);
