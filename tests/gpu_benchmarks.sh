@@ -28,13 +28,13 @@
 # curves of both: moe_100m (FP8_CURVE_STEPS, default 2000) and the preset at global batch 8
 # (FP8_PRESET_STEPS, default 300), and (fp8_lag) the preset's first 150 steps with FP8 beside
 # bf16, and with f32 state or a weight gradient per micro-batch instead, and (fp8) the FP8
-# grouped GEMM's probe (the suite's build of
-# tests/kernels/fp8_grouped_gemm_sm90_probe.cu: checked against cuBLAS f32 on the dequantised
-# operands, timed beside the bf16 kernel) and the same three compute-sanitizer tools on its tiny
-# and tails cases and on op_parity_cuda_test's FP8 cases (the quantisers), and (ab) the
-# preset's step built from a base revision's files (.device-deps/base) and from the tree,
-# alternately in one call, phase by phase from their traces, and (gemm_versus) the grouped GEMM
-# probe built from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
+# grouped GEMM's probe (the suite's build of tests/kernels/fp8_grouped_gemm_sm90_probe.cu:
+# checked against cuBLAS f32 on the dequantised operands, timed beside the bf16 kernel) and the
+# same three compute-sanitizer tools on its tiny and tails cases and on op_parity_cuda_test's FP8
+# cases (the quantisers), and (ab) the preset's step built from a base revision's files
+# (.device-deps/base) and from the tree, alternately in one call, phase by phase from their
+# traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
+# from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
 # and (sustained) moe_bench at every shape under sustained load (--iters=100; Mixtral-8x7B again with
 # the paths in the other order) beside nvidia-smi's SM clock and power every 50 ms, summed per path
 # by tests/clock_during_phases.py (about 5 minutes), and (real_shape) the 8-layer cut of the real
