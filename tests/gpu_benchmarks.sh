@@ -79,6 +79,12 @@ sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, sy
 }
 bf16_moments="--exp_avg_dtype=bf16 --exp_avg_sq_dtype=bf16"
 bf16_state="--main_grads_dtype=bf16 $bf16_moments"
+preset_curve() {  # log base, timeout, steps, eval interval, flags: the preset at global batch 8
+  # with 20 warm-up steps, its metrics file beside the log
+  timeout "$2" "$bin/moe_train" --flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=20 \
+    --global_batch_size=8 --train_steps="$3" --log_interval=10 --eval_interval="$4" \
+    --eval_steps=2 $5 --metrics_file="$1.jsonl" > "$1.log" 2>&1
+}
 moe_100m_curve() {  # label, flags: moe_100m for 500 steps (or the flags' --train_steps); its metrics
   # file holds the loss curve
   timeout 400 "$bin/moe_train" --flagfile=configs/moe_100m.flags --train_steps=500 --log_interval=10 \
@@ -322,10 +328,8 @@ for recipe in none blockwise; do
 done
 for recipe in none blockwise; do  # the preset at global batch 8, bf16 state
   log="$out/preset_curve_fp8_$recipe"
-  timeout 280 "$bin/moe_train" --flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=20 \
-    --global_batch_size=8 --train_steps=${FP8_PRESET_STEPS:-300} --log_interval=10 \
-    --eval_interval=100 --eval_steps=2 $bf16_state --moe_wgrad_micro_batches=8 \
-    --fp8_recipe=$recipe --metrics_file="$log.jsonl" > "$log.log" 2>&1
+  preset_curve "$log" 280 "${FP8_PRESET_STEPS:-300}" 100 \
+    "$bf16_state --moe_wgrad_micro_batches=8 --fp8_recipe=$recipe"
   echo "preset $recipe (rc $?): $(grep '^step' "$log.log" | tail -1 | cut -c1-160)"
   grep '^eval' "$log.log" | tail -3
 done
@@ -341,10 +345,7 @@ for run in "none|$bf16_state $wgrad8" "blockwise|$bf16_state $wgrad8" "blockwise
     "blockwise|$bf16_state" "blockwise|"; do
   recipe=${run%%|*} flags=${run#*|} i=$((i + 1))
   log="$out/fp8_lag_$i"
-  timeout 200 "$bin/moe_train" --flagfile=configs/qwen3_moe_8layer.flags --warmup_steps=20 \
-    --global_batch_size=8 --train_steps=${FP8_LAG_STEPS:-150} --log_interval=10 \
-    --eval_interval=50 --eval_steps=2 $flags --fp8_recipe=$recipe --metrics_file="$log.jsonl" \
-    > "$log.log" 2>&1
+  preset_curve "$log" 200 "${FP8_LAG_STEPS:-150}" 50 "$flags --fp8_recipe=$recipe"
   echo "$recipe $flags (rc $?): $(grep '^eval' "$log.log" | awk '{print $3 ": " $7}' | tr '\n' ' ')"
 done
 fi
