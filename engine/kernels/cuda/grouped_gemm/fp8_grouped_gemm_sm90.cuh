@@ -31,9 +31,9 @@
 //   k) f32. Per element (i, j) of dw_g, over the parts in order and in each over g's tiles in
 //   order, from acc = 0: acc = fma(partial_t, dy_scale[slot, i] * x_scale[slot, j], acc), partial_t
 //   the tile's products summed by the tensor cores (fresh accumulators per tile); then dw = acc
-//   rounded (=), or dw = round(dw + acc) in f32 (+=: read, added and written by the thread that
-//   holds acc: one rounding, run-to-run identical). A group without tokens in any part: zeros (=)
-//   or unchanged (+=).
+//   rounded (=), or dw += acc (a TMA reduce-add: an f32 dw gets round(dw + acc), one rounding; a
+//   bf16 dw gets acc already rounded to bf16 added, two roundings; one add per element, so
+//   run-to-run identical). A group without tokens in any part: zeros (=) or unchanged (+=).
 //   Requirements (cudaErrorInvalidValue otherwise): n and k multiples of 16 (the scale rows'
 //   bulk copies take 16-byte pieces), every operand and dw 16-byte aligned, rows_p, n, k < 2^31,
 //   1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
@@ -45,8 +45,11 @@
 //     to) 4 m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its
 //     f32 accumulators with one fma each (64 + 64 registers a thread), then releases the stage
 //     (MultiplyFp8Stage).
-//   - Epilogue: each thread writes its accumulators' valid rows and columns as column pairs
-//     (float2 or bf16x2) straight from registers; the weight gradient's += reads the pair first.
+//   - Epilogue: the forward's threads write their accumulators' valid rows and columns as column
+//     pairs (float2 or bf16x2) straight from registers; the weight gradient's consumers stage
+//     their 64 x 128 results through one TMA box of shared memory each (epilogue.cuh's WriteTile,
+//     which the bf16 weight gradient uses too) and store or reduce-add them with TMA, which clips
+//     them to dw: with a few hundred tokens per expert, writing dw is most of this kernel's work.
 //   - Forward tiles: 128 x 128 of y (FindFp8Tile: group-major, then column tiles, then row
 //     tiles). A row tile never crosses its group's end: rows past it are loaded (the next
 //     group's, or TMA's zero fill past `rows`) but never stored; n and k tails are zero-filled by
@@ -173,14 +176,17 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
   const int64_t tiles =
       groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  CUtensorMap dw_map;
+  cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
+  if (status != cudaSuccess) return status;
   constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster;
-  cudaError_t status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream,
-                                                        &config, &cluster);
+  status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream, &config,
+                                            &cluster);
   if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, groups, static_cast<int>(n),
-                              static_cast<int>(k), accumulate, dw);
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, groups, static_cast<int>(n),
+                              static_cast<int>(k), accumulate);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 

@@ -1,9 +1,11 @@
 // The store epilogue of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): a consumer
-// warpgroup's 64 x 256 accumulators staged as TMA boxes in its shared memory and written by TMA
-// (store, or reduce-add for dw +=), or for a group's last rows copied by the threads.
+// warpgroup's 64 x N accumulators (the bf16 kernels' 64 x 256, the FP8 weight gradient's 64 x 128)
+// staged as TMA boxes in its shared memory and written by TMA (store, or reduce-add for dw +=), or
+// for a group's last rows copied by the threads.
 #pragma once
 
 #include <cuda.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -14,7 +16,7 @@
 
 namespace moe::cuda::sm90 {
 
-// Output TMA writes (store, or reduce-add for dw +=): each consumer stages its 64 x 256 result
+// Output TMA writes (store, or reduce-add for dw +=): each consumer stages its 64 x N result
 // (element type Out) in its own shared memory, as TMA boxes of 64 rows x kWriteColumns<Out>
 // columns (one 128-byte swizzle row per tile row: 32 f32 or 64 bf16), in rounds of as many columns
 // as its staging holds, and issues their writes without waiting for them: they drain while it
@@ -26,12 +28,19 @@ namespace moe::cuda::sm90 {
 //     made the forward much slower than with no writes at all.
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
 //     whole bf16 result beside 3 stages was faster for dw = but slower for += and for f32.)
+//   - FP8 weight gradient (64 x 128, f32 or bf16): one box, 4 f32 or 2 bf16 rounds, beside the FP8
+//     kernels' 6 stages.
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB
 constexpr int kWeightGradStagingBytes = 2 * kBoxBytes;             // per consumer: 16 KiB
 
 namespace detail {
+
+// The columns N of a warpgroup's 64 x N result held as kAccumulatorCount f32 a thread
+// (FragmentPosition).
+template <int kAccumulatorCount>
+constexpr int kResultColumns = kAccumulatorCount* kWarpgroupThreads / 64;
 
 // Two adjacent dw elements at shared `address` = a, b (bf16: rounded to nearest even). Through
 // 32-bit shared addresses: the compiler hoists WriteTile's store addresses out of the tile loop,
@@ -51,10 +60,11 @@ __device__ __forceinline__ void StorePair(uint32_t address, float a, float b) {
   }
 }
 
-// Accumulator columns [kColumns round, kColumns (round + 1)) of this warpgroup's 64 x kBlockN
-// result as Out into `staging` (shared address), as TMA boxes of 64 rows x kWriteColumns<Out>.
-template <typename Out, int kColumns>
-__device__ __forceinline__ void StageColumns(const Accumulators& acc, uint32_t staging, int round) {
+// Accumulator columns [kColumns round, kColumns (round + 1)) of this warpgroup's 64 x N result
+// as Out into `staging` (shared address), as TMA boxes of 64 rows x kWriteColumns<Out>.
+template <typename Out, int kColumns, int kAccumulatorCount>
+__device__ __forceinline__ void StageColumns(const float (&acc)[kAccumulatorCount],
+                                             uint32_t staging, int round) {
   constexpr int kBoxColumns = kWriteColumns<Out>;
   const FragmentPosition at;
   const int row = at.Row();
@@ -83,21 +93,36 @@ __device__ __forceinline__ void AwaitStaging(int barrier_id) {
 template <typename Out, int kStagingBytes>
 constexpr int kStagedColumns = (kStagingBytes / kBoxBytes) * kWriteColumns<Out>;
 
-// This warpgroup's 64 x kBlockN accumulators as Out, staged through its kStagingBytes of `staging`
+// This warpgroup's 64 x N accumulators as Out, staged through its kStagingBytes of `staging`
 // (shared address) in rounds of kStagedColumns<Out, kStagingBytes> columns: each round waits
 // until the staging is free (AwaitStaging), stages its columns and calls written(round), which
 // writes them out.
-template <typename Out, int kStagingBytes, typename Written>
-__device__ __forceinline__ void StageRounds(const Accumulators& acc, uint32_t staging,
+template <typename Out, int kStagingBytes, int kAccumulatorCount, typename Written>
+__device__ __forceinline__ void StageRounds(const float (&acc)[kAccumulatorCount], uint32_t staging,
                                             int barrier_id, Written written) {
   constexpr int kRoundColumns = kStagedColumns<Out, kStagingBytes>;
-  static_assert(kBlockN % kRoundColumns == 0);
+  constexpr int kColumns = kResultColumns<kAccumulatorCount>;
+  static_assert(kColumns % kRoundColumns == 0);
 #pragma unroll
-  for (int round = 0; round < kBlockN / kRoundColumns; ++round) {
+  for (int round = 0; round < kColumns / kRoundColumns; ++round) {
     AwaitStaging(barrier_id);  // also: every thread is done with the previous round
     StageColumns<Out, kRoundColumns>(acc, staging, round);
     written(round);
   }
+}
+
+// The weight gradients' output map (host): dw (groups, n, k) of Out as (k, n, groups), boxes of
+// kWriteColumns<Out> columns x 64 rows of one group, for WriteTile.
+template <typename Out>
+cudaError_t EncodeWeightGradOutputMap(CUtensorMap* map, Out* dw, int64_t groups, int64_t n,
+                                      int64_t k) {
+  constexpr uint64_t kOutBytes = sizeof(Out);
+  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
+  return EncodeTensorMap<3>(map,
+                            std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            dw, {uk, un, static_cast<uint64_t>(groups)},
+                            {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
 }
 
 // The tensor-map coordinates (innermost first) of an output box.
@@ -105,14 +130,14 @@ struct BoxOrigin {
   int c0, c1, c2;
 };
 
-// This warpgroup's 64 x kBlockN accumulators as Out written (or added with `accumulate`: TMA
+// This warpgroup's 64 x N accumulators as Out written (or added with `accumulate`: TMA
 // reduce-add) to out_map, the box of tile columns [c, c + kWriteColumns<Out>) at box_at(c) (a
 // BoxOrigin), staged in rounds through its kStagingBytes of `staging` (shared address); TMA clips
 // the boxes to the tensor. Thread 0 issues the writes.
-template <typename Out, int kStagingBytes, typename BoxAt>
-__device__ __forceinline__ void WriteTile(const Accumulators& acc, const CUtensorMap& out_map,
-                                          uint32_t staging, int barrier_id, bool accumulate,
-                                          BoxAt box_at) {
+template <typename Out, int kStagingBytes, int kAccumulatorCount, typename BoxAt>
+__device__ __forceinline__ void WriteTile(const float (&acc)[kAccumulatorCount],
+                                          const CUtensorMap& out_map, uint32_t staging,
+                                          int barrier_id, bool accumulate, BoxAt box_at) {
   constexpr int kBoxes = kStagingBytes / kBoxBytes;  // per round
   constexpr int kRoundColumns = kStagedColumns<Out, kStagingBytes>;
   StageRounds<Out, kStagingBytes>(acc, staging, barrier_id, [&](int round) {

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
@@ -58,6 +59,17 @@ __device__ __forceinline__ int* Fp8Offsets(const Fp8Ring& ring) {
 }
 __device__ __forceinline__ int* Fp8TilePrefix(const Fp8Ring& ring) {
   return Fp8Offsets(ring) + kMaxGroups + 1;
+}
+
+// out[index], out[index + 1] = a, b rounded to Out (bf16: nearest even).
+template <typename Out>
+__device__ __forceinline__ void WriteOutputPair(Out* out, int64_t index, float a, float b) {
+  if constexpr (std::is_same_v<Out, float>) {
+    *reinterpret_cast<float2*>(out + index) = make_float2(a, b);
+  } else {
+    static_assert(std::is_same_v<Out, __nv_bfloat16>, "the output is f32 or bf16");
+    *reinterpret_cast<__nv_bfloat162*>(out + index) = __floats2bfloat162_rn(a, b);
+  }
 }
 
 // The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each K tile, waits
@@ -137,10 +149,10 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
       const int column = tile.n0 + 8 * i + at.Column();
       if (column >= n) continue;  // n % 8 == 0: column + 1 < n too
       if (row0 < tile.row_end) {
-        WriteOutputPair(y, int64_t{row0} * n + column, acc[4 * i], acc[4 * i + 1], false);
+        WriteOutputPair(y, int64_t{row0} * n + column, acc[4 * i], acc[4 * i + 1]);
       }
       if (row1 < tile.row_end) {
-        WriteOutputPair(y, int64_t{row1} * n + column, acc[4 * i + 2], acc[4 * i + 3], false);
+        WriteOutputPair(y, int64_t{row1} * n + column, acc[4 * i + 2], acc[4 * i + 3]);
       }
     }
   }

@@ -1,13 +1,9 @@
 // What the Hopper FP8 grouped GEMM's kernels share (design: ../fp8_grouped_gemm_sm90.cuh): the
 // tile and stage sizes, the stage ring in shared memory, a consumer's multiplication of one stage
-// (one 128-deep K tile: up to four m64n128k32 e4m3 wgmmas into fresh accumulators) and the stores
-// of its results from registers.
+// (one 128-deep K tile: up to four m64n128k32 e4m3 wgmmas into fresh accumulators).
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cstdint>
-#include <type_traits>
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
@@ -95,31 +91,6 @@ __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators]
   __syncwarp();  // the warp's reads of the stage precede its leader's release
   if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Empty(state.stage));
   state.Advance();
-}
-
-// out[index], out[index + 1] (=) a, b rounded to Out (bf16: nearest even); with `accumulate`
-// (+=) each is old + new in f32, rounded once.
-template <typename Out>
-__device__ __forceinline__ void WriteOutputPair(Out* out, int64_t index, float a, float b,
-                                                bool accumulate) {
-  if constexpr (std::is_same_v<Out, float>) {
-    float2* const pair = reinterpret_cast<float2*>(out + index);
-    if (accumulate) {
-      const float2 old = *pair;
-      a += old.x;
-      b += old.y;
-    }
-    *pair = make_float2(a, b);
-  } else {
-    static_assert(std::is_same_v<Out, __nv_bfloat16>, "the output is f32 or bf16");
-    __nv_bfloat162* const pair = reinterpret_cast<__nv_bfloat162*>(out + index);
-    if (accumulate) {
-      const float2 old = __bfloat1622float2(*pair);
-      a += old.x;
-      b += old.y;
-    }
-    *pair = __floats2bfloat162_rn(a, b);
-  }
 }
 
 }  // namespace detail

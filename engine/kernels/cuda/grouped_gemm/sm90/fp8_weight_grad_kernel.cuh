@@ -7,7 +7,8 @@
 // (ProduceFp8WeightGradStages), its warp 1 zeroes the other groups' tokens in the 32-token K
 // slices the consumers read (MaskFp8WeightGradStages), and warpgroups 1 and 2 each multiply 64 dw
 // rows of the 128 x 128 tile over the slices with tokens of the tile, promote, and write or add
-// their rows of dw from registers (ConsumeFp8WeightGradTiles).
+// (TMA store or reduce-add, staged through shared memory: epilogue.cuh's WriteTile) their rows of
+// dw (ConsumeFp8WeightGradTiles).
 #pragma once
 
 #include <cuda.h>
@@ -16,6 +17,7 @@
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/epilogue.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_parts.cuh"
@@ -45,8 +47,13 @@ struct Fp8WeightGradParts {
 };
 
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
-// The stage ring, then each stage's scales.
-constexpr int kFp8WeightGradSmemBytes = kFp8RingBytes + kFp8Stages * kFp8ScaleFloats * 4;
+constexpr int kFp8WeightGradStagingBytes = kBoxBytes;     // a consumer's output staging
+// From the ring's base: the stages and their barriers, each consumer's output staging (1024-byte
+// aligned, as the 128-byte swizzle of its TMA boxes needs), then each stage's scales.
+constexpr int kFp8StagingOffset =
+    (kFp8Stages * kFp8StageBytes + detail::kStageBarrierBytes<kFp8Stages> + 1023) / 1024 * 1024;
+constexpr int kFp8ScalesOffset = kFp8StagingOffset + kConsumers * kFp8WeightGradStagingBytes;
+constexpr int kFp8WeightGradSmemBytes = 1023 + kFp8ScalesOffset + kFp8Stages * kFp8ScaleFloats * 4;
 static_assert(kFp8WeightGradSmemBytes <= 227 * 1024);
 
 namespace detail {
@@ -73,7 +80,7 @@ __device__ __forceinline__ Fp8WeightGradTile FindFp8WeightGradTile(int t, int m_
 
 // A stage's scales: kFp8BlockM of dy (the tile's dw rows), then kFp8BlockN of x (its columns).
 __device__ __forceinline__ float* Fp8StageScales(const Fp8Ring& ring, int stage) {
-  return reinterpret_cast<float*>(ring.Extra()) + stage * kFp8ScaleFloats;
+  return reinterpret_cast<float*>(ring.base + kFp8ScalesOffset) + stage * kFp8ScaleFloats;
 }
 
 // A token tile: group g's tokens [lo, hi) of the 128-token window from token `window` (a
@@ -220,16 +227,20 @@ __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts
 // token tile's e4m3 products over its 32-token slices with tokens of the tile (Fp8TokenTile: up
 // to 4 wgmmas, fresh), then acc = fma(part, dy_scale[row] * x_scale[column], acc) for its rows
 // Row() and Row() + 8 and its 32 columns (FragmentPosition), with the scales read from the stage
-// before it is released. Then its valid rows and columns of dw_g = acc, or += acc with `accumulate`
-// (read, added in f32, rounded once); a group without tokens in any part is skipped with
-// `accumulate` and written as zeros without.
+// before it is released. Then its rows of dw_g = acc, or += acc with `accumulate` (TMA store or
+// reduce-add of the rows and columns inside dw, through its staging; waits for them before it
+// returns); a group without tokens in any part is skipped with `accumulate` and written as zeros
+// without.
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradParts& parts,
+                                                          const CUtensorMap& dw_map,
                                                           const Fp8Ring& ring, int total,
-                                                          int m_tiles, int n_tiles, int n, int k,
-                                                          int consumer, bool accumulate, Out* dw) {
+                                                          int m_tiles, int n_tiles, int n,
+                                                          int consumer, bool accumulate) {
   const FragmentPosition at;
   const int row = 64 * consumer + at.Row();  // in the tile; and row + 8
+  const uint32_t staging =
+      SmemAddress(ring.base + kFp8StagingOffset + consumer * kFp8WeightGradStagingBytes);
   float acc[kFp8Accumulators], part[kFp8Accumulators];
 #pragma unroll
   for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
@@ -269,28 +280,23 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
       });
     });
     if (!active) continue;
-#pragma unroll
-    for (int i = 0; i < kFp8Accumulators / 4; ++i) {
-      const int column = tile.n0 + 8 * i + at.Column();
-      if (column >= k) continue;  // k even: column + 1 < k too
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dw_row = tile.m0 + row + 8 * h;
-        if (dw_row >= n) continue;
-        WriteOutputPair(dw, (int64_t{tile.group} * n + dw_row) * k + column, acc[4 * i + 2 * h],
-                        acc[4 * i + 2 * h + 1], accumulate);
-      }
-    }
+    WriteTile<Out, kFp8WeightGradStagingBytes>(
+        acc, dw_map, staging, 1 + consumer, accumulate, [&](int c) {
+          return BoxOrigin{tile.n0 + c, tile.m0 + 64 * consumer, tile.group};
+        });
   }
+  if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 }
 
 // dw_g (+)= sum over the parts of dy_p,g^T · x_p,g with the tile scales (see
-// ../fp8_grouped_gemm_sm90.cuh); dw (groups, n, k). kThreads threads, kFp8WeightGradSmemBytes of
-// dynamic shared memory, any grid (persistent: CTA b takes tiles b, b + gridDim.x, ...).
+// ../fp8_grouped_gemm_sm90.cuh); dw_map: dw (groups, n, k) of Out (EncodeWeightGradOutputMap).
+// kThreads threads, kFp8WeightGradSmemBytes of dynamic shared memory, any grid (persistent: CTA b
+// takes tiles b, b + gridDim.x, ...).
 template <typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
-    Fp8GroupedWeightGradKernel(const __grid_constant__ Fp8WeightGradParts parts, int groups, int n,
-                               int k, bool accumulate, Out* dw) {
+    Fp8GroupedWeightGradKernel(const __grid_constant__ Fp8WeightGradParts parts,
+                               const __grid_constant__ CUtensorMap dw_map, int groups, int n, int k,
+                               bool accumulate) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
   const Fp8Ring ring(smem_raw);
@@ -310,8 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
-    ConsumeFp8WeightGradTiles<Out>(parts, ring, total, m_tiles, n_tiles, n, k, warpgroup - 1,
-                                   accumulate, dw);
+    ConsumeFp8WeightGradTiles<Out>(parts, dw_map, ring, total, m_tiles, n_tiles, n, warpgroup - 1,
+                                   accumulate);
   }
 #else
   __trap();

@@ -118,18 +118,11 @@ template <typename Out>
 cudaError_t LaunchGroupedWeightGrad(const WeightGradParts& parts, int64_t rows, int groups,
                                     int64_t n, int64_t k, bool accumulate, Out* dw,
                                     cudaStream_t stream) {
-  constexpr uint64_t kOutBytes = sizeof(Out);
-  const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::Of(n, k, rows, groups);
   const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   CUtensorMap dw_map;
-  cudaError_t status =
-      EncodeTensorMap<3>(&dw_map,
-                         std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                         dw, {uk, un, static_cast<uint64_t>(groups)},
-                         {uk * kOutBytes, un * uk * kOutBytes}, {kWriteColumns<Out>, 64, 1});
+  cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
   if (status != cudaSuccess) return status;
   constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
   cudaLaunchConfig_t config = {};
