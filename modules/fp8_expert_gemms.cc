@@ -74,12 +74,13 @@ void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& d
 void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {
   if (version_ == values_version) return;
   if (!w_.q.defined()) {
-    w_ = {
-        Tensor::Empty(w.shape(), DType::kE4M3, w.device()),
-        Tensor::Empty({w.dim(0), Fp8Tiles(w.dim(1)), Fp8Tiles(w.dim(2))}, DType::kF32, w.device())};
+    const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2);
+    w_ = {Tensor::Empty({experts, n, k}, DType::kE4M3, w.device()),
+          Tensor::Empty({experts, Fp8Tiles(n), Fp8Tiles(k)}, DType::kF32, w.device())};
+    w_transposed_ = {Tensor::Empty({experts, k, n}, DType::kE4M3, w.device()),
+                     Tensor::Empty({experts, Fp8Tiles(k), Fp8Tiles(n)}, DType::kF32, w.device())};
   }
-  ops::QuantizeBlocks(w, w_.q, w_.scales);
-  w_source_ = w;
+  ops::QuantizeBlocks(w, w_.q, w_.scales, w_transposed_.q, w_transposed_.scales);
   version_ = values_version;
 }
 
@@ -98,18 +99,8 @@ Tensor Fp8ExpertWeights::Forward(const Fp8Rows& x, const Tensor& offsets, DType 
   return Multiply(x, w_, offsets, dtype);
 }
 
-Tensor Fp8ExpertWeights::InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) {
+Tensor Fp8ExpertWeights::InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) const {
   CHECK(version_.has_value()) << "FP8 expert weights used before Refresh";
-  if (transposed_version_ != version_) {
-    const Tensor& w = w_source_;
-    const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2);
-    if (!w_transposed_.q.defined()) {
-      w_transposed_ = {Tensor::Empty({experts, k, n}, DType::kE4M3, w.device()),
-                       Tensor::Empty({experts, Fp8Tiles(k), Fp8Tiles(n)}, DType::kF32, w.device())};
-    }
-    ops::QuantizeBlocks(w, w_transposed_.q, w_transposed_.scales, /*transposed=*/true);
-    transposed_version_ = version_;
-  }
   return Multiply(dy, w_transposed_, offsets, dtype);
 }
 

@@ -2,19 +2,19 @@
 // LM's name): the pieces the fused grouped MLP (fused_grouped_mlp.h) runs its GEMMs with.
 //   Activations and gradients: e4m3 in 1 x 128 tiles along the contracted dimension, f32 scales
 //   (row tiles, as ops::QuantizeRowTiles writes them); weights: e4m3 in 128 x 128 blocks
-//   (ops::QuantizeBlocks), once per optimizer step in both orientations (forward: w; input
-//   gradients: w transposed, so both GEMM operands are K-major); ops::Fp8GroupedMatmul promotes
-//   the partial sums into f32 every 128 of the contracted dimension. Outputs in the activations'
-//   dtype.
-//   Weight gradients: dy and x (or dh and a) e4m3 in 128 x 1 tiles along the tokens within each
-//   expert's rows, written transposed (ops::QuantizeColumnTiles: the tokens, which the weight
-//   gradient contracts, made contiguous, as the FP8 tensor cores need), by the same pass that
-//   writes their row tiles; ops::Fp8GroupedMatmulWeightGrad promotes every 128 tokens.
-// Fp8ExpertWeights caches one stacked weight's quantised forms, each made once per value of the
-// parameter set's values_version() (it moves with the optimizer's update or a loaded checkpoint),
-// when first used: every micro-batch of a step and every forward between steps (evaluation)
-// reuses one quantisation. Bytes held: 2 per element (the two orientations, the transposed one
-// from the first backward on) plus their f32 scales.
+//   (ops::QuantizeBlocks), once per optimizer step in both orientations by one pass (forward: w;
+//   input gradients: w transposed, so both GEMM operands are K-major); ops::Fp8GroupedMatmul
+//   promotes the partial sums into f32 every 128 of the contracted dimension. Outputs in the
+//   activations' dtype. Weight gradients: dy and x (or dh and a) e4m3 in 128 x 1 tiles along the
+//   tokens within each expert's rows, written transposed (ops::QuantizeColumnTiles: the tokens,
+//   which the weight gradient contracts, made contiguous, as the FP8 tensor cores need), by the
+//   same pass that writes their row tiles; ops::Fp8GroupedMatmulWeightGrad promotes every 128
+//   tokens.
+// Fp8ExpertWeights caches one stacked weight's quantised forms, both made by one pass once per
+// value of the parameter set's values_version() (it moves with the optimizer's update or a loaded
+// checkpoint), when first used: every micro-batch of a step and every forward between steps
+// (evaluation) reuses one quantisation. Bytes held: 2 per element (the two orientations) plus
+// their f32 scales.
 #pragma once
 
 #include <cstdint>
@@ -65,21 +65,17 @@ void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& d
 
 class Fp8ExpertWeights {
  public:
-  // Quantises w (experts, n, k) for Forward unless this holds its quantisation at
-  // `values_version`; the transposed form waits for the first InputGrad at that version (a
-  // forward that no backward follows, an evaluation's, quantises only the one it multiplies).
-  // w's values must not change until the version does.
+  // Quantises w (experts, n, k) in both orientations unless this holds its quantisation at
+  // `values_version`. w's values must not change until the version does.
   void Refresh(const Tensor& w, uint64_t values_version);
   // group g's rows of x times w_g^T: (rows, n) in `dtype`.
   Tensor Forward(const Fp8Rows& x, const Tensor& offsets, DType dtype) const;
   // group g's rows of dy (rows, n) times w_g: (rows, k) in `dtype`.
-  Tensor InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype);
+  Tensor InputGrad(const Fp8Rows& dy, const Tensor& offsets, DType dtype) const;
 
  private:
-  Tensor w_source_;                  // w as Refresh last saw it
   Fp8Rows w_, w_transposed_;         // (experts, n, k) and (experts, k, n), scales likewise
-  std::optional<uint64_t> version_;  // the values_version w_ holds (none: not yet quantised)
-  std::optional<uint64_t> transposed_version_;  // and w_transposed_
+  std::optional<uint64_t> version_;  // the values_version they hold (none: not yet quantised)
 };
 
 }  // namespace moe

@@ -366,16 +366,20 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   MOE_DISPATCH(device, QuantizeRowTiles, x, q, scales);
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
-  const Device device = CommonDevice({&w, &q, &scales});
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, const Tensor& q_t,
+                    const Tensor& scales_t) {
+  const Device device = CommonDevice({&w, &q, &scales, &q_t, &scales_t});
   CheckFloat(w, "quantize blocks input");
   Shape shape = w.shape(), scales_shape = BlockScalesShape(w, "quantize blocks input");
-  if (transposed) {
+  CheckQuantized(q, scales, shape, scales_shape, "quantize blocks");
+  CHECK_EQ(q_t.defined(), scales_t.defined())
+      << "quantize blocks: the transposed values and scales go together";
+  if (q_t.defined()) {
     std::swap(shape[1], shape[2]);
     std::swap(scales_shape[1], scales_shape[2]);
+    CheckQuantized(q_t, scales_t, shape, scales_shape, "quantize blocks transposed");
   }
-  CheckQuantized(q, scales, shape, scales_shape, "quantize blocks");
-  MOE_DISPATCH(device, QuantizeBlocks, w, q, scales, transposed);
+  MOE_DISPATCH(device, QuantizeBlocks, w, q, scales, q_t, scales_t);
 }
 
 void DequantizeRowTiles(const Tensor& q, const Tensor& scales, const Tensor& x) {

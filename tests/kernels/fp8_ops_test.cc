@@ -139,7 +139,8 @@ TEST_F(Fp8OpsTest, QuantizeBlocksIsTheContractsFormulaBitForBit) {
   }
 }
 
-// Transposed blocks are the transpose of QuantizeBlocks' values and scales, bit for bit.
+// The transposed blocks, written by the same pass, are the transpose of the values and scales,
+// bit for bit.
 TEST_F(Fp8OpsTest, TransposedBlocksAreTheBlocksTransposed) {
   for (const Layout& l : kBlockLayouts) {
     SCOPED_TRACE(l.name);
@@ -150,8 +151,7 @@ TEST_F(Fp8OpsTest, TransposedBlocksAreTheBlocksTransposed) {
     const Tensor scales = Poisoned({l.groups, row_tiles, col_tiles});
     const Tensor qt = Poisoned({l.groups, l.cols, l.rows}, DType::kE4M3);
     const Tensor scales_t = Poisoned({l.groups, col_tiles, row_tiles});
-    ops::QuantizeBlocks(w, q, scales);
-    ops::QuantizeBlocks(w, qt, scales_t, /*transposed=*/true);
+    ops::QuantizeBlocks(w, q, scales, qt, scales_t);
     const std::vector<uint32_t> values = FloatBits(q), values_t = FloatBits(qt);
     const std::vector<uint32_t> s = FloatBits(scales), s_t = FloatBits(scales_t);
     for (int64_t g = 0; g < l.groups; ++g) {
@@ -170,9 +170,11 @@ TEST_F(Fp8OpsTest, TransposedBlocksAreTheBlocksTransposed) {
     }
   }
   const Tensor w = Random({2, 3, 5});
-  EXPECT_DEATH(ops::QuantizeBlocks(w, Poisoned({2, 3, 5}, DType::kE4M3), Poisoned({2, 1, 1}),
-                                   /*transposed=*/true),
-               "quantize blocks values");
+  const Tensor q = Poisoned({2, 3, 5}, DType::kE4M3), scales = Poisoned({2, 1, 1});
+  EXPECT_DEATH(ops::QuantizeBlocks(w, q, scales, Poisoned({2, 3, 5}, DType::kE4M3), scales),
+               "quantize blocks transposed values");
+  EXPECT_DEATH(ops::QuantizeBlocks(w, q, scales, Poisoned({2, 5, 3}, DType::kE4M3)),
+               "transposed values and scales go together");
 }
 
 // Every element comes back within half an e4m3 step of the tile's scaled value: 2^-4 |x| where
@@ -497,7 +499,9 @@ TEST_F(Fp8GroupedMatmulTest, IsCloseToGroupedMatmulOfTheUnquantisedOperands) {
       Fp8GemmOperands o = Operands(c);
       if (transposed) {  // w (groups, k, n): its blocks transposed are the K-major operand
         o.w = Random({o.groups, c.contracted, c.n});
-        ops::QuantizeBlocks(o.w, o.wq, o.w_scales, /*transposed=*/true);
+        const Tensor rows_q = Poisoned(o.w.shape(), DType::kE4M3);
+        const Tensor rows_scales = Poisoned({o.groups, Tiles(c.contracted), Tiles(c.n)});
+        ops::QuantizeBlocks(o.w, rows_q, rows_scales, o.wq, o.w_scales);
       }
       const Tensor y = Poisoned({o.rows, c.n}), y_bf16 = Poisoned({o.rows, c.n}, DType::kBF16);
       const Tensor want = Poisoned({o.rows, c.n});

@@ -222,8 +222,7 @@ struct Fp8Operands {
     const int64_t outlier = (2 * 200 + 129) * 300 + 7;
     ops::Fill(w_flat.Rows(outlier, outlier + 1), 16384.0f);
     ops::QuantizeRowTiles(x, xq, x_scales);
-    ops::QuantizeBlocks(w, wq, w_scales);
-    ops::QuantizeBlocks(w, wq_t, w_scales_t, /*transposed=*/true);
+    ops::QuantizeBlocks(w, wq, w_scales, wq_t, w_scales_t);
   }
   Tensor xq, x_scales, wq, w_scales, wq_t, w_scales_t;  // _t: QuantizeBlocks' transposed
 };
@@ -485,8 +484,7 @@ std::vector<OpCase> Cases() {
         const Tensor w = r.In({2, 129, 257});
         Tensor wq = r.OutE4M3({2, 129, 257}), w_scales = r.OutF32({2, 2, 3});
         Tensor wq_t = r.OutE4M3({2, 257, 129}), w_scales_t = r.OutF32({2, 3, 2});
-        ops::QuantizeBlocks(w, wq, w_scales);
-        ops::QuantizeBlocks(w, wq_t, w_scales_t, /*transposed=*/true);
+        ops::QuantizeBlocks(w, wq, w_scales, wq_t, w_scales_t);
         r.Read("wq", wq);
         r.Read("w_scales", w_scales);
         r.Read("wq_t", wq_t);

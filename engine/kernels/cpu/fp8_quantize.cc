@@ -70,8 +70,11 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   Quantize(Fp8RowTiles(x.dim(0), x.dim(1)), x, q, scales);
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
-  Quantize(Fp8Blocks(w.dim(0), w.dim(1), w.dim(2)), w, q, scales, transposed);
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, const Tensor& q_t,
+                    const Tensor& scales_t) {
+  const Fp8TiledMatrices m = Fp8Blocks(w.dim(0), w.dim(1), w.dim(2));
+  Quantize(m, w, q, scales);
+  if (q_t.defined()) Quantize(m, w, q_t, scales_t, /*transposed=*/true);
 }
 
 void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q,

@@ -6,10 +6,10 @@
 // group, tile_rows 128). Row tiles (activations, every micro-batch): a warp per 1 x 128 tile, four
 // elements a lane, the warp's max by shuffles, then the tile's elements. Blocks (weights, once a
 // step): one block of kTileThreads threads per 128 x 128 block, held in registers
-// (quantize_tile.cuh): the block's max, then its elements, stored row by row, or for transposed
-// blocks staged transposed in shared memory and stored as rows of the transposed matrix (every
-// store of a warp 32 consecutive bytes in both orientations). A max is exact in any order, so
-// both agree with the CPU bit for bit. Dequantising is elementwise.
+// (quantize_tile.cuh): the block's max, then its elements, stored row by row, and for the
+// transposed form in the same pass staged transposed in shared memory and stored as rows of the
+// transposed matrix (every store of a warp 32 consecutive bytes in both orientations). A max is
+// exact in any order, so both agree with the CPU bit for bit. Dequantising is elementwise.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -44,11 +44,11 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_
 }
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
-// threads. transposed: q and the scales hold each matrix transposed.
+// threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null.
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads)
-    QuantizeBlocksKernel(Fp8TiledMatrices m, bool transposed, const T* x, __nv_fp8_storage_t* q,
-                         float* scales) {
+    QuantizeBlocksKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q, float* scales,
+                         __nv_fp8_storage_t* q_t, float* scales_t) {
   const int64_t group = blockIdx.y, tile = blockIdx.x;
   const int64_t r0 = tile / m.col_tiles() * kFp8TileSize, c0 = tile % m.col_tiles() * kFp8TileSize;
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
@@ -60,25 +60,25 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, LaneRowAmax(slice, i));
   const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
-  const int64_t scale_index = transposed ? m.TransposedTile(tile) : tile;
-  if (threadIdx.x == 0) scales[group * m.tiles() + scale_index] = scaling.scale;
-  __nv_fp8_storage_t* const matrix_q = q + group * m.elements();
-  if (!transposed) {
-    const int warp = threadIdx.x / 32;
-#pragma unroll
-    for (int i = 0; i < kTileRowsPerWarp; ++i) {
-      const int r = warp + kTileWarps * i;
-      if (r < rows) {
-        StoreQuantizedRow(slice.v[i], scaling.multiplier, cols, matrix_q + (r0 + r) * m.cols + c0);
-      }
-    }
-    return;
+  if (threadIdx.x == 0) {
+    scales[group * m.tiles() + tile] = scaling.scale;
+    if (scales_t != nullptr) scales_t[group * m.tiles() + m.TransposedTile(tile)] = scaling.scale;
   }
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const int r = warp + kTileWarps * i;
+    if (r < rows) {
+      StoreQuantizedRow(slice.v[i], scaling.multiplier, cols,
+                        q + group * m.elements() + (r0 + r) * m.cols + c0);
+    }
+  }
+  if (q_t == nullptr) return;  // block-uniform
   __shared__ StagedTile staged;
   StageTransposed(
       slice, [&](int) { return scaling.multiplier; }, staged);
   __syncthreads();
-  StoreTransposed(staged, rows, cols, rows, matrix_q + c0 * m.rows + r0, m.rows);
+  StoreTransposed(staged, rows, cols, rows, q_t + group * m.elements() + c0 * m.rows + r0, m.rows);
 }
 
 template <typename T>
@@ -119,7 +119,8 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   });
 }
 
-void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool transposed) {
+void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, const Tensor& q_t,
+                    const Tensor& scales_t) {
   const Fp8TiledMatrices m = Fp8Blocks(w.dim(0), w.dim(1), w.dim(2));
   if (m.groups == 0 || m.tiles() == 0) return;
   CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
@@ -127,7 +128,8 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, bool
   DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(
-        m, transposed, Ptr<const T>(w), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+        m, Ptr<const T>(w), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales),
+        Ptr<__nv_fp8_storage_t>(q_t), Ptr<float>(scales_t));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }
