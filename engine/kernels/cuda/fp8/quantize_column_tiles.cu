@@ -6,7 +6,9 @@
 // SwigluForwardQuantized and SwigluBackwardQuantized run the same kernel over SwiGLU's output or
 // its input gradient, computed as they are read (the backward's dscale by SwigluBackward's own
 // kernel, told not to store dh).
-// One block of kTileThreads threads per (scale slot, 128 columns of k): the slot's group is found
+// One block of kTileThreads threads per (scale slot, 128 columns of k), a slot's column tiles in
+// consecutive blocks, so that the tiles of the same rows run together (SwiGLU's gradient reads its
+// inputs for dgate's tile and again for dup's: the second time from L2). The slot's group is found
 // by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
 // on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
 // group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
@@ -119,15 +121,17 @@ struct SwigluGradientRows {
   }
 };
 
-// Block (slot, column tile) = (blockIdx.x, blockIdx.y), kTileThreads threads, over the grouped
-// rows (rows, k) that source.Row(r, c0) reads (from column c0 on). q and scales are null without
-// the column tiles, row_q and row_scales without the row tiles.
+// Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
+// grouped rows (rows, k) that source.Row(r, c0) reads (from column c0 on). q and scales are null
+// without the column tiles, row_q and row_scales without the row tiles.
 template <typename Source>
 __global__ void __launch_bounds__(kTileThreads)
     QuantizeColumnTilesKernel(Source source, const int32_t* offsets, int64_t groups, int64_t rows,
                               int64_t k, __nv_fp8_storage_t* q, float* scales,
                               __nv_fp8_storage_t* row_q, float* row_scales) {
-  const int64_t slot = blockIdx.x, c0 = int64_t{blockIdx.y} * kFp8TileSize;
+  const int64_t row_tiles = Fp8Tiles(k);  // a row's tiles: the column tiles of a slot
+  const int64_t slot = blockIdx.x / row_tiles, column_tile = blockIdx.x % row_tiles;
+  const int64_t c0 = column_tile * kFp8TileSize;
   const int cols = static_cast<int>(min(k - c0, kFp8TileSize));
   const int64_t group = GroupOfSlot(offsets, groups, slot);
   const int64_t begin = offsets[group], end = offsets[group + 1];
@@ -143,9 +147,8 @@ __global__ void __launch_bounds__(kTileThreads)
   TileSlice slice;
   LoadTile([&](int r) { return source.Row(r0 + r, c0); }, tile_rows, cols, slice);
   if (row_q != nullptr) {
-    const int64_t row_tiles = Fp8Tiles(k);
     QuantizeTileRows(slice, tile_rows, cols, row_q + r0 * k + c0, k,
-                     row_scales + r0 * row_tiles + blockIdx.y, row_tiles);
+                     row_scales + r0 * row_tiles + column_tile, row_tiles);
   }
   if (q == nullptr) return;  // block-uniform
 
@@ -189,11 +192,10 @@ void LaunchColumnTiles(const Source& source, int64_t rows, int64_t k, const Tens
                                   << " rows in no group";
   const int64_t slots = Fp8ColumnTileSlots(groups, rows), col_tiles = Fp8Tiles(k);
   if (slots == 0 || col_tiles == 0) return;
-  CHECK(slots <= INT32_MAX && col_tiles <= 65535)
-      << "fp8 column-tile quantisation grid of " << slots << " slots x " << col_tiles
-      << " column tiles";
-  const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(col_tiles));
-  QuantizeColumnTilesKernel<<<grid, kTileThreads, 0, stream>>>(
+  CHECK(slots * col_tiles <= INT32_MAX) << "fp8 column-tile quantisation grid of " << slots
+                                        << " slots x " << col_tiles << " column tiles";
+  const auto blocks = static_cast<unsigned>(slots * col_tiles);
+  QuantizeColumnTilesKernel<<<blocks, kTileThreads, 0, stream>>>(
       source, Ptr<const int32_t>(offsets), groups, rows, k, Ptr<__nv_fp8_storage_t>(q),
       Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(row_q), Ptr<float>(row_scales));
   MOE_CUDA_CHECK_LAUNCH();
