@@ -62,7 +62,8 @@ preset_gb_run() {  # global batch, log name[, flags]: steps 7-12 of the preset; 
 }
 build_probe() {  # source tree, binary, log[, probe source]: a GEMM probe (default the bf16
   # grouped GEMM's) built from that tree's kernels
-  (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a -I. "${4:-tests/kernels/grouped_gemm_sm90_probe.cu}" \
+  (cd "$1" && nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I. \
+    "${4:-tests/kernels/grouped_gemm_sm90_probe.cu}" \
     -lcublas -o "$2") > "$3" 2>&1
 }
 sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, synccheck on its

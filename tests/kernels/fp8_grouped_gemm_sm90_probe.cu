@@ -5,7 +5,7 @@
 // operands. Build and run from the repository root (one line; the filter, e.g. qwen3 or wgrad,
 // runs only the cases whose name contains it):
 // clang-format off
-//   nvcc -O3 -std=c++20 -arch=sm_90a -I. tests/kernels/fp8_grouped_gemm_sm90_probe.cu -lcublas -o /tmp/fp8_probe && /tmp/fp8_probe [filter]
+//   nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I. tests/kernels/fp8_grouped_gemm_sm90_probe.cu -lcublas -o /tmp/fp8_probe && /tmp/fp8_probe [filter]
 // clang-format on
 // ctest runs its check mode over every case (PROBE_CHECKS_ONLY=1: no timing) as
 // fp8_grouped_gemm_probe_cuda_test, label cuda (where the build has architecture 90).

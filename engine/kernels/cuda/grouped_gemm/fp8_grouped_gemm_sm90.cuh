@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) FP8 grouped GEMMs: the MoE expert layers' products on e4m3 operands with
-// DeepSeek-V3's blockwise scaling (engine/kernels/fp8_scaling.h). Self-contained (CUDA headers
-// only) so that tests/kernels/fp8_grouped_gemm_sm90_probe.cu builds it with one nvcc command; the
-// engine's CUDA Fp8GroupedMatmul and Fp8GroupedMatmulWeightGrad reach it through
+// DeepSeek-V3's blockwise scaling (engine/kernels/fp8_scaling.h, whose constexpr layout the
+// kernels call: built, as the engine is, with --expt-relaxed-constexpr). Self-contained (CUDA
+// headers and that one) so that tests/kernels/fp8_grouped_gemm_sm90_probe.cu builds it with one
+// nvcc command; the engine's CUDA Fp8GroupedMatmul and Fp8GroupedMatmulWeightGrad reach it through
 // fp8_grouped_matmul_sm90.cu (contracts: op_declarations.inc). The kernels lie in
 // sm90/fp8_forward_kernel.cuh and sm90/fp8_weight_grad_kernel.cuh, what they share in
 // sm90/fp8_mainloop.cuh, and they share the bf16 kernels' pieces (grouped_gemm_sm90.cuh's design

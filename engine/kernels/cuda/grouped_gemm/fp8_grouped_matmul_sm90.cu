@@ -14,11 +14,6 @@
 
 namespace moe::cuda {
 
-// The kernel's copy of the scale slots' arithmetic.
-static_assert(sm90::detail::Fp8ScaleSlot(3, 0, 0) == Fp8ColumnTileSlot(3, 0, 0) &&
-              sm90::detail::Fp8ScaleSlot(5, 300, 2) == Fp8ColumnTileSlot(5, 300, 2) &&
-              sm90::detail::Fp8ScaleSlot(7, 1000, 1) == Fp8ColumnTileSlot(7, 1000, 1));
-
 void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq,
                       const Tensor& w_scales, const Tensor& offsets, const Tensor& y) {
   const int64_t rows = xq.dim(0), k = xq.dim(1), groups = wq.dim(0), n = wq.dim(1);

@@ -21,6 +21,7 @@
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_parts.cuh"
+#include "engine/kernels/fp8_scaling.h"
 
 namespace moe::cuda::sm90 {
 
@@ -58,13 +59,6 @@ static_assert(kFp8WeightGradSmemBytes <= 227 * 1024);
 
 namespace detail {
 
-// Where group `group`'s token tile `tile` keeps its scales, the group's tokens starting at
-// `group_begin`: fp8_scaling.h's Fp8ColumnTileSlot (which fp8_grouped_matmul_sm90.cu checks this
-// against; that header is not for device code).
-__host__ __device__ constexpr int Fp8ScaleSlot(int group, int group_begin, int tile) {
-  return group + group_begin / kFp8BlockK + tile;
-}
-
 // A tile of dw: group `group`'s rows [m0, m0 + kFp8BlockM) (of n) and columns [n0, n0 +
 // kFp8BlockN) (of k).
 struct Fp8WeightGradTile {
@@ -97,20 +91,21 @@ struct Fp8TokenTile {
 };
 
 // Calls visit(tile) for each token tile of `group` (one stage each): the parts in order, in
-// each the windows of kFp8BlockK tokens that hold the group's tokens [begin, end) in order
-// (fp8_scaling.h's Fp8ColumnTileRows: tile t is window floor(begin / 128) + t, and its slot
-// Fp8ScaleSlot(group, begin, t)).
+// each the group's column tiles in order (fp8_scaling.h: Fp8ColumnTileRows, the group's tokens
+// in one 128-token window, and Fp8ColumnTileSlot, where its scales lie).
 template <typename Visit>
 __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts, int group,
                                                  Visit visit) {
+  static_assert(kFp8BlockK == kFp8TileSize, "a token tile is a column tile's window");
   for (int p = 0; p < parts.tokens.count; ++p) {
     const RowRange range = PartRows(parts.tokens, p, group);
-    if (range.begin == range.end) continue;  // no tiles (even where its begin is mid-window)
-    int slot = Fp8ScaleSlot(group, range.begin, 0);
-    for (int window = range.begin / kFp8BlockK * kFp8BlockK; window < range.end;
-         window += kFp8BlockK, ++slot) {
-      visit(Fp8TokenTile{p, window, max(range.begin, window) - window,
-                         min(range.end, window + kFp8BlockK) - window, slot});
+    const int tiles = static_cast<int>(Fp8ColumnTileCount(range.begin, range.end));
+    for (int t = 0; t < tiles; ++t) {
+      const Fp8RowRange rows = Fp8ColumnTileRows(range.begin, range.end, t);
+      const int window = static_cast<int>(rows.begin) / kFp8BlockK * kFp8BlockK;
+      visit(Fp8TokenTile{p, window, static_cast<int>(rows.begin) - window,
+                         static_cast<int>(rows.end) - window,
+                         static_cast<int>(Fp8ColumnTileSlot(group, range.begin, t))});
     }
   }
 }
@@ -249,15 +244,13 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
     const Fp8WeightGradTile found = FindFp8WeightGradTile(t, m_tiles, n_tiles);
     const Fp8WeightGradTile tile = {WarpUniform(found.group), WarpUniform(found.m0),
                                     WarpUniform(found.n0)};
-    int token_tiles = 0;
-    ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile&) { ++token_tiles; });
-    token_tiles = WarpUniform(token_tiles);
-    if (token_tiles == 0 && accumulate) continue;     // no tokens: dw_g stays as it is
     const bool active = tile.m0 + 64 * consumer < n;  // warp-uniform
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
     const uint32_t a_offset = consumer * (kFp8OperandBytes / 2);  // its 64 rows of A
+    bool any_tokens = false;
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
+      any_tokens = true;
       const int first = WarpUniform(token_tile.FirstSlice());
       const int slices = WarpUniform(token_tile.Slices());
       MultiplyFp8Stage(part, ring, state, a_offset, active, first, slices, [&](int stage) {
@@ -279,7 +272,8 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
         }
       });
     });
-    if (!active) continue;
+    // No tokens: dw_g stays as it is (+=), or gets acc's zeros (=).
+    if (!active || (!WarpUniform(any_tokens) && accumulate)) continue;
     WriteTile<Out, kFp8WeightGradStagingBytes>(
         acc, dw_map, staging, 1 + consumer, accumulate, [&](int c) {
           return BoxOrigin{tile.n0 + c, tile.m0 + 64 * consumer, tile.group};
