@@ -279,7 +279,8 @@ struct Fp8ColumnTileOperands {
 // and last, so that slots before, between and after the groups' tiles go unused; all rows in one
 // group (300, padded to 304); a group starting off the 128-row windows and rows a multiple of 16
 // (no padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
-// permutation (QuantizeColumnTiles' index).
+// permutation (QuantizeColumnTiles' index); k not a multiple of 4 (read and stored element by
+// element) with groups starting 2 and 3 bytes past a 4-byte word of q's rows.
 std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
   const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};
   return {{"fp8_column_tiles", tails, 208, true},
@@ -287,7 +288,8 @@ std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
           {"fp8_column_tiles_one_group", {0, 300}, 208, false},
           {"fp8_column_tiles_one_group_k2048", {0, 300}, 2048, true},
           {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true},
-          {"fp8_column_tiles_through_index", tails, 208, true, true}};
+          {"fp8_column_tiles_through_index", tails, 208, true, true},
+          {"fp8_column_tiles_odd_k", {0, 2, 131, 300}, 202, true}};
 }
 
 // A quantised operand of the FP8 weight gradient: e4m3 values and their scales.

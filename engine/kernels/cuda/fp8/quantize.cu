@@ -3,13 +3,13 @@
 // (Fp8ScalingOf, engine/kernels/fp8_scaling.h), with the device's cvt.rn.satfinite.e4m3x2.f32
 // for the rounding that FloatToE4M3 emulates on the host, so q and the scales agree bit for bit.
 // Both layouts are Fp8TiledMatrices (row tiles: one matrix, tile_rows 1; blocks: a matrix per
-// group, tile_rows 128). Row tiles (activations, every micro-batch): a warp per 1 x 128 tile, four
-// elements a lane, the warp's max by shuffles, then the tile's elements. Blocks (weights, once a
-// step): one block of kTileThreads threads per 128 x 128 block, held in registers
-// (quantize_tile.cuh): the block's max, then its elements, stored row by row, and for the
-// transposed form in the same pass staged transposed in shared memory and stored as rows of the
-// transposed matrix (every store of a warp 32 consecutive bytes in both orientations). A max is
-// exact in any order, so both agree with the CPU bit for bit. Dequantising is elementwise.
+// group, tile_rows 128). Row tiles (activations, every micro-batch): a warp per 1 x 128 tile, a
+// quad of four consecutive elements a lane (one load and one 4-byte store where the rows allow
+// it), the warp's max by shuffles, then the tile's elements. Blocks (weights, once a step): one
+// block of kTileThreads threads per 128 x 128 block, held in registers (quantize_tile.cuh): the
+// block's max, then its elements, stored row by row, and for the transposed form in the same pass
+// staged transposed in shared memory and stored as rows of the transposed matrix. A max is exact
+// in any order, so both agree with the CPU bit for bit. Dequantising is elementwise.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -21,41 +21,40 @@ namespace {
 constexpr int kRowTileWarps = 8;  // row tiles per block of QuantizeRowTilesKernel
 
 // Warp w of block b quantises row tile b * kRowTileWarps + w of m (tile_rows 1, one group), a lane
-// its elements lane + 32 j.
+// its quad of elements 4 lane .. 4 lane + 3 (`vector`: QuadRows of x and of q).
 template <typename T>
-__global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q,
-                                       float* scales) {
+__global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, bool vector,
+                                       __nv_fp8_storage_t* q, float* scales) {
   const int64_t tile = int64_t{blockIdx.x} * kRowTileWarps + threadIdx.x / 32;
   if (tile >= m.tiles()) return;  // warp-uniform
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int c = static_cast<int>(threadIdx.x % 32) * kTileColsPerLane;
   const int64_t row = tile / m.col_tiles(), c0 = tile % m.col_tiles() * kFp8TileSize;
-  const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
-  float v[kTileColsPerLane];
-  float amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) {
-    const int c = lane + 32 * j;
-    v[j] = c < cols ? ToFloat(x[row * m.cols + c0 + c]) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[j]));
-  }
-  const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(amax, MaxOp{}));
-  if (lane == 0) scales[tile] = scaling.scale;
-  StoreQuantizedRow(v, scaling.multiplier, cols, q + row * m.cols + c0);
+  const int n = static_cast<int>(min(m.cols - c0, kFp8TileSize)) - c;
+  float quad[kTileColsPerLane];
+  LoadQuad(x + row * m.cols + c0 + c, n, vector, quad);
+  TileSlice<float> row_slice;  // its row 0
+  row_slice.Set(0, quad);
+  const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(LaneRowAmax(row_slice, 0), MaxOp{}));
+  if (c == 0) scales[tile] = scaling.scale;
+  StoreQuantizedQuad(row_slice, 0, scaling.multiplier, n, vector, q + row * m.cols + c0 + c);
 }
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
 // threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null.
+// Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
+// threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null
+// (`vector`: QuadRows of x and of q).
 template <typename T>
-__global__ void __launch_bounds__(kTileThreads)
-    QuantizeBlocksKernel(Fp8TiledMatrices m, const T* x, __nv_fp8_storage_t* q, float* scales,
-                         __nv_fp8_storage_t* q_t, float* scales_t) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
+    QuantizeBlocksKernel(Fp8TiledMatrices m, const T* x, bool vector, __nv_fp8_storage_t* q,
+                         float* scales, __nv_fp8_storage_t* q_t, float* scales_t) {
   const int64_t group = blockIdx.y, tile = blockIdx.x;
   const int64_t r0 = tile / m.col_tiles() * kFp8TileSize, c0 = tile % m.col_tiles() * kFp8TileSize;
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
   const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
-  TileSlice slice;
+  TileSlice<T> slice;
   const T* const tile_x = x + group * m.elements() + r0 * m.cols + c0;
-  LoadTile([&](int r) { return RowReader(tile_x + r * m.cols); }, rows, cols, slice);
+  LoadTile([&](int r) { return QuadReader<T>{tile_x + r * m.cols, vector}; }, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, LaneRowAmax(slice, i));
@@ -64,13 +63,13 @@ __global__ void __launch_bounds__(kTileThreads)
     scales[group * m.tiles() + tile] = scaling.scale;
     if (scales_t != nullptr) scales_t[group * m.tiles() + m.TransposedTile(tile)] = scaling.scale;
   }
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, c = threadIdx.x % 32 * kTileColsPerLane;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = warp + kTileWarps * i;
+    const int r = kTileRowsPerWarp * warp + i;
     if (r < rows) {
-      StoreQuantizedRow(slice.v[i], scaling.multiplier, cols,
-                        q + group * m.elements() + (r0 + r) * m.cols + c0);
+      StoreQuantizedQuad(slice, i, scaling.multiplier, cols - c, vector,
+                         q + group * m.elements() + (r0 + r) * m.cols + c0 + c);
     }
   }
   if (q_t == nullptr) return;  // block-uniform
@@ -78,7 +77,7 @@ __global__ void __launch_bounds__(kTileThreads)
   StageTransposed(
       slice, [&](int) { return scaling.multiplier; }, staged);
   __syncthreads();
-  StoreTransposed(staged, rows, cols, rows, q_t + group * m.elements() + c0 * m.rows + r0, m.rows);
+  StoreTransposed(staged, cols, rows, q_t + group * m.elements() + c0 * m.rows + r0, m.rows);
 }
 
 template <typename T>
@@ -114,7 +113,9 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     QuantizeRowTilesKernel<T>
         <<<static_cast<unsigned>(blocks), 32 * kRowTileWarps, 0, StreamOf(x)>>>(
-            m, Ptr<const T>(x), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales));
+            m, Ptr<const T>(x),
+            QuadRows(Ptr<const T>(x), m.cols) && QuadRows(Ptr<uint8_t>(q), m.cols), Ptr<uint8_t>(q),
+            Ptr<float>(scales));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }
@@ -128,8 +129,9 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, cons
   DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(
-        m, Ptr<const T>(w), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales),
-        Ptr<__nv_fp8_storage_t>(q_t), Ptr<float>(scales_t));
+        m, Ptr<const T>(w), QuadRows(Ptr<const T>(w), m.cols) && QuadRows(Ptr<uint8_t>(q), m.cols),
+        Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(q_t),
+        Ptr<float>(scales_t));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }

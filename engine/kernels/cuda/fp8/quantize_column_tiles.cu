@@ -12,12 +12,14 @@
 // by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
 // on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
 // group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
-// quantize_tile.cuh) is loaded once into registers; its rows, each exactly one 1 x 128 row tile
-// (the block's columns start at a multiple of 128), are quantised by a warp's max and stored; its
+// quantize_tile.cuh) is loaded once into registers, a quad of four consecutive elements a load
+// where the rows allow it; its rows, each exactly one 1 x 128 row tile (the block's columns start
+// at a multiple of 128), are quantised by their warp's maxes and stored 4 bytes a lane; its
 // columns' maxes meet in shared memory, and the tile quantised per column is staged transposed in
-// shared memory and stored as rows of q, 32 consecutive bytes a store. The block holding a matrix's
-// last row also zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32 operations as
-// the CPU reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the bits agree.
+// shared memory and stored as rows of q, 4-byte words wherever a row starts. The block holding a
+// matrix's last row also zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32
+// operations as the CPU reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the
+// bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -44,36 +46,21 @@ __device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t g
   return lo;
 }
 
-// The tile's rows quantised as 1 x 128 row tiles: row r's bytes to q + r * ld, its scale to
-// scales[r * scales_ld]. Every thread of the block calls it (a row's max is its warp's, by
-// shuffles).
-__device__ __forceinline__ void QuantizeTileRows(const TileSlice& slice, int rows, int cols,
-                                                 __nv_fp8_storage_t* q, int64_t ld, float* scales,
-                                                 int64_t scales_ld) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = warp + kTileWarps * i;  // warp-uniform
-    if (r >= rows) break;
-    const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(LaneRowAmax(slice, i), MaxOp{}));
-    if (lane == 0) scales[r * scales_ld] = scaling.scale;
-    StoreQuantizedRow(slice.v[i], scaling.multiplier, cols, q + r * ld);
-  }
-}
-
 // The grouped rows of QuantizeColumnTiles: x's rows index[r] (x has `sources` rows; without an
 // index, index is null and row r is x's row r).
 template <typename T>
 struct RowsOfX {
+  using Element = T;
   const T* x;
   int64_t sources;
   const int32_t* index;
   int64_t k;
+  bool vector;  // QuadRows(x, k)
 
-  __device__ auto Row(int64_t r, int64_t c0) const {
+  __device__ QuadReader<T> Row(int64_t r, int64_t c0) const {
     const int64_t source = index == nullptr ? r : index[r];
     MOE_DEVICE_CHECK(0 <= source && source < sources);
-    return RowReader(x + source * k + c0);
+    return {x + source * k + c0, vector};
   }
 };
 
@@ -81,16 +68,25 @@ struct RowsOfX {
 // stores it (SwigluValue, then FromFloat), computed as they are read.
 template <typename T>
 struct SwigluRows {
+  using Element = T;
   const T* h;          // (rows, 2f) = [gate | up]
   const float* scale;  // (rows) or null
   int64_t f;
+  bool vector;  // QuadRows(h, f)
 
   __device__ auto Row(int64_t r, int64_t c0) const {
     const T* const gate = h + r * 2 * f + c0;
     const T* const up = gate + f;
     const float s = scale != nullptr ? scale[r] : 1.0f;
-    return [gate, up, s](int c) {
-      return ToFloat(FromFloat<T>(SwigluValue(ToFloat(gate[c]), ToFloat(up[c]), s)));
+    const bool v = vector;
+    return [gate, up, s, v](int c, int n, float(&quad)[kTileColsPerLane]) {
+      float g[kTileColsPerLane], u[kTileColsPerLane];
+      LoadQuad(gate + c, n, v, g);
+      LoadQuad(up + c, n, v, u);
+#pragma unroll
+      for (int j = 0; j < kTileColsPerLane; ++j) {
+        quad[j] = j < n ? ToFloat(FromFloat<T>(SwigluValue(g[j], u[j], s))) : 0.0f;
+      }
     };
   }
 };
@@ -98,36 +94,60 @@ struct SwigluRows {
 // The rows of SwigluBackward's dh (rows, 2f) = [dgate | dup] from da (rows, f) and h, each value
 // rounded to T as that op stores it (SwigluGradients, then FromFloat), computed as they are read
 // (each (gate, up) pair's gradients twice: once for its dgate column, once for its dup column).
+// A quad of columns lies in one half where `vector` (f a multiple of 4); otherwise each column is
+// read on its own.
 template <typename T>
 struct SwigluGradientRows {
+  using Element = T;
   const T* da;
   const T* h;
   const float* scale;  // (rows) or null
   int64_t f;
+  bool vector;  // QuadRows(h, f) && QuadRows(da, f)
 
   __device__ auto Row(int64_t r, int64_t c0) const {
     const T* const gate = h + r * 2 * f;
     const T* const d = da + r * f;
     const float s = scale != nullptr ? scale[r] : 1.0f;
     const int64_t f_ = f;
-    return [gate, d, s, c0, f_](int c) {
-      const int64_t column = c0 + c;
-      const bool dgate = column < f_;
-      const int64_t j = dgate ? column : column - f_;
-      const SwigluGradient g =
-          SwigluGradients(ToFloat(gate[j]), ToFloat(gate[f_ + j]), s, ToFloat(d[j]));
-      return ToFloat(FromFloat<T>(dgate ? g.gate : g.up));
+    const bool v = vector;
+    // dh's column `column` (< 2f) from gate, up and d of its pair j, as f32.
+    const auto gradient = [s, f_](int64_t column, float g, float u, float dj) {
+      const SwigluGradient grad = SwigluGradients(g, u, s, dj);
+      return ToFloat(FromFloat<T>(column < f_ ? grad.gate : grad.up));
+    };
+    return [gate, d, c0, f_, v, gradient](int c, int n, float(&quad)[kTileColsPerLane]) {
+      const int64_t first = c0 + c;
+      if (v) {  // the quad's pairs j .. j + 3 of one half
+        const int64_t j = first < f_ ? first : first - f_;
+        float g[kTileColsPerLane], u[kTileColsPerLane], dj[kTileColsPerLane];
+        LoadQuad(gate + j, n, true, g);
+        LoadQuad(gate + f_ + j, n, true, u);
+        LoadQuad(d + j, n, true, dj);
+#pragma unroll
+        for (int e = 0; e < kTileColsPerLane; ++e) {
+          quad[e] = e < n ? gradient(first, g[e], u[e], dj[e]) : 0.0f;
+        }
+        return;
+      }
+#pragma unroll
+      for (int e = 0; e < kTileColsPerLane; ++e) {
+        const int64_t column = first + e, j = column < f_ ? column : column - f_;
+        quad[e] =
+            e < n ? gradient(column, ToFloat(gate[j]), ToFloat(gate[f_ + j]), ToFloat(d[j])) : 0.0f;
+      }
     };
   }
 };
 
 // Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
 // grouped rows (rows, k) that source.Row(r, c0) reads (from column c0 on). q and scales are null
-// without the column tiles, row_q and row_scales without the row tiles.
+// without the column tiles, row_q and row_scales without the row tiles; row_q's rows take 4-byte
+// stores where `vector`.
 template <typename Source>
-__global__ void __launch_bounds__(kTileThreads)
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source::Element>)
     QuantizeColumnTilesKernel(Source source, const int32_t* offsets, int64_t groups, int64_t rows,
-                              int64_t k, __nv_fp8_storage_t* q, float* scales,
+                              int64_t k, bool vector, __nv_fp8_storage_t* q, float* scales,
                               __nv_fp8_storage_t* row_q, float* row_scales) {
   const int64_t row_tiles = Fp8Tiles(k);  // a row's tiles: the column tiles of a slot
   const int64_t slot = blockIdx.x / row_tiles, column_tile = blockIdx.x % row_tiles;
@@ -144,31 +164,34 @@ __global__ void __launch_bounds__(kTileThreads)
     return;
   }
   const int tile_rows = static_cast<int>(tile.end - r0);
-  TileSlice slice;
+  TileSlice<typename Source::Element> slice;
   LoadTile([&](int r) { return source.Row(r0 + r, c0); }, tile_rows, cols, slice);
   if (row_q != nullptr) {
-    QuantizeTileRows(slice, tile_rows, cols, row_q + r0 * k + c0, k,
-                     row_scales + r0 * row_tiles + column_tile, row_tiles);
+    QuantizeSliceRows(slice, tile_rows, cols, vector, row_q + r0 * k + c0, k,
+                      row_scales + r0 * row_tiles + column_tile, row_tiles);
   }
   if (q == nullptr) return;  // block-uniform
 
-  __shared__ float warp_amax[kTileWarps][kFp8TileSize];  // over the warp's rows, per column
-  __shared__ float multipliers[kFp8TileSize];
+  // Lane l's columns' maxes over warp w's rows: warp_amax[w][4 l + j].
+  __shared__ __align__(16) float warp_amax[kTileWarps][kFp8TileSize];
+  __shared__ __align__(16) float multipliers[kFp8TileSize];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float4 amax = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, fabsf(slice.v[i][j]));
-    warp_amax[warp][lane + 32 * j] = amax;
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    amax.x = fmaxf(amax.x, fabsf(slice.Get(i, 0)));
+    amax.y = fmaxf(amax.y, fabsf(slice.Get(i, 1)));
+    amax.z = fmaxf(amax.z, fabsf(slice.Get(i, 2)));
+    amax.w = fmaxf(amax.w, fabsf(slice.Get(i, 3)));
   }
+  reinterpret_cast<float4*>(warp_amax[warp])[lane] = amax;
   __syncthreads();
   if (threadIdx.x < kFp8TileSize) {
     const int c = threadIdx.x;
-    float amax = 0.0f;
+    float column_amax = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kTileWarps; ++w) amax = fmaxf(amax, warp_amax[w][c]);
-    const Fp8TileScaling scaling = Fp8ScalingOf(amax);
+    for (int w = 0; w < kTileWarps; ++w) column_amax = fmaxf(column_amax, warp_amax[w][c]);
+    const Fp8TileScaling scaling = Fp8ScalingOf(column_amax);
     multipliers[c] = scaling.multiplier;
     if (c < cols) slot_scales[c] = scaling.scale;
   }
@@ -179,7 +202,7 @@ __global__ void __launch_bounds__(kTileThreads)
   __syncthreads();
   const int64_t padded_rows = Fp8PaddedRows(rows);
   const int width = static_cast<int>(r0 + tile_rows == rows ? padded_rows - r0 : tile_rows);
-  StoreTransposed(staged, tile_rows, cols, width, q + c0 * padded_rows + r0, padded_rows);
+  StoreTransposed(staged, cols, width, q + c0 * padded_rows + r0, padded_rows);
 }
 
 // The kernel over `rows` grouped rows of width k that `source` reads, into the defined outputs.
@@ -195,9 +218,11 @@ void LaunchColumnTiles(const Source& source, int64_t rows, int64_t k, const Tens
   CHECK(slots * col_tiles <= INT32_MAX) << "fp8 column-tile quantisation grid of " << slots
                                         << " slots x " << col_tiles << " column tiles";
   const auto blocks = static_cast<unsigned>(slots * col_tiles);
+  const auto row_q_data = Ptr<__nv_fp8_storage_t>(row_q);
   QuantizeColumnTilesKernel<<<blocks, kTileThreads, 0, stream>>>(
-      source, Ptr<const int32_t>(offsets), groups, rows, k, Ptr<__nv_fp8_storage_t>(q),
-      Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(row_q), Ptr<float>(row_scales));
+      source, Ptr<const int32_t>(offsets), groups, rows, k,
+      source.vector && QuadRows(row_q_data, k), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales),
+      row_q_data, Ptr<float>(row_scales));
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -208,7 +233,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
                          const Tensor& index) {
   const int64_t rows = index.defined() ? index.dim(0) : x.dim(0), k = x.dim(1);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const RowsOfX<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k};
+    const RowsOfX<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k,
+                            QuadRows(Ptr<const T>(x), k)};
     LaunchColumnTiles(source, rows, k, offsets, q, scales, row_q, row_scales, StreamOf(x));
   });
 }
@@ -218,7 +244,8 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
                             const Tensor& row_scales) {
   const int64_t rows = h.dim(0), f = h.dim(1) / 2;
   DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
-    const SwigluRows<T> source{Ptr<const T>(h), Ptr<const float>(scale), f};
+    const SwigluRows<T> source{Ptr<const T>(h), Ptr<const float>(scale), f,
+                               QuadRows(Ptr<const T>(h), f)};
     LaunchColumnTiles(source, rows, f, offsets, q, scales, row_q, row_scales, StreamOf(h));
   });
 }
@@ -229,8 +256,9 @@ void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& sc
   SwigluBackward(da, h, scale, Tensor(), dscale);  // dscale alone, as SwigluBackward sums it
   const int64_t rows = h.dim(0), f = da.dim(1);
   DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
-    const SwigluGradientRows<T> source{Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale),
-                                       f};
+    const SwigluGradientRows<T> source{
+        Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale), f,
+        QuadRows(Ptr<const T>(h), f) && QuadRows(Ptr<const T>(da), f)};
     LaunchColumnTiles(source, rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
   });
 }

@@ -1,20 +1,25 @@
 // The pieces of the FP8 kernels that quantise a tile of at most kFp8TileSize x kFp8TileSize
 // elements with one block of kTileThreads threads (include only from .cu files):
 //   TileSlice / LoadTile: the tile in the block's registers, warp w holding the tile's rows
-//     w + kTileWarps * i (wherever each row lies, or computed as it is read: a gather reads in
-//     place, SwiGLU's output is never stored), lane l their columns l + 32 j: every load of a
-//     warp reads 32 consecutive elements of a row; elements outside the tile read as 0 (no amax
-//     changes).
-//   StoreQuantizedRow: one row's quantised bytes, 32 consecutive bytes a store.
+//     kTileRowsPerWarp w + i, lane l their columns kTileColsPerLane l + j: a quad of four
+//     consecutive elements a row, read by one 8- or 16-byte load where the rows allow it
+//     (QuadRows; otherwise element by element), wherever each row lies, or computed as it is read
+//     (a gather reads in place, SwiGLU's output is never stored); elements outside the tile read
+//     as 0 (no amax changes).
+//   QuantizeSliceRows: each row quantised as a 1 x 128 row tile: the rows' maxes by a butterfly
+//     that halves the warp's 16 rows at each of four shuffles, then a lane's quad as one 4-byte
+//     store (a warp stores a row's 128 bytes at once).
 //   StagedTile / StageTransposed / StoreTransposed: the quantised tile transposed through shared
-//     memory, so that a warp stores 32 consecutive bytes of a transposed row at a time. A staged
-//     row is an odd number of 4-byte words long, so the lanes of a warp, each staging a column
-//     of the same row, hit 32 different banks.
+//     memory: a lane stages a column's 16 bytes of its warp's rows at once (16-byte chunks
+//     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and a warp stores a
+//     transposed row as 4-byte words wherever it starts (byte by byte at its two ends only).
 // Quantisation is ToE4M3(x * multiplier): one f32 multiplication, then the device's
 // cvt.rn.satfinite e4m3 (what FloatToE4M3 emulates on the host).
 #pragma once
 
 #include <cuda_fp8.h>
+
+#include <cstdint>
 
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/fp8_scaling.h"
@@ -24,99 +29,234 @@ namespace moe::cuda {
 constexpr int kTileWarps = 8;
 constexpr int kTileThreads = 32 * kTileWarps;
 constexpr int kTileRowsPerWarp = kFp8TileSize / kTileWarps;
-constexpr int kTileColsPerLane = kFp8TileSize / 32;
-static_assert(kFp8TileSize % kTileWarps == 0 && kFp8TileSize % 32 == 0, "whole slices");
-static_assert(kTileThreads >= kFp8TileSize, "a thread per column of a tile");
+constexpr int kTileColsPerLane = 4;
+static_assert(32 * kTileColsPerLane == kFp8TileSize, "a warp's quads cover a row of a tile");
+static_assert(kTileRowsPerWarp == 16, "SliceRowScaling halves a warp's rows four times");
+
+// Whether rows of `row_elements` elements of T from p on can be read a quad at a time (each quad
+// aligned to its four elements' bytes).
+template <typename T>
+bool QuadRows(const T* p, int64_t row_elements) {
+  return row_elements % kTileColsPerLane == 0 &&
+         reinterpret_cast<uintptr_t>(p) % (kTileColsPerLane * sizeof(T)) == 0;
+}
+
+// out[j] = p[j] as f32 for j < n, 0 for the rest: one load where `vector` (n is then 4 or <= 0,
+// and p aligned as QuadRows says).
+template <typename T>
+__device__ __forceinline__ void LoadQuad(const T* p, int n, bool vector,
+                                         float (&out)[kTileColsPerLane]) {
+  if (vector && n >= kTileColsPerLane) {
+    const Floats<kTileColsPerLane> loaded = LoadFloats<kTileColsPerLane>(p);
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; ++j) out[j] = loaded.v[j];
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kTileColsPerLane; ++j) out[j] = j < n ? ToFloat(p[j]) : 0.0f;
+}
 
 __device__ __forceinline__ __nv_fp8_storage_t ToE4M3(float value) {
   return __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
 }
 
-// A thread's elements of a tile: v[i][j] is element (warp + kTileWarps * i, lane + 32 * j).
+// ToE4M3 of a, b, c and d, in that order from the low byte.
+__device__ __forceinline__ uint32_t ToE4M3x4(float a, float b, float c, float d) {
+  const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return low | high << 16;
+}
+
+// A thread's elements of a tile (element (kTileRowsPerWarp warp + i, kTileColsPerLane lane + j)
+// is Get(i, j)), of inputs of type T: f32 values as they are; bf16 values (every value a bf16
+// kernel loads or computes is one, rounded as its op stores it) two to a register, so that a tile
+// needs half the registers and more tiles fit on a multiprocessor.
+template <typename T>
 struct TileSlice {
   float v[kTileRowsPerWarp][kTileColsPerLane];
+
+  __device__ float Get(int i, int j) const { return v[i][j]; }
+  __device__ void Set(int i, const float (&quad)[kTileColsPerLane]) {
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; ++j) v[i][j] = quad[j];
+  }
+};
+template <>
+struct TileSlice<bf16> {
+  uint32_t pairs[kTileRowsPerWarp][kTileColsPerLane / 2];  // (j even) | (j odd) << 16, as bf16
+
+  __device__ float Get(int i, int j) const {
+    const uint32_t pair = pairs[i][j / 2];
+    return __uint_as_float(j % 2 == 0 ? pair << 16 : pair & 0xffff0000u);
+  }
+  __device__ void Set(int i, const float (&quad)[kTileColsPerLane]) {
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; j += 2) {  // the high halves of two f32: exact for bf16
+      pairs[i][j / 2] = __byte_perm(__float_as_uint(quad[j]), __float_as_uint(quad[j + 1]), 0x7632);
+    }
+  }
 };
 
-// The tile of `rows` x `cols` elements (each at most kFp8TileSize) as f32: element (r, c) is
-// row_of(r)(c) (row_of is called for r < rows only, the row it returns for c < cols only);
-// elements past rows or cols are 0.
-template <typename RowOf>
-__device__ __forceinline__ void LoadTile(RowOf row_of, int rows, int cols, TileSlice& slice) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// The blocks of kTileThreads threads a multiprocessor holds at once (the tile kernels' launch
+// bounds): three where a tile's values take two to a register.
+template <typename T>
+constexpr int kTileBlocksPerSm = std::is_same_v<T, bf16> ? 3 : 2;
+
+// The tile of `rows` x `cols` elements (each at most kFp8TileSize) as f32: row_of(r) for r < rows
+// is a reader of row r, reader(c, n, quad) setting quad[j] to element (r, c + j) for j < n and to
+// 0 past it (a lane's columns c = 4 lane, n = cols - c); rows past `rows` are 0.
+template <typename RowOf, typename Slice>
+__device__ __forceinline__ void LoadTile(RowOf row_of, int rows, int cols, Slice& slice) {
+  const int warp = threadIdx.x / 32, c = threadIdx.x % 32 * kTileColsPerLane;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = warp + kTileWarps * i;  // warp-uniform
-    if (r >= rows) {
-#pragma unroll
-      for (int j = 0; j < kTileColsPerLane; ++j) slice.v[i][j] = 0.0f;
-      continue;
-    }
-    const auto row = row_of(r);
-#pragma unroll
-    for (int j = 0; j < kTileColsPerLane; ++j) {
-      const int c = lane + 32 * j;
-      slice.v[i][j] = c < cols ? row(c) : 0.0f;
-    }
+    const int r = kTileRowsPerWarp * warp + i;  // warp-uniform
+    float quad[kTileColsPerLane] = {};
+    if (r < rows) row_of(r)(c, cols - c, quad);
+    slice.Set(i, quad);
   }
 }
 
-// A row's elements from `first` on, as f32.
+// A reader of the row that starts at `first` (LoadTile's row_of returns them).
 template <typename T>
-__device__ __forceinline__ auto RowReader(const T* first) {
-  return [first](int c) { return ToFloat(first[c]); };
-}
+struct QuadReader {
+  const T* first;
+  bool vector;  // QuadRows
+
+  __device__ void operator()(int c, int n, float (&quad)[kTileColsPerLane]) const {
+    LoadQuad(first + c, n, vector, quad);
+  }
+};
 
 // The largest magnitude of the lane's elements of slice row i (0 if none; NaN skipped).
-__device__ __forceinline__ float LaneRowAmax(const TileSlice& slice, int i) {
+template <typename Slice>
+__device__ __forceinline__ float LaneRowAmax(const Slice& slice, int i) {
   float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) amax = fmaxf(amax, fabsf(slice.v[i][j]));
+  for (int j = 0; j < kTileColsPerLane; ++j) amax = fmaxf(amax, fabsf(slice.Get(i, j)));
   return amax;
 }
 
-// out[c] = ToE4M3(v[c] * multiplier) for the row's columns c < cols held by the calling lane
-// (v: a row of a TileSlice); a warp stores the whole row.
-__device__ __forceinline__ void StoreQuantizedRow(const float (&v)[kTileColsPerLane],
-                                                  float multiplier, int cols,
-                                                  __nv_fp8_storage_t* out) {
+// The scaling of slice row lane / 2 of the calling warp as a row tile (its max over the row's
+// lanes; every lane of the warp calls it). At each shuffle a lane keeps the half of its remaining
+// rows that bit (2 half) of its lane selects and takes its partner's maxes of them, so after four
+// the lane holds row (lane / 2)'s max over its lane pair's columns; one more joins the pair.
+template <typename Slice>
+__device__ __forceinline__ Fp8TileScaling SliceRowScaling(const Slice& slice) {
   const int lane = threadIdx.x % 32;
+  float amax[kTileRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) amax[i] = LaneRowAmax(slice, i);
+#pragma unroll
+  for (int half = kTileRowsPerWarp / 2; half >= 1; half /= 2) {
+    const bool upper = (lane & 2 * half) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float keep = upper ? amax[i + half] : amax[i];
+      const float give = upper ? amax[i] : amax[i + half];
+      amax[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, give, 2 * half));
+    }
+  }
+  return Fp8ScalingOf(fmaxf(amax[0], __shfl_xor_sync(0xffffffffu, amax[0], 1)));
+}
+
+// Slice row i's quad quantised with `multiplier` to out[0..n): one 4-byte store where `vector`
+// (then n is 4 or <= 0 and out 4-byte aligned), else byte by byte.
+template <typename Slice>
+__device__ __forceinline__ void StoreQuantizedQuad(const Slice& slice, int i, float multiplier,
+                                                   int n, bool vector, __nv_fp8_storage_t* out) {
+  const uint32_t bytes = ToE4M3x4(slice.Get(i, 0) * multiplier, slice.Get(i, 1) * multiplier,
+                                  slice.Get(i, 2) * multiplier, slice.Get(i, 3) * multiplier);
+  if (vector && n >= kTileColsPerLane) {
+    *reinterpret_cast<uint32_t*>(out) = bytes;
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kTileColsPerLane; ++j) {
-    const int c = lane + 32 * j;
-    if (c < cols) out[c] = ToE4M3(v[j] * multiplier);
+    if (j < n) out[j] = static_cast<__nv_fp8_storage_t>(bytes >> 8 * j);
   }
 }
 
-// A quantised tile transposed: staged[c][r] is element (r, c).
-constexpr int kStagedRowBytes = kFp8TileSize + 4;
-static_assert(kStagedRowBytes % 8 == 4, "a staged row is an odd number of 4-byte words");
-using StagedTile = __nv_fp8_storage_t[kFp8TileSize][kStagedRowBytes];
+// The slice's rows r < rows, each a 1 x 128 row tile of `cols` columns: row r's bytes to
+// q + r * ld, its scale to scales[r * scales_ld] (`vector`: q's rows take 4-byte stores). Every
+// thread of the block calls it.
+template <typename Slice>
+__device__ __forceinline__ void QuantizeSliceRows(const Slice& slice, int rows, int cols,
+                                                  bool vector, __nv_fp8_storage_t* q, int64_t ld,
+                                                  float* scales, int64_t scales_ld) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane * kTileColsPerLane;
+  const Fp8TileScaling scaling = SliceRowScaling(slice);  // row lane / 2's
+  const int own_row = kTileRowsPerWarp * warp + lane / 2;
+  if (lane % 2 == 0 && own_row < rows) scales[own_row * scales_ld] = scaling.scale;
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i) {
+    const float multiplier = __shfl_sync(0xffffffffu, scaling.multiplier, 2 * i);
+    const int r = kTileRowsPerWarp * warp + i;
+    if (r < rows) StoreQuantizedQuad(slice, i, multiplier, cols - c, vector, q + r * ld + c);
+  }
+}
 
-// staged[c][r] = ToE4M3(element (r, c) * multiplier(c)) for every element of the slice (those
-// outside the tile too: zeros, never stored). Synchronise before reading `staged`.
-template <typename Multiplier>
-__device__ __forceinline__ void StageTransposed(const TileSlice& slice, Multiplier multiplier,
+// A quantised tile transposed: column c's bytes of rows 16 w .. 16 w + 15 (the rows of warp w)
+// are chunk[c][w ^ (c / 4 % 8)] (a lane's four columns share the swizzle).
+struct StagedTile {
+  uint4 chunk[kFp8TileSize][kTileWarps];
+};
+static_assert(kTileWarps == 8 && sizeof(uint4) == kTileRowsPerWarp, "a chunk per warp's rows");
+
+// Stages every element of the slice: element (r, c) as ToE4M3(element * multiplier(c)) (those
+// outside the tile too: zeros). Synchronise before reading `staged`.
+template <typename Slice, typename Multiplier>
+__device__ __forceinline__ void StageTransposed(const Slice& slice, Multiplier multiplier,
                                                 StagedTile& staged) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int j = 0; j < kTileColsPerLane; ++j) {
-    const int c = lane + 32 * j;
+    const int c = lane * kTileColsPerLane + j;
     const float m = multiplier(c);
+    uint32_t words[4];
 #pragma unroll
-    for (int i = 0; i < kTileRowsPerWarp; ++i) {
-      staged[c][warp + kTileWarps * i] = ToE4M3(slice.v[i][j] * m);
+    for (int w = 0; w < 4; ++w) {
+      words[w] = ToE4M3x4(slice.Get(4 * w, j) * m, slice.Get(4 * w + 1, j) * m,
+                          slice.Get(4 * w + 2, j) * m, slice.Get(4 * w + 3, j) * m);
     }
+    staged.chunk[c][warp ^ lane % 8] = make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 
-// For each column c < cols of the staged tile: out[c * ld + r] = staged[c][r] for r < rows, and
-// 0 for rows <= r < width (padding past the tile); a warp per column at a time.
-__device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int rows, int cols,
-                                                int width, __nv_fp8_storage_t* out, int64_t ld) {
+// Bytes 4 word .. 4 word + 3 of staged column c (rows of the tile), 0 outside its 128 bytes.
+__device__ __forceinline__ uint32_t StagedWord(const StagedTile& staged, int c, int word) {
+  if (word < 0 || word >= kFp8TileSize / 4) return 0;
+  const uint4& chunk = staged.chunk[c][word / 4 ^ c / 4 % 8];
+  return reinterpret_cast<const uint32_t*>(&chunk)[word % 4];
+}
+
+// For each column c < cols of the staged tile: out[c * ld + r] = its byte r for r < width (0 for
+// r >= 128: padding past the tile). A warp per column at a time, a lane per 4-byte word of out:
+// the words wholly inside the column's `width` bytes are stored whole, those it shares with its
+// neighbours byte by byte.
+__device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int cols, int width,
+                                                __nv_fp8_storage_t* out, int64_t ld) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int c = warp; c < cols; c += kTileWarps) {
-    for (int r = lane; r < width; r += 32) {
-      out[c * ld + r] = r < rows ? staged[c][r] : __nv_fp8_storage_t{0};
+    __nv_fp8_storage_t* const column = out + c * ld;
+    const int skew = static_cast<int>(reinterpret_cast<uintptr_t>(column) % 4);
+    uint32_t* const words = reinterpret_cast<uint32_t*>(column - skew);
+    const int count = (skew + width + 3) / 4;
+    for (int w = lane; w < count; w += 32) {
+      // Word w holds the column's bytes first .. first + 3: the last skew bytes of staged word
+      // w - 1, then the first 4 - skew of word w.
+      const uint32_t value =
+          __funnelshift_rc(StagedWord(staged, c, w - 1), StagedWord(staged, c, w), 8 * (4 - skew));
+      const int first = 4 * w - skew;
+      if (first >= 0 && first + 4 <= width) {
+        words[w] = value;
+        continue;
+      }
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int r = first + b;
+        if (0 <= r && r < width) column[r] = static_cast<__nv_fp8_storage_t>(value >> 8 * b);
+      }
     }
   }
 }
