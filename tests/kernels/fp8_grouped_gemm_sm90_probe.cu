@@ -734,7 +734,18 @@ int main(int argc, char** argv) {
        1008,
        {{0, 128, 0, 256, 128, 0, 128, 0}, {0, 128, 128, 0, 256, 0, 37, 0}}},
   };
+  // The MoE shapes' weight gradients; DeepSeek-like's only on a device of more than 100 GiB: its
+  // dw (256 x 4096 x 7168) is 30 GB in f32, and with its reference and the += case's copy it
+  // outgrows an 80 GB H100 (said in the output, and the tally counts fewer checks).
+  size_t free_bytes = 0, total_bytes = 0;
+  MOE_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const bool large_device = total_bytes > (size_t{100} << 30);
   for (const Case& c : cases) {
+    if (c.name.rfind("deepseek", 0) == 0 && !large_device) {
+      std::printf("wgrad %s: not run (needs more than this device's %zu GiB)\n", c.name.c_str(),
+                  total_bytes >> 30);
+      continue;
+    }
     if (c.name != "tiny" && c.name != "tails") {
       weight_grad_cases.push_back({"wgrad " + c.name, c.n, c.k, {c.rows_per_group}});
     }

@@ -9,8 +9,8 @@
 // One block of kTileThreads threads per (scale slot, 128 columns of k), a slot's column tiles in
 // consecutive blocks, so that the tiles of the same rows run together (SwiGLU's gradient reads its
 // inputs for dgate's tile and again for dup's: the second time from L2). The slot's group is found
-// by a binary search over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g)
-// on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
+// by a search of each warp over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in
+// g) on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
 // group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
 // quantize_tile.cuh) is loaded once into registers, a quad of four consecutive elements a load
 // where the rows allow it; its rows, each exactly one 1 x 128 row tile (the block's columns start
@@ -31,17 +31,20 @@ namespace {
 
 // The last group g whose scale slots start at or before `slot`: Fp8ColumnTileSlot(g, offsets[g],
 // 0) <= slot (it is 0 for g = 0). A used slot belongs to that group, since a group's tiles never
-// reach the next group's first slot.
+// reach the next group's first slot. The whole warp searches (every lane calls it and gets the
+// answer): each round its lanes test 32 evenly spaced groups of the range at once and keep the
+// stretch after the last that passes, so 1024 groups take two rounds of loads instead of a binary
+// search's ten.
 __device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t groups,
                                                int64_t slot) {
-  int64_t lo = 0, hi = groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (Fp8ColumnTileSlot(mid, offsets[mid], 0) <= slot) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
+  const int lane = threadIdx.x % 32;
+  int64_t lo = 0, hi = groups;  // the answer lies in [lo, hi), and lo passes
+  while (hi - lo > 1) {
+    const int64_t step = (hi - lo + 31) / 32, g = lo + lane * step;
+    const bool passes = g < hi && Fp8ColumnTileSlot(g, offsets[g], 0) <= slot;
+    const int last = 31 - __clz(__ballot_sync(0xffffffffu, passes));  // lane 0's g = lo passes
+    lo += last * step;
+    hi = min(hi, lo + step);
   }
   return lo;
 }
