@@ -34,7 +34,7 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, bool vect
   LoadQuad(x + row * m.cols + c0 + c, n, vector, quad);
   TileSlice<float> row_slice;  // its row 0
   row_slice.Set(0, quad);
-  const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(LaneRowAmax(row_slice, 0), MaxOp{}));
+  const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(row_slice.RowAmax(0), MaxOp{}));
   if (c == 0) scales[tile] = scaling.scale;
   StoreQuantizedQuad(row_slice, 0, scaling.multiplier, n, vector, q + row * m.cols + c0 + c);
 }
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
   LoadTile([&](int r) { return QuadReader<T>{tile_x + r * m.cols, vector}; }, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, LaneRowAmax(slice, i));
+  for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, slice.RowAmax(i));
   const Fp8TileScaling scaling = Fp8ScalingOf(BlockMax(amax));
   if (threadIdx.x == 0) {
     scales[group * m.tiles() + tile] = scaling.scale;

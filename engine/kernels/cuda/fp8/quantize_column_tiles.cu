@@ -179,15 +179,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source
   __shared__ __align__(16) float warp_amax[kTileWarps][kFp8TileSize];
   __shared__ __align__(16) float multipliers[kFp8TileSize];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float4 amax = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    amax.x = fmaxf(amax.x, fabsf(slice.Get(i, 0)));
-    amax.y = fmaxf(amax.y, fabsf(slice.Get(i, 1)));
-    amax.z = fmaxf(amax.z, fabsf(slice.Get(i, 2)));
-    amax.w = fmaxf(amax.w, fabsf(slice.Get(i, 3)));
-  }
-  reinterpret_cast<float4*>(warp_amax[warp])[lane] = amax;
+  float amax[kTileColsPerLane];
+  slice.ColumnAmax(amax);
+  reinterpret_cast<float4*>(warp_amax[warp])[lane] =
+      make_float4(amax[0], amax[1], amax[2], amax[3]);
   __syncthreads();
   if (threadIdx.x < kFp8TileSize) {
     const int c = threadIdx.x;

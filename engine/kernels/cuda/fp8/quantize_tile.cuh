@@ -80,6 +80,22 @@ struct TileSlice {
 #pragma unroll
     for (int j = 0; j < kTileColsPerLane; ++j) v[i][j] = quad[j];
   }
+  // The largest magnitude of row i's elements (0 if none; NaN skipped, as fmaxf does).
+  __device__ float RowAmax(int i) const {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; ++j) amax = fmaxf(amax, fabsf(v[i][j]));
+    return amax;
+  }
+  // amax[j] = the largest magnitude of column j's elements.
+  __device__ void ColumnAmax(float (&amax)[kTileColsPerLane]) const {
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; ++j) {
+      amax[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kTileRowsPerWarp; ++i) amax[j] = fmaxf(amax[j], fabsf(v[i][j]));
+    }
+  }
 };
 template <>
 struct TileSlice<bf16> {
@@ -94,6 +110,31 @@ struct TileSlice<bf16> {
     for (int j = 0; j < kTileColsPerLane; j += 2) {  // the high halves of two f32: exact for bf16
       pairs[i][j / 2] = __byte_perm(__float_as_uint(quad[j]), __float_as_uint(quad[j + 1]), 0x7632);
     }
+  }
+  // The maxes in bf16 pairs (a max of bf16 values is one of them, so exact; NaN skipped as fmaxf
+  // skips it), both halves of a pair at once.
+  __device__ float RowAmax(int i) const {
+    const __nv_bfloat162 amax = __hmax2(Magnitudes(pairs[i][0]), Magnitudes(pairs[i][1]));
+    return fmaxf(__low2float(amax), __high2float(amax));
+  }
+  __device__ void ColumnAmax(float (&amax)[kTileColsPerLane]) const {
+#pragma unroll
+    for (int p = 0; p < kTileColsPerLane / 2; ++p) {
+      __nv_bfloat162 pair_amax = Magnitudes(pairs[0][p]);
+#pragma unroll
+      for (int i = 1; i < kTileRowsPerWarp; ++i) {
+        pair_amax = __hmax2(pair_amax, Magnitudes(pairs[i][p]));
+      }
+      amax[2 * p] = __low2float(pair_amax);
+      amax[2 * p + 1] = __high2float(pair_amax);
+    }
+  }
+
+ private:
+  // |a| and |b| of a pair: their sign bits cleared.
+  __device__ static __nv_bfloat162 Magnitudes(uint32_t pair) {
+    const uint32_t magnitudes = pair & 0x7fff7fffu;
+    return *reinterpret_cast<const __nv_bfloat162*>(&magnitudes);
   }
 };
 
@@ -128,15 +169,6 @@ struct QuadReader {
   }
 };
 
-// The largest magnitude of the lane's elements of slice row i (0 if none; NaN skipped).
-template <typename Slice>
-__device__ __forceinline__ float LaneRowAmax(const Slice& slice, int i) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) amax = fmaxf(amax, fabsf(slice.Get(i, j)));
-  return amax;
-}
-
 // The scaling of slice row lane / 2 of the calling warp as a row tile (its max over the row's
 // lanes; every lane of the warp calls it). At each shuffle a lane keeps the half of its remaining
 // rows that bit (2 half) of its lane selects and takes its partner's maxes of them, so after four
@@ -146,7 +178,7 @@ __device__ __forceinline__ Fp8TileScaling SliceRowScaling(const Slice& slice) {
   const int lane = threadIdx.x % 32;
   float amax[kTileRowsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) amax[i] = LaneRowAmax(slice, i);
+  for (int i = 0; i < kTileRowsPerWarp; ++i) amax[i] = slice.RowAmax(i);
 #pragma unroll
   for (int half = kTileRowsPerWarp / 2; half >= 1; half /= 2) {
     const bool upper = (lane & 2 * half) != 0;
@@ -223,11 +255,12 @@ __device__ __forceinline__ void StageTransposed(const Slice& slice, Multiplier m
   }
 }
 
-// Bytes 4 word .. 4 word + 3 of staged column c (rows of the tile), 0 outside its 128 bytes.
-__device__ __forceinline__ uint32_t StagedWord(const StagedTile& staged, int c, int word) {
-  if (word < 0 || word >= kFp8TileSize / 4) return 0;
-  const uint4& chunk = staged.chunk[c][word / 4 ^ c / 4 % 8];
-  return reinterpret_cast<const uint32_t*>(&chunk)[word % 4];
+// Bytes 4 word .. 4 word + 3 of a staged column (its 32 words, chunks swizzled by `swizzle`), 0
+// outside its 128 bytes.
+__device__ __forceinline__ uint32_t StagedWord(const uint32_t* column, int swizzle, int word) {
+  return static_cast<unsigned>(word) < kFp8TileSize / 4
+             ? column[(word / 4 ^ swizzle) * 4 + word % 4]
+             : 0;
 }
 
 // For each column c < cols of the staged tile: out[c * ld + r] = its byte r for r < width (0 for
@@ -241,13 +274,14 @@ __device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int co
     __nv_fp8_storage_t* const column = out + c * ld;
     const int skew = static_cast<int>(reinterpret_cast<uintptr_t>(column) % 4);
     uint32_t* const words = reinterpret_cast<uint32_t*>(column - skew);
-    const int count = (skew + width + 3) / 4;
-    for (int w = lane; w < count; w += 32) {
+    const uint32_t* const staged_column = reinterpret_cast<const uint32_t*>(staged.chunk[c]);
+    const int swizzle = c / 4 % 8;
+    for (int w = lane, first = 4 * lane - skew; first < width; w += 32, first += 128) {
       // Word w holds the column's bytes first .. first + 3: the last skew bytes of staged word
       // w - 1, then the first 4 - skew of word w.
       const uint32_t value =
-          __funnelshift_rc(StagedWord(staged, c, w - 1), StagedWord(staged, c, w), 8 * (4 - skew));
-      const int first = 4 * w - skew;
+          __funnelshift_rc(StagedWord(staged_column, swizzle, w - 1),
+                           StagedWord(staged_column, swizzle, w), 8 * (4 - skew));
       if (first >= 0 && first + 4 <= width) {
         words[w] = value;
         continue;
