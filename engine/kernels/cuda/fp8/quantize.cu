@@ -40,8 +40,6 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, bool vect
 }
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
-// threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null.
-// Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
 // threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null
 // (`vector`: QuadRows of x and of q).
 template <typename T>
@@ -93,6 +91,12 @@ __global__ void DequantizeKernel(Fp8TiledMatrices m, const __nv_fp8_storage_t* q
   }
 }
 
+// Whether x's rows and q's can be read and written a quad at a time (both of `cols` elements).
+template <typename T>
+bool QuadRowsOf(const Tensor& x, const Tensor& q, int64_t cols) {
+  return QuadRows(Ptr<const T>(x), cols) && QuadRows(Ptr<const __nv_fp8_storage_t>(q), cols);
+}
+
 void Dequantize(const Fp8TiledMatrices& m, const Tensor& q, const Tensor& scales, const Tensor& x) {
   if (x.numel() == 0) return;
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
@@ -113,8 +117,7 @@ void QuantizeRowTiles(const Tensor& x, const Tensor& q, const Tensor& scales) {
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     QuantizeRowTilesKernel<T>
         <<<static_cast<unsigned>(blocks), 32 * kRowTileWarps, 0, StreamOf(x)>>>(
-            m, Ptr<const T>(x),
-            QuadRows(Ptr<const T>(x), m.cols) && QuadRows(Ptr<uint8_t>(q), m.cols), Ptr<uint8_t>(q),
+            m, Ptr<const T>(x), QuadRowsOf<T>(x, q, m.cols), Ptr<__nv_fp8_storage_t>(q),
             Ptr<float>(scales));
     MOE_CUDA_CHECK_LAUNCH();
   });
@@ -129,9 +132,8 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, cons
   DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(
-        m, Ptr<const T>(w), QuadRows(Ptr<const T>(w), m.cols) && QuadRows(Ptr<uint8_t>(q), m.cols),
-        Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(q_t),
-        Ptr<float>(scales_t));
+        m, Ptr<const T>(w), QuadRowsOf<T>(w, q, m.cols), Ptr<__nv_fp8_storage_t>(q),
+        Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(q_t), Ptr<float>(scales_t));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }

@@ -18,8 +18,8 @@
 // columns' maxes meet in shared memory, and the tile quantised per column is staged transposed in
 // shared memory and stored as rows of q, 4-byte words wherever a row starts. The block holding a
 // matrix's last row also zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32
-// operations as the CPU reference (Fp8ScalingOf, a max exact in any order, then ToE4M3), so the
-// bits agree.
+// operations as the CPU reference (Fp8ScalingOf, a max exact in any order, then the e4m3 rounding),
+// so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"

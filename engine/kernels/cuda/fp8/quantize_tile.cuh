@@ -5,7 +5,8 @@
 //     consecutive elements a row, read by one 8- or 16-byte load where the rows allow it
 //     (QuadRows; otherwise element by element), wherever each row lies, or computed as it is read
 //     (a gather reads in place, SwiGLU's output is never stored); elements outside the tile read
-//     as 0 (no amax changes).
+//     as 0 (no amax changes). bf16 values are held two to a register, and their maxes taken two
+//     at a time, without unpacking them.
 //   QuantizeSliceRows: each row quantised as a 1 x 128 row tile: the rows' maxes by a butterfly
 //     that halves the warp's 16 rows at each of four shuffles, then a lane's quad as one 4-byte
 //     store (a warp stores a row's 128 bytes at once).
@@ -13,8 +14,8 @@
 //     memory: a lane stages a column's 16 bytes of its warp's rows at once (16-byte chunks
 //     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and a warp stores a
 //     transposed row as 4-byte words wherever it starts (byte by byte at its two ends only).
-// Quantisation is ToE4M3(x * multiplier): one f32 multiplication, then the device's
-// cvt.rn.satfinite e4m3 (what FloatToE4M3 emulates on the host).
+// Quantisation is e4m3(x * multiplier): one f32 multiplication, then the device's
+// cvt.rn.satfinite e4m3 (what FloatToE4M3 emulates on the host; ToE4M3x4).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -56,11 +57,8 @@ __device__ __forceinline__ void LoadQuad(const T* p, int n, bool vector,
   for (int j = 0; j < kTileColsPerLane; ++j) out[j] = j < n ? ToFloat(p[j]) : 0.0f;
 }
 
-__device__ __forceinline__ __nv_fp8_storage_t ToE4M3(float value) {
-  return __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
-}
-
-// ToE4M3 of a, b, c and d, in that order from the low byte.
+// The e4m3 bytes of a, b, c and d (cvt.rn.satfinite, two at a time), in that order from the low
+// byte.
 __device__ __forceinline__ uint32_t ToE4M3x4(float a, float b, float c, float d) {
   const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
   const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
@@ -235,7 +233,7 @@ struct StagedTile {
 };
 static_assert(kTileWarps == 8 && sizeof(uint4) == kTileRowsPerWarp, "a chunk per warp's rows");
 
-// Stages every element of the slice: element (r, c) as ToE4M3(element * multiplier(c)) (those
+// Stages every element of the slice: element (r, c) as e4m3(element * multiplier(c)) (those
 // outside the tile too: zeros). Synchronise before reading `staged`.
 template <typename Slice, typename Multiplier>
 __device__ __forceinline__ void StageTransposed(const Slice& slice, Multiplier multiplier,
