@@ -31,7 +31,9 @@
 # grouped GEMM's probe (the suite's build of tests/kernels/fp8_grouped_gemm_sm90_probe.cu:
 # checked against cuBLAS f32 on the dequantised operands, timed beside the bf16 kernel) and the
 # same three compute-sanitizer tools on its tiny and tails cases and on op_parity_cuda_test's FP8
-# cases (the quantisers), and (ab) the preset's step built from a base revision's files
+# cases (the quantisers), and (fp8_stalls) ncu's warp-stall breakdown (the average warps stalled
+# per issued instruction, by reason) of each FP8 quantising kernel, one launch each at Qwen3's
+# 4096 tokens, and (ab) the preset's step built from a base revision's files
 # (.device-deps/base) and from the tree, alternately in one call, phase by phase from their
 # traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
 # from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
@@ -42,7 +44,8 @@
 # shape, and transformers' Qwen3MoeForCausalLM (tests/peers/hf_qwen3_moe_peer.py).
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
-#   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag ab
+#   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag
+#   fp8_stalls ab
 #   gemm_versus sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
@@ -306,6 +309,18 @@ for tool in memcheck racecheck synccheck; do  # the FP8 op-parity cases: the qua
     --gtest_filter='*fp8*:*Fp8*' > "$log" 2>&1
   echo "op parity fp8 $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
 done
+fi
+
+if [[ $sections == *fp8_stalls* ]]; then
+echo "== the FP8 quantising kernels' warp stalls (ncu): one launch each, Qwen3 shape, 4096 tokens"
+# moe_bench's first pass launches them in this order: the weights (fc1, fc2), x, a, dy, dh.
+timeout 180 ncu --clock-control none -k regex:Quantize -c 6 --metrics \
+  "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
+  "$bin/moe_bench" --shapes=qwen3 --tokens=4096 --paths=fused_fp8 --warmup=0 --iters=1 \
+  > "$out/fp8_stalls.log" 2>&1
+echo "ncu (rc $?):"
+awk 'match($0, /Quantize[A-Za-z]*Kernel<.*>\(/) { print substr($0, RSTART, RLENGTH - 1) }
+  $1 ~ /^(gpu__time|smsp__issue_active)/ || ($1 ~ /stalled/ && $NF + 0 >= 0.5)' "$out/fp8_stalls.log"
 fi
 
 if [[ $sections == *fp8_train* ]]; then
