@@ -20,9 +20,12 @@ constexpr int kFp8Stages = 6;
 constexpr int kFp8Accumulators = 64 * kFp8BlockN / kWarpgroupThreads;  // f32 per thread and set
 constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;              // A or B of a stage: 16 KiB
 constexpr int kFp8StageBytes = 2 * kFp8OperandBytes;
-// The stages and their barriers, 1024-byte aligned; each kernel adds its own bytes after them.
-constexpr int kFp8RingBytes =
-    1023 + kFp8Stages * kFp8StageBytes + detail::kStageBarrierBytes<kFp8Stages>;
+// From the ring's (1024-byte aligned) base: the stages, their barriers, then each kernel's own
+// bytes (Extra(), 16-byte aligned; a kernel that needs them 1024-byte aligned starts at
+// kFp8ExtraOffset rounded up). kFp8RingBytes: the ring with its base's alignment slack.
+constexpr int kFp8ExtraOffset =
+    kFp8Stages * kFp8StageBytes + detail::kStageBarrierBytes<kFp8Stages>;
+constexpr int kFp8RingBytes = 1023 + kFp8ExtraOffset;
 
 static_assert(kFp8BlockK == kSwizzleRowBytes && kFp8BlockM == 64 * kConsumers);
 static_assert(kFp8WgmmaK == kKMajorSliceBytes, "KMajorDescriptor's slices are 32 bytes");
@@ -47,9 +50,7 @@ struct Fp8Ring {
   __device__ Fp8Barriers Barriers() const {
     return {SmemAddress(base + kFp8Stages * kFp8StageBytes)};
   }
-  __device__ uint8_t* Extra() const {
-    return base + kFp8Stages * kFp8StageBytes + kStageBarrierBytes<kFp8Stages>;
-  }
+  __device__ uint8_t* Extra() const { return base + kFp8ExtraOffset; }
 };
 
 // A stage's K slices: m64n128k32 wgmmas over its 128 K.

@@ -49,10 +49,10 @@ struct Fp8WeightGradParts {
 
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
 constexpr int kFp8WeightGradStagingBytes = kBoxBytes;     // a consumer's output staging
-// From the ring's base: the stages and their barriers, each consumer's output staging (1024-byte
-// aligned, as the 128-byte swizzle of its TMA boxes needs), then each stage's scales.
-constexpr int kFp8StagingOffset =
-    (kFp8Stages * kFp8StageBytes + detail::kStageBarrierBytes<kFp8Stages> + 1023) / 1024 * 1024;
+// The kernel's bytes after the ring: each consumer's output staging (1024-byte aligned, as the
+// 128-byte swizzle of its TMA boxes needs), then each stage's scales; with the ring's base's
+// alignment slack (1023), as kFp8RingBytes.
+constexpr int kFp8StagingOffset = (kFp8ExtraOffset + 1023) / 1024 * 1024;
 constexpr int kFp8ScalesOffset = kFp8StagingOffset + kConsumers * kFp8WeightGradStagingBytes;
 constexpr int kFp8WeightGradSmemBytes = 1023 + kFp8ScalesOffset + kFp8Stages * kFp8ScaleFloats * 4;
 static_assert(kFp8WeightGradSmemBytes <= 227 * 1024);
