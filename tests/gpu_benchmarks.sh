@@ -45,8 +45,7 @@
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
 #   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag
-#   fp8_stalls ab
-#   gemm_versus sustained real_shape base_build before_after; default the first three)
+#   fp8_stalls ab gemm_versus sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
