@@ -48,7 +48,7 @@
 // dw equals bit for bit the dw of one part holding each group's rows of both (the same tiles,
 // scales and order of promotions). Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer):
 // median of 10 (after one warm-up) by cudaEvent, in ms and TFLOP/s (2 rows n k): the FP8 kernel (y
-// bf16; dw f32 +=) and the bf16 kernel (the same output).
+// bf16; dw f32 = and +=) and the bf16 kernel (the same output).
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -680,20 +680,23 @@ void ProbeWeightGradCase(Tally& tally, cublasHandle_t cublas, const WeightGradCa
   const Fp8WeightGradRows fp8 = all.Fp8();
   const moe::cuda::sm90::WeightGradRows bf16_rows = all.Bf16();
   const double flops = 2.0 * all.rows() * n * k;
-  const double fp8_ms = MedianMs(
-      [&] {
-        MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<float>(
-            &fp8, 1, groups, n, k, true, dw.data, nullptr));
-      },
-      "fp8 weight-gradient timing");
-  const double bf16_ms = MedianMs(
-      [&] {
-        MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90<float>(
-            &bf16_rows, 1, groups, n, k, true, dw.data, nullptr));
-      },
-      "bf16 weight-gradient timing");
-  std::printf("  fp8 (dw f32 +=) %8.3f ms %7.1f TFLOP/s | bf16 %8.3f ms %7.1f TFLOP/s | %.2fx\n",
-              fp8_ms, flops / fp8_ms * 1e-9, bf16_ms, flops / bf16_ms * 1e-9, bf16_ms / fp8_ms);
+  for (const bool accumulate : {false, true}) {
+    const double fp8_ms = MedianMs(
+        [&] {
+          MOE_CHECK_CUDA(moe::cuda::sm90::Fp8GroupedMatmulWeightGradSm90<float>(
+              &fp8, 1, groups, n, k, accumulate, dw.data, nullptr));
+        },
+        "fp8 weight-gradient timing");
+    const double bf16_ms = MedianMs(
+        [&] {
+          MOE_CHECK_CUDA(moe::cuda::sm90::GroupedMatmulWeightGradSm90<float>(
+              &bf16_rows, 1, groups, n, k, accumulate, dw.data, nullptr));
+        },
+        "bf16 weight-gradient timing");
+    std::printf("  fp8 (dw f32 %s) %8.3f ms %7.1f TFLOP/s | bf16 %8.3f ms %7.1f TFLOP/s | %.2fx\n",
+                accumulate ? "+=" : "= ", fp8_ms, flops / fp8_ms * 1e-9, bf16_ms,
+                flops / bf16_ms * 1e-9, bf16_ms / fp8_ms);
+  }
 }
 
 }  // namespace
