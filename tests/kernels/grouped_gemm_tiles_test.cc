@@ -1,8 +1,9 @@
 // The Hopper grouped GEMMs' tile schedules (engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h),
 // on the host. Forward: over group sizes that hit every case (empty groups, one row, a tile's
 // edges, odd and even row-tile counts) and column counts (one column tile, odd and even counts, a
-// tail), the cluster tiles cover every kBlockM x kBlockN tile of y that holds rows exactly once, by
-// a tile that lies inside its group's rows, and only a column pair's tile past n is left idle.
+// tail), the cluster tiles cover every kBlockM x N tile of y that holds rows exactly once (N the
+// bf16 kernels' kBlockN and the FP8 forward's 128), by a tile that lies inside its group's rows,
+// and only a column pair's tile past n is left idle.
 // Weight gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs
 // or leave a partial band, and tails, the cluster tiles cover every tile of every group's dw
 // exactly once, and only the second tile of a group's last pair, past n when the row tiles are odd,
@@ -22,9 +23,9 @@
 namespace moe {
 namespace {
 
-using cuda::sm90::ClusterTile;
+using cuda::sm90::ClusterTileOf;
 using cuda::sm90::ClusterTiles;
-using cuda::sm90::ClusterTileSchedule;
+using cuda::sm90::ClusterTileScheduleOf;
 using cuda::sm90::kBlockM;
 using cuda::sm90::kBlockN;
 using cuda::sm90::TailSplit;
@@ -32,20 +33,24 @@ using cuda::sm90::TileUnit;
 using cuda::sm90::WeightGradClusterSchedule;
 using cuda::sm90::WeightGradClusterTile;
 
-// Checks the schedule of groups with these row counts over n columns.
+// The FP8 forward's tiles (fp8_mainloop.cuh's kFp8BlockN; that header needs CUDA's).
+constexpr int kFp8TileN = 128;
+
+// Checks the schedule of groups with these row counts over n columns, in tiles kTileN wide.
+template <int kTileN>
 void ExpectEveryTileOnce(const std::vector<int>& group_rows, int n) {
   const int groups = static_cast<int>(group_rows.size());
-  const int n_tiles = (n + kBlockN - 1) / kBlockN;
+  const int n_tiles = (n + kTileN - 1) / kTileN;
   std::vector<int> offsets{0}, tile_prefix{0};
   for (int rows : group_rows) {
     offsets.push_back(offsets.back() + rows);
     tile_prefix.push_back(tile_prefix.back() + ClusterTiles(rows, n_tiles));
   }
-  const ClusterTileSchedule schedule{offsets.data(), tile_prefix.data(), groups, n_tiles};
+  const ClusterTileScheduleOf<kTileN> schedule{offsets.data(), tile_prefix.data(), groups, n_tiles};
   std::map<std::pair<int, int>, int> owner;  // (first row, first column) -> group
   int idle = 0;
   for (int t = 0; t < schedule.Total(); ++t) {
-    const ClusterTile tile = schedule.Find(t);
+    const ClusterTileOf<kTileN> tile = schedule.Find(t);
     ASSERT_GE(tile.group, 0);
     ASSERT_LT(tile.group, groups);
     EXPECT_EQ(tile.row_end, offsets[tile.group + 1]) << "tile " << t;
@@ -53,7 +58,7 @@ void ExpectEveryTileOnce(const std::vector<int>& group_rows, int n) {
       const int row = tile.Row(rank), column = tile.Column(rank);
       EXPECT_GE(row, offsets[tile.group]) << "tile " << t << " rank " << rank;
       EXPECT_EQ((row - offsets[tile.group]) % kBlockM, 0) << "tile " << t << " rank " << rank;
-      EXPECT_EQ(column % kBlockN, 0) << "tile " << t << " rank " << rank;
+      EXPECT_EQ(column % kTileN, 0) << "tile " << t << " rank " << rank;
       if (row >= tile.row_end || column >= n) {  // nothing to compute: only a column pair's
         EXPECT_FALSE(tile.row_pair) << "tile " << t << " rank " << rank;  // second tile past n
         EXPECT_EQ(rank, 1) << "tile " << t;
@@ -72,7 +77,7 @@ void ExpectEveryTileOnce(const std::vector<int>& group_rows, int n) {
     odd_groups += row_tiles % 2;
     for (int r = 0; r < row_tiles; ++r) {
       for (int c = 0; c < n_tiles; ++c) {
-        const auto it = owner.find({offsets[g] + r * kBlockM, c * kBlockN});
+        const auto it = owner.find({offsets[g] + r * kBlockM, c * kTileN});
         ASSERT_NE(it, owner.end())
             << "group " << g << " row tile " << r << " column tile " << c << " never computed";
         EXPECT_EQ(it->second, g);
@@ -86,12 +91,15 @@ void ExpectEveryTileOnce(const std::vector<int>& group_rows, int n) {
 TEST(GroupedGemmTilesTest, HandPickedGroups) {
   // Empty groups first, last and in between; a tile's edges; odd and even row-tile counts.
   const std::vector<int> rows = {0, 1, 127, 128, 129, 255, 256, 257, 0, 0, 384, 385, 640, 0};
-  for (int n : {8, 256, 264, 512, 688, 1000, 1536, 2048, 4096}) {
+  for (int n : {8, 128, 136, 256, 264, 512, 688, 1000, 1536, 2048, 4096}) {
     SCOPED_TRACE(n);
-    ExpectEveryTileOnce(rows, n);
+    ExpectEveryTileOnce<kBlockN>(rows, n);
+    ExpectEveryTileOnce<kFp8TileN>(rows, n);
   }
-  ExpectEveryTileOnce({32768}, 1536);   // every row on one expert
-  ExpectEveryTileOnce({0, 0, 5}, 256);  // one group with rows, after empty ones
+  ExpectEveryTileOnce<kBlockN>({32768}, 1536);  // every row on one expert
+  ExpectEveryTileOnce<kFp8TileN>({32768}, 1536);
+  ExpectEveryTileOnce<kBlockN>({0, 0, 5}, 256);  // one group with rows, after empty ones
+  ExpectEveryTileOnce<kFp8TileN>({0, 0, 5}, 128);
 }
 
 TEST(GroupedGemmTilesTest, RandomGroups) {
@@ -102,7 +110,8 @@ TEST(GroupedGemmTilesTest, RandomGroups) {
     for (int& r : group_rows) r = random() % 4 == 0 ? 0 : rows(random);
     const int n = 8 * columns(random) * (random() % 2 == 0 ? 1 : 16);
     SCOPED_TRACE(trial);
-    ExpectEveryTileOnce(group_rows, n);
+    ExpectEveryTileOnce<kBlockN>(group_rows, n);
+    ExpectEveryTileOnce<kFp8TileN>(group_rows, n);
   }
 }
 

@@ -39,8 +39,9 @@
 //   bulk copies take 16-byte pieces), every operand and dw 16-byte aligned, rows_p, n, k < 2^31,
 //   1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
 //
-// Design (one CTA per SM, persistent, no cluster; tiles round-robin over the CTAs; CTA = 3
-// warpgroups: warpgroup 0 produces, warpgroups 1 and 2 consume, 64 output rows each):
+// Design (one CTA per SM, persistent; the forward in clusters of two CTAs, the weight gradient
+// without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
+// warpgroups 1 and 2 consume, 64 output rows each):
 //   - A stage holds one 128-deep K tile of both operands, each 128 rows of 128 e4m3 (one 128-byte
 //     swizzle row per operand row: 32 KiB, kFp8Stages = 6 of them). Per stage a consumer issues (up
 //     to) 4 m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its
@@ -51,8 +52,12 @@
 //     their 64 x 128 results through one TMA box of shared memory each (epilogue.cuh's WriteTile,
 //     which the bf16 weight gradient uses too) and store or reduce-add them with TMA, which clips
 //     them to dw: with a few hundred tokens per expert, writing dw is most of this kernel's work.
-//   - Forward tiles: 128 x 128 of y (FindFp8Tile: group-major, then column tiles, then row
-//     tiles). A row tile never crosses its group's end: rows past it are loaded (the next
+//   - Forward tiles: 128 x 128 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
+//     the bf16 forward's with 128-column tiles: a group's row pairs, which share w's tile, then
+//     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
+//     operand and half of the shared one, multicast to both, so a stage costs L2 24 KiB instead
+//     of 32 (the kernel without clusters was bound by L2's bandwidth). A row tile never crosses
+//     its group's end: rows past it are loaded (the next
 //     group's, or TMA's zero fill past `rows`) but never stored; n and k tails are zero-filled by
 //     TMA (w is a 3-D map with the group outermost, so no read crosses into the next expert), and
 //     zeros add nothing. The scales of a stage are loaded from global memory before it is waited
@@ -112,19 +117,20 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   CUtensorMap x_map, w_map;
   cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, xq, {uk, ur}, {uk},
-                                          {kFp8BlockK, kFp8BlockM});
+                                          {kFp8BlockK, kFp8BlockM / 2});
   if (status != cudaSuccess) return status;
   status = EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, wq, {uk, un, g}, {uk, un * uk},
-                              {kFp8BlockK, kFp8BlockN, 1});
+                              {kFp8BlockK, kFp8BlockN / 2, 1});
   if (status != cudaSuccess) return status;
-  // Tiles <= sum_g ceil(rows_g / kFp8BlockM) column tiles.
+  // Tiles <= sum_g ceil(rows_g / kFp8BlockM) column tiles; cluster tiles fewer.
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kFp8BlockM - 1)) / kFp8BlockM *
                         ((n + kFp8BlockN - 1) / kFp8BlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   constexpr auto kKernel = &Fp8GroupedMatmulKernel<Out>;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kFp8SmemBytes, 1, tiles, stream, &config, &cluster);
+  status = PersistentClusterLaunch<kKernel>(kFp8SmemBytes, kFp8ForwardCluster, tiles, stream,
+                                            &config, &cluster);
   if (status != cudaSuccess) return status;
   status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, x_scales, w_scales, offsets, groups,
                               static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);

@@ -4,10 +4,11 @@
 //
 // Forward (and data gradient):
 // Groups own the token rows [offsets[g], offsets[g + 1]) of y (rows, n). y is cut into kBlockM x
-// kBlockN tiles that never cross a group's end, and a cluster tile is two of them, one per CTA
-// rank r. A row pair stacks them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's
-// tile of those kBlockN output columns, each loads half and multicasts it. A column pair puts them
-// side by side (rows row0, columns n0 + kBlockN r): they share x's kBlockM rows. A group with c =
+// N tiles (N: the kernel's tile width, kTileN; the bf16 kernels' kBlockN, the FP8 forward's 128)
+// that never cross a group's end, and a cluster tile is two of them, one per CTA rank r. A row
+// pair stacks them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's tile of those
+// N output columns, each loads half and multicasts it. A column pair puts them side by side
+// (rows row0, columns n0 + N r): they share x's kBlockM rows. A group with c =
 // ceil(rows_g / kBlockM) row tiles has c / 2 row pairs per column tile and, when c is odd, its last
 // row tile in column pairs (a column tile past n leaves its CTA's consumers idle). Order:
 // group-major; within a group the row pairs of a column tile consecutive (the clusters resident
@@ -49,7 +50,9 @@ MOE_HOST_DEVICE inline bool EndsInShortRowTile(int64_t rows) {
   return rows % kBlockM != 0 && rows % kBlockM <= kShortRowTile;
 }
 
-struct ClusterTile {
+// A cluster tile of kBlockM x kTileN tiles.
+template <int kTileN>
+struct ClusterTileOf {
   int group;
   int row0, row_end;  // the cluster's first row; the group's end
   int n0;             // the cluster's first column
@@ -57,8 +60,9 @@ struct ClusterTile {
 
   // The first row and column of rank `rank`'s tile.
   MOE_HOST_DEVICE int Row(int rank) const { return row_pair ? row0 + kBlockM * rank : row0; }
-  MOE_HOST_DEVICE int Column(int rank) const { return row_pair ? n0 : n0 + kBlockN * rank; }
+  MOE_HOST_DEVICE int Column(int rank) const { return row_pair ? n0 : n0 + kTileN * rank; }
 };
+using ClusterTile = ClusterTileOf<kBlockN>;
 
 // Cluster tiles of a group of `rows` rows, with n_tiles column tiles.
 MOE_HOST_DEVICE inline int ClusterTiles(int rows, int n_tiles) {
@@ -83,29 +87,31 @@ MOE_HOST_DEVICE inline int GroupOfTile(const int* tile_prefix, int groups, int t
 }
 
 // Over the offsets (groups + 1) and tile_prefix (groups + 1): cluster tiles of the groups before
-// g, tile_prefix[groups] in all.
-struct ClusterTileSchedule {
+// g, tile_prefix[groups] in all; tiles kTileN columns wide.
+template <int kTileN>
+struct ClusterTileScheduleOf {
   const int* offsets;
   const int* tile_prefix;
   int groups;
-  int n_tiles;  // kBlockN-column tiles of y
+  int n_tiles;  // kTileN-column tiles of y
 
   MOE_HOST_DEVICE int Total() const { return tile_prefix[groups]; }
 
   // Tile t of Total(), in the order above.
-  MOE_HOST_DEVICE ClusterTile Find(int t) const {
+  MOE_HOST_DEVICE ClusterTileOf<kTileN> Find(int t) const {
     const int lo = GroupOfTile(tile_prefix, groups, t);
     const int begin = offsets[lo], end = offsets[lo + 1];
     const int row_tiles = (end - begin + kBlockM - 1) / kBlockM;
     const int row_pairs = row_tiles / 2;
     const int local = t - tile_prefix[lo];
     if (local < row_pairs * n_tiles) {
-      return {lo, begin + local % row_pairs * 2 * kBlockM, end, local / row_pairs * kBlockN, 1};
+      return {lo, begin + local % row_pairs * 2 * kBlockM, end, local / row_pairs * kTileN, 1};
     }
     const int column_pair = local - row_pairs * n_tiles;
-    return {lo, begin + (row_tiles - 1) * kBlockM, end, column_pair * 2 * kBlockN, 0};
+    return {lo, begin + (row_tiles - 1) * kBlockM, end, column_pair * 2 * kTileN, 0};
   }
 };
+using ClusterTileSchedule = ClusterTileScheduleOf<kBlockN>;
 
 // The last, partial wave of a plain product's cluster tiles split along K (a stream-K tail; the
 // SwiGLU kernels keep every tile whole). With T cluster tiles on C clusters taken round-robin, the

@@ -34,10 +34,9 @@ static_assert(detail::kStageBarrierBytes<kFp8Stages> % 16 == 0);
 
 namespace detail {
 
-using Fp8Barriers = StageBarriers<kFp8Stages, 1>;
-
 // Shared memory: stage s's A (128 rows of 128 e4m3) at A(s), its B at B(s), 1024-byte aligned;
-// the stages' barriers; then the kernel's own bytes (Extra(), 16-byte aligned).
+// the stages' barriers (released by the consumers of every CTA of a cluster of kCluster); then
+// the kernel's own bytes (Extra(), 16-byte aligned).
 struct Fp8Ring {
   uint8_t* base;
 
@@ -47,7 +46,8 @@ struct Fp8Ring {
 
   __device__ uint32_t A(int stage) const { return SmemAddress(base + stage * kFp8StageBytes); }
   __device__ uint32_t B(int stage) const { return A(stage) + kFp8OperandBytes; }
-  __device__ Fp8Barriers Barriers() const {
+  template <int kCluster>
+  __device__ StageBarriers<kFp8Stages, kCluster> Barriers() const {
     return {SmemAddress(base + kFp8Stages * kFp8StageBytes)};
   }
   __device__ uint8_t* Extra() const { return base + kFp8ExtraOffset; }
@@ -63,14 +63,15 @@ static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
 // kFp8StageSlices; wgmmas into fresh accumulators: part's old values are dropped; the other
 // slices are skipped, whatever they hold) and waits for them; calls use_stage(stage) (all
 // threads, active or not) while the stage is still held (what a kernel reads from it besides
-// the operands), then releases it (each warp arrives once on empty).
-template <typename UseStage>
+// the operands), then releases it (each warp arrives once on empty, in every CTA of its cluster of
+// kCluster).
+template <int kCluster, typename UseStage>
 __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators],
                                                  const Fp8Ring& ring,
                                                  PipelineState<kFp8Stages>& state,
                                                  uint32_t a_offset, bool active, int first,
                                                  int slices, UseStage use_stage) {
-  const auto barriers = ring.Barriers();
+  const auto barriers = ring.Barriers<kCluster>();
   MbarrierWait(barriers.Full(state.stage), state.phase);
   if (active) {
     IssueSlices(slices, [&]<int kSlices>() {
@@ -90,7 +91,13 @@ __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators]
   FenceAccumulators(part);
   use_stage(state.stage);
   __syncwarp();  // the warp's reads of the stage precede its leader's release
-  if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Empty(state.stage));
+  if (threadIdx.x % 32 == 0) {
+    if constexpr (kCluster == 1) {
+      MbarrierArrive(barriers.Empty(state.stage));
+    } else {
+      barriers.Release(state.stage);
+    }
+  }
   state.Advance();
 }
 

@@ -123,7 +123,7 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
     PrefetchTensorMap(parts.tokens.dy[p]);
     PrefetchTensorMap(parts.tokens.x[p]);
   }
-  const auto barriers = ring.Barriers();
+  const auto barriers = ring.Barriers<1>();
   PipelineState<kFp8Stages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const Fp8WeightGradTile tile = FindFp8WeightGradTile(t, m_tiles, n_tiles);
@@ -197,7 +197,7 @@ __device__ __forceinline__ void ZeroTokensOutside(uint32_t stage, const Fp8Token
 __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                         const Fp8Ring& ring, int total, int m_tiles,
                                                         int n_tiles) {
-  const auto barriers = ring.Barriers();
+  const auto barriers = ring.Barriers<1>();
   PipelineState<kFp8Stages> state;
   uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
   static_assert(kFp8Stages <= 32);
@@ -253,7 +253,7 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
       any_tokens = true;
       const int first = WarpUniform(token_tile.FirstSlice());
       const int slices = WarpUniform(token_tile.Slices());
-      MultiplyFp8Stage(part, ring, state, a_offset, active, first, slices, [&](int stage) {
+      MultiplyFp8Stage<1>(part, ring, state, a_offset, active, first, slices, [&](int stage) {
         if (!active) return;
         const float* const scales = Fp8StageScales(ring, stage);
         const float dy_scale[2] = {scales[row], scales[row + 8]};
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
   const Fp8Ring ring(smem_raw);
-  if (threadIdx.x == 0) ring.Barriers().Init();
+  if (threadIdx.x == 0) ring.Barriers<1>().Init();
   __syncthreads();  // publishes the barriers' initialisation
   const int m_tiles = (n + kFp8BlockM - 1) / kFp8BlockM;
   const int n_tiles = (k + kFp8BlockN - 1) / kFp8BlockN;

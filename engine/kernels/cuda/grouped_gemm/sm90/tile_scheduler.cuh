@@ -20,7 +20,8 @@ struct RoundRobin {
 
 // `tile` in registers the compiler knows to be warp-uniform (see WarpUniform); one overload per
 // tile kind.
-__device__ __forceinline__ ClusterTile UniformTile(const ClusterTile& tile) {
+template <int kTileN>
+__device__ __forceinline__ ClusterTileOf<kTileN> UniformTile(const ClusterTileOf<kTileN>& tile) {
   return {WarpUniform(tile.group), WarpUniform(tile.row0), WarpUniform(tile.row_end),
           WarpUniform(tile.n0), WarpUniform(tile.row_pair)};
 }
@@ -90,7 +91,8 @@ struct ConsumerTile {
   int first_row, column, valid_rows;
   bool active;
 
-  __device__ ConsumerTile(const ClusterTile& tile, int rank, int consumer, int n)
+  template <int kTileN>
+  __device__ ConsumerTile(const ClusterTileOf<kTileN>& tile, int rank, int consumer, int n)
       : first_row(tile.Row(rank) + 64 * consumer),
         column(tile.Column(rank)),
         valid_rows(min(64, tile.row_end - first_row)),
