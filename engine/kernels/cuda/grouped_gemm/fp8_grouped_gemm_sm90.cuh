@@ -56,7 +56,7 @@
 //     the bf16 forward's with 128-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
 //     operand and half of the shared one, multicast to both, so a stage costs L2 24 KiB instead
-//     of 32 (the kernel without clusters was bound by L2's bandwidth). A row tile never crosses
+//     of 32 (L2's bandwidth is what bounds this kernel). A row tile never crosses
 //     its group's end: rows past it are loaded (the next
 //     group's, or TMA's zero fill past `rows`) but never stored; n and k tails are zero-filled by
 //     TMA (w is a 3-D map with the group outermost, so no read crosses into the next expert), and
