@@ -36,7 +36,6 @@ namespace detail {
 static_assert(kFp8BlockM == kBlockM, "the cluster tile schedule's rows");
 using Fp8ClusterSchedule = ClusterTileScheduleOf<kFp8BlockN>;
 using Fp8ClusterTile = ClusterTileOf<kFp8BlockN>;
-using Fp8ForwardBarriers = StageBarriers<kFp8Stages, kFp8ForwardCluster>;
 constexpr int kFp8HalfBytes = kFp8OperandBytes / 2;  // 64 rows of an operand: one TMA box
 
 // The forward's bytes after the stage ring (Fp8Ring::Extra): the offsets, then the tile prefix.
@@ -82,8 +81,8 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
       MbarrierArriveExpectTx(full, kFp8StageBytes);
       const int k0 = kt * kFp8BlockK;
       const uint32_t a = ring.A(state.stage), b = ring.B(state.stage);
-      // Box h (0 or 1) of x rows from `row`, or of `group`'s w rows from `column`, into `dst`,
-      // multicast to the CTAs in `mask` (none: this CTA only).
+      // A 64-row box of x from row `row`, or of the group's w from row `column`, into `dst`,
+      // multicast to the CTAs in `mask` (0: this CTA only).
       const auto x_box = [&](uint32_t dst, uint16_t mask, int row) {
         if (mask != 0) {
           TmaLoad2dMulticast(x_map, dst, full, mask, k0, row, L2EvictNormal());
@@ -114,11 +113,10 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
 
 // Consumer warpgroup `consumer` (0 or 1): for each of its cluster's tiles, its 64 rows of its
 // CTA's tile (ConsumerTile; none when they lie past the group's end or its columns past n: it only
-// releases the stages). Per K
-// tile kt: part = the tile's e4m3 products (4 wgmmas, fresh), then acc = fma(part, x_scale[row,
-// kt] * w_scale[group, block, kt], acc) for its rows Row() and Row() + 8 (FragmentPosition);
-// the scales are loaded before the stage is waited for. Then its valid rows and columns of y =
-// acc (plain stores of column pairs).
+// releases the stages). Per K tile kt: part = the tile's e4m3 products (4 wgmmas, fresh), then acc
+// = fma(part, x_scale[row, kt] * w_scale[group, block, kt], acc) for its rows Row() and Row() + 8
+// (FragmentPosition); the scales are loaded before the stage is waited for. Then its valid rows
+// and columns of y = acc (plain stores of column pairs).
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float* x_scales,
                                                 const float* w_scales,
