@@ -11,7 +11,8 @@
 # (tests/peers/torch_moe_model_peer.py) at global batch 1 and 8 (at 8 also with
 # --moe_wgrad_micro_batches=4), and
 # (profile) every kernel of the fused Qwen3-30B-A3B block at 4096 tokens under ncu, summed by name
-# (tests/ncu_kernel_times.py), and
+# (tests/ncu_kernel_times.py), for each path in PROFILE_PATHS (default fused; fused_fp8 too) and
+# shape in PROFILE_SHAPES (default qwen3), and
 # (attention) attention_bench (the Hopper kernels, then the mma.sync ones) beside PyTorch's SDPA
 # (tests/peers/torch_attention_peer.py) at the model's shape and three others, and (moments) bf16 AdamW moments: the optimizer, the
 # preset's larger micro-batches, and moe_100m's loss curves beside f32 (the step section runs the
@@ -222,12 +223,16 @@ done
 fi
 
 if [[ $sections == *profile* ]]; then
-echo "== the fused Qwen3 block's kernels (bf16 weight gradients; one check pass, one forward, two forward + backward)"
-timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin/moe_bench" \
-  --shapes=qwen3 --tokens=4096 --paths=fused --grads=bf16 --warmup=0 --iters=1 \
-  > "$out/moe_block_ncu.csv" 2> "$out/moe_block_ncu.err"
-echo "ncu (rc $?)"
-python3 tests/ncu_kernel_times.py "$out/moe_block_ncu.csv" | head -30
+for shape in ${PROFILE_SHAPES:-qwen3}; do
+  for path in ${PROFILE_PATHS:-fused}; do
+    echo "== the $path $shape block's kernels at 4096 tokens (bf16 weight gradients; one check pass, one forward, two forward + backward)"
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin/moe_bench" \
+      --shapes=$shape --tokens=4096 --paths=$path --grads=bf16 --warmup=0 --iters=1 \
+      > "$out/moe_block_ncu_${path}_$shape.csv" 2> "$out/moe_block_ncu_${path}_$shape.err"
+    echo "ncu (rc $?)"
+    python3 tests/ncu_kernel_times.py "$out/moe_block_ncu_${path}_$shape.csv" 120 | head -30
+  done
+done
 fi
 
 if [[ $sections == *attention* ]]; then

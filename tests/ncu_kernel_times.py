@@ -6,10 +6,12 @@ usage: ncu_kernel_times.py CAPTURE.csv [name width]
 """
 import collections
 import csv
+import signal
 import sys
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     width = int(sys.argv[2]) if len(sys.argv) > 2 else 90
     rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
     if not rows:
