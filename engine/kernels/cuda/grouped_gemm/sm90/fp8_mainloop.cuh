@@ -91,13 +91,7 @@ __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators]
   FenceAccumulators(part);
   use_stage(state.stage);
   __syncwarp();  // the warp's reads of the stage precede its leader's release
-  if (threadIdx.x % 32 == 0) {
-    if constexpr (kCluster == 1) {
-      MbarrierArrive(barriers.Empty(state.stage));
-    } else {
-      barriers.Release(state.stage);
-    }
-  }
+  if (threadIdx.x % 32 == 0) barriers.Release(state.stage);
   state.Advance();
 }
 

@@ -35,10 +35,15 @@ struct StageBarriers {
     FenceBarrierInit();
   }
 
-  // One consumer warp's arrival on empty[stage] (in every CTA of the cluster).
+  // One consumer warp's arrival on empty[stage] (in every CTA of the cluster; without a cluster, a
+  // local arrival).
   __device__ void Release(int stage) const {
+    if constexpr (kCluster == 1) {
+      MbarrierArrive(Empty(stage));
+    } else {
 #pragma unroll
-    for (int rank = 0; rank < kCluster; ++rank) MbarrierArriveInCta(Empty(stage), rank);
+      for (int rank = 0; rank < kCluster; ++rank) MbarrierArriveInCta(Empty(stage), rank);
+    }
   }
 };
 
