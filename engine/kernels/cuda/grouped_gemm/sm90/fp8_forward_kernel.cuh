@@ -36,7 +36,6 @@ namespace detail {
 static_assert(kFp8BlockM == kBlockM, "the cluster tile schedule's rows");
 using Fp8ClusterSchedule = ClusterTileScheduleOf<kFp8BlockN>;
 using Fp8ClusterTile = ClusterTileOf<kFp8BlockN>;
-constexpr int kFp8HalfBytes = kFp8OperandBytes / 2;  // 64 rows of an operand: one TMA box
 
 // The forward's bytes after the stage ring (Fp8Ring::Extra): the offsets, then the tile prefix.
 __device__ __forceinline__ int* Fp8Offsets(const Fp8Ring& ring) {
@@ -141,7 +140,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
         w_scales + (int64_t{tile.group} * n_blocks + mine.column / kFp8BlockN) * k_tiles;
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
-    const uint32_t a_offset = consumer * (kFp8OperandBytes / 2);  // its 64 rows of A
+    const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
     for (int kt = 0; kt < k_tiles; ++kt) {
       float scale0 = 0.0f, scale1 = 0.0f;
       if (active) {

@@ -20,6 +20,7 @@ constexpr int kFp8Stages = 6;
 constexpr int kFp8Accumulators = 64 * kFp8BlockN / kWarpgroupThreads;  // f32 per thread and set
 constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;              // A or B of a stage: 16 KiB
 constexpr int kFp8StageBytes = 2 * kFp8OperandBytes;
+constexpr int kFp8HalfBytes = kFp8OperandBytes / 2;  // 64 rows: a consumer's, or a TMA box
 // From the ring's (1024-byte aligned) base: the stages, their barriers, then each kernel's own
 // bytes (Extra(), 16-byte aligned; a kernel that needs them 1024-byte aligned starts at
 // kFp8ExtraOffset rounded up). kFp8RingBytes: the ring with its base's alignment slack.

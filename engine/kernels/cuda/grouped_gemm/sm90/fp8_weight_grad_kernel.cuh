@@ -247,7 +247,7 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
     const bool active = tile.m0 + 64 * consumer < n;  // warp-uniform
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
-    const uint32_t a_offset = consumer * (kFp8OperandBytes / 2);  // its 64 rows of A
+    const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
     bool any_tokens = false;
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       any_tokens = true;
