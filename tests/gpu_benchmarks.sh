@@ -38,6 +38,8 @@
 # (.device-deps/base) and from the tree, alternately in one call, phase by phase from their
 # traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
 # from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
+# and (leave_out) the FP8 weight gradient's probe timings with one stage of the kernel's work left
+# out at a time (tests/fp8_wgrad_leave_out.py: promotion, output writes, masking), beside the whole,
 # and (sustained) moe_bench at every shape under sustained load (--iters=100; Mixtral-8x7B again with
 # the paths in the other order) beside nvidia-smi's SM clock and power every 50 ms, summed per path
 # by tests/clock_during_phases.py (about 5 minutes), and (real_shape) the 8-layer cut of the real
@@ -46,7 +48,7 @@
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
 #   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag
-#   fp8_stalls ab gemm_versus sustained real_shape base_build before_after; default the first three)
+#   fp8_stalls ab gemm_versus leave_out sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -455,6 +457,27 @@ for case in "${versus_cases[@]}"; do
     echo "-- $case, $build (rc $?): $(grep -c FAIL /tmp/probe_versus.log) failed"
     grep -E '^  [a-z]|ours' /tmp/probe_versus.log | sed 's/  */ /g'
     cat /tmp/probe_versus.log >> "$out/probe_versus.log"
+  done
+done
+fi
+
+if [[ $sections == *leave_out* ]]; then
+echo "== the FP8 weight gradient with one stage of its work left out (timing only)"
+# tests/fp8_wgrad_leave_out.py writes the variants (their checks fail; their times stand); the
+# whole kernel runs first and last, so the differences are what each stage costs.
+python3 tests/fp8_wgrad_leave_out.py /tmp/leave_out > "$out/leave_out.log" || exit 1
+variants=(whole no_promote no_write no_mask none)
+build_probe . /tmp/probe_whole "$out/probe_whole_build.log" tests/kernels/fp8_grouped_gemm_sm90_probe.cu &
+for v in "${variants[@]:1}"; do
+  build_probe /tmp/leave_out/$v /tmp/probe_$v "$out/probe_${v}_build.log" \
+    tests/kernels/fp8_grouped_gemm_sm90_probe.cu &
+done
+wait
+for v in "${variants[@]}" whole; do
+  for case in "wgrad qwen3-30b-a3b fc1" "wgrad qwen3-30b-a3b fc2" "wgrad mixtral-8x7b fc1"; do
+    timeout 60 /tmp/probe_$v "$case" > /tmp/probe_leave_out.log 2>&1
+    echo "$v, $case (rc $?): $(grep -E 'fp8 \(dw' /tmp/probe_leave_out.log | sed 's/  */ /g' | tr '\n' ' ')"
+    cat /tmp/probe_leave_out.log >> "$out/probe_leave_out.log"
   done
 done
 fi

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Timing-only variants of the FP8 weight-gradient kernel, each leaving one stage of its work out,
+so that the time a stage costs is the difference against the whole kernel (no counters needed).
+Their results are wrong (the FP8 probe's checks fail; its timings stand):
+  no_promote  the consumers issue and wait for each stage's wgmmas but do not scale them into acc
+  no_write    acc is computed but not written (no staging, no TMA stores)
+  no_mask     the mask warp marks a masked stage full without zeroing other groups' tokens
+  none        all three left out
+Each variant is a tree of the kernels and probes (git archive HEAD engine/kernels engine/core
+tests/kernels) with the kernel edited; an edit whose anchor is not found once stops the script.
+
+usage: tests/fp8_wgrad_leave_out.py OUTDIR   (from the repository root; prints the variants)
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+KERNEL = "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
+PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, first, slices, [&](int stage) {\n"
+EDITS = {
+    "no_promote": [(PROMOTION + "        if (!active) return;", PROMOTION + "        return;")],
+    "no_write": [("    WriteTile<Out, kFp8WeightGradStagingBytes>(",
+                  "    FenceAccumulators(acc);  // acc stays computed\n"
+                  "    if (false) WriteTile<Out, kFp8WeightGradStagingBytes>(")],
+    "no_mask": [("        ZeroTokensOutside(ring.A(state.stage), token_tile);\n", "")],
+}
+EDITS["none"] = EDITS["no_promote"] + EDITS["no_write"] + EDITS["no_mask"]
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    source = open(KERNEL).read()
+    for name, edits in EDITS.items():
+        text = source
+        for old, new in edits:
+            if text.count(old) != 1:
+                sys.exit(f"{KERNEL}: the anchor of {name} is not there once: {old[:60]!r}")
+            text = text.replace(old, new)
+        tree = os.path.join(out, name)
+        shutil.rmtree(tree, ignore_errors=True)
+        os.makedirs(tree)
+        subprocess.run(f"git archive HEAD engine/kernels engine/core tests/kernels | tar -x -C {tree}",
+                       shell=True, check=True)
+        with open(os.path.join(tree, KERNEL), "w") as f:
+            f.write(text)
+        print(name)
+
+
+if __name__ == "__main__":
+    main()
