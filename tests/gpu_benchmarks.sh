@@ -467,12 +467,16 @@ echo "== the FP8 weight gradient with one stage of its work left out (timing onl
 # whole kernel runs first and last, so the differences are what each stage costs.
 python3 tests/fp8_wgrad_leave_out.py /tmp/leave_out > "$out/leave_out.log" || exit 1
 variants=(whole no_promote no_write no_mask none)
+rm -f "${variants[@]/#//tmp/probe_}"  # a failed build leaves no stale binary behind
 build_probe . /tmp/probe_whole "$out/probe_whole_build.log" tests/kernels/fp8_grouped_gemm_sm90_probe.cu &
 for v in "${variants[@]:1}"; do
   build_probe /tmp/leave_out/$v /tmp/probe_$v "$out/probe_${v}_build.log" \
     tests/kernels/fp8_grouped_gemm_sm90_probe.cu &
 done
 wait
+for v in "${variants[@]}"; do
+  [ -x /tmp/probe_$v ] || { echo "probe $v did not build:"; tail -5 "$out/probe_${v}_build.log"; exit 1; }
+done
 for v in "${variants[@]}" whole; do
   for case in "wgrad qwen3-30b-a3b fc1" "wgrad qwen3-30b-a3b fc2" "wgrad mixtral-8x7b fc1"; do
     timeout 60 /tmp/probe_$v "$case" > /tmp/probe_leave_out.log 2>&1
