@@ -280,16 +280,23 @@ struct Fp8ColumnTileOperands {
 // group (300, padded to 304); a group starting off the 128-row windows and rows a multiple of 16
 // (no padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
 // permutation (QuantizeColumnTiles' index); k not a multiple of 4 (read and stored element by
-// element) with groups starting 2 and 3 bytes past a 4-byte word of q's rows.
+// element) with groups starting 2 and 3 bytes past a 4-byte word of q's rows; 130 groups, so that
+// a block finds its slot's group in two rounds of its warp's search (32 groups a round): every
+// fifth empty, the others of 1 to 61 rows, several to a 128-row window (3296 rows).
 std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
   const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};
+  std::vector<int32_t> many = {0};
+  for (int32_t g = 0; g < 130; ++g) {
+    many.push_back(many.back() + (g % 5 == 0 ? 0 : g * 37 % 61 + 1));
+  }
   return {{"fp8_column_tiles", tails, 208, true},
           {"fp8_column_tiles_k2048", tails, 2048, false},
           {"fp8_column_tiles_one_group", {0, 300}, 208, false},
           {"fp8_column_tiles_one_group_k2048", {0, 300}, 2048, true},
           {"fp8_column_tiles_unpadded", {0, 64, 64, 320}, 208, true},
           {"fp8_column_tiles_through_index", tails, 208, true, true},
-          {"fp8_column_tiles_odd_k", {0, 2, 131, 300}, 202, true}};
+          {"fp8_column_tiles_odd_k", {0, 2, 131, 300}, 202, true},
+          {"fp8_column_tiles_130_groups", many, 208, true}};
 }
 
 // A quantised operand of the FP8 weight gradient: e4m3 values and their scales.
