@@ -6,17 +6,18 @@ Their results are wrong (the FP8 probe's checks fail; its timings stand):
   no_write    acc is computed but not written (no staging, no TMA stores)
   no_mask     the mask warp marks a masked stage full without zeroing other groups' tokens
   none        all three left out
-Each variant is a tree of the kernels and probes (git archive HEAD engine/kernels engine/core
-tests/kernels) with the kernel edited; an edit whose anchor is not found once stops the script.
+Each variant is a copy of the work tree's kernels and probes (engine/kernels, engine/core,
+tests/kernels: what the whole kernel's probe is built from; no git needed) with the kernel edited;
+an edit whose anchor is not found once stops the script.
 
 usage: tests/fp8_wgrad_leave_out.py OUTDIR   (from the repository root; prints the variants)
 """
 import os
 import shutil
-import subprocess
 import sys
 
 KERNEL = "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
+SOURCES = ["engine/kernels", "engine/core", "tests/kernels"]
 PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, first, slices, [&](int stage) {\n"
 EDITS = {
     "no_promote": [(PROMOTION + "        if (!active) return;", PROMOTION + "        return;")],
@@ -41,9 +42,8 @@ def main():
             text = text.replace(old, new)
         tree = os.path.join(out, name)
         shutil.rmtree(tree, ignore_errors=True)
-        os.makedirs(tree)
-        subprocess.run(f"git archive HEAD engine/kernels engine/core tests/kernels | tar -x -C {tree}",
-                       shell=True, check=True)
+        for folder in SOURCES:
+            shutil.copytree(folder, os.path.join(tree, folder))
         with open(os.path.join(tree, KERNEL), "w") as f:
             f.write(text)
         print(name)
