@@ -56,12 +56,11 @@
 //     the bf16 forward's with 128-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
 //     operand and half of the shared one, multicast to both, so a stage costs L2 24 KiB instead
-//     of 32 (L2's bandwidth is what bounds this kernel). A row tile never crosses
-//     its group's end: rows past it are loaded (the next
-//     group's, or TMA's zero fill past `rows`) but never stored; n and k tails are zero-filled by
-//     TMA (w is a 3-D map with the group outermost, so no read crosses into the next expert), and
-//     zeros add nothing. The scales of a stage are loaded from global memory before it is waited
-//     for (one per row and one per tile).
+//     of 32 (L2's bandwidth is what bounds this kernel). A row tile never crosses its group's
+//     end: rows past it are loaded (the next group's, or TMA's zero fill past `rows`) but never
+//     stored; n and k tails are zero-filled by TMA (w is a 3-D map with the group outermost, so
+//     no read crosses into the next expert), and zeros add nothing. The scales of a stage are
+//     loaded from global memory before it is waited for (one per row and one per tile).
 //   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
 //     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
 //     CTAs resident together read one group's operands from L2). K: the group's token tiles in
