@@ -112,10 +112,12 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
 
 // Consumer warpgroup `consumer` (0 or 1): for each of its cluster's tiles, its 64 rows of its
 // CTA's tile (ConsumerTile; none when they lie past the group's end or its columns past n: it only
-// releases the stages). Per K tile kt: part = the tile's e4m3 products (4 wgmmas, fresh), then acc
-// = fma(part, x_scale[row, kt] * w_scale[group, block, kt], acc) for its rows Row() and Row() + 8
-// (FragmentPosition); the scales are loaded before the stage is waited for. Then its valid rows
-// and columns of y = acc (plain stores of column pairs).
+// releases the stages). K tile kt's e4m3 products go to part[kt % 2] (4 wgmmas, fresh), issued
+// before K tile kt - 1's are promoted, so that the tensor cores multiply while it promotes: once
+// kt - 1's wgmmas are done (at most kt's in flight), their stage is released and acc =
+// fma(part, x_scale[row, kt - 1] * w_scale[group, block, kt - 1], acc) for its rows Row() and
+// Row() + 8 (FragmentPosition). Then its valid rows and columns of y = acc (plain stores of
+// column pairs).
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float* x_scales,
                                                 const float* w_scales,
@@ -124,10 +126,14 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
                                                 int k_tiles, int consumer, Out* y) {
   const FragmentPosition at;
   const int n_blocks = (n + kFp8BlockN - 1) / kFp8BlockN;
-  float acc[kFp8Accumulators], part[kFp8Accumulators];
+  const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
+  float acc[kFp8Accumulators], part0[kFp8Accumulators], part1[kFp8Accumulators];
 #pragma unroll
-  for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
-  PipelineState<kFp8Stages> state;
+  for (int i = 0; i < kFp8Accumulators; ++i) {
+    part0[i] = 0.0f;  // each K tile's first wgmma drops them
+    part1[i] = 0.0f;
+  }
+  PipelineState<kFp8Stages> state;  // the next stage to issue
   for (int t = tiles.first; t < tiles.end; t += tiles.step) {
     const Fp8ClusterTile tile = UniformTile(schedule.Find(t));
     const ConsumerTile mine(tile, rank, consumer, n);
@@ -140,22 +146,59 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
         w_scales + (int64_t{tile.group} * n_blocks + mine.column / kFp8BlockN) * k_tiles;
 #pragma unroll
     for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
-    const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      float scale0 = 0.0f, scale1 = 0.0f;
+    // K tile kt's scales for rows Row() and Row() + 8 (0 for an inactive consumer).
+    const auto scales_of = [&](int kt) {
+      float2 scale = make_float2(0.0f, 0.0f);
       if (active) {
         const float w_scale = ws[kt];
-        if (xs0 != nullptr) scale0 = xs0[kt] * w_scale;
-        if (xs1 != nullptr) scale1 = xs1[kt] * w_scale;
+        if (xs0 != nullptr) scale.x = xs0[kt] * w_scale;
+        if (xs1 != nullptr) scale.y = xs1[kt] * w_scale;
       }
-      MultiplyFp8Stage<kFp8ForwardCluster>(part, ring, state, a_offset, active, 0, kFp8StageSlices,
-                                           [](int) {});
-      if (active) {
+      return scale;
+    };
+    // Once K tile kt's wgmmas (into `done`, from `stage`) are done: releases the stage and
+    // promotes them.
+    const auto finish = [&](float(&done)[kFp8Accumulators], int stage, float2 scale) {
+      FenceAccumulators(done);
+      ReleaseFp8Stage<kFp8ForwardCluster>(ring, stage);
+      if (!active) return;
         // Register 4 i + 2 h + j holds row Row() + 8 h.
 #pragma unroll
-        for (int i = 0; i < kFp8Accumulators; ++i) {
-          acc[i] = fmaf(part[i], i % 4 < 2 ? scale0 : scale1, acc[i]);
-        }
+      for (int i = 0; i < kFp8Accumulators; ++i) {
+        acc[i] = fmaf(done[i], i % 4 < 2 ? scale.x : scale.y, acc[i]);
+      }
+    };
+    // K tile kt + 1 into `next` from the next stage (its index into *stage).
+    const auto issue = [&](float(&next)[kFp8Accumulators], int* stage) {
+      *stage = state.stage;
+      IssueFp8Stage(next, ring, state, a_offset, active, 0, kFp8StageSlices);
+      state.Advance();
+    };
+    // K tiles alternate between part0 and part1. Each branch issues the next K tile, waits for
+    // the one before it (at most one group in flight) and promotes that one, so that on every
+    // path into a branch exactly part0's wgmmas are in flight (and ptxas need not serialise them).
+    int stage0 = 0, stage1 = 0;
+    issue(part0, &stage0);
+    for (int kt = 0;; kt += 2) {
+      const float2 scale0 = scales_of(kt);
+      if (kt + 1 < k_tiles) {
+        issue(part1, &stage1);
+        WgmmaWaitGroup<1>();
+        finish(part0, stage0, scale0);
+      } else {
+        WgmmaWaitGroup<0>();
+        finish(part0, stage0, scale0);
+        break;
+      }
+      const float2 scale1 = scales_of(kt + 1);
+      if (kt + 2 < k_tiles) {
+        issue(part0, &stage0);
+        WgmmaWaitGroup<1>();
+        finish(part1, stage1, scale1);
+      } else {
+        WgmmaWaitGroup<0>();
+        finish(part1, stage1, scale1);
+        break;
       }
     }
     if (!active) continue;

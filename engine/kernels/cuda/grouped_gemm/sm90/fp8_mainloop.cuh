@@ -58,41 +58,53 @@ struct Fp8Ring {
 constexpr int kFp8StageSlices = kFp8BlockK / kFp8WgmmaK;
 static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
 
-// One consumer warpgroup's pass over the next stage: waits until it is full, then, when `active`,
-// part (64 x 128) = its 64 rows of A (from byte a_offset) times B^T over the stage's `slices`
-// 32-deep K slices from slice `first` (warp-uniform; 1 <= slices, first + slices <=
-// kFp8StageSlices; wgmmas into fresh accumulators: part's old values are dropped; the other
-// slices are skipped, whatever they hold) and waits for them; calls use_stage(stage) (all
-// threads, active or not) while the stage is still held (what a kernel reads from it besides
-// the operands), then releases it (each warp arrives once on empty, in every CTA of its cluster of
-// kCluster).
+// Waits until `state`'s stage is full, then, when `active`, issues part (64 x 128) = its 64 rows of
+// A (from byte a_offset) times B^T over the stage's `slices` 32-deep K slices from slice `first`
+// (wgmmas into fresh accumulators, one commit group), and returns without waiting for them.
+__device__ __forceinline__ void IssueFp8Stage(float (&part)[kFp8Accumulators], const Fp8Ring& ring,
+                                              const PipelineState<kFp8Stages>& state,
+                                              uint32_t a_offset, bool active, int first,
+                                              int slices) {
+  MbarrierWait(ring.Barriers<1>().Full(state.stage), state.phase);
+  if (!active) return;
+  IssueSlices(slices, [&]<int kSlices>() {
+    FenceAccumulators(part);
+    WgmmaFence();
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+      WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, first + i),
+                KMajorDescriptor(ring.B(state.stage), first + i), i > 0);
+    }
+    WgmmaCommitGroup();
+  });
+}
+
+// This warp's release of `stage` once its wgmmas have read it (each warp arrives once on empty, in
+// every CTA of its cluster of kCluster); the warp's reads of the stage precede it.
+template <int kCluster>
+__device__ __forceinline__ void ReleaseFp8Stage(const Fp8Ring& ring, int stage) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ring.Barriers<kCluster>().Release(stage);
+}
+
+// One consumer warpgroup's pass over the next stage, waiting for its products: IssueFp8Stage
+// (warp-uniform arguments; 1 <= slices, first + slices <= kFp8StageSlices; part's old values are
+// dropped; the other slices are skipped, whatever they hold), then, once the wgmmas are done,
+// use_stage(stage) (all threads, active or not) while the stage is still held (what a kernel
+// reads from it besides the operands), then ReleaseFp8Stage.
 template <int kCluster, typename UseStage>
 __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators],
                                                  const Fp8Ring& ring,
                                                  PipelineState<kFp8Stages>& state,
                                                  uint32_t a_offset, bool active, int first,
                                                  int slices, UseStage use_stage) {
-  const auto barriers = ring.Barriers<kCluster>();
-  MbarrierWait(barriers.Full(state.stage), state.phase);
-  if (active) {
-    IssueSlices(slices, [&]<int kSlices>() {
-      FenceAccumulators(part);
-      WgmmaFence();
-#pragma unroll
-      for (int i = 0; i < kSlices; ++i) {
-        WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, first + i),
-                  KMajorDescriptor(ring.B(state.stage), first + i), i > 0);
-      }
-      WgmmaCommitGroup();
-    });
-  }
+  IssueFp8Stage(part, ring, state, a_offset, active, first, slices);
   // Also when inactive (nothing in flight: returns at once), so that every path to the
   // accumulators' next use passes a wait.
   WgmmaWaitGroup<0>();
   FenceAccumulators(part);
   use_stage(state.stage);
-  __syncwarp();  // the warp's reads of the stage precede its leader's release
-  if (threadIdx.x % 32 == 0) barriers.Release(state.stage);
+  ReleaseFp8Stage<kCluster>(ring, state.stage);
   state.Advance();
 }
 
