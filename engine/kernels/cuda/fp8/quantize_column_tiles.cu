@@ -121,23 +121,24 @@ struct SwigluGradientRows {
     };
     return [gate, d, c0, f_, v, gradient](int c, int n, float(&quad)[kTileColsPerLane]) {
       const int64_t first = c0 + c;
+      float g[kTileColsPerLane], u[kTileColsPerLane], dj[kTileColsPerLane];
       if (v) {  // the quad's pairs j .. j + 3 of one half
         const int64_t j = first < f_ ? first : first - f_;
-        float g[kTileColsPerLane], u[kTileColsPerLane], dj[kTileColsPerLane];
         LoadQuad(gate + j, n, true, g);
         LoadQuad(gate + f_ + j, n, true, u);
         LoadQuad(d + j, n, true, dj);
+      } else {
 #pragma unroll
         for (int e = 0; e < kTileColsPerLane; ++e) {
-          quad[e] = e < n ? gradient(first, g[e], u[e], dj[e]) : 0.0f;
+          const int64_t column = first + e, j = column < f_ ? column : column - f_;
+          g[e] = e < n ? ToFloat(gate[j]) : 0.0f;
+          u[e] = e < n ? ToFloat(gate[f_ + j]) : 0.0f;
+          dj[e] = e < n ? ToFloat(d[j]) : 0.0f;
         }
-        return;
       }
 #pragma unroll
       for (int e = 0; e < kTileColsPerLane; ++e) {
-        const int64_t column = first + e, j = column < f_ ? column : column - f_;
-        quad[e] =
-            e < n ? gradient(column, ToFloat(gate[j]), ToFloat(gate[f_ + j]), ToFloat(d[j])) : 0.0f;
+        quad[e] = e < n ? gradient(first + e, g[e], u[e], dj[e]) : 0.0f;
       }
     };
   }

@@ -20,8 +20,9 @@ void Fp8GroupedMatmul(const Tensor& xq, const Tensor& x_scales, const Tensor& wq
   CHECK(Sm90aKernelsRunOn(y.device().index))
       << "CUDA fp8 grouped matmul needs the sm_90a kernels: a build with architecture 90 and a "
          "compute capability 9.0 device";
-  CHECK(k % kFp8RowAlignment == 0) << "CUDA fp8 grouped matmul needs k (" << k << ") a multiple of "
-                                   << kFp8RowAlignment << " (TMA: 16-byte row strides)";
+  CHECK(k > 0 && k % kFp8RowAlignment == 0)
+      << "CUDA fp8 grouped matmul needs k (" << k << ") a positive multiple of " << kFp8RowAlignment
+      << " (TMA: 16-byte row strides)";
   CHECK(n % 8 == 0) << "CUDA fp8 grouped matmul needs n (" << n << ") a multiple of 8";
   CHECK(groups >= 1 && groups <= sm90::kMaxGroups)
       << "CUDA fp8 grouped matmul takes 1 to " << sm90::kMaxGroups << " groups, not " << groups;
