@@ -27,8 +27,8 @@
 # (FP8_BENCH_SHAPES, default all three) and both token counts, the preset at global batch 8 (bf16
 # state) and the preset offloading fused_group_mlp whole at global batch 1, and (fp8_curves) loss
 # curves of both: moe_100m (FP8_CURVE_STEPS, default 2000) and the preset at global batch 8
-# (FP8_PRESET_STEPS, default 300), and (fp8_lag) the preset's first 150 steps with FP8 beside
-# bf16, and with f32 state or a weight gradient per micro-batch instead, and (fp8) the FP8
+# (FP8_PRESET_STEPS, default 300), and (fp8_lag) the preset's first 150 steps with FP8 and with
+# bf16, each also with f32 state, a weight gradient per micro-batch, or both, and (fp8) the FP8
 # grouped GEMM's probe (the suite's build of tests/kernels/fp8_grouped_gemm_sm90_probe.cu:
 # checked against cuBLAS f32 on the dequantised operands, timed beside the bf16 kernel) and the
 # same three compute-sanitizer tools on its tiny and tails cases and on op_parity_cuda_test's FP8
@@ -359,16 +359,18 @@ fi
 
 if [[ $sections == *fp8_lag* ]]; then
 echo "== the preset's first FP8_LAG_STEPS (default 150) steps at global batch 8, one change each"
-# bf16 and FP8 with the fp8_curves section's flags, then FP8 with f32 state, with the weight
-# gradients once per micro-batch, and with both: which of them the FP8 curve's lag goes with.
+# bf16 and FP8 with the fp8_curves section's flags, then with f32 state, with the weight gradients
+# once per micro-batch, and with both: how far runs differing only in rounding spread, beside
+# the recipes' difference.
 i=0
 wgrad8="--moe_wgrad_micro_batches=8"
-for run in "none|$bf16_state $wgrad8" "blockwise|$bf16_state $wgrad8" "blockwise|$wgrad8" \
-    "blockwise|$bf16_state" "blockwise|"; do
-  recipe=${run%%|*} flags=${run#*|} i=$((i + 1))
-  log="$out/fp8_lag_$i"
-  preset_curve "$log" 200 "${FP8_LAG_STEPS:-150}" 50 "$flags --fp8_recipe=$recipe"
-  echo "$recipe $flags (rc $?): $(grep '^eval' "$log.log" | awk '{print $3 ": " $7}' | tr '\n' ' ')"
+for flags in "$bf16_state $wgrad8" "$wgrad8" "$bf16_state" ""; do
+  for recipe in none blockwise; do
+    i=$((i + 1))
+    log="$out/fp8_lag_$i"
+    preset_curve "$log" 200 "${FP8_LAG_STEPS:-150}" 50 "$flags --fp8_recipe=$recipe"
+    echo "$recipe $flags (rc $?): $(grep '^eval' "$log.log" | awk '{print $3 ": " $7}' | tr '\n' ' ')"
+  done
 done
 fi
 
