@@ -1,8 +1,8 @@
 // Every backward op of the CPU backend against central finite differences (grad_check.h) of a
 // scalar loss L = sum(forward output * R), R random: the backward op gets dout = R, and each
 // input's analytic gradient must match the numeric one to kGradTolerance (1e-3) in relative
-// error over up to 48 sampled elements, with eps = 1e-2 on inputs of scale ~1. Outputs written
-// with = are poisoned first; outputs accumulated with += start from random values and the
+// error over up to 48 sampled elements (GradCheckOptions' eps) on inputs of scale ~1. Outputs
+// written with = are poisoned first; outputs accumulated with += start from random values and the
 // increment is what is checked, so an op that overwrites fails. Fresh random inputs each run
 // (seed in the failure trace, MOE_TEST_SEED repeats it).
 #include <gtest/gtest.h>
@@ -271,7 +271,8 @@ TEST_F(CpuGradTest, CrossEntropyWithAnIgnoredTarget) {
 
 TEST_F(CpuGradTest, TopKBackwardScattersToTheChosenColumns) {
   const int64_t rows = 4, cols = 8, k = 3;
-  // Distinct values 0.1 apart: a perturbation of eps = 1e-2 never changes the selection.
+  // Distinct values 0.1 apart: a perturbation of GradCheckOptions' eps never changes the
+  // selection.
   std::vector<float> values(rows * cols);
   for (int64_t row = 0; row < rows; ++row) {
     std::vector<int> rank(cols);
