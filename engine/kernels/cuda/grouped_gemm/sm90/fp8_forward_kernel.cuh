@@ -168,21 +168,21 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
         acc[i] = fmaf(done[i], i % 4 < 2 ? scale.x : scale.y, acc[i]);
       }
     };
-    // K tile kt + 1 into `next` from the next stage (its index into *stage).
-    const auto issue = [&](float(&next)[kFp8Accumulators], int* stage) {
-      *stage = state.stage;
+    // The next K tile into `next` from the next stage; returns that stage.
+    const auto issue = [&](float(&next)[kFp8Accumulators]) {
+      const int stage = state.stage;
       IssueFp8Stage(next, ring, state, a_offset, active, 0, kFp8StageSlices);
       state.Advance();
+      return stage;
     };
     // K tiles alternate between part0 and part1. Each branch issues the next K tile, waits for
     // the one before it (at most one group in flight) and promotes that one, so that on every
     // path into a branch exactly part0's wgmmas are in flight (and ptxas need not serialise them).
-    int stage0 = 0, stage1 = 0;
-    issue(part0, &stage0);
+    int stage0 = issue(part0), stage1 = 0;
     for (int kt = 0;; kt += 2) {
       const float2 scale0 = scales_of(kt);
       if (kt + 1 < k_tiles) {
-        issue(part1, &stage1);
+        stage1 = issue(part1);
         WgmmaWaitGroup<1>();
         finish(part0, stage0, scale0);
       } else {
@@ -192,7 +192,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
       }
       const float2 scale1 = scales_of(kt + 1);
       if (kt + 2 < k_tiles) {
-        issue(part0, &stage0);
+        stage0 = issue(part0);
         WgmmaWaitGroup<1>();
         finish(part1, stage1, scale1);
       } else {
