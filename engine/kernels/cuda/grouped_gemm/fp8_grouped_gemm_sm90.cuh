@@ -73,12 +73,13 @@
 //     other groups' tokens (or zeros past the part's rows) outside the tile: the consumers
 //     multiply only the window's 32-token K slices with tokens of the tile (Fp8TokenTile), and
 //     where the first or last of them is partly outside, the producer lands the stage on
-//     landed[s] instead of full[s], and warp 1 of warpgroup 0 (MaskFp8WeightGradStages, walking
-//     the same stages) waits for it, zeroes those tokens of those slices in both operands (each
-//     row's 16-byte chunks sit at chunk c ^ (row % 8) under the swizzle; a chunk holding the
-//     tile's first or last token keeps its bytes inside), fences them for the tensor cores
-//     (fence.proxy.async) and arrives on full[s]. The producer does not wait for the landing, so
-//     it keeps loading ahead.
+//     landed[s] instead of full[s], and warps 1 and 2 of warpgroup 0 (MaskFp8WeightGradStages,
+//     walking the same stages) wait for it, zero those tokens of those slices in dy's 128 rows
+//     (each row's 16-byte chunks sit at chunk c ^ (row % 8) under the swizzle; a chunk holding
+//     the tile's first or last token keeps its bytes inside; x's finite values there then
+//     multiply zeros), fence them for the tensor cores (fence.proxy.async), meet at a named
+//     barrier and arrive on full[s]. The producer does not wait for the landing, so it keeps
+//     loading ahead.
 #pragma once
 
 #include <cuda.h>

@@ -4,11 +4,11 @@
 // one 128-token window), dw row and dw column, with the promotion once per token tile. A
 // persistent launch of warp-specialised CTAs (no cluster): warpgroup 0's thread 0 TMA-loads each
 // token tile's window of both operands and bulk-copies its scales into a ring of stages
-// (ProduceFp8WeightGradStages), its warp 1 zeroes the other groups' tokens in the 32-token K
-// slices the consumers read (MaskFp8WeightGradStages), and warpgroups 1 and 2 each multiply 64 dw
-// rows of the 128 x 128 tile over the slices with tokens of the tile, promote, and write or add
-// (TMA store or reduce-add, staged through shared memory: epilogue.cuh's WriteTile) their rows of
-// dw (ConsumeFp8WeightGradTiles).
+// (ProduceFp8WeightGradStages), its warps 1 and 2 zero the other groups' tokens of dy in the
+// 32-token K slices the consumers read (MaskFp8WeightGradStages), and warpgroups 1 and 2 each
+// multiply 64 dw rows of the 128 x 128 tile over the slices with tokens of the tile, promote, and
+// write or add (TMA store or reduce-add, staged through shared memory: epilogue.cuh's WriteTile)
+// their rows of dw (ConsumeFp8WeightGradTiles).
 #pragma once
 
 #include <cuda.h>
@@ -48,7 +48,9 @@ struct Fp8WeightGradParts {
 };
 
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
-constexpr int kFp8WeightGradStagingBytes = kBoxBytes;     // a consumer's output staging
+constexpr int kFp8MaskThreads = 64;  // warps 1 and 2 of warpgroup 0 (warp 0: the producer)
+constexpr int kFp8MaskBarrier = 3;   // their named barrier (the consumers' WriteTile: 1 and 2)
+constexpr int kFp8WeightGradStagingBytes = kBoxBytes;  // a consumer's output staging
 // The kernel's bytes after the ring: each consumer's output staging (1024-byte aligned, as the
 // 128-byte swizzle of its TMA boxes needs), then each stage's scales; with the ring's base's
 // alignment slack (1023), as kFp8RingBytes.
@@ -86,7 +88,7 @@ struct Fp8TokenTile {
   __device__ int FirstSlice() const { return lo / kFp8WgmmaK; }
   __device__ int Slices() const { return (hi + kFp8WgmmaK - 1) / kFp8WgmmaK - FirstSlice(); }
   // Whether those slices hold tokens outside [lo, hi) (another group's, or zeros past the rows):
-  // the mask warp zeroes them before the consumers read the stage.
+  // the mask warps zero dy's before the consumers read the stage.
   __device__ bool Masked() const { return lo % kFp8WgmmaK != 0 || hi % kFp8WgmmaK != 0; }
 };
 
@@ -114,7 +116,7 @@ __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts
 // token tiles, waits until the next stage is empty and loads into it dy_q's 128 rows and x_q's 128
 // rows of the tile over the token tile's window (TMA; rows past n or k and tokens past the stride
 // are zero-filled and count toward the bytes) and their scales (bulk copies of the valid rows'
-// and columns' floats). A masked token tile's stage lands on landed[s] (the mask warp marks it
+// and columns' floats). A masked token tile's stage lands on landed[s] (the mask warps mark it
 // full); any other on full[s].
 __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                            const Fp8Ring& ring, int total,
@@ -160,18 +162,22 @@ __device__ __forceinline__ uint32_t KeepMask(int lo, int hi, int first) {
   return mask;
 }
 
-// Zeroes the tokens outside [tile.lo, tile.hi) of the K slices the consumers read, in the stage's
-// 2 x 128 rows (A, then B right after it: 256 128-byte lines, each one row's token window).
+// Zeroes the tokens outside [tile.lo, tile.hi) of the K slices the consumers read in the stage's
+// A (dy's 128 rows: 128-byte lines, each one row's token window). Every product of a token has a
+// factor from A, so B (x) needs no zeroing: its values there are finite e4m3 (the quantisers
+// saturate and zero their padding; TMA zero-fills past the stride), and finite times zero adds
+// nothing (a NaN among them comes only from a non-finite input, whose step is lost anyway).
 // TMA's 128-byte swizzle puts a line's 16-byte chunk c (tokens 16 c ..) at chunk c ^ (line % 8)
 // (the stage is 1024-byte aligned): of the read slices' chunks, those wholly outside are cleared,
-// those holding lo or hi keep their bytes inside, those wholly inside are left. The warp calls it
-// (all lanes; a line per lane at a time, so 8 lanes fill the 32 banks).
-__device__ __forceinline__ void ZeroTokensOutside(uint32_t stage, const Fp8TokenTile& tile) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+// those holding lo or hi keep their bytes inside, those wholly inside are left. The mask warps
+// call it, `thread` their thread index (a line per thread at a time, so 8 lanes fill the 32
+// banks).
+__device__ __forceinline__ void ZeroTokensOutside(uint32_t a, const Fp8TokenTile& tile,
+                                                  int thread) {
   const int first_chunk = tile.FirstSlice() * kFp8WgmmaK / 16;
   const int end_chunk = (tile.FirstSlice() + tile.Slices()) * kFp8WgmmaK / 16;
-  for (int line = lane; line < kFp8BlockM + kFp8BlockN; line += 32) {
-    const uint32_t row = stage + line * kSwizzleRowBytes;
+  for (int line = thread; line < kFp8BlockM; line += kFp8MaskThreads) {
+    const uint32_t row = a + line * kSwizzleRowBytes;
     for (int chunk = first_chunk; chunk < end_chunk; ++chunk) {
       const int first = 16 * chunk;
       if (tile.lo <= first && first + 16 <= tile.hi) continue;  // wholly inside
@@ -189,14 +195,14 @@ __device__ __forceinline__ void ZeroTokensOutside(uint32_t stage, const Fp8Token
   }
 }
 
-// The mask warp (warp 1 of warpgroup 0): walks the stages as the producer fills them; for each
-// masked token tile's, waits until it has landed (landed[s]), zeroes the tokens outside the tile
-// in the slices the consumers read, in both operands (so that another group's values, or a NaN
-// among them, add nothing), fences them for the tensor cores (fence.proxy.async) and marks the
-// stage full.
+// The mask warps (warps 1 and 2 of warpgroup 0, `thread` 0..kFp8MaskThreads - 1): walk the stages
+// as the producer fills them; for each masked token tile's, wait until it has landed (landed[s]),
+// zero dy's tokens outside the tile in the slices the consumers read (so that another group's
+// tokens add nothing), fence them for the tensor cores (fence.proxy.async), meet at their named
+// barrier, and the first marks the stage full.
 __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                         const Fp8Ring& ring, int total, int m_tiles,
-                                                        int n_tiles) {
+                                                        int n_tiles, int thread) {
   const auto barriers = ring.Barriers<1>();
   PipelineState<kFp8Stages> state;
   uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
@@ -207,10 +213,10 @@ __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts
       if (token_tile.Masked()) {
         MbarrierWait(barriers.Landed(state.stage), (landed_phases >> state.stage) & 1);
         landed_phases ^= 1u << state.stage;
-        ZeroTokensOutside(ring.A(state.stage), token_tile);
+        ZeroTokensOutside(ring.A(state.stage), token_tile, thread);
         FenceProxyAsync();
-        __syncwarp();
-        if (threadIdx.x % 32 == 0) MbarrierArrive(barriers.Full(state.stage));
+        NamedBarrierSync(kFp8MaskBarrier, kFp8MaskThreads);
+        if (thread == 0) MbarrierArrive(barriers.Full(state.stage));
       }
       state.Advance();
     });
@@ -305,8 +311,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = WarpUniform(static_cast<int>(threadIdx.x) / 32);
     if (threadIdx.x == 0) {
       ProduceFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles, n, k);
-    } else if (warp == 1) {
-      MaskFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles);
+    } else if (warp >= 1 && warp <= kFp8MaskThreads / 32) {
+      MaskFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles,
+                              static_cast<int>(threadIdx.x) - 32);
     }
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
