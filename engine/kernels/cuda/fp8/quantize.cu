@@ -30,10 +30,10 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, bool vect
   const int c = static_cast<int>(threadIdx.x % 32) * kTileColsPerLane;
   const int64_t row = tile / m.col_tiles(), c0 = tile % m.col_tiles() * kFp8TileSize;
   const int n = static_cast<int>(min(m.cols - c0, kFp8TileSize)) - c;
-  float quad[kTileColsPerLane];
-  LoadQuad(x + row * m.cols + c0 + c, n, vector, quad);
-  TileSlice<float> row_slice;  // its row 0
-  row_slice.Set(0, quad);
+  const T* const p = x + row * m.cols + c0 + c;
+  TileSlice<T> row_slice;  // its row 0
+  row_slice.Set(0,
+                vector && n >= kTileColsPerLane ? FetchQuad<true>(p, n) : FetchQuad<false>(p, n));
   const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(row_slice.RowAmax(0), MaxOp{}));
   if (c == 0) scales[tile] = scaling.scale;
   StoreQuantizedQuad(row_slice, 0, scaling.multiplier, n, vector, q + row * m.cols + c0 + c);
@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
   const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
   TileSlice<T> slice;
-  const T* const tile_x = x + group * m.elements() + r0 * m.cols + c0;
-  LoadTile([&](int r) { return QuadReader<T>{tile_x + r * m.cols, vector}; }, rows, cols, slice);
+  const MatrixRows<T> matrix{x + group * m.elements(), m.rows, nullptr, m.cols, vector};
+  LoadTile(matrix, r0, c0, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax = fmaxf(amax, slice.RowAmax(i));

@@ -13,13 +13,13 @@
 // g) on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
 // group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
 // quantize_tile.cuh) is loaded once into registers, a quad of four consecutive elements a load
-// where the rows allow it; its rows, each exactly one 1 x 128 row tile (the block's columns start
-// at a multiple of 128), are quantised by their warp's maxes and stored 4 bytes a lane; its
-// columns' maxes meet in shared memory, and the tile quantised per column is staged transposed in
-// shared memory and stored as rows of q, 4-byte words wherever a row starts. The block holding a
-// matrix's last row also zeroes q's padding columns [rows, Fp8PaddedRows(rows)). The same f32
-// operations as the CPU reference (Fp8ScalingOf, a max exact in any order, then the e4m3 rounding),
-// so the bits agree.
+// where the rows allow it, several rows' loads in flight before any is used (LoadTile); its rows,
+// each exactly one 1 x 128 row tile (the block's columns start at a multiple of 128), are quantised
+// by their warp's maxes and stored 4 bytes a lane; its columns' maxes meet in shared memory, and
+// the tile quantised per column is staged transposed in shared memory and stored as rows of q,
+// 4-byte words wherever a row starts. The block holding a matrix's last row also zeroes q's padding
+// columns [rows, Fp8PaddedRows(rows)). The same f32 operations as the CPU reference (Fp8ScalingOf,
+// a max exact in any order, then the e4m3 rounding), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -49,98 +49,96 @@ __device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t g
   return lo;
 }
 
-// The grouped rows of QuantizeColumnTiles: x's rows index[r] (x has `sources` rows; without an
-// index, index is null and row r is x's row r).
-template <typename T>
-struct RowsOfX {
-  using Element = T;
-  const T* x;
-  int64_t sources;
-  const int32_t* index;
-  int64_t k;
-  bool vector;  // QuadRows(x, k)
-
-  __device__ QuadReader<T> Row(int64_t r, int64_t c0) const {
-    const int64_t source = index == nullptr ? r : index[r];
-    MOE_DEVICE_CHECK(0 <= source && source < sources);
-    return {x + source * k + c0, vector};
-  }
-};
-
 // The rows of SwigluForward(h, scale)'s output (rows, f), each value rounded to T as that op
-// stores it (SwigluValue, then FromFloat), computed as they are read.
+// stores it (SwigluValue, then FromFloat), computed as they are read (LoadTile's source: a row's
+// gate and up quads and its scale fetched, then combined).
 template <typename T>
 struct SwigluRows {
   using Element = T;
+  static constexpr int kFetchRows = 2;  // 5 registers a row in flight (bf16)
+  struct Fetched {
+    Quad<T> gate, up;
+    float scale;
+  };
   const T* h;          // (rows, 2f) = [gate | up]
   const float* scale;  // (rows) or null
   int64_t f;
   bool vector;  // QuadRows(h, f)
 
-  __device__ auto Row(int64_t r, int64_t c0) const {
-    const T* const gate = h + r * 2 * f + c0;
-    const T* const up = gate + f;
-    const float s = scale != nullptr ? scale[r] : 1.0f;
-    const bool v = vector;
-    return [gate, up, s, v](int c, int n, float(&quad)[kTileColsPerLane]) {
-      float g[kTileColsPerLane], u[kTileColsPerLane];
-      LoadQuad(gate + c, n, v, g);
-      LoadQuad(up + c, n, v, u);
+  __device__ int64_t Locate(int64_t r) const { return r; }
+  __device__ bool Valid(int64_t) const { return true; }
+  template <bool kVector>
+  __device__ Fetched Fetch(int64_t r, int64_t column, int n) const {
+    const T* const gate = h + r * 2 * f + column;
+    return {FetchQuad<kVector>(gate, n), FetchQuad<kVector>(gate + f, n),
+            scale != nullptr ? scale[r] : 1.0f};
+  }
+  __device__ Quad<T> Finish(const Fetched& in, int64_t, int n) const {
+    Quad<T> quad;
 #pragma unroll
-      for (int j = 0; j < kTileColsPerLane; ++j) {
-        quad[j] = j < n ? ToFloat(FromFloat<T>(SwigluValue(g[j], u[j], s))) : 0.0f;
-      }
-    };
+    for (int j = 0; j < kTileColsPerLane; ++j) {
+      if (j < n) quad.Put(j, FromFloat<T>(SwigluValue(in.gate.Get(j), in.up.Get(j), in.scale)));
+    }
+    return quad;
   }
 };
 
 // The rows of SwigluBackward's dh (rows, 2f) = [dgate | dup] from da (rows, f) and h, each value
 // rounded to T as that op stores it (SwigluGradients, then FromFloat), computed as they are read
 // (each (gate, up) pair's gradients twice: once for its dgate column, once for its dup column).
-// A quad of columns lies in one half where `vector` (f a multiple of 4); otherwise each column is
+// A quad of columns lies in one half where kVector (f a multiple of 4); otherwise each column is
 // read on its own.
 template <typename T>
 struct SwigluGradientRows {
   using Element = T;
+  static constexpr int kFetchRows = 2;  // 7 registers a row in flight (bf16)
+  struct Fetched {
+    Quad<T> gate, up, da;
+    float scale;
+  };
   const T* da;
   const T* h;
   const float* scale;  // (rows) or null
   int64_t f;
   bool vector;  // QuadRows(h, f) && QuadRows(da, f)
 
-  __device__ auto Row(int64_t r, int64_t c0) const {
+  __device__ int64_t Locate(int64_t r) const { return r; }
+  __device__ bool Valid(int64_t) const { return true; }
+  // The pair of dh's column `column` (< 2f).
+  __device__ int64_t Pair(int64_t column) const { return column < f ? column : column - f; }
+  template <bool kVector>
+  __device__ Fetched Fetch(int64_t r, int64_t column, int n) const {
     const T* const gate = h + r * 2 * f;
     const T* const d = da + r * f;
-    const float s = scale != nullptr ? scale[r] : 1.0f;
-    const int64_t f_ = f;
-    const bool v = vector;
-    // dh's column `column` (< 2f) from gate, up and d of its pair j, as f32.
-    const auto gradient = [s, f_](int64_t column, float g, float u, float dj) {
-      const SwigluGradient grad = SwigluGradients(g, u, s, dj);
-      return ToFloat(FromFloat<T>(column < f_ ? grad.gate : grad.up));
-    };
-    return [gate, d, c0, f_, v, gradient](int c, int n, float(&quad)[kTileColsPerLane]) {
-      const int64_t first = c0 + c;
-      float g[kTileColsPerLane], u[kTileColsPerLane], dj[kTileColsPerLane];
-      if (v) {  // the quad's pairs j .. j + 3 of one half
-        const int64_t j = first < f_ ? first : first - f_;
-        LoadQuad(gate + j, n, true, g);
-        LoadQuad(gate + f_ + j, n, true, u);
-        LoadQuad(d + j, n, true, dj);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kTileColsPerLane; ++e) {
-          const int64_t column = first + e, j = column < f_ ? column : column - f_;
-          g[e] = e < n ? ToFloat(gate[j]) : 0.0f;
-          u[e] = e < n ? ToFloat(gate[f_ + j]) : 0.0f;
-          dj[e] = e < n ? ToFloat(d[j]) : 0.0f;
-        }
-      }
+    Fetched in;
+    in.scale = scale != nullptr ? scale[r] : 1.0f;
+    if constexpr (kVector) {  // the quad's pairs j .. j + 3 of one half
+      const int64_t j = Pair(column);
+      in.gate = FetchQuad<true>(gate + j, n);
+      in.up = FetchQuad<true>(gate + f + j, n);
+      in.da = FetchQuad<true>(d + j, n);
+    } else {
 #pragma unroll
       for (int e = 0; e < kTileColsPerLane; ++e) {
-        quad[e] = e < n ? gradient(first + e, g[e], u[e], dj[e]) : 0.0f;
+        const int64_t j = Pair(column + e);
+        if (e < n) {
+          in.gate.Put(e, gate[j]);
+          in.up.Put(e, gate[f + j]);
+          in.da.Put(e, d[j]);
+        }
       }
-    };
+    }
+    return in;
+  }
+  __device__ Quad<T> Finish(const Fetched& in, int64_t column, int n) const {
+    Quad<T> quad;
+#pragma unroll
+    for (int e = 0; e < kTileColsPerLane; ++e) {
+      const SwigluGradient grad =
+          SwigluGradients(in.gate.Get(e), in.up.Get(e), in.scale, in.da.Get(e));
+      if (e < n) quad.Put(e, FromFloat<T>(column + e < f ? grad.gate : grad.up));
+    }
+    return quad;
   }
 };
 
@@ -169,7 +167,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source
   }
   const int tile_rows = static_cast<int>(tile.end - r0);
   TileSlice<typename Source::Element> slice;
-  LoadTile([&](int r) { return source.Row(r0 + r, c0); }, tile_rows, cols, slice);
+  LoadTile(source, r0, c0, tile_rows, cols, slice);
   if (row_q != nullptr) {
     QuantizeSliceRows(slice, tile_rows, cols, vector, row_q + r0 * k + c0, k,
                       row_scales + r0 * row_tiles + column_tile, row_tiles);
@@ -232,8 +230,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
                          const Tensor& index) {
   const int64_t rows = index.defined() ? index.dim(0) : x.dim(0), k = x.dim(1);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const RowsOfX<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k,
-                            QuadRows(Ptr<const T>(x), k)};
+    const MatrixRows<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k,
+                               QuadRows(Ptr<const T>(x), k)};
     LaunchColumnTiles(source, rows, k, offsets, q, scales, row_q, row_scales, StreamOf(x));
   });
 }

@@ -5,8 +5,9 @@
 //     consecutive elements a row, read by one 8- or 16-byte load where the rows allow it
 //     (QuadRows; otherwise element by element), wherever each row lies, or computed as it is read
 //     (a gather reads in place, SwiGLU's output is never stored); elements outside the tile read
-//     as 0 (no amax changes). bf16 values are held two to a register, and their maxes taken two
-//     at a time, without unpacking them.
+//     as 0 (no amax changes). A lane issues the loads of several rows before it uses any of their
+//     values (LoadTileRows: how a source splits the reading of a row). bf16 values are held
+//     two to a register, and their maxes taken two at a time, without unpacking them.
 //   QuantizeSliceRows: each row quantised as a 1 x 128 row tile: the rows' maxes by a butterfly
 //     that halves the warp's 16 rows at each of four shuffles, then a lane's quad as one 4-byte
 //     store (a warp stores a row's 128 bytes at once).
@@ -42,19 +43,48 @@ bool QuadRows(const T* p, int64_t row_elements) {
          reinterpret_cast<uintptr_t>(p) % (kTileColsPerLane * sizeof(T)) == 0;
 }
 
-// out[j] = p[j] as f32 for j < n, 0 for the rest: one load where `vector` (n is then 4 or <= 0,
-// and p aligned as QuadRows says).
+// A quad of four consecutive elements of T as stored, in 32-bit words (bf16 two a word, element
+// 2 p in word p's low half), so that a bf16 quad takes two registers; zeros unless set.
 template <typename T>
-__device__ __forceinline__ void LoadQuad(const T* p, int n, bool vector,
-                                         float (&out)[kTileColsPerLane]) {
-  if (vector && n >= kTileColsPerLane) {
-    const Floats<kTileColsPerLane> loaded = LoadFloats<kTileColsPerLane>(p);
-#pragma unroll
-    for (int j = 0; j < kTileColsPerLane; ++j) out[j] = loaded.v[j];
-    return;
+struct Quad {
+  static constexpr int kWords = static_cast<int>(sizeof(T)) * kTileColsPerLane / 4;
+  uint32_t words[kWords] = {};
+
+  __device__ float Get(int j) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(words[j]);
+    } else {
+      const uint32_t word = words[j / 2];
+      return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
+    }
   }
+  __device__ void Put(int j, T value) {
+    if constexpr (sizeof(T) == 4) {
+      words[j] = __float_as_uint(value);
+    } else {
+      const uint32_t bits = __bfloat16_as_ushort(value), word = words[j / 2];
+      words[j / 2] = j % 2 == 0 ? (word & 0xffff0000u) | bits : (word & 0xffffu) | bits << 16;
+    }
+  }
+};
+
+// p[0..4) by one load where kVector (p aligned as QuadRows says), else p[j] for j < n and 0 past
+// it, element by element (no load at all for n <= 0).
+template <bool kVector, typename T>
+__device__ __forceinline__ Quad<T> FetchQuad(const T* p, int n) {
+  constexpr int kWords = Quad<T>::kWords;
+  Quad<T> quad;
+  if constexpr (kVector) {
+    const Packed<uint32_t, kWords> loaded = *reinterpret_cast<const Packed<uint32_t, kWords>*>(p);
 #pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) out[j] = j < n ? ToFloat(p[j]) : 0.0f;
+    for (int w = 0; w < kWords; ++w) quad.words[w] = loaded.v[w];
+  } else {
+#pragma unroll
+    for (int j = 0; j < kTileColsPerLane; ++j) {
+      if (j < n) quad.Put(j, p[j]);
+    }
+  }
+  return quad;
 }
 
 // The e4m3 bytes of a, b, c and d (cvt.rn.satfinite, two at a time), in that order from the low
@@ -74,9 +104,9 @@ struct TileSlice {
   float v[kTileRowsPerWarp][kTileColsPerLane];
 
   __device__ float Get(int i, int j) const { return v[i][j]; }
-  __device__ void Set(int i, const float (&quad)[kTileColsPerLane]) {
+  __device__ void Set(int i, const Quad<T>& quad) {
 #pragma unroll
-    for (int j = 0; j < kTileColsPerLane; ++j) v[i][j] = quad[j];
+    for (int j = 0; j < kTileColsPerLane; ++j) v[i][j] = quad.Get(j);
   }
   // The largest magnitude of row i's elements (0 if none; NaN skipped, as fmaxf does).
   __device__ float RowAmax(int i) const {
@@ -103,11 +133,9 @@ struct TileSlice<bf16> {
     const uint32_t pair = pairs[i][j / 2];
     return __uint_as_float(j % 2 == 0 ? pair << 16 : pair & 0xffff0000u);
   }
-  __device__ void Set(int i, const float (&quad)[kTileColsPerLane]) {
-#pragma unroll
-    for (int j = 0; j < kTileColsPerLane; j += 2) {  // the high halves of two f32: exact for bf16
-      pairs[i][j / 2] = __byte_perm(__float_as_uint(quad[j]), __float_as_uint(quad[j + 1]), 0x7632);
-    }
+  __device__ void Set(int i, const Quad<bf16>& quad) {  // its words as they are
+    pairs[i][0] = quad.words[0];
+    pairs[i][1] = quad.words[1];
   }
   // The maxes in bf16 pairs (a max of bf16 values is one of them, so exact; NaN skipped as fmaxf
   // skips it), both halves of a pair at once.
@@ -143,31 +171,76 @@ struct TileSlice<bf16> {
 template <typename T>
 constexpr int kTileBlocksPerSm = std::is_same_v<T, bf16> ? 4 : 2;
 
-// The tile of `rows` x `cols` elements (each at most kFp8TileSize) as f32: row_of(r) for r < rows
-// is a reader of row r, reader(c, n, quad) setting quad[j] to element (r, c + j) for j < n and to
-// 0 past it (a lane's columns c = 4 lane, n = cols - c); rows past `rows` are 0.
-template <typename RowOf, typename Slice>
-__device__ __forceinline__ void LoadTile(RowOf row_of, int rows, int cols, Slice& slice) {
-  const int warp = threadIdx.x / 32, c = threadIdx.x % 32 * kTileColsPerLane;
+// The rows of a matrix (`rows` rows of k elements from x), or with an index its rows index[r]
+// (a permutation's gather, read in place): a source of LoadTile.
+template <typename T>
+struct MatrixRows {
+  using Element = T;
+  static constexpr int kFetchRows = kTileRowsPerWarp;  // loaded into the slice itself
+  using Fetched = Quad<T>;
+  const T* x;
+  int64_t rows;
+  const int32_t* index;  // or null
+  int64_t k;
+  bool vector;  // QuadRows(x, k)
+
+  __device__ int64_t Locate(int64_t r) const { return index == nullptr ? r : index[r]; }
+  __device__ bool Valid(int64_t row) const { return 0 <= row && row < rows; }
+  template <bool kVector>
+  __device__ Fetched Fetch(int64_t row, int64_t column, int n) const {
+    return FetchQuad<kVector>(x + row * k + column, n);
+  }
+  __device__ Quad<T> Finish(const Fetched& quad, int64_t, int) const { return quad; }
+};
+
+// LoadTile's rows of one lane, quads of kVector form at `column` (n of them inside the tile, as
+// FetchQuad's): kFetchRows rows at a time, first each row's location (source.Locate: an index's
+// loads in flight together), then each row's inputs (source.Fetch: their loads in flight
+// together), then its values (source.Finish), so that no load waits for a value loaded before it.
+// A row past `rows` reads row rows - 1 and is set to 0: no branch among the loads.
+template <bool kVector, typename Source, typename Slice>
+__device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, int64_t column,
+                                             int rows, int n, Slice& slice) {
+  using T = typename Source::Element;
+  constexpr int kBatch = Source::kFetchRows;
+  static_assert(kTileRowsPerWarp % kBatch == 0);
+  const int first = kTileRowsPerWarp * static_cast<int>(threadIdx.x / 32);
 #pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = kTileRowsPerWarp * warp + i;  // warp-uniform
-    float quad[kTileColsPerLane] = {};
-    if (r < rows) row_of(r)(c, cols - c, quad);
-    slice.Set(i, quad);
+  for (int b = 0; b < kTileRowsPerWarp; b += kBatch) {
+    int64_t located[kBatch];
+    bool valid = true;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      located[i] = source.Locate(r0 + min(first + b + i, rows - 1));
+      valid = valid && source.Valid(located[i]);
+    }
+    MOE_DEVICE_CHECK(valid);  // one check (a call, which ptxas saves registers around) a batch
+    typename Source::Fetched fetched[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      fetched[i] = source.template Fetch<kVector>(located[i], column, n);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      slice.Set(b + i, first + b + i < rows ? source.Finish(fetched[i], column, n) : Quad<T>{});
+    }
   }
 }
 
-// A reader of the row that starts at `first` (LoadTile's row_of returns them).
-template <typename T>
-struct QuadReader {
-  const T* first;
-  bool vector;  // QuadRows
-
-  __device__ void operator()(int c, int n, float (&quad)[kTileColsPerLane]) const {
-    LoadQuad(first + c, n, vector, quad);
+// The tile of `rows` x `cols` elements (each in 1 .. kFp8TileSize) from row r0 and column c0 of
+// what `source` reads (a MatrixRows, or a source of that form computing its values as it reads
+// them), as f32 in the slice; rows past `rows` and columns past `cols` are 0. A lane's quads take
+// one load each where source.vector and the quad lies wholly inside the tile.
+template <typename Source, typename Slice>
+__device__ __forceinline__ void LoadTile(const Source& source, int64_t r0, int64_t c0, int rows,
+                                         int cols, Slice& slice) {
+  const int c = static_cast<int>(threadIdx.x % 32) * kTileColsPerLane, n = cols - c;
+  if (source.vector && n >= kTileColsPerLane) {
+    LoadTileRows<true>(source, r0, c0 + c, rows, n, slice);
+  } else {
+    LoadTileRows<false>(source, r0, c0 + c, rows, n, slice);
   }
-};
+}
 
 // The scaling of slice row lane / 2 of the calling warp as a row tile (its max over the row's
 // lanes; every lane of the warp calls it). At each shuffle a lane keeps the half of its remaining
