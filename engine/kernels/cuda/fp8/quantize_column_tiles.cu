@@ -143,7 +143,7 @@ struct SwigluGradientRows {
 };
 
 // Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
-// grouped rows (rows, k) that source.Row(r, c0) reads (from column c0 on). q and scales are null
+// grouped rows (rows, k) that `source` reads (LoadTile's form). q and scales are null
 // without the column tiles, row_q and row_scales without the row tiles; row_q's rows take 4-byte
 // stores where `vector`.
 template <typename Source>
