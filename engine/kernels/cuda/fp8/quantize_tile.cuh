@@ -43,6 +43,11 @@ bool QuadRows(const T* p, int64_t row_elements) {
          reinterpret_cast<uintptr_t>(p) % (kTileColsPerLane * sizeof(T)) == 0;
 }
 
+// Element j % 2 of a pair of bf16 values in one word (element 0 in the low half), as f32.
+__device__ __forceinline__ float PairElement(uint32_t pair, int j) {
+  return __uint_as_float(j % 2 == 0 ? pair << 16 : pair & 0xffff0000u);
+}
+
 // A quad of four consecutive elements of T as stored, in 32-bit words (bf16 two a word, element
 // 2 p in word p's low half), so that a bf16 quad takes two registers; zeros unless set.
 template <typename T>
@@ -54,8 +59,7 @@ struct Quad {
     if constexpr (sizeof(T) == 4) {
       return __uint_as_float(words[j]);
     } else {
-      const uint32_t word = words[j / 2];
-      return __uint_as_float(j % 2 == 0 ? word << 16 : word & 0xffff0000u);
+      return PairElement(words[j / 2], j);
     }
   }
   __device__ void Put(int j, T value) {
@@ -129,10 +133,7 @@ template <>
 struct TileSlice<bf16> {
   uint32_t pairs[kTileRowsPerWarp][kTileColsPerLane / 2];  // (j even) | (j odd) << 16, as bf16
 
-  __device__ float Get(int i, int j) const {
-    const uint32_t pair = pairs[i][j / 2];
-    return __uint_as_float(j % 2 == 0 ? pair << 16 : pair & 0xffff0000u);
-  }
+  __device__ float Get(int i, int j) const { return PairElement(pairs[i][j / 2], j); }
   __device__ void Set(int i, const Quad<bf16>& quad) {  // its words as they are
     pairs[i][0] = quad.words[0];
     pairs[i][1] = quad.words[1];
