@@ -7,19 +7,21 @@
 // its input gradient, computed as they are read (the backward's dscale by SwigluBackward's own
 // kernel, told not to store dh).
 // One block of kTileThreads threads per (scale slot, 128 columns of k), a slot's column tiles in
-// consecutive blocks, so that the tiles of the same rows run together (SwiGLU's gradient reads its
-// inputs for dgate's tile and again for dup's: the second time from L2). The slot's group is found
-// by a search of each warp over g -> Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in
-// g) on the device offsets, and its tile is t = slot - that (Fp8ColumnTileRows); a slot past its
-// group's tiles writes zero scales and ends. Otherwise the tile (at most 128 x 128 elements,
-// quantize_tile.cuh) is loaded once into registers, a quad of four consecutive elements a load
-// where the rows allow it, several rows' loads in flight before any is used (LoadTile); its rows,
-// each exactly one 1 x 128 row tile (the block's columns start at a multiple of 128), are quantised
-// by their warp's maxes and stored 4 bytes a lane; its columns' maxes meet in shared memory, and
-// the tile quantised per column is staged transposed in shared memory and stored as rows of q,
-// 4-byte words wherever a row starts. The block holding a matrix's last row also zeroes q's padding
-// columns [rows, Fp8PaddedRows(rows)). The same f32 operations as the CPU reference (Fp8ScalingOf,
-// a max exact in any order, then the e4m3 rounding), so the bits agree.
+// consecutive blocks, so that the tiles of the same rows run together; SwiGLU's gradient, where f
+// is a multiple of 128, one block per (slot, 128 pairs) quantising dgate's and dup's tiles of those
+// pairs from one reading of them (otherwise a dgate and a dup column may share a tile, and each
+// tile's block reads its pairs). The slot's group is found by a search of each warp over g ->
+// Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g) on the device offsets, and its
+// tile is t = slot - that (Fp8ColumnTileRows); a slot past its group's tiles writes zero scales and
+// ends. Otherwise the tile (at most 128 x 128 elements, quantize_tile.cuh) is loaded once into
+// registers, a quad of four consecutive elements a load where the rows allow it, several rows'
+// loads in flight before any is used (LoadTile); its rows, each exactly one 1 x 128 row tile (the
+// block's columns start at a multiple of 128), are quantised by their warp's maxes and stored 4
+// bytes a lane; its columns' maxes meet in shared memory, and the tile quantised per column is
+// staged transposed in shared memory and stored as rows of q, 4-byte words wherever a row starts.
+// The block holding a matrix's last row also zeroes q's padding columns [rows,
+// Fp8PaddedRows(rows)). The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
+// any order, then the e4m3 rounding), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
@@ -60,6 +62,7 @@ struct SwigluRows {
     Quad<T> gate, up;
     float scale;
   };
+  using Finished = Quad<T>;
   const T* h;          // (rows, 2f) = [gate | up]
   const float* scale;  // (rows) or null
   int64_t f;
@@ -96,6 +99,7 @@ struct SwigluGradientRows {
     Quad<T> gate, up, da;
     float scale;
   };
+  using Finished = Quad<T>;
   const T* da;
   const T* h;
   const float* scale;  // (rows) or null
@@ -142,37 +146,100 @@ struct SwigluGradientRows {
   }
 };
 
-// Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
-// grouped rows (rows, k) that `source` reads (LoadTile's form). q and scales are null
-// without the column tiles, row_q and row_scales without the row tiles; row_q's rows take 4-byte
-// stores where `vector`.
-template <typename Source>
-__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source::Element>)
-    QuantizeColumnTilesKernel(Source source, const int32_t* offsets, int64_t groups, int64_t rows,
-                              int64_t k, bool vector, __nv_fp8_storage_t* q, float* scales,
-                              __nv_fp8_storage_t* row_q, float* row_scales) {
-  const int64_t row_tiles = Fp8Tiles(k);  // a row's tiles: the column tiles of a slot
-  const int64_t slot = blockIdx.x / row_tiles, column_tile = blockIdx.x % row_tiles;
-  const int64_t c0 = column_tile * kFp8TileSize;
-  const int cols = static_cast<int>(min(k - c0, kFp8TileSize));
+// dh's dgate and dup columns of the same pairs at once (f a multiple of kFp8TileSize, so that the
+// pairs' column tiles are dgate's and dup's): a row's gate, up and da quads read once, their
+// gradients computed once, into a GradientSlices.
+template <typename T>
+struct SwigluGradientPairs {
+  using Element = T;
+  static constexpr int kFetchRows = 2;
+  using Fetched = typename SwigluGradientRows<T>::Fetched;
+  struct Finished {
+    Quad<T> dgate, dup;
+  };
+  SwigluGradientRows<T> reader;  // its columns < f: the pairs
+  bool vector;                   // reader.vector
+
+  __device__ int64_t Locate(int64_t r) const { return r; }
+  __device__ bool Valid(int64_t) const { return true; }
+  template <bool kVector>
+  __device__ Fetched Fetch(int64_t r, int64_t pair, int n) const {
+    return reader.template Fetch<kVector>(r, pair, n);
+  }
+  __device__ Finished Finish(const Fetched& in, int64_t, int n) const {
+    Finished out;
+#pragma unroll
+    for (int e = 0; e < kTileColsPerLane; ++e) {
+      const SwigluGradient grad =
+          SwigluGradients(in.gate.Get(e), in.up.Get(e), in.scale, in.da.Get(e));
+      if (e < n) {
+        out.dgate.Put(e, FromFloat<T>(grad.gate));
+        out.dup.Put(e, FromFloat<T>(grad.up));
+      }
+    }
+    return out;
+  }
+};
+
+// The dgate and dup tiles of the same pairs (LoadTile's slice for SwigluGradientPairs).
+template <typename T>
+struct GradientSlices {
+  TileSlice<T> dgate, dup;
+
+  __device__ void Set(int i, const typename SwigluGradientPairs<T>::Finished& quads) {
+    dgate.Set(i, quads.dgate);
+    dup.Set(i, quads.dup);
+  }
+};
+
+// What the column-tile kernels write for grouped rows (rows, k): q (k, Fp8PaddedRows(rows)) and
+// scales (slots, k), null without the column tiles; row_q (rows, k) and row_scales (rows,
+// tiles(k)), null without the row tiles; row_q's rows take 4-byte stores where `vector`.
+struct ColumnTileOutputs {
+  __nv_fp8_storage_t* q;
+  float* scales;
+  __nv_fp8_storage_t* row_q;
+  float* row_scales;
+  int64_t rows, k;
+  bool vector;
+};
+
+// The rows of scale slot `slot`'s tile: empty when no tile uses the slot.
+__device__ __forceinline__ Fp8RowRange SlotRows(const int32_t* offsets, int64_t groups,
+                                                int64_t rows, int64_t slot) {
   const int64_t group = GroupOfSlot(offsets, groups, slot);
   const int64_t begin = offsets[group], end = offsets[group + 1];
   MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
-  const Fp8RowRange tile = Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
-  const int64_t r0 = tile.begin;
-  float* const slot_scales = scales != nullptr ? scales + slot * k + c0 : nullptr;
-  if (r0 >= tile.end) {  // no tile uses the slot (block-uniform)
-    if (slot_scales != nullptr && threadIdx.x < cols) slot_scales[threadIdx.x] = 0.0f;
-    return;
+  return Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
+}
+
+// An unused slot's scales of column tile `column_tile`: zeros.
+__device__ __forceinline__ void ZeroSlotScales(const ColumnTileOutputs& out, int64_t slot,
+                                               int64_t column_tile) {
+  const int64_t c0 = column_tile * kFp8TileSize;
+  if (out.scales != nullptr && threadIdx.x < min(out.k - c0, kFp8TileSize)) {
+    out.scales[slot * out.k + c0 + threadIdx.x] = 0.0f;
   }
+}
+
+// The loaded tile of slot `slot` (rows `tile`) and column tile `column_tile` into the outputs:
+// its rows, each exactly one 1 x 128 row tile, by their warp's maxes; its columns' maxes meet in
+// shared memory, and the tile quantised per column is staged transposed and stored as rows of q.
+// Every thread of the block calls it; a block may call it again for another tile (the barriers
+// inside keep the shared arrays' uses apart).
+template <typename Slice>
+__device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const Fp8RowRange& tile,
+                                                   int64_t slot, int64_t column_tile,
+                                                   const ColumnTileOutputs& out) {
+  const int64_t k = out.k, row_tiles = Fp8Tiles(k), r0 = tile.begin;
+  const int64_t c0 = column_tile * kFp8TileSize;
+  const int cols = static_cast<int>(min(k - c0, kFp8TileSize));
   const int tile_rows = static_cast<int>(tile.end - r0);
-  TileSlice<typename Source::Element> slice;
-  LoadTile(source, r0, c0, tile_rows, cols, slice);
-  if (row_q != nullptr) {
-    QuantizeSliceRows(slice, tile_rows, cols, vector, row_q + r0 * k + c0, k,
-                      row_scales + r0 * row_tiles + column_tile, row_tiles);
+  if (out.row_q != nullptr) {
+    QuantizeSliceRows(slice, tile_rows, cols, out.vector, out.row_q + r0 * k + c0, k,
+                      out.row_scales + r0 * row_tiles + column_tile, row_tiles);
   }
-  if (q == nullptr) return;  // block-uniform
+  if (out.q == nullptr) return;  // block-uniform
 
   // Lane l's columns' maxes over warp w's rows: warp_amax[w][4 l + j].
   __shared__ __align__(16) float warp_amax[kTileWarps][kFp8TileSize];
@@ -190,36 +257,83 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source
     for (int w = 0; w < kTileWarps; ++w) column_amax = fmaxf(column_amax, warp_amax[w][c]);
     const Fp8TileScaling scaling = Fp8ScalingOf(column_amax);
     multipliers[c] = scaling.multiplier;
-    if (c < cols) slot_scales[c] = scaling.scale;
+    if (c < cols) out.scales[slot * k + c0 + c] = scaling.scale;
   }
   __syncthreads();
   __shared__ StagedTile staged;
   StageTransposed(
       slice, [&](int c) { return multipliers[c]; }, staged);
   __syncthreads();
-  const int64_t padded_rows = Fp8PaddedRows(rows);
-  const int width = static_cast<int>(r0 + tile_rows == rows ? padded_rows - r0 : tile_rows);
-  StoreTransposed(staged, cols, width, q + c0 * padded_rows + r0, padded_rows);
+  const int64_t padded_rows = Fp8PaddedRows(out.rows);
+  const int width = static_cast<int>(r0 + tile_rows == out.rows ? padded_rows - r0 : tile_rows);
+  StoreTransposed(staged, cols, width, out.q + c0 * padded_rows + r0, padded_rows);
 }
 
-// The kernel over `rows` grouped rows of width k that `source` reads, into the defined outputs.
+// Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
+// grouped rows (out.rows, out.k) that `source` reads (LoadTile's form).
 template <typename Source>
-void LaunchColumnTiles(const Source& source, int64_t rows, int64_t k, const Tensor& offsets,
-                       const Tensor& q, const Tensor& scales, const Tensor& row_q,
-                       const Tensor& row_scales, cudaStream_t stream) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source::Element>)
+    QuantizeColumnTilesKernel(Source source, const int32_t* offsets, int64_t groups,
+                              ColumnTileOutputs out) {
+  const int64_t row_tiles = Fp8Tiles(out.k);  // a row's tiles: the column tiles of a slot
+  const int64_t slot = blockIdx.x / row_tiles, column_tile = blockIdx.x % row_tiles;
+  const Fp8RowRange tile = SlotRows(offsets, groups, out.rows, slot);
+  if (tile.begin >= tile.end) {  // block-uniform
+    ZeroSlotScales(out, slot, column_tile);
+    return;
+  }
+  const int64_t c0 = column_tile * kFp8TileSize;
+  TileSlice<typename Source::Element> slice;
+  LoadTile(source, tile.begin, c0, static_cast<int>(tile.end - tile.begin),
+           static_cast<int>(min(out.k - c0, kFp8TileSize)), slice);
+  QuantizeLoadedTile(slice, tile, slot, column_tile, out);
+}
+
+// Block b = (slot, pair tile t) = (b / tiles(f), b % tiles(f)) of SwiGLU's gradient dh (out.k =
+// 2f, f a multiple of kFp8TileSize): dh's column tiles t (dgate) and tiles(f) + t (dup) from one
+// reading of their pairs. Two tiles in registers: half the blocks an SM of the one-tile kernel.
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T> / 2)
+    QuantizeSwigluGradientPairsKernel(SwigluGradientPairs<T> source, const int32_t* offsets,
+                                      int64_t groups, ColumnTileOutputs out) {
+  const int64_t pair_tiles = Fp8Tiles(out.k) / 2;
+  const int64_t slot = blockIdx.x / pair_tiles, pair_tile = blockIdx.x % pair_tiles;
+  const Fp8RowRange tile = SlotRows(offsets, groups, out.rows, slot);
+  if (tile.begin >= tile.end) {  // block-uniform
+    ZeroSlotScales(out, slot, pair_tile);
+    ZeroSlotScales(out, slot, pair_tiles + pair_tile);
+    return;
+  }
+  GradientSlices<T> slices;
+  LoadTile(source, tile.begin, pair_tile * kFp8TileSize, static_cast<int>(tile.end - tile.begin),
+           kFp8TileSize, slices);
+  QuantizeLoadedTile(slices.dgate, tile, slot, pair_tile, out);
+  QuantizeLoadedTile(slices.dup, tile, slot, pair_tiles + pair_tile, out);
+}
+
+// Launches kernel(source, offsets, groups, outputs) over `rows` grouped rows of width k, a block
+// per scale slot and each of its `slot_blocks` blocks, into the defined outputs.
+template <typename Source, typename Kernel>
+void LaunchColumnTiles(Kernel kernel, const Source& source, int64_t slot_blocks, int64_t rows,
+                       int64_t k, const Tensor& offsets, const Tensor& q, const Tensor& scales,
+                       const Tensor& row_q, const Tensor& row_scales, cudaStream_t stream) {
   const int64_t groups = offsets.numel() - 1;
   CHECK(groups >= 1 || rows == 0) << "fp8 column-tile quantisation of " << rows
                                   << " rows in no group";
-  const int64_t slots = Fp8ColumnTileSlots(groups, rows), col_tiles = Fp8Tiles(k);
-  if (slots == 0 || col_tiles == 0) return;
-  CHECK(slots * col_tiles <= INT32_MAX) << "fp8 column-tile quantisation grid of " << slots
-                                        << " slots x " << col_tiles << " column tiles";
-  const auto blocks = static_cast<unsigned>(slots * col_tiles);
+  const int64_t slots = Fp8ColumnTileSlots(groups, rows);
+  if (slots == 0 || slot_blocks == 0) return;
+  CHECK(slots * slot_blocks <= INT32_MAX) << "fp8 column-tile quantisation grid of " << slots
+                                          << " slots x " << slot_blocks << " blocks";
   const auto row_q_data = Ptr<__nv_fp8_storage_t>(row_q);
-  QuantizeColumnTilesKernel<<<blocks, kTileThreads, 0, stream>>>(
-      source, Ptr<const int32_t>(offsets), groups, rows, k,
-      source.vector && QuadRows(row_q_data, k), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales),
-      row_q_data, Ptr<float>(row_scales));
+  const ColumnTileOutputs out{Ptr<__nv_fp8_storage_t>(q),
+                              Ptr<float>(scales),
+                              row_q_data,
+                              Ptr<float>(row_scales),
+                              rows,
+                              k,
+                              source.vector && QuadRows(row_q_data, k)};
+  kernel<<<static_cast<unsigned>(slots * slot_blocks), kTileThreads, 0, stream>>>(
+      source, Ptr<const int32_t>(offsets), groups, out);
   MOE_CUDA_CHECK_LAUNCH();
 }
 
@@ -232,7 +346,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
     const MatrixRows<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k,
                                QuadRows(Ptr<const T>(x), k)};
-    LaunchColumnTiles(source, rows, k, offsets, q, scales, row_q, row_scales, StreamOf(x));
+    LaunchColumnTiles(QuantizeColumnTilesKernel<MatrixRows<T>>, source, Fp8Tiles(k), rows, k,
+                      offsets, q, scales, row_q, row_scales, StreamOf(x));
   });
 }
 
@@ -243,7 +358,8 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
   DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
     const SwigluRows<T> source{Ptr<const T>(h), Ptr<const float>(scale), f,
                                QuadRows(Ptr<const T>(h), f)};
-    LaunchColumnTiles(source, rows, f, offsets, q, scales, row_q, row_scales, StreamOf(h));
+    LaunchColumnTiles(QuantizeColumnTilesKernel<SwigluRows<T>>, source, Fp8Tiles(f), rows, f,
+                      offsets, q, scales, row_q, row_scales, StreamOf(h));
   });
 }
 
@@ -256,7 +372,14 @@ void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& sc
     const SwigluGradientRows<T> source{
         Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale), f,
         QuadRows(Ptr<const T>(h), f) && QuadRows(Ptr<const T>(da), f)};
-    LaunchColumnTiles(source, rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
+    if (f % kFp8TileSize == 0) {  // dgate's and dup's tiles of the same pairs in one block
+      LaunchColumnTiles(QuantizeSwigluGradientPairsKernel<T>,
+                        SwigluGradientPairs<T>{source, source.vector}, Fp8Tiles(f), rows, 2 * f,
+                        offsets, q, scales, row_q, row_scales, StreamOf(h));
+    } else {
+      LaunchColumnTiles(QuantizeColumnTilesKernel<SwigluGradientRows<T>>, source, Fp8Tiles(2 * f),
+                        rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
+    }
   });
 }
 

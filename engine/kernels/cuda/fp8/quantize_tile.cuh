@@ -179,6 +179,7 @@ struct MatrixRows {
   using Element = T;
   static constexpr int kFetchRows = kTileRowsPerWarp;  // loaded into the slice itself
   using Fetched = Quad<T>;
+  using Finished = Quad<T>;
   const T* x;
   int64_t rows;
   const int32_t* index;  // or null
@@ -197,12 +198,12 @@ struct MatrixRows {
 // LoadTile's rows of one lane, quads of kVector form at `column` (n of them inside the tile, as
 // FetchQuad's): kFetchRows rows at a time, first each row's location (source.Locate: an index's
 // loads in flight together), then each row's inputs (source.Fetch: their loads in flight
-// together), then its values (source.Finish), so that no load waits for a value loaded before it.
-// A row past `rows` reads row rows - 1 and is set to 0: no branch among the loads.
+// together), then its values (source.Finish: a Source::Finished, which slice.Set takes), so that
+// no load waits for a value loaded before it. A row past `rows` reads row rows - 1 and is set to
+// 0: no branch among the loads.
 template <bool kVector, typename Source, typename Slice>
 __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, int64_t column,
                                              int rows, int n, Slice& slice) {
-  using T = typename Source::Element;
   constexpr int kBatch = Source::kFetchRows;
   static_assert(kTileRowsPerWarp % kBatch == 0);
   const int first = kTileRowsPerWarp * static_cast<int>(threadIdx.x / 32);
@@ -223,7 +224,8 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      slice.Set(b + i, first + b + i < rows ? source.Finish(fetched[i], column, n) : Quad<T>{});
+      slice.Set(b + i, first + b + i < rows ? source.Finish(fetched[i], column, n)
+                                            : typename Source::Finished{});
     }
   }
 }
