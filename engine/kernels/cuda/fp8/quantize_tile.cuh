@@ -214,7 +214,7 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       located[i] = source.Locate(r0 + min(first + b + i, rows - 1));
-      valid = valid && source.Valid(located[i]);
+      valid &= source.Valid(located[i]);  // no short circuit: no branch among the loads
     }
     MOE_DEVICE_CHECK(valid);  // one check (a call, which ptxas saves registers around) a batch
     typename Source::Fetched fetched[kBatch];
