@@ -255,13 +255,20 @@ __device__ __forceinline__ Fp8TileScaling SliceRowScaling(const Slice& slice) {
   float amax[kTileRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax[i] = slice.RowAmax(i);
+    // Loops of constant trip counts (the inner one unrolls before the outer one's rounds are known)
+    // and selections of values, not of addresses: every index a constant, so that the array lives
+    // in registers, not in local memory.
 #pragma unroll
-  for (int half = kTileRowsPerWarp / 2; half >= 1; half /= 2) {
+  for (int round = 3; round >= 0; --round) {
+    const int half = 1 << round;
+    static_assert(kTileRowsPerWarp == 16, "four rounds");
     const bool upper = (lane & 2 * half) != 0;
 #pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float keep = upper ? amax[i + half] : amax[i];
-      const float give = upper ? amax[i] : amax[i + half];
+    for (int i = 0; i < kTileRowsPerWarp / 2; ++i) {
+      if (i >= half) break;
+      const float low = amax[i], high = amax[i + half];  // values selected, not addresses
+      const float keep = upper ? high : low;
+      const float give = upper ? low : high;
       amax[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, give, 2 * half));
     }
   }
@@ -331,42 +338,82 @@ __device__ __forceinline__ void StageTransposed(const Slice& slice, Multiplier m
   }
 }
 
-// Bytes 4 word .. 4 word + 3 of a staged column (its 32 words, chunks swizzled by `swizzle`), 0
-// outside its 128 bytes.
-__device__ __forceinline__ uint32_t StagedWord(const uint32_t* column, int swizzle, int word) {
-  return static_cast<unsigned>(word) < kFp8TileSize / 4
-             ? column[(word / 4 ^ swizzle) * 4 + word % 4]
-             : 0;
+// Chunk `index` of a staged column (its 8 chunks swizzled by `swizzle`), zeros outside them.
+__device__ __forceinline__ uint4 StagedChunk(const uint4* column, int swizzle, int index) {
+  return static_cast<unsigned>(index) < kTileWarps ? column[index ^ swizzle]
+                                                   : make_uint4(0, 0, 0, 0);
+}
+
+// The 16 bytes of a staged column from byte 16 u - skew, skew = 4 kWords + bytes < 16, out of
+// its chunks u - 1 and u (words[0..4) and words[4..8)): word i joins the last `bytes` bytes of
+// words[3 - kWords + i] and the first 4 - bytes of the word after it.
+template <int kWords>
+__device__ __forceinline__ uint4 ShiftedUnit(const uint32_t (&words)[8], int bytes) {
+  uint32_t unit[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unit[i] = __funnelshift_rc(words[3 - kWords + i], words[4 - kWords + i], 8 * (4 - bytes));
+  }
+  return make_uint4(unit[0], unit[1], unit[2], unit[3]);
+}
+
+// The 16 bytes of staged column c from its byte 16 u - skew (zeros outside its 128 bytes).
+__device__ __forceinline__ uint4 StagedUnit(const StagedTile& staged, int c, int u, int skew) {
+  const int swizzle = c / 4 % 8;
+  const uint4 before = StagedChunk(staged.chunk[c], swizzle, u - 1);
+  const uint4 at = StagedChunk(staged.chunk[c], swizzle, u);
+  const uint32_t words[8] = {before.x, before.y, before.z, before.w, at.x, at.y, at.z, at.w};
+  switch (skew / 4) {  // the word shift as a constant: no indexing of `words` at run time
+    case 0:
+      return ShiftedUnit<0>(words, skew % 4);
+    case 1:
+      return ShiftedUnit<1>(words, skew % 4);
+    case 2:
+      return ShiftedUnit<2>(words, skew % 4);
+    default:
+      return ShiftedUnit<3>(words, skew % 4);
+  }
 }
 
 // For each column c < cols of the staged tile: out[c * ld + r] = its byte r for r < width (0 for
-// r >= 128: padding past the tile). A warp per column at a time, a lane per 4-byte word of out:
-// the words wholly inside the column's `width` bytes are stored whole, those it shares with its
-// neighbours byte by byte.
+// r >= 128: padding past the tile; width <= kFp8TileSize + 15). Out's rows are cut into 16-byte
+// units (aligned), unit u of column c holding its bytes from 16 u - skew (skew: where the column
+// starts in its first unit). A unit wholly inside the column's width bytes is one 16-byte store:
+// kUnitLanes lanes a column, a lane a unit, kUnitLanes units covering the widest column. The first
+// and last units, which the column shares with its neighbours, are stored byte by byte, a thread
+// each, after the whole units (so that no warp waits for a few lanes' byte stores).
+constexpr int kUnitLanes = 10;
+static_assert(16 * kUnitLanes >= 15 + kFp8TileSize + 15, "a column's units, skewed and padded");
 __device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int cols, int width,
                                                 __nv_fp8_storage_t* out, int64_t ld) {
+  constexpr int kColumnsPerWarp = 32 / kUnitLanes;
+  MOE_DEVICE_CHECK(width <= kFp8TileSize + 15);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int c = warp; c < cols; c += kTileWarps) {
-    __nv_fp8_storage_t* const column = out + c * ld;
-    const int skew = static_cast<int>(reinterpret_cast<uintptr_t>(column) % 4);
-    uint32_t* const words = reinterpret_cast<uint32_t*>(column - skew);
-    const uint32_t* const staged_column = reinterpret_cast<const uint32_t*>(staged.chunk[c]);
-    const int swizzle = c / 4 % 8;
-    for (int w = lane, first = 4 * lane - skew; first < width; w += 32, first += 128) {
-      // Word w holds the column's bytes first .. first + 3: the last skew bytes of staged word
-      // w - 1, then the first 4 - skew of word w.
-      const uint32_t value =
-          __funnelshift_rc(StagedWord(staged_column, swizzle, w - 1),
-                           StagedWord(staged_column, swizzle, w), 8 * (4 - skew));
-      if (first >= 0 && first + 4 <= width) {
-        words[w] = value;
-        continue;
-      }
+  const auto skew_of = [&](int c) {
+    return static_cast<int>(reinterpret_cast<uintptr_t>(out + c * ld) % 16);
+  };
+  if (lane < kColumnsPerWarp * kUnitLanes) {
+    const int u = lane % kUnitLanes;
+    for (int c = kColumnsPerWarp * warp + lane / kUnitLanes; c < cols;
+         c += kColumnsPerWarp * kTileWarps) {
+      const int skew = skew_of(c), first = 16 * u - skew;  // the unit's first byte in the column
+      if (first < 0 || first + 16 > width) continue;       // an end unit, or none
+      *reinterpret_cast<uint4*>(out + c * ld + first) = StagedUnit(staged, c, u, skew);
+    }
+  }
+  static_assert(2 * kFp8TileSize <= kTileThreads, "a thread per end unit");
+  const int c = threadIdx.x / 2;
+  if (c >= cols) return;
+  const int skew = skew_of(c);
+  const int u = threadIdx.x % 2 == 0 ? 0 : (skew + width - 1) / 16, first = 16 * u - skew;
+  if ((first >= 0 && first + 16 <= width) || (u == 0 && threadIdx.x % 2 == 1)) return;
+  const uint4 unit = StagedUnit(staged, c, u, skew);
+  const uint32_t words[4] = {unit.x, unit.y, unit.z, unit.w};
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int r = first + b;
-        if (0 <= r && r < width) column[r] = static_cast<__nv_fp8_storage_t>(value >> 8 * b);
-      }
+  for (int b = 0; b < 16; ++b) {
+    const int r = first + b;
+    if (0 <= r && r < width) {
+      out[c * ld + r] = static_cast<__nv_fp8_storage_t>(words[b / 4] >> 8 * (b % 4));
     }
   }
 }
