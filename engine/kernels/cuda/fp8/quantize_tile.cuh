@@ -252,12 +252,12 @@ __device__ __forceinline__ void LoadTile(const Source& source, int64_t r0, int64
 template <typename Slice>
 __device__ __forceinline__ Fp8TileScaling SliceRowScaling(const Slice& slice) {
   const int lane = threadIdx.x % 32;
+  // Loops of constant trip counts (the inner one unrolls before the outer one's rounds are known)
+  // and selections of values, not of addresses: every index a constant, so that the array lives
+  // in registers, not in local memory.
   float amax[kTileRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kTileRowsPerWarp; ++i) amax[i] = slice.RowAmax(i);
-    // Loops of constant trip counts (the inner one unrolls before the outer one's rounds are known)
-    // and selections of values, not of addresses: every index a constant, so that the array lives
-    // in registers, not in local memory.
 #pragma unroll
   for (int round = 3; round >= 0; --round) {
     const int half = 1 << round;
