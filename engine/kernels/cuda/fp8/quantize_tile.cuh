@@ -13,8 +13,9 @@
 //     store (a warp stores a row's 128 bytes at once).
 //   StagedTile / StageTransposed / StoreTransposed: the quantised tile transposed through shared
 //     memory: a lane stages a column's 16 bytes of its warp's rows at once (16-byte chunks
-//     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and a warp stores a
-//     transposed row as 4-byte words wherever it starts (byte by byte at its two ends only).
+//     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and ten lanes store
+//     a transposed row as aligned 16-byte units wherever it starts (byte by byte at its two ends
+//     only, a thread each).
 // Quantisation is e4m3(x * multiplier): one f32 multiplication, then the device's
 // cvt.rn.satfinite e4m3 (what FloatToE4M3 emulates on the host; ToE4M3x4).
 #pragma once
