@@ -18,7 +18,7 @@
 // loads in flight before any is used (LoadTile); its rows, each exactly one 1 x 128 row tile (the
 // block's columns start at a multiple of 128), are quantised by their warp's maxes and stored 4
 // bytes a lane; its columns' maxes meet in shared memory, and the tile quantised per column is
-// staged transposed in shared memory and stored as rows of q, 4-byte words wherever a row starts.
+// staged transposed in shared memory and stored as rows of q, 16-byte units wherever a row starts.
 // The block holding a matrix's last row also zeroes q's padding columns [rows,
 // Fp8PaddedRows(rows)). The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
 // any order, then the e4m3 rounding), so the bits agree.
@@ -147,26 +147,15 @@ struct SwigluGradientRows {
 };
 
 // dh's dgate and dup columns of the same pairs at once (f a multiple of kFp8TileSize, so that the
-// pairs' column tiles are dgate's and dup's): a row's gate, up and da quads read once, their
-// gradients computed once, into a GradientSlices.
+// pairs' column tiles are dgate's and dup's): SwigluGradientRows' reading of the pairs (columns <
+// f), each row's gradients computed once, into a GradientSlices.
 template <typename T>
-struct SwigluGradientPairs {
-  using Element = T;
-  static constexpr int kFetchRows = 2;
-  using Fetched = typename SwigluGradientRows<T>::Fetched;
+struct SwigluGradientPairs : SwigluGradientRows<T> {
   struct Finished {
     Quad<T> dgate, dup;
   };
-  SwigluGradientRows<T> reader;  // its columns < f: the pairs
-  bool vector;                   // reader.vector
-
-  __device__ int64_t Locate(int64_t r) const { return r; }
-  __device__ bool Valid(int64_t) const { return true; }
-  template <bool kVector>
-  __device__ Fetched Fetch(int64_t r, int64_t pair, int n) const {
-    return reader.template Fetch<kVector>(r, pair, n);
-  }
-  __device__ Finished Finish(const Fetched& in, int64_t, int n) const {
+  __device__ Finished Finish(const typename SwigluGradientRows<T>::Fetched& in, int64_t,
+                             int n) const {
     Finished out;
 #pragma unroll
     for (int e = 0; e < kTileColsPerLane; ++e) {
@@ -373,9 +362,9 @@ void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& sc
         Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale), f,
         QuadRows(Ptr<const T>(h), f) && QuadRows(Ptr<const T>(da), f)};
     if (f % kFp8TileSize == 0) {  // dgate's and dup's tiles of the same pairs in one block
-      LaunchColumnTiles(QuantizeSwigluGradientPairsKernel<T>,
-                        SwigluGradientPairs<T>{source, source.vector}, Fp8Tiles(f), rows, 2 * f,
-                        offsets, q, scales, row_q, row_scales, StreamOf(h));
+      LaunchColumnTiles(QuantizeSwigluGradientPairsKernel<T>, SwigluGradientPairs<T>{source},
+                        Fp8Tiles(f), rows, 2 * f, offsets, q, scales, row_q, row_scales,
+                        StreamOf(h));
     } else {
       LaunchColumnTiles(QuantizeColumnTilesKernel<SwigluGradientRows<T>>, source, Fp8Tiles(2 * f),
                         rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
