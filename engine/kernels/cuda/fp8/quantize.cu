@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
   const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
   TileSlice<T> slice;
-  const MatrixRows<T> matrix{x + group * m.elements(), m.rows, nullptr, m.cols, vector};
+  const MatrixRows<T> matrix{x + group * m.elements(), static_cast<int>(m.rows), nullptr,
+                             static_cast<int>(m.cols), vector};  // QuantizeBlocks checks they fit
   LoadTile(matrix, r0, c0, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
@@ -129,6 +130,8 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, cons
   if (m.groups == 0 || m.tiles() == 0) return;
   CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
       << "fp8 block quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
+  SourceInt(m.rows, "rows");  // a matrix's rows and columns as ints (MatrixRows)
+  SourceInt(m.cols, "columns");
   DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(

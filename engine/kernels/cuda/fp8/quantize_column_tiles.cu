@@ -333,7 +333,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
                          const Tensor& index) {
   const int64_t rows = index.defined() ? index.dim(0) : x.dim(0), k = x.dim(1);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const MatrixRows<T> source{Ptr<const T>(x), x.dim(0), Ptr<const int32_t>(index), k,
+    const MatrixRows<T> source{Ptr<const T>(x), SourceInt(x.dim(0), "rows"),
+                               Ptr<const int32_t>(index), SourceInt(k, "columns"),
                                QuadRows(Ptr<const T>(x), k)};
     LaunchColumnTiles(QuantizeColumnTilesKernel<MatrixRows<T>>, source, Fp8Tiles(k), rows, k,
                       offsets, q, scales, row_q, row_scales, StreamOf(x));

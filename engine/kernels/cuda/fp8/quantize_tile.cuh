@@ -173,8 +173,15 @@ struct TileSlice<bf16> {
 template <typename T>
 constexpr int kTileBlocksPerSm = std::is_same_v<T, bf16> ? 4 : 2;
 
+// v (a row count or width) as an int: CHECKs that it fits.
+inline int SourceInt(int64_t v, const char* what) {
+  CHECK(0 <= v && v <= INT32_MAX) << "fp8 quantisation: " << what << " " << v << " past 2^31";
+  return static_cast<int>(v);
+}
+
 // The rows of a matrix (`rows` rows of k elements from x), or with an index its rows index[r]
-// (a permutation's gather, read in place): a source of LoadTile.
+// (a permutation's gather, read in place): a source of LoadTile. Its rows and k are ints (the
+// launchers CHECK that they fit), so that a row's offset is one 32 x 32-bit product.
 template <typename T>
 struct MatrixRows {
   using Element = T;
@@ -182,16 +189,18 @@ struct MatrixRows {
   using Fetched = Quad<T>;
   using Finished = Quad<T>;
   const T* x;
-  int64_t rows;
+  int rows;
   const int32_t* index;  // or null
-  int64_t k;
+  int k;
   bool vector;  // QuadRows(x, k)
 
-  __device__ int64_t Locate(int64_t r) const { return index == nullptr ? r : index[r]; }
-  __device__ bool Valid(int64_t row) const { return 0 <= row && row < rows; }
+  __device__ int Locate(int64_t r) const {
+    return index == nullptr ? static_cast<int>(r) : index[r];
+  }
+  __device__ bool Valid(int row) const { return 0 <= row && row < rows; }
   template <bool kVector>
-  __device__ Fetched Fetch(int64_t row, int64_t column, int n) const {
-    return FetchQuad<kVector>(x + row * k + column, n);
+  __device__ Fetched Fetch(int row, int64_t column, int n) const {
+    return FetchQuad<kVector>(x + int64_t{row} * k + column, n);
   }
   __device__ Quad<T> Finish(const Fetched& quad, int64_t, int) const { return quad; }
 };
@@ -210,7 +219,7 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
   const int first = kTileRowsPerWarp * static_cast<int>(threadIdx.x / 32);
 #pragma unroll
   for (int b = 0; b < kTileRowsPerWarp; b += kBatch) {
-    int64_t located[kBatch];
+    decltype(source.Locate(r0)) located[kBatch];  // a source's row type
     bool valid = true;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -311,7 +320,6 @@ __device__ __forceinline__ void QuantizeSliceRows(const Slice& slice, int rows, 
     if (r < rows) StoreQuantizedQuad(slice, i, multiplier, cols - c, vector, q + r * ld + c);
   }
 }
-
 // A quantised tile transposed: column c's bytes of rows 16 w .. 16 w + 15 (the rows of warp w)
 // are chunk[c][w ^ (c / 4 % 8)] (a lane's four columns share the swizzle).
 struct StagedTile {
