@@ -4,12 +4,13 @@
 // column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass; with
 // an index the grouped rows are x's rows index[r], read in place (a permutation's gather).
 // SwigluForwardQuantized and SwigluBackwardQuantized run the same kernel over SwiGLU's output or
-// its input gradient, computed as they are read (the backward's dscale by SwigluBackward's own
-// kernel, told not to store dh).
+// its input gradient, computed as they are read.
 // One block of kTileThreads threads per (scale slot, 128 columns of k), a slot's column tiles in
 // consecutive blocks, so that the tiles of the same rows run together; SwiGLU's gradient, where f
 // is a multiple of 128, one block per (slot, 128 pairs) quantising dgate's and dup's tiles of those
-// pairs from one reading of them (otherwise a dgate and a dup column may share a tile, and each
+// pairs from one reading of them and summing each row's dscale terms over them into a partial,
+// which SumDscalePartials then adds up (otherwise the backward's dscale comes from SwigluBackward's
+// own kernel, told not to store dh, and a dgate and a dup column may share a tile, and each
 // tile's block reads its pairs). The slot's group is found by a search of each warp over g ->
 // Fp8ColumnTileSlot(g, offsets[g], 0) (strictly increasing in g) on the device offsets, and its
 // tile is t = slot - that (Fp8ColumnTileRows); a slot past its group's tiles writes zero scales and
@@ -148,15 +149,20 @@ struct SwigluGradientRows {
 
 // dh's dgate and dup columns of the same pairs at once (f a multiple of kFp8TileSize, so that the
 // pairs' column tiles are dgate's and dup's): SwigluGradientRows' reading of the pairs (columns <
-// f), each row's gradients computed once, into a GradientSlices.
+// f), each row's gradients computed once, into a GradientSlices; with dscale_partials (tiles(f),
+// rows), each row's terms of dscale (silu(gate) up da) over a tile's pairs summed into its
+// partial: a lane's quad in order, then the lanes in order (GradientSlices::SumDscaleTerms).
 template <typename T>
 struct SwigluGradientPairs : SwigluGradientRows<T> {
+  float* dscale_partials;  // or null
+
   struct Finished {
     Quad<T> dgate, dup;
+    float dscale_term;  // the sum of the quad's dscale terms
   };
   __device__ Finished Finish(const typename SwigluGradientRows<T>::Fetched& in, int64_t,
                              int n) const {
-    Finished out;
+    Finished out{};
 #pragma unroll
     for (int e = 0; e < kTileColsPerLane; ++e) {
       const SwigluGradient grad =
@@ -164,20 +170,38 @@ struct SwigluGradientPairs : SwigluGradientRows<T> {
       if (e < n) {
         out.dgate.Put(e, FromFloat<T>(grad.gate));
         out.dup.Put(e, FromFloat<T>(grad.up));
+        out.dscale_term += grad.product;
       }
     }
     return out;
   }
 };
 
-// The dgate and dup tiles of the same pairs (LoadTile's slice for SwigluGradientPairs).
+// The dgate and dup tiles of the same pairs (LoadTile's slice for SwigluGradientPairs), and each
+// lane's dscale terms of its warp's rows in shared memory, terms[warp][row][lane] (a row padded
+// to 33 words, so that a lane reading a row's terms and a warp writing a row's hit distinct banks).
 template <typename T>
 struct GradientSlices {
+  using DscaleTerms = float[kTileWarps][kTileRowsPerWarp][33];
   TileSlice<T> dgate, dup;
+  DscaleTerms& terms;
 
   __device__ void Set(int i, const typename SwigluGradientPairs<T>::Finished& quads) {
     dgate.Set(i, quads.dgate);
     dup.Set(i, quads.dup);
+    terms[threadIdx.x / 32][i][threadIdx.x % 32] = quads.dscale_term;
+  }
+  // partials[row] = the sum over the lanes in order of row r0 + row's terms, for the warp's rows
+  // below `rows` (every lane of the warp calls it, after Set).
+  __device__ void SumDscaleTerms(int64_t r0, int rows, float* partials) const {
+    __syncwarp();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = kTileRowsPerWarp * warp + lane;
+    if (lane >= kTileRowsPerWarp || row >= rows) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) sum += terms[warp][lane][l];
+    partials[r0 + row] = sum;
   }
 };
 
@@ -293,9 +317,13 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T> / 2)
     ZeroSlotScales(out, slot, pair_tiles + pair_tile);
     return;
   }
-  GradientSlices<T> slices;
-  LoadTile(source, tile.begin, pair_tile * kFp8TileSize, static_cast<int>(tile.end - tile.begin),
-           kFp8TileSize, slices);
+  __shared__ typename GradientSlices<T>::DscaleTerms terms;
+  GradientSlices<T> slices{.terms = terms};
+  const int tile_rows = static_cast<int>(tile.end - tile.begin);
+  LoadTile(source, tile.begin, pair_tile * kFp8TileSize, tile_rows, kFp8TileSize, slices);
+  if (source.dscale_partials != nullptr) {
+    slices.SumDscaleTerms(tile.begin, tile_rows, source.dscale_partials + pair_tile * out.rows);
+  }
   QuantizeLoadedTile(slices.dgate, tile, slot, pair_tile, out);
   QuantizeLoadedTile(slices.dup, tile, slot, pair_tiles + pair_tile, out);
 }
@@ -356,17 +384,24 @@ void SwigluForwardQuantized(const Tensor& h, const Tensor& scale, const Tensor& 
 void SwigluBackwardQuantized(const Tensor& da, const Tensor& h, const Tensor& scale,
                              const Tensor& offsets, const Tensor& q, const Tensor& scales,
                              const Tensor& row_q, const Tensor& row_scales, const Tensor& dscale) {
-  SwigluBackward(da, h, scale, Tensor(), dscale);  // dscale alone, as SwigluBackward sums it
   const int64_t rows = h.dim(0), f = da.dim(1);
   DispatchFloat(h.dtype(), [&]<typename T>(TypeTag<T>) {
     const SwigluGradientRows<T> source{
         Ptr<const T>(da), Ptr<const T>(h), Ptr<const float>(scale), f,
         QuadRows(Ptr<const T>(h), f) && QuadRows(Ptr<const T>(da), f)};
     if (f % kFp8TileSize == 0) {  // dgate's and dup's tiles of the same pairs in one block
-      LaunchColumnTiles(QuantizeSwigluGradientPairsKernel<T>, SwigluGradientPairs<T>{source},
-                        Fp8Tiles(f), rows, 2 * f, offsets, q, scales, row_q, row_scales,
-                        StreamOf(h));
+      const bool sums = dscale.defined() && rows > 0;
+      const Tensor partials =
+          sums ? Tensor::Empty({Fp8Tiles(f), rows}, DType::kF32, h.device()) : Tensor();
+      LaunchColumnTiles(QuantizeSwigluGradientPairsKernel<T>,
+                        SwigluGradientPairs<T>{source, Ptr<float>(partials)}, Fp8Tiles(f), rows,
+                        2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
+      if (sums) {
+        MOE_CUDA_CALL(SumDscalePartials(Ptr<float>(partials), Fp8Tiles(f), rows, Ptr<float>(dscale),
+                                        StreamOf(h)));
+      }
     } else {
+      SwigluBackward(da, h, scale, Tensor(), dscale);  // dscale alone, as SwigluBackward sums it
       LaunchColumnTiles(QuantizeColumnTilesKernel<SwigluGradientRows<T>>, source, Fp8Tiles(2 * f),
                         rows, 2 * f, offsets, q, scales, row_q, row_scales, StreamOf(h));
     }

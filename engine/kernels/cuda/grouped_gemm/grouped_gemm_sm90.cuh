@@ -218,11 +218,7 @@ inline cudaError_t GroupedMatmulSwigluBackwardSm90(const bf16* dy, const bf16* w
   const cudaError_t status = LaunchGroupedMatmul<false, Epilogue::kSwigluBackward>(
       dy, w, offsets, groups, rows, f, k, nullptr, swiglu, SplitWorkspace{}, stream);
   if (status != cudaSuccess || dscale == nullptr) return status;
-  constexpr int kSumThreads = 256;
-  const int64_t blocks = std::min<int64_t>((rows + kSumThreads - 1) / kSumThreads, 4096);
-  SumDscalePartialsKernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
-      dscale_partials, SwigluBackwardPartialTiles(f), rows, dscale);
-  return cudaGetLastError();
+  return SumDscalePartials(dscale_partials, SwigluBackwardPartialTiles(f), rows, dscale, stream);
 }
 
 // dw_g (+)= sum over the `count` parts of dy_p,g^T x_p,g (see the file comment), in one launch:

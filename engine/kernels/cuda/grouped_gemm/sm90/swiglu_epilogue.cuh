@@ -1,7 +1,7 @@
 // The SwiGLU epilogues of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): the
 // producer warpgroup's idle warps 1-3 take each consumer's staged result and compute SwiGLU from
-// fc1's y, or SwiGLU's gradients dh and dscale's partials from fc2's data gradient; the register
-// split each epilogue needs; and the sum of the dscale partials.
+// fc1's y, or SwiGLU's gradients dh and dscale's partials from fc2's data gradient (summed by
+// swiglu_math.cuh's SumDscalePartials); and the register split each epilogue needs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -191,17 +191,6 @@ __device__ __forceinline__ void PrefetchGateUp(const bf16* h, int f, int first_r
     for (uintptr_t line = begin; line < reinterpret_cast<uintptr_t>(first) + bytes; line += kLine) {
       PrefetchL2(reinterpret_cast<const void*>(line));
     }
-  }
-}
-
-// dscale[row] = sum over the tiles t, in order, of partials[t][row]; partials (tiles, rows).
-__global__ void SumDscalePartialsKernel(const float* partials, int64_t tiles, int64_t rows,
-                                        float* dscale) {
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t t = 0; t < tiles; ++t) sum += partials[t * rows + row];
-    dscale[row] = sum;
   }
 }
 
