@@ -320,6 +320,7 @@ __device__ __forceinline__ void QuantizeSliceRows(const Slice& slice, int rows, 
     if (r < rows) StoreQuantizedQuad(slice, i, multiplier, cols - c, vector, q + r * ld + c);
   }
 }
+
 // A quantised tile transposed: column c's bytes of rows 16 w .. 16 w + 15 (the rows of warp w)
 // are chunk[c][w ^ (c / 4 % 8)] (a lane's four columns share the swizzle).
 struct StagedTile {
