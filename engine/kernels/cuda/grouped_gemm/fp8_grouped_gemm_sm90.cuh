@@ -20,8 +20,9 @@
 //   t] * w_scale[g, column / 128, t], acc); y = acc rounded to y's type (bf16: nearest even).
 //   Every row of y is written (k == 0: zeros).
 //   Requirements (the launcher returns cudaErrorInvalidValue otherwise): k a multiple of 16 and n
-//   of 8, xq, wq and y 16-byte aligned (TMA: global strides and addresses multiples of 16 bytes;
-//   the epilogue's column pairs); rows, n, k < 2^31; 1 <= groups <= kMaxGroups.
+//   of 8, xq, wq and y 16-byte aligned (TMA, which y's writes use too: global strides and
+//   addresses multiples of 16 bytes; the copied rows' 16-byte pieces); rows, n, k < 2^31;
+//   1 <= groups <= kMaxGroups.
 //   Fp8GroupedMatmulWeightGradSm90: dw_g (=) or (+=) the sum over up to kMaxWeightGradParts parts
 //   p (Fp8WeightGradRows: QuantizeColumnTiles' forms of dy_p (rows_p, n) and x_p (rows_p, k), each
 //   with its own offsets) of dy_p[rows of g]^T · x_p[rows of g]; dw (groups, n, k) f32 or bf16.
@@ -47,11 +48,13 @@
 //     to) 4 m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its
 //     f32 accumulators with one fma each (64 + 64 registers a thread), then releases the stage
 //     (MultiplyFp8Stage).
-//   - Epilogue: the forward's threads write their accumulators' valid rows and columns as column
-//     pairs (float2 or bf16x2) straight from registers; the weight gradient's consumers stage
-//     their 64 x 128 results through one TMA box of shared memory each (epilogue.cuh's WriteTile,
-//     which the bf16 weight gradient uses too) and store or reduce-add them with TMA, which clips
-//     them to dw: with a few hundred tokens per expert, writing dw is most of this kernel's work.
+//   - Epilogue: each consumer stages its 64 x 128 result through one TMA box of shared memory
+//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: 2 rounds of bf16, 4 of f32) and
+//     stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips it to the
+//     tensor; the stores drain while the consumer multiplies its next tile. The forward's
+//     consumer whose 64 rows cross its group's end copies its valid rows from the staging
+//     instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the weight
+//     gradient's work.
 //   - Forward tiles: 128 x 128 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
 //     the bf16 forward's with 128-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
@@ -115,12 +118,19 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   if (x_scales == nullptr || w_scales == nullptr) return cudaErrorInvalidValue;
   const uint64_t g = static_cast<uint64_t>(groups), ur = static_cast<uint64_t>(rows);
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
-  CUtensorMap x_map, w_map;
+  CUtensorMap x_map, w_map, y_map;
   cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, xq, {uk, ur}, {uk},
                                           {kFp8BlockK, kFp8BlockM / 2});
   if (status != cudaSuccess) return status;
   status = EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, wq, {uk, un, g}, {uk, un * uk},
                               {kFp8BlockK, kFp8BlockN / 2, 1});
+  if (status != cudaSuccess) return status;
+  constexpr uint64_t kOutBytes = sizeof(Out);
+  status = EncodeTensorMap<3>(&y_map,
+                              std::is_same_v<Out, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                         : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                              y, {un, ur, 1}, {un * kOutBytes, un * ur * kOutBytes},
+                              {kWriteColumns<Out>, 64, 1});
   if (status != cudaSuccess) return status;
   // Tiles <= sum_g ceil(rows_g / kFp8BlockM) column tiles; cluster tiles fewer.
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kFp8BlockM - 1)) / kFp8BlockM *
@@ -132,8 +142,9 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   status = PersistentClusterLaunch<kKernel>(kFp8SmemBytes, kFp8ForwardCluster, tiles, stream,
                                             &config, &cluster);
   if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, x_scales, w_scales, offsets, groups,
-                              static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
+  status =
+      cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, x_scales, w_scales, offsets, groups,
+                         static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // The store epilogue of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): a consumer
-// warpgroup's 64 x N accumulators (the bf16 kernels' 64 x 256, the FP8 weight gradient's 64 x 128)
+// warpgroup's 64 x N accumulators (the bf16 kernels' 64 x 256, the FP8 kernels' 64 x 128)
 // staged as TMA boxes in its shared memory and written by TMA (store, or reduce-add for dw +=), or
 // for a group's last rows copied by the threads.
 #pragma once
@@ -28,8 +28,8 @@ namespace moe::cuda::sm90 {
 //     made the forward much slower than with no writes at all.
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
 //     whole bf16 result beside 3 stages was faster for dw = but slower for += and for f32.)
-//   - FP8 weight gradient (64 x 128, f32 or bf16): one box, 4 f32 or 2 bf16 rounds, beside the FP8
-//     kernels' 6 stages.
+//   - FP8 forward and weight gradient (64 x 128, f32 or bf16): one box, 4 f32 or 2 bf16 rounds,
+//     beside the FP8 kernels' 6 stages. Stores from registers made the FP8 forward slower too.
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB
@@ -155,29 +155,32 @@ __device__ __forceinline__ void WriteTile(const float (&acc)[kAccumulatorCount],
   });
 }
 
-// The byte offset in a staged bf16 tile (StageColumns) of row `row`'s 16-byte piece `piece` (its
-// columns 8 piece .. 8 piece + 7): box piece / 8, chunk piece % 8 of the row, swizzled.
+// The byte offset in a staged tile (StageColumns) of row `row`'s 16-byte piece `piece` (8 bf16 or
+// 4 f32 columns): box piece / 8, chunk piece % 8 of the row, swizzled.
 __device__ __forceinline__ int StagedPieceOffset(int row, int piece) {
   constexpr int kPiecesPerBoxRow = kSwizzleRowBytes / 16;
   return piece / kPiecesPerBoxRow * kBoxBytes + row * kSwizzleRowBytes +
          ((piece % kPiecesPerBoxRow) ^ (row % 8)) * 16;
 }
 
-// This warpgroup's accumulators as bf16, rows r < valid_rows (< 64: a group's last rows, which
-// the next group's follow, where TMA would write all 64): the 8 columns from tile column c of row
-// r to piece_at(r, c) (a bf16 pointer, or nullptr: past the tensor's columns), staged through
-// `staging` (kStagingBytes: in rounds of as many columns as it holds) and copied in 16-byte pieces.
-template <int kStagingBytes, typename PieceAt>
-__device__ __forceinline__ void WriteRows(const Accumulators& acc, const uint8_t* staging,
-                                          int barrier_id, int valid_rows, PieceAt piece_at) {
-  constexpr int kRoundColumns = kStagedColumns<bf16, kStagingBytes>;
-  constexpr int kPiecesPerRow = kRoundColumns / 8;
-  StageRounds<bf16, kStagingBytes>(acc, SmemAddress(staging), barrier_id, [&](int round) {
+// This warpgroup's 64 x N accumulators as Out, rows r < valid_rows (< 64: a group's last rows,
+// which the next group's follow, where TMA would write all 64): the 16 bytes of columns from tile
+// column c of row r to piece_at(r, c) (an Out pointer, or nullptr: past the tensor's columns),
+// staged through `staging` (kStagingBytes: in rounds of as many columns as it holds) and copied
+// in 16-byte pieces.
+template <typename Out, int kStagingBytes, int kAccumulatorCount, typename PieceAt>
+__device__ __forceinline__ void WriteRows(const float (&acc)[kAccumulatorCount],
+                                          const uint8_t* staging, int barrier_id, int valid_rows,
+                                          PieceAt piece_at) {
+  constexpr int kRoundColumns = kStagedColumns<Out, kStagingBytes>;
+  constexpr int kPieceColumns = 16 / static_cast<int>(sizeof(Out));
+  constexpr int kPiecesPerRow = kRoundColumns / kPieceColumns;
+  StageRounds<Out, kStagingBytes>(acc, SmemAddress(staging), barrier_id, [&](int round) {
     NamedBarrierSync(barrier_id, kWarpgroupThreads);
     for (int piece = static_cast<int>(threadIdx.x) % kWarpgroupThreads;
          piece < valid_rows * kPiecesPerRow; piece += kWarpgroupThreads) {
       const int r = piece / kPiecesPerRow, c = piece % kPiecesPerRow;
-      bf16* const out = piece_at(r, round * kRoundColumns + 8 * c);
+      Out* const out = piece_at(r, round * kRoundColumns + kPieceColumns * c);
       if (out == nullptr) continue;
       *reinterpret_cast<uint4*>(out) =
           *reinterpret_cast<const uint4*>(staging + StagedPieceOffset(r, c));

@@ -101,7 +101,7 @@ __device__ __forceinline__ void WriteForwardTile(const Accumulators& acc, const 
         return BoxOrigin{column + c, first_row, 0};
       });
     } else {
-      WriteRows<kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+      WriteRows<bf16, kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
         const int64_t row = first_row + r;
         return column + c < n ? y + row * n + column + c : nullptr;
       });
@@ -116,7 +116,7 @@ __device__ __forceinline__ void WriteForwardTile(const Accumulators& acc, const 
         return BoxOrigin{gate + c % kHalf, c / kHalf, first_row};
       });
     } else {
-      WriteRows<kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+      WriteRows<bf16, kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
         const int64_t row = first_row + r;
         return gate + c % kHalf < f ? y + row * n + c / kHalf * f + gate + c % kHalf : nullptr;
       });

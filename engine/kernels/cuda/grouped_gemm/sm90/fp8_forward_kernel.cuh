@@ -5,28 +5,32 @@
 // (grouped_gemm_tiles.h's ClusterTileScheduleOf<kFp8BlockN>): warpgroup 0's thread 0 TMA-loads
 // each K tile's operands into a ring of stages, its own and half of the shared one, which it
 // multicasts to both CTAs (ProduceFp8Stages); warpgroups 1 and 2 each multiply 64 rows of their
-// CTA's tile and promote the tile's partial sums (ConsumeFp8Tiles), then store their rows of y
-// from registers. The ring and a stage's multiplication are fp8_mainloop.cuh's, shared with the
+// CTA's tile and promote the tile's partial sums (ConsumeFp8Tiles), then write their rows of y
+// through a TMA box of shared memory each (epilogue.cuh's WriteTile, or WriteRows for a group's
+// last rows). The ring and a stage's multiplication are fp8_mainloop.cuh's, shared with the
 // weight gradient.
 #pragma once
 
 #include <cuda.h>
-#include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/grouped_gemm_tiles.h"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/epilogue.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/tile_scheduler.cuh"
 
 namespace moe::cuda::sm90 {
 
-// The offsets and the tile prefix (kMaxGroups + 1 ints each), after the stage ring.
-constexpr int kFp8SmemBytes = kFp8RingBytes + 2 * (kMaxGroups + 1) * 4;
+// After the stage ring: the offsets and the tile prefix (kMaxGroups + 1 ints each), then each
+// consumer's output staging, one TMA box (1024-byte aligned, as the 128-byte swizzle needs); with
+// the ring's base's alignment slack (1023), as kFp8RingBytes.
+constexpr int kFp8ForwardStagingOffset =
+    (kFp8ExtraOffset + 2 * (kMaxGroups + 1) * 4 + 1023) / 1024 * 1024;
+constexpr int kFp8SmemBytes = 1023 + kFp8ForwardStagingOffset + kConsumers * kBoxBytes;
 static_assert(kFp8SmemBytes <= 227 * 1024);
 
 constexpr int kFp8ForwardCluster = 2;  // CTAs sharing (multicasting) an operand tile
@@ -44,16 +48,9 @@ __device__ __forceinline__ int* Fp8Offsets(const Fp8Ring& ring) {
 __device__ __forceinline__ int* Fp8TilePrefix(const Fp8Ring& ring) {
   return Fp8Offsets(ring) + kMaxGroups + 1;
 }
-
-// out[index], out[index + 1] = a, b rounded to Out (bf16: nearest even).
-template <typename Out>
-__device__ __forceinline__ void WriteOutputPair(Out* out, int64_t index, float a, float b) {
-  if constexpr (std::is_same_v<Out, float>) {
-    *reinterpret_cast<float2*>(out + index) = make_float2(a, b);
-  } else {
-    static_assert(std::is_same_v<Out, __nv_bfloat16>, "the output is f32 or bf16");
-    *reinterpret_cast<__nv_bfloat162*>(out + index) = __floats2bfloat162_rn(a, b);
-  }
+// Consumer `consumer`'s output staging (one TMA box).
+__device__ __forceinline__ uint8_t* Fp8ForwardStaging(const Fp8Ring& ring, int consumer) {
+  return ring.base + kFp8ForwardStagingOffset + consumer * kBoxBytes;
 }
 
 // The producer (thread 0 of warpgroup 0): for each of its cluster's tiles (`tiles`) and each K
@@ -116,15 +113,19 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
 // before K tile kt - 1's are promoted, so that the tensor cores multiply while it promotes: once
 // kt - 1's wgmmas are done (at most kt's in flight), their stage is released and acc =
 // fma(part, x_scale[row, kt - 1] * w_scale[group, block, kt - 1], acc) for its rows Row() and
-// Row() + 8 (FragmentPosition). Then its valid rows and columns of y = acc (plain stores of
-// column pairs).
+// Row() + 8 (FragmentPosition). Then its valid rows and columns of y = acc, rounded to Out,
+// through its staging box (Fp8ForwardStaging): 64 valid rows by TMA stores to y_map (clipped to
+// n), fewer copied by its threads (WriteRows); the stores drain while it goes on, and it waits
+// for them before it returns.
 template <typename Out>
-__device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float* x_scales,
-                                                const float* w_scales,
+__device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const CUtensorMap& y_map,
+                                                const float* x_scales, const float* w_scales,
                                                 const Fp8ClusterSchedule& schedule,
                                                 const RoundRobin& tiles, int rank, int n,
                                                 int k_tiles, int consumer, Out* y) {
   const FragmentPosition at;
+  uint8_t* const staging = Fp8ForwardStaging(ring, consumer);
+  const int barrier = 1 + consumer;  // its named barrier (WriteTile, WriteRows)
   const int n_blocks = (n + kFp8BlockN - 1) / kFp8BlockN;
   const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
   float acc[kFp8Accumulators], part0[kFp8Accumulators], part1[kFp8Accumulators];
@@ -202,30 +203,31 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const float
       }
     }
     if (!active) continue;
-#pragma unroll
-    for (int i = 0; i < kFp8Accumulators / 4; ++i) {
-      const int column = mine.column + 8 * i + at.Column();
-      if (column >= n) continue;  // n % 8 == 0: column + 1 < n too
-      if (row0 < tile.row_end) {
-        WriteOutputPair(y, int64_t{row0} * n + column, acc[4 * i], acc[4 * i + 1]);
-      }
-      if (row1 < tile.row_end) {
-        WriteOutputPair(y, int64_t{row1} * n + column, acc[4 * i + 2], acc[4 * i + 3]);
-      }
+    if (mine.valid_rows == 64) {
+      WriteTile<Out, kBoxBytes>(acc, y_map, SmemAddress(staging), barrier, false, [&](int c) {
+        return BoxOrigin{mine.column + c, mine.first_row, 0};
+      });
+    } else {
+      WriteRows<Out, kBoxBytes>(acc, staging, barrier, mine.valid_rows, [&](int r, int c) {
+        const int64_t row = mine.first_row + r;
+        return mine.column + c < n ? y + row * n + mine.column + c : nullptr;
+      });
     }
   }
+  if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 }
 
 // y = xq · wq_g^T per group with the blockwise scales (see ../fp8_grouped_gemm_sm90.cuh), in
 // clusters of kFp8ForwardCluster CTAs. x_map: xq as (k, rows) uint8, box (128, 64); w_map: wq as
 // (k, n, groups), box (128, 64, 1); x_scales (rows, ceil(k / 128)), w_scales (groups, ceil(n /
-// 128), ceil(k / 128)) f32; y (rows, n). kThreads threads, kFp8SmemBytes of dynamic shared
-// memory, any grid of whole clusters (persistent: cluster c takes cluster tiles c, c + clusters,
-// ...).
+// 128), ceil(k / 128)) f32; y (rows, n), y_map: y as (n, rows, 1), box (kWriteColumns<Out>, 64,
+// 1). kThreads threads, kFp8SmemBytes of dynamic shared memory, any grid of whole clusters
+// (persistent: cluster c takes cluster tiles c, c + clusters, ...).
 template <typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
     Fp8GroupedMatmulKernel(const __grid_constant__ CUtensorMap x_map,
-                           const __grid_constant__ CUtensorMap w_map, const float* x_scales,
+                           const __grid_constant__ CUtensorMap w_map,
+                           const __grid_constant__ CUtensorMap y_map, const float* x_scales,
                            const float* w_scales, const int32_t* device_offsets, int groups,
                            int rows, int n, int k, Out* y) {
 #if MOE_SM90A_KERNELS
@@ -248,8 +250,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) ProduceFp8Stages(x_map, w_map, ring, schedule, tiles, rank, k_tiles);
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
-    ConsumeFp8Tiles<Out>(ring, x_scales, w_scales, schedule, tiles, rank, n, k_tiles, warpgroup - 1,
-                         y);
+    ConsumeFp8Tiles<Out>(ring, y_map, x_scales, w_scales, schedule, tiles, rank, n, k_tiles,
+                         warpgroup - 1, y);
   }
   // No CTA leaves while its peer may still load into it or release a stage in it.
   __syncwarp();
