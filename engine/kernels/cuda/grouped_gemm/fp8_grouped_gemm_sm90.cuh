@@ -44,13 +44,15 @@
 // without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
 // warpgroups 1 and 2 consume, 64 output rows each):
 //   - A stage holds one 128-deep K tile of both operands, each 128 rows of 128 e4m3 (one 128-byte
-//     swizzle row per operand row: 32 KiB, kFp8Stages = 6 of them). Per stage a consumer issues (up
-//     to) 4 m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its
-//     f32 accumulators with one fma each (64 + 64 registers a thread), then releases the stage
-//     (MultiplyFp8Stage).
-//   - Epilogue: each consumer stages its 64 x 128 result through one TMA box of shared memory
-//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: 2 rounds of bf16, 4 of f32) and
-//     stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips it to the
+//     swizzle row per operand row: 32 KiB; kFp8ForwardStages = 6 of them, kFp8WeightGradStages =
+//     5 beside the weight gradient's larger output staging). Per stage a consumer issues (up to) 4
+//     m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its f32
+//     accumulators with one fma each (64 + 64 registers a thread; the forward's K tiles alternate
+//     between two sets of 64, the next issued before this one is promoted), then releases the
+//     stage (MultiplyFp8Stage).
+//   - Epilogue: each consumer stages its 64 x 128 result through shared memory (epilogue.cuh's
+//     WriteTile, which the bf16 kernels use too: the forward one TMA box, the weight gradient two)
+//     and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips it to the
 //     tensor; the stores drain while the consumer multiplies its next tile. The forward's
 //     consumer whose 64 rows cross its group's end copies its valid rows from the staging
 //     instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the weight

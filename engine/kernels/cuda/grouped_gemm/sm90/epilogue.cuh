@@ -28,8 +28,10 @@ namespace moe::cuda::sm90 {
 //     made the forward much slower than with no writes at all.
 //   - Weight gradient (dw, f32 or bf16): 16 KiB, 4 f32 or 2 bf16 rounds, beside 4 stages. (The
 //     whole bf16 result beside 3 stages was faster for dw = but slower for += and for f32.)
-//   - FP8 forward and weight gradient (64 x 128, f32 or bf16): one box, 4 f32 or 2 bf16 rounds,
-//     beside the FP8 kernels' 6 stages. Stores from registers made the FP8 forward slower too.
+//   - FP8 forward (64 x 128, f32 or bf16): one box, 4 f32 or 2 bf16 rounds, beside 6 stages (two
+//     boxes beside 5 were slower); stores from registers made it slower too.
+//   - FP8 weight gradient (64 x 128): two boxes, 2 f32 rounds or 1 bf16, beside 5 stages (faster
+//     than one box beside 6).
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB

@@ -25,11 +25,15 @@
 
 namespace moe::cuda::sm90 {
 
+namespace detail {
+using Fp8ForwardRing = Fp8Ring<kFp8ForwardStages>;
+}  // namespace detail
+
 // After the stage ring: the offsets and the tile prefix (kMaxGroups + 1 ints each), then each
 // consumer's output staging, one TMA box (1024-byte aligned, as the 128-byte swizzle needs); with
-// the ring's base's alignment slack (1023), as kFp8RingBytes.
+// the ring's base's alignment slack (1023).
 constexpr int kFp8ForwardStagingOffset =
-    (kFp8ExtraOffset + 2 * (kMaxGroups + 1) * 4 + 1023) / 1024 * 1024;
+    (detail::Fp8ForwardRing::kExtraOffset + 2 * (kMaxGroups + 1) * 4 + 1023) / 1024 * 1024;
 constexpr int kFp8SmemBytes = 1023 + kFp8ForwardStagingOffset + kConsumers * kBoxBytes;
 static_assert(kFp8SmemBytes <= 227 * 1024);
 
@@ -42,14 +46,14 @@ using Fp8ClusterSchedule = ClusterTileScheduleOf<kFp8BlockN>;
 using Fp8ClusterTile = ClusterTileOf<kFp8BlockN>;
 
 // The forward's bytes after the stage ring (Fp8Ring::Extra): the offsets, then the tile prefix.
-__device__ __forceinline__ int* Fp8Offsets(const Fp8Ring& ring) {
+__device__ __forceinline__ int* Fp8Offsets(const Fp8ForwardRing& ring) {
   return reinterpret_cast<int*>(ring.Extra());
 }
-__device__ __forceinline__ int* Fp8TilePrefix(const Fp8Ring& ring) {
+__device__ __forceinline__ int* Fp8TilePrefix(const Fp8ForwardRing& ring) {
   return Fp8Offsets(ring) + kMaxGroups + 1;
 }
 // Consumer `consumer`'s output staging (one TMA box).
-__device__ __forceinline__ uint8_t* Fp8ForwardStaging(const Fp8Ring& ring, int consumer) {
+__device__ __forceinline__ uint8_t* Fp8ForwardStaging(const Fp8ForwardRing& ring, int consumer) {
   return ring.base + kFp8ForwardStagingOffset + consumer * kBoxBytes;
 }
 
@@ -61,14 +65,14 @@ __device__ __forceinline__ uint8_t* Fp8ForwardStaging(const Fp8Ring& ring, int c
 // receives kFp8StageBytes, its own loads and its peer's multicast. Rows past the tensors and K
 // past k are zero-filled (they count toward the stage's bytes).
 __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const CUtensorMap& w_map,
-                                                 const Fp8Ring& ring,
+                                                 const Fp8ForwardRing& ring,
                                                  const Fp8ClusterSchedule& schedule,
                                                  const RoundRobin& tiles, int rank, int k_tiles) {
   PrefetchTensorMap(x_map);
   PrefetchTensorMap(w_map);
   constexpr uint16_t kBoth = (1u << kFp8ForwardCluster) - 1;
   const auto barriers = ring.Barriers<kFp8ForwardCluster>();
-  PipelineState<kFp8Stages> state;
+  PipelineState<kFp8ForwardStages> state;
   for (int t = tiles.first; t < tiles.end; t += tiles.step) {
     const Fp8ClusterTile tile = schedule.Find(t);
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -118,8 +122,9 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
 // n), fewer copied by its threads (WriteRows); the stores drain while it goes on, and it waits
 // for them before it returns.
 template <typename Out>
-__device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const CUtensorMap& y_map,
-                                                const float* x_scales, const float* w_scales,
+__device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
+                                                const CUtensorMap& y_map, const float* x_scales,
+                                                const float* w_scales,
                                                 const Fp8ClusterSchedule& schedule,
                                                 const RoundRobin& tiles, int rank, int n,
                                                 int k_tiles, int consumer, Out* y) {
@@ -134,7 +139,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8Ring& ring, const CUten
     part0[i] = 0.0f;  // each K tile's first wgmma drops them
     part1[i] = 0.0f;
   }
-  PipelineState<kFp8Stages> state;  // the next stage to issue
+  PipelineState<kFp8ForwardStages> state;  // the next stage to issue
   for (int t = tiles.first; t < tiles.end; t += tiles.step) {
     const Fp8ClusterTile tile = UniformTile(schedule.Find(t));
     const ConsumerTile mine(tile, rank, consumer, n);
@@ -233,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if MOE_SM90A_KERNELS
   static_assert(kFp8ForwardCluster == 2, "a cluster tile is a pair of tiles");
   extern __shared__ uint8_t smem_raw[];
-  const Fp8Ring ring(smem_raw);
+  const Fp8ForwardRing ring(smem_raw);
   if (threadIdx.x == 0) ring.Barriers<kFp8ForwardCluster>().Init();
   const int n_tiles = (n + kFp8BlockN - 1) / kFp8BlockN;
   int* const offsets = Fp8Offsets(ring);

@@ -50,13 +50,20 @@ struct Fp8WeightGradParts {
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
 constexpr int kFp8MaskThreads = 64;  // warps 1 and 2 of warpgroup 0 (warp 0: the producer)
 constexpr int kFp8MaskBarrier = 3;   // their named barrier (the consumers' WriteTile: 1 and 2)
-constexpr int kFp8WeightGradStagingBytes = kBoxBytes;  // a consumer's output staging
+// A consumer's output staging: two boxes, its whole bf16 result (one round) or half of f32's.
+constexpr int kFp8WeightGradStagingBytes = 2 * kBoxBytes;
+
+namespace detail {
+using Fp8WeightGradRing = Fp8Ring<kFp8WeightGradStages>;
+}  // namespace detail
+
 // The kernel's bytes after the ring: each consumer's output staging (1024-byte aligned, as the
 // 128-byte swizzle of its TMA boxes needs), then each stage's scales; with the ring's base's
-// alignment slack (1023), as kFp8RingBytes.
-constexpr int kFp8StagingOffset = (kFp8ExtraOffset + 1023) / 1024 * 1024;
+// alignment slack (1023).
+constexpr int kFp8StagingOffset = (detail::Fp8WeightGradRing::kExtraOffset + 1023) / 1024 * 1024;
 constexpr int kFp8ScalesOffset = kFp8StagingOffset + kConsumers * kFp8WeightGradStagingBytes;
-constexpr int kFp8WeightGradSmemBytes = 1023 + kFp8ScalesOffset + kFp8Stages * kFp8ScaleFloats * 4;
+constexpr int kFp8WeightGradSmemBytes =
+    1023 + kFp8ScalesOffset + kFp8WeightGradStages * kFp8ScaleFloats * 4;
 static_assert(kFp8WeightGradSmemBytes <= 227 * 1024);
 
 namespace detail {
@@ -75,7 +82,7 @@ __device__ __forceinline__ Fp8WeightGradTile FindFp8WeightGradTile(int t, int m_
 }
 
 // A stage's scales: kFp8BlockM of dy (the tile's dw rows), then kFp8BlockN of x (its columns).
-__device__ __forceinline__ float* Fp8StageScales(const Fp8Ring& ring, int stage) {
+__device__ __forceinline__ float* Fp8StageScales(const Fp8WeightGradRing& ring, int stage) {
   return reinterpret_cast<float*>(ring.base + kFp8ScalesOffset) + stage * kFp8ScaleFloats;
 }
 
@@ -119,14 +126,14 @@ __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts
 // and columns' floats). A masked token tile's stage lands on landed[s] (the mask warps mark it
 // full); any other on full[s].
 __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradParts& parts,
-                                                           const Fp8Ring& ring, int total,
+                                                           const Fp8WeightGradRing& ring, int total,
                                                            int m_tiles, int n_tiles, int n, int k) {
   for (int p = 0; p < parts.tokens.count; ++p) {
     PrefetchTensorMap(parts.tokens.dy[p]);
     PrefetchTensorMap(parts.tokens.x[p]);
   }
   const auto barriers = ring.Barriers<1>();
-  PipelineState<kFp8Stages> state;
+  PipelineState<kFp8WeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const Fp8WeightGradTile tile = FindFp8WeightGradTile(t, m_tiles, n_tiles);
     // n, k multiples of 4: whole 16-byte chunks.
@@ -201,12 +208,12 @@ __device__ __forceinline__ void ZeroTokensOutside(uint32_t a, const Fp8TokenTile
 // tokens add nothing), fence them for the tensor cores (fence.proxy.async), meet at their named
 // barrier, and the first marks the stage full.
 __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
-                                                        const Fp8Ring& ring, int total, int m_tiles,
-                                                        int n_tiles, int thread) {
+                                                        const Fp8WeightGradRing& ring, int total,
+                                                        int m_tiles, int n_tiles, int thread) {
   const auto barriers = ring.Barriers<1>();
-  PipelineState<kFp8Stages> state;
+  PipelineState<kFp8WeightGradStages> state;
   uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
-  static_assert(kFp8Stages <= 32);
+  static_assert(kFp8WeightGradStages <= 32);
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const int group = FindFp8WeightGradTile(t, m_tiles, n_tiles).group;
     ForEachTokenTile(parts, group, [&](const Fp8TokenTile& token_tile) {
@@ -235,7 +242,7 @@ __device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradParts& parts,
                                                           const CUtensorMap& dw_map,
-                                                          const Fp8Ring& ring, int total,
+                                                          const Fp8WeightGradRing& ring, int total,
                                                           int m_tiles, int n_tiles, int n,
                                                           int consumer, bool accumulate) {
   const FragmentPosition at;
@@ -245,7 +252,7 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
   float acc[kFp8Accumulators], part[kFp8Accumulators];
 #pragma unroll
   for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
-  PipelineState<kFp8Stages> state;
+  PipelineState<kFp8WeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const Fp8WeightGradTile found = FindFp8WeightGradTile(t, m_tiles, n_tiles);
     const Fp8WeightGradTile tile = {WarpUniform(found.group), WarpUniform(found.m0),
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                bool accumulate) {
 #if MOE_SM90A_KERNELS
   extern __shared__ uint8_t smem_raw[];
-  const Fp8Ring ring(smem_raw);
+  const Fp8WeightGradRing ring(smem_raw);
   if (threadIdx.x == 0) ring.Barriers<1>().Init();
   __syncthreads();  // publishes the barriers' initialisation
   const int m_tiles = (n + kFp8BlockM - 1) / kFp8BlockM;
