@@ -21,7 +21,7 @@ Fp8Forms AllocateForms(int64_t rows, int64_t k, int64_t groups, Device device, b
                        bool row_tiles) {
   Fp8Forms out;
   if (columns) {
-    out.columns = {Tensor::Empty({k, Fp8PaddedRows(rows)}, DType::kE4M3, device),
+    out.columns = {Tensor::Empty({k, Fp8ColumnTokens(groups, rows)}, DType::kE4M3, device),
                    Tensor::Empty({Fp8ColumnTileSlots(groups, rows), k}, DType::kF32, device), rows};
   }
   if (row_tiles) {

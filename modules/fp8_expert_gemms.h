@@ -33,8 +33,8 @@ struct Fp8Rows {
 };
 
 // Grouped rows x (rows, k) as the weight gradients take them (ops::QuantizeColumnTiles): q (k,
-// Fp8PaddedRows(rows)) e4m3, each group's rows transposed; scales (Fp8ColumnTileSlots(groups,
-// rows), k) f32, one per 128 rows of a group and column.
+// Fp8ColumnTokens(groups, rows)) e4m3, each group's rows transposed from a multiple of 32 tokens;
+// scales (Fp8ColumnTileSlots(groups, rows), k) f32, one per 128 rows of a group and column.
 struct Fp8Columns {
   Tensor q;
   Tensor scales;

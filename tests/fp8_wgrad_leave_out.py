@@ -4,8 +4,7 @@ so that the time a stage costs is the difference against the whole kernel (no co
 Their results are wrong (the FP8 probe's checks fail; its timings stand):
   no_promote  the consumers issue and wait for each stage's wgmmas but do not scale them into acc
   no_write    acc is computed but not written (no staging, no TMA stores)
-  no_mask     the mask warps mark a masked stage full without zeroing other groups' tokens
-  none        all three left out
+  none        both left out
 Each variant is a copy of the work tree's kernels and probes (engine/kernels, engine/core,
 tests/kernels: what the whole kernel's probe is built from; no git needed) with the kernel edited;
 an edit whose anchor is not found once stops the script.
@@ -18,15 +17,14 @@ import sys
 
 KERNEL = "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
 SOURCES = ["engine/kernels", "engine/core", "tests/kernels"]
-PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, first, slices, [&](int stage) {\n"
+PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, slices, [&](int stage) {\n"
 EDITS = {
     "no_promote": [(PROMOTION + "        if (!active) return;", PROMOTION + "        return;")],
     "no_write": [("    WriteTile<Out, kFp8WeightGradStagingBytes>(",
                   "    FenceAccumulators(acc);  // acc stays computed\n"
                   "    if (false) WriteTile<Out, kFp8WeightGradStagingBytes>(")],
-    "no_mask": [("        ZeroTokensOutside(ring.A(state.stage), token_tile, thread);\n", "")],
 }
-EDITS["none"] = EDITS["no_promote"] + EDITS["no_write"] + EDITS["no_mask"]
+EDITS["none"] = EDITS["no_promote"] + EDITS["no_write"]
 
 
 def main():

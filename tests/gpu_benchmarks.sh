@@ -39,7 +39,7 @@
 # traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
 # from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
 # and (leave_out) the FP8 weight gradient's probe timings with one stage of the kernel's work left
-# out at a time (tests/fp8_wgrad_leave_out.py: promotion, output writes, masking), beside the whole,
+# out at a time (tests/fp8_wgrad_leave_out.py: promotion, output writes), beside the whole,
 # and (sustained) moe_bench at every shape under sustained load (--iters=100; Mixtral-8x7B again with
 # the paths in the other order) beside nvidia-smi's SM clock and power every 50 ms, summed per path
 # by tests/clock_during_phases.py (about 5 minutes), and (real_shape) the 8-layer cut of the real
@@ -468,7 +468,7 @@ echo "== the FP8 weight gradient with one stage of its work left out (timing onl
 # tests/fp8_wgrad_leave_out.py writes the variants (their checks fail; their times stand); the
 # whole kernel runs first and last, so the differences are what each stage costs.
 python3 tests/fp8_wgrad_leave_out.py /tmp/leave_out > "$out/leave_out.log" || exit 1
-variants=(whole no_promote no_write no_mask none)
+variants=(whole no_promote no_write none)
 rm -f "${variants[@]/#//tmp/probe_}"  # a failed build leaves no stale binary behind
 build_probe . /tmp/probe_whole "$out/probe_whole_build.log" tests/kernels/fp8_grouped_gemm_sm90_probe.cu &
 for v in "${variants[@]:1}"; do

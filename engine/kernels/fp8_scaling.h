@@ -50,34 +50,45 @@ constexpr Fp8TiledMatrices Fp8Blocks(int64_t groups, int64_t n, int64_t k) {
 constexpr int64_t kFp8RowAlignment = 16;
 
 // The weight gradients' operands (ops::QuantizeColumnTiles): grouped rows (rows, k) transposed,
-// one f32 scale per tile and column, a group's tiles its rows in each 128-row window [128 j,
-// 128 (j + 1)) of all the rows (so every tile's first transposed column, and every TMA box the
-// Hopper kernel loads, starts at a multiple of 128 or at the group's first row, and the kernel
-// loads whole windows). The transposed rows are padded to a multiple of kFp8RowAlignment (TMA's
-// strides).
-constexpr int64_t Fp8PaddedRows(int64_t rows) {
-  return (rows + kFp8RowAlignment - 1) / kFp8RowAlignment * kFp8RowAlignment;
+// one f32 scale per tile and column, a group's tiles its rows cut into 128s from its first row
+// (so the forward GEMM's row tiles, which start there too, are the same tiles). In the transposed
+// rows each group's tokens start at a multiple of kFp8ColumnAlignment, Fp8ColumnStart, and its
+// last tile is followed by zeros up to a multiple of kFp8ColumnAlignment: the Hopper weight
+// gradient loads a tile with TMA from its first token (a box's start must be 16-byte aligned)
+// and multiplies it in 32-token K slices (the e4m3 wgmma's K) without masking. The columns
+// between one group's zeros and the next group's start are unspecified.
+constexpr int64_t kFp8ColumnAlignment = 32;
+// Where group `group`, whose rows start at row `group_begin`, starts in the transposed rows:
+// kFp8ColumnAlignment (ceil(group_begin / kFp8ColumnAlignment) + group). Computed from the
+// group's own offset, without a scan of the others: consecutive groups never overlap, since
+// ceil(end / a) >= ceil(begin / a) + ceil((end - begin) / a) - 1 for a group of rows [begin, end).
+constexpr int64_t Fp8ColumnStart(int64_t group, int64_t group_begin) {
+  return kFp8ColumnAlignment *
+         ((group_begin + kFp8ColumnAlignment - 1) / kFp8ColumnAlignment + group);
 }
-// Tile t of the group of rows [group_begin, group_end): its rows in window floor(group_begin /
-// 128) + t; empty (begin >= end) past the group's last tile.
+// The transposed rows' length for `groups` groups of `rows` rows in all: the start a group past
+// the last would have (a multiple of 32, as TMA's row strides need 16 bytes).
+constexpr int64_t Fp8ColumnTokens(int64_t groups, int64_t rows) {
+  return Fp8ColumnStart(groups, rows);
+}
+// A group's rows (empty: begin >= end) or a tile's.
 struct Fp8RowRange {
   int64_t begin, end;
 };
+// Tile t of the group of rows [group_begin, group_end): 128 rows from group_begin + 128 t, or
+// the group's rest.
 constexpr Fp8RowRange Fp8ColumnTileRows(int64_t group_begin, int64_t group_end, int64_t t) {
-  const int64_t window = (group_begin / kFp8TileSize + t) * kFp8TileSize;
-  return {window > group_begin ? window : group_begin,
-          window + kFp8TileSize < group_end ? window + kFp8TileSize : group_end};
+  const int64_t begin = group_begin + t * kFp8TileSize;
+  return {begin, begin + kFp8TileSize < group_end ? begin + kFp8TileSize : group_end};
 }
-// The tiles of that group: the windows from its first row's to its last row's (none if empty).
+// The tiles of that group (none if empty).
 constexpr int64_t Fp8ColumnTileCount(int64_t group_begin, int64_t group_end) {
-  return group_begin < group_end ? (group_end - 1) / kFp8TileSize - group_begin / kFp8TileSize + 1
-                                 : 0;
+  return group_begin < group_end ? Fp8Tiles(group_end - group_begin) : 0;
 }
 // Where tile t of a group that starts at row `group_begin` keeps its scales: slot group +
-// floor(group_begin / 128) + t, i.e. the group's index plus its tile's window. A group's last
-// tile lies in the window of its last row, and the next group's first tile in that window or a
-// later one, so the slots of consecutive groups never meet and their number is bounded by the
-// rows alone, without reading the offsets: Fp8ColumnTileSlots.
+// floor(group_begin / 128) + t. The slots of consecutive groups never meet (a group of rows
+// [begin, end) has ceil((end - begin) / 128) <= floor(end / 128) - floor(begin / 128) + 1 tiles),
+// so their number is bounded by the rows alone, without reading the offsets: Fp8ColumnTileSlots.
 constexpr int64_t Fp8ColumnTileSlot(int64_t group, int64_t group_begin, int64_t t) {
   return group + group_begin / kFp8TileSize + t;
 }
@@ -89,7 +100,7 @@ struct Fp8ColumnTileSizes {
   int64_t values, scales;
 };
 constexpr Fp8ColumnTileSizes Fp8ColumnTileBytes(int64_t groups, int64_t rows, int64_t k) {
-  return {k * Fp8PaddedRows(rows), 4 * k * Fp8ColumnTileSlots(groups, rows)};
+  return {k * Fp8ColumnTokens(groups, rows), 4 * k * Fp8ColumnTileSlots(groups, rows)};
 }
 
 // A smaller amax counts as this one, which keeps 448 / amax finite: an all-zero tile gets q = 0

@@ -414,8 +414,8 @@ namespace {
 // QuantizeColumnTiles' forms of grouped rows (rows, cols) over `groups` groups.
 void CheckColumnTiles(const Tensor& q, const Tensor& scales, int64_t groups, int64_t rows,
                       int64_t cols, const std::string& what) {
-  CheckQuantized(q, scales, {cols, Fp8PaddedRows(rows)}, {Fp8ColumnTileSlots(groups, rows), cols},
-                 what);
+  CheckQuantized(q, scales, {cols, Fp8ColumnTokens(groups, rows)},
+                 {Fp8ColumnTileSlots(groups, rows), cols}, what);
 }
 
 // The FP8 forms an op writes of grouped rows (rows, k) over `offsets`: the column tiles (q,

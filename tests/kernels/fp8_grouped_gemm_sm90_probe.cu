@@ -31,19 +31,20 @@
 //   - the guard rows keep their poison (no store past the last row).
 // Weight-gradient cases ("wgrad ..."): dw_g (groups, n, k) = sum over parts of dy_p,g^T x_p,g
 // (Fp8GroupedMatmulWeightGradSm90) on dy_p (rows_p, n) and x_p (rows_p, k) quantised here as
-// QuantizeColumnTiles lays them out (transposed, tokens padded to Fp8PaddedRows, 128-token tiles
-// per group and column, scales in Fp8ColumnTileSlot's rows: fp8_scaling.h), from bf16 values
-// uniform in [-1, 1) times 2^((row / 37) % 7 - 3) and 2^(column % 5 - 2), so that tiles and
-// columns get different scales and a scale from the wrong slot, row or column errs by a factor
-// of 2 or more. A tiny case; tails (n 336, k 1008: partial row and column tiles; groups of 0, 1,
-// 127, 128, 129, 300, 96 and 37 rows, 818 in all, so the tokens are padded to 832; an empty first
-// and last group; token tiles whose read 32-token slices start before the group's first token or
-// end past its last (masked), or at them (unmasked)); two parts; and the MoE shapes above (dw of
-// the forward case's w, one part). Checks for dw f32 and bf16, = (dw and 64 guard rows of k
-// poisoned) and += (onto random dw, the guard rows poisoned), against the f32 reference (per part
-// and group cublasSgemm of the dequantised operands, summed; += adds the initial dw): the forward's
-// tolerances on max|expected|, every element finite, the guard rows untouched, and the groups
-// without rows in any part exactly +0 (=) or bit-identical to what they held (+=). And "two parts
+// QuantizeColumnTiles lays them out (transposed, each group from Fp8ColumnStart's token with zeros
+// after it up to a multiple of 32 and NaN bytes in the other tokens, which no product may read;
+// tiles of 128 tokens from each group's first, per column; scales in Fp8ColumnTileSlot's rows:
+// fp8_scaling.h), from bf16 values uniform in [-1, 1) times 2^((row / 37) % 7 - 3) and
+// 2^(column % 5 - 2), so that tiles and columns get different scales and a scale from the wrong
+// slot, row or column errs by a factor of 2 or more. A tiny case; tails (n 336, k 1008: partial row
+// and column tiles; groups of 0, 1, 127, 128, 129, 300, 96 and 37 rows, 818 in all; an empty first
+// and last group; groups whose last 32-token slice ends in zeros, or at their last token); two
+// parts; and the MoE shapes above (dw of the forward case's w, one part). Checks for dw f32 and
+// bf16, = (dw and 64 guard rows of k poisoned) and += (onto random dw, the guard rows poisoned),
+// against the f32 reference (per part and group cublasSgemm of the dequantised operands, summed; +=
+// adds the initial dw): the forward's tolerances on max|expected|, every element finite, the guard
+// rows untouched, and the groups without rows in any part exactly +0 (=) or bit-identical to what
+// they held (+=). And "two parts
 // == one part": where the parts' groups hold multiples of 128 rows (but the last), the two parts'
 // dw equals bit for bit the dw of one part holding each group's rows of both (the same tiles,
 // scales and order of promotions). Timing (none with PROBE_CHECKS_ONLY=1, for compute-sanitizer):
@@ -154,14 +155,15 @@ __global__ void Dequantize(const uint8_t* q, const float* scales, int64_t rows, 
 // One 128-row tile of a group's rows, as QuantizeColumnTiles cuts them: rows [begin, end), its
 // scales in row `slot`.
 struct ColumnTile {
-  int begin, end, slot;
+  int begin, end, slot, token;  // rows [begin, end) at q's tokens from `token`, then zeros
+  int width;                    // up to token + width (a multiple of kFp8ColumnAlignment)
 };
 
 // The weight gradient's operand layout (ops::QuantizeColumnTiles): q (cols, stride) e4m3 = x
 // (rows, cols) bf16 transposed, each tile's rows quantised per column with one scale, scales
 // (slots, cols) f32 (the tile's row `slot`). Grid (tiles, ceil(cols / kTile)), kTile threads, one
-// column each; q's columns past the rows and the unused scale rows are left as they are (zeroed
-// by the caller).
+// column each; q's other tokens and the unused scale rows are left as they are (the caller
+// fills them with NaNs and zeros).
 __global__ void QuantizeColumnTiles(const bf16* x, int64_t cols, const ColumnTile* tiles,
                                     int64_t stride, uint8_t* q, float* scales) {
   const ColumnTile tile = tiles[blockIdx.x];
@@ -174,21 +176,24 @@ __global__ void QuantizeColumnTiles(const bf16* x, int64_t cols, const ColumnTil
   const float a = fmaxf(amax, 0x1p-64f);
   scales[tile.slot * cols + c] = a / 448.0f;
   const float multiplier = 448.0f / a;
-  for (int64_t r = tile.begin; r < tile.end; ++r) {
-    q[c * stride + r] = __nv_cvt_float_to_fp8(__bfloat162float(x[r * cols + c]) * multiplier,
-                                              __NV_SATFINITE, __NV_E4M3);
+  for (int64_t i = 0; i < tile.width; ++i) {
+    const int64_t r = tile.begin + i;
+    q[c * stride + tile.token + i] =
+        r < tile.end ? __nv_cvt_float_to_fp8(__bfloat162float(x[r * cols + c]) * multiplier,
+                                             __NV_SATFINITE, __NV_E4M3)
+                     : 0;
   }
 }
 
 // out (rows, cols) f32 = QuantizeColumnTiles' q (cols, stride) transposed times its scale;
-// row_slots (rows): the scale row of each row's tile.
+// row_slots (rows): the scale row of each row's tile; row_tokens (rows): each row's token in q.
 __global__ void DequantizeColumnTiles(const uint8_t* q, const float* scales,
-                                      const int32_t* row_slots, int64_t rows, int64_t cols,
-                                      int64_t stride, float* out) {
+                                      const int32_t* row_slots, const int32_t* row_tokens,
+                                      int64_t rows, int64_t cols, int64_t stride, float* out) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
-    out[i] = E4m3ToFloat(q[c * stride + r]) * scales[row_slots[r] * cols + c];
+    out[i] = E4m3ToFloat(q[c * stride + row_tokens[r]]) * scales[row_slots[r] * cols + c];
   }
 }
 
@@ -431,7 +436,7 @@ class WeightGradPart {
         k_(k),
         offsets_(OffsetsOf(rows_per_group)),
         rows_(offsets_.back()),
-        stride_(moe::Fp8PaddedRows(rows_)),
+        stride_(moe::Fp8ColumnTokens(groups(), rows_)),
         slots_(moe::Fp8ColumnTileSlots(groups(), rows_)),
         device_offsets_(offsets_.size()),
         dy_(rows_ * n),
@@ -471,36 +476,43 @@ class WeightGradPart {
   // The quantised forms of dy and x, and their dequantised values.
   void Quantize() {
     std::vector<ColumnTile> tiles;
-    std::vector<int32_t> row_slots(rows_);
+    std::vector<int32_t> row_slots(rows_), row_tokens(rows_);
     for (int g = 0; g < groups(); ++g) {
+      const int start = static_cast<int>(moe::Fp8ColumnStart(g, offsets_[g]));
       for (int t = 0; t < moe::Fp8ColumnTileCount(offsets_[g], offsets_[g + 1]); ++t) {
         const moe::Fp8RowRange range = moe::Fp8ColumnTileRows(offsets_[g], offsets_[g + 1], t);
         const int begin = static_cast<int>(range.begin), end = static_cast<int>(range.end);
         const int slot = static_cast<int>(moe::Fp8ColumnTileSlot(g, offsets_[g], t));
-        tiles.push_back({begin, end, slot});
+        const int token = start + begin - offsets_[g];
+        constexpr int kAlign = moe::kFp8ColumnAlignment;
+        tiles.push_back({begin, end, slot, token, (end - begin + kAlign - 1) / kAlign * kAlign});
         std::fill(row_slots.begin() + begin, row_slots.begin() + end, slot);
+        for (int r = begin; r < end; ++r) row_tokens[r] = token + r - begin;
       }
     }
-    MOE_CHECK_CUDA(cudaMemset(dy_q_.data, 0, dy_q_.count));
-    MOE_CHECK_CUDA(cudaMemset(x_q_.data, 0, x_q_.count));
+    // Tokens outside the groups' rows and their zeros: NaN (0xFF), which no product may read.
+    MOE_CHECK_CUDA(cudaMemset(dy_q_.data, 0xFF, dy_q_.count));
+    MOE_CHECK_CUDA(cudaMemset(x_q_.data, 0xFF, x_q_.count));
     MOE_CHECK_CUDA(cudaMemset(dy_scales_.data, 0, dy_scales_.count * sizeof(float)));
     MOE_CHECK_CUDA(cudaMemset(x_scales_.data, 0, x_scales_.count * sizeof(float)));
     if (tiles.empty()) return;
     DeviceArray<ColumnTile> device_tiles(tiles.size());
-    DeviceArray<int32_t> device_slots(rows_);
+    DeviceArray<int32_t> device_slots(rows_), device_tokens(rows_);
     MOE_CHECK_CUDA(cudaMemcpy(device_tiles.data, tiles.data(), tiles.size() * sizeof(ColumnTile),
                               cudaMemcpyHostToDevice));
     MOE_CHECK_CUDA(cudaMemcpy(device_slots.data, row_slots.data(), rows_ * sizeof(int32_t),
+                              cudaMemcpyHostToDevice));
+    MOE_CHECK_CUDA(cudaMemcpy(device_tokens.data, row_tokens.data(), rows_ * sizeof(int32_t),
                               cudaMemcpyHostToDevice));
     const unsigned count = static_cast<unsigned>(tiles.size());
     QuantizeColumnTiles<<<dim3(count, (n_ + kTile - 1) / kTile), kTile>>>(
         dy_.data, n_, device_tiles.data, stride_, dy_q_.data, dy_scales_.data);
     QuantizeColumnTiles<<<dim3(count, (k_ + kTile - 1) / kTile), kTile>>>(
         x_.data, k_, device_tiles.data, stride_, x_q_.data, x_scales_.data);
-    DequantizeColumnTiles<<<4096, 256>>>(dy_q_.data, dy_scales_.data, device_slots.data, rows_, n_,
-                                         stride_, dy_f32_.data);
-    DequantizeColumnTiles<<<4096, 256>>>(x_q_.data, x_scales_.data, device_slots.data, rows_, k_,
-                                         stride_, x_f32_.data);
+    DequantizeColumnTiles<<<4096, 256>>>(dy_q_.data, dy_scales_.data, device_slots.data,
+                                         device_tokens.data, rows_, n_, stride_, dy_f32_.data);
+    DequantizeColumnTiles<<<4096, 256>>>(x_q_.data, x_scales_.data, device_slots.data,
+                                         device_tokens.data, rows_, k_, stride_, x_f32_.data);
     MOE_CHECK_CUDA(cudaGetLastError());
     SyncOrTimeout("column-tile quantisation");
   }

@@ -292,39 +292,41 @@ const ColumnLayout kColumnLayouts[] = {{"tails", {0, 0, 1, 128, 256, 385, 642, 6
                                        {"one group with every row", {0, 0, 300, 300}, 5},
                                        {"small", {0, 3}, 16}};
 
-// Each group's rows transposed, cut into tiles along the rows by the 128-row windows of all rows,
-// are the contract's formula bit for bit; the padding columns and the unused scale slots are
-// zeros; the row tiles written beside them are QuantizeRowTiles' bit for bit; rows read through
-// an index are the gathered rows' forms.
+// Each group's rows transposed from token 32 (ceil(begin / 32) + g), cut into tiles of 128 rows
+// from the group's first, are the contract's formula bit for bit; the other tokens (the CPU's
+// padding) and the unused scale slots are zeros; the row tiles written beside them are
+// QuantizeRowTiles' bit for bit; rows read through an index are the gathered rows' forms.
 TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
   for (const ColumnLayout& l : kColumnLayouts) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(l.name + ", " + DTypeName(dtype));
       const int64_t groups = static_cast<int64_t>(l.offsets.size()) - 1;
-      const int64_t rows = l.offsets.back(), k = l.cols, padded = Fp8PaddedRows(rows);
+      const int64_t rows = l.offsets.back(), k = l.cols;
+      const int64_t tokens = 32 * ((rows + 31) / 32 + groups);
       const std::vector<float> x = Values(rows, k, dtype == DType::kBF16);
       const Tensor input = FromFloats(x, {rows, k}, dtype, device_);
-      const Tensor q = Poisoned({k, padded}, DType::kE4M3);
+      const Tensor q = Poisoned({k, tokens}, DType::kE4M3);
       const Tensor scales = Poisoned({Fp8ColumnTileSlots(groups, rows), k});
       const Tensor row_q = Poisoned({rows, k}, DType::kE4M3),
                    row_scales = Poisoned({rows, Tiles(k)});
       ops::QuantizeColumnTiles(input, Ints(l.offsets, {groups + 1}), q, scales, row_q, row_scales);
 
-      std::vector<float> want_q(k * padded, 0.0f), want_scales(scales.numel(), 0.0f);
+      std::vector<float> want_q(k * tokens, 0.0f), want_scales(scales.numel(), 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t begin = l.offsets[g], end = l.offsets[g + 1];
-        // Tile t: the group's rows in window begin / 128 + t, each quantised as one 1 x m tile.
-        for (int64_t window = begin / kTile, t = 0; begin < end && window * kTile < end;
-             ++window, ++t) {
-          const int64_t r0 = std::max(begin, window * kTile);
-          const int64_t m = std::min(end, (window + 1) * kTile) - r0;
+        const int64_t start = 32 * ((begin + 31) / 32 + g);  // the group's first token
+        // Tile t: the group's rows [begin + 128 t, begin + 128 (t + 1)), one 1 x m tile each.
+        for (int64_t t = 0; begin + t * kTile < end; ++t) {
+          const int64_t r0 = begin + t * kTile, m = std::min(end, r0 + kTile) - r0;
           std::vector<float> transposed(k * m);
           for (int64_t r = 0; r < m; ++r) {
             for (int64_t c = 0; c < k; ++c) transposed[c * m + r] = x[(r0 + r) * k + c];
           }
           const HostQuantized tile = ScalarQuantize(transposed, 1, k, m, 1);
           for (int64_t c = 0; c < k; ++c) {
-            for (int64_t r = 0; r < m; ++r) want_q[c * padded + r0 + r] = tile.values[c * m + r];
+            for (int64_t r = 0; r < m; ++r) {
+              want_q[c * tokens + start + r0 - begin + r] = tile.values[c * m + r];
+            }
             want_scales[Fp8ColumnTileSlot(g, begin, t) * k + c] = tile.scales[c];
           }
         }
@@ -344,8 +346,8 @@ TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
   const Tensor offsets = Ints({0, 4, 4, 11}, {4}), index_tensor = Ints(index, {11});
   const Tensor gathered = Poisoned({11, 16});
   ops::GatherRows(x, index_tensor, gathered);
-  Tensor want_q = Poisoned({16, 16}, DType::kE4M3), want_scales = Poisoned({4, 16});
-  Tensor got_q = Poisoned({16, 16}, DType::kE4M3), got_scales = Poisoned({4, 16});
+  Tensor want_q = Poisoned({16, 128}, DType::kE4M3), want_scales = Poisoned({4, 16});
+  Tensor got_q = Poisoned({16, 128}, DType::kE4M3), got_scales = Poisoned({4, 16});
   Tensor want_rows = Poisoned({11, 16}, DType::kE4M3), want_row_scales = Poisoned({11, 1});
   Tensor got_rows = Poisoned({11, 16}, DType::kE4M3), got_row_scales = Poisoned({11, 1});
   ops::QuantizeColumnTiles(gathered, offsets, want_q, want_scales, want_rows, want_row_scales);
@@ -357,7 +359,7 @@ TEST_F(Fp8OpsTest, ColumnTilesAreEachGroupsTransposedRowTilesBitForBit) {
   EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 20}, {2}), Poisoned({16, 20}, DType::kE4M3),
                                         Poisoned({2, 16})),
                "quantize column tiles values");
-  EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 21}, {2}), Poisoned({16, 32}, DType::kE4M3),
+  EXPECT_DEATH(ops::QuantizeColumnTiles(x, Ints({0, 21}, {2}), Poisoned({16, 64}, DType::kE4M3),
                                         Poisoned({2, 16})),
                "offsets");
 }
@@ -373,7 +375,7 @@ TEST_F(Fp8OpsTest, SwigluForwardQuantizedIsSwigluThenTheQuantisation) {
   const Tensor a = Poisoned({rows, f});
   ops::SwigluForward(h, scale, a);
   const auto forms = [&] {
-    return std::vector<Tensor>{Poisoned({f, Fp8PaddedRows(rows)}, DType::kE4M3),
+    return std::vector<Tensor>{Poisoned({f, Fp8ColumnTokens(groups, rows)}, DType::kE4M3),
                                Poisoned({Fp8ColumnTileSlots(groups, rows), f}),
                                Poisoned({rows, f}, DType::kE4M3), Poisoned({rows, Tiles(f)})};
   };
@@ -402,7 +404,7 @@ TEST_F(Fp8OpsTest, SwigluBackwardQuantizedIsSwigluBackwardThenTheQuantisation) {
   const Tensor dh = Poisoned({rows, 2 * f}), want_dscale = Poisoned({rows});
   ops::SwigluBackward(da, h, scale, dh, want_dscale);
   const auto forms = [&] {
-    return std::vector<Tensor>{Poisoned({2 * f, Fp8PaddedRows(rows)}, DType::kE4M3),
+    return std::vector<Tensor>{Poisoned({2 * f, Fp8ColumnTokens(groups, rows)}, DType::kE4M3),
                                Poisoned({Fp8ColumnTileSlots(groups, rows), 2 * f}),
                                Poisoned({rows, 2 * f}, DType::kE4M3),
                                Poisoned({rows, Tiles(2 * f)})};
@@ -545,7 +547,7 @@ class Fp8WeightGradTest : public Fp8OpsTest {
       p.columns.offsets = Ints(offsets, {groups + 1});
       p.columns.rows = rows;
       const auto quantize = [&](const Tensor& v, Tensor& q, Tensor& scales) {
-        q = Poisoned({v.dim(1), Fp8PaddedRows(rows)}, DType::kE4M3);
+        q = Poisoned({v.dim(1), Fp8ColumnTokens(groups, rows)}, DType::kE4M3);
         scales = Poisoned({Fp8ColumnTileSlots(groups, rows), v.dim(1)});
         ops::QuantizeColumnTiles(v, p.columns.offsets, q, scales);
       };
@@ -581,15 +583,17 @@ TEST_F(Fp8WeightGradTest, IsTheDequantisedProductUpToF32Summation) {
         const ops::Fp8GroupedColumns& part = parts[p].columns;
         const std::vector<float> dy = ToFloats(part.dy_q), dys = ToFloats(part.dy_scales);
         const std::vector<float> x = ToFloats(part.x_q), xs = ToFloats(part.x_scales);
-        const int64_t padded = Fp8PaddedRows(part.rows), begin = c.parts[p][g];
+        const int64_t tokens = part.dy_q.dim(1), begin = c.parts[p][g];
         const int64_t end = c.parts[p][g + 1];
-        tiles += end > begin ? (end - 1) / kTile - begin / kTile + 1 : 0;
-        for (int64_t r = begin; r < end; ++r) {  // row r's tile: its window's, counted from begin's
-          const int64_t slot = Fp8ColumnTileSlot(g, begin, r / kTile - begin / kTile);
+        const int64_t shift = Fp8ColumnStart(g, begin) - begin;  // row r at token r + shift
+        tiles += (end - begin + kTile - 1) / kTile;
+        for (int64_t r = begin; r < end; ++r) {  // row r's tile: 128 rows from begin's
+          const int64_t slot = Fp8ColumnTileSlot(g, begin, (r - begin) / kTile);
+          const int64_t token = r + shift;
           for (int64_t i = 0; i < c.n; ++i) {
             for (int64_t j = 0; j < c.k; ++j) {
-              const double term = static_cast<double>(dy[i * padded + r]) * dys[slot * c.n + i] *
-                                  x[j * padded + r] * xs[slot * c.k + j];
+              const double term = static_cast<double>(dy[i * tokens + token]) *
+                                  dys[slot * c.n + i] * x[j * tokens + token] * xs[slot * c.k + j];
               sum[i * c.k + j] += term;
               magnitude[i * c.k + j] += std::abs(term);
             }

@@ -242,7 +242,8 @@ struct Fp8ColumnTileOperands {
   Fp8ColumnTileOperands(OpRun& r, const Fp8ColumnTileCase& c)
       : groups(static_cast<int64_t>(c.offsets.size()) - 1),
         rows(c.offsets.back()),
-        q(r.OutE4M3({c.k, Fp8PaddedRows(rows)})),
+        offsets(c.offsets),
+        q(r.OutE4M3({c.k, Fp8ColumnTokens(groups, rows)})),
         scales(r.OutF32({Fp8ColumnTileSlots(groups, rows), c.k})),
         row_q(c.row_tiles ? r.OutE4M3({rows, c.k}) : Tensor()),
         row_scales(c.row_tiles ? r.OutF32({rows, Fp8Tiles(c.k)}) : Tensor()) {
@@ -262,9 +263,22 @@ struct Fp8ColumnTileOperands {
     ops::QuantizeColumnTiles(x, r.Ints(c.offsets, {groups + 1}), q, scales, row_q, row_scales,
                              index);
   }
-  // Every output: its name and tensor.
+  // Every output: its name and tensor; of q, the tokens the contract specifies (each group's rows
+  // and its zeros up to a multiple of kFp8ColumnAlignment), as f32 on the CPU.
   std::vector<std::pair<std::string, Tensor>> Outputs() const {
-    std::vector<std::pair<std::string, Tensor>> outputs = {{"q", q}, {"scales", scales}};
+    const std::vector<float> all = testing::ToFloats(q);
+    std::vector<float> specified;
+    for (int64_t c = 0; c < q.dim(0); ++c) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = c * q.dim(1) + Fp8ColumnStart(g, offsets[g]);
+        const int64_t count = (offsets[g + 1] - offsets[g] + kFp8ColumnAlignment - 1) /
+                              kFp8ColumnAlignment * kFp8ColumnAlignment;
+        specified.insert(specified.end(), all.begin() + first, all.begin() + first + count);
+      }
+    }
+    const Tensor q_specified =
+        FromFloats(specified, {static_cast<int64_t>(specified.size())}, DType::kF32, Device::CPU());
+    std::vector<std::pair<std::string, Tensor>> outputs = {{"q", q_specified}, {"scales", scales}};
     if (row_q.defined()) {
       outputs.emplace_back("row_q", row_q);
       outputs.emplace_back("row_scales", row_scales);
@@ -272,17 +286,18 @@ struct Fp8ColumnTileOperands {
     return outputs;
   }
   int64_t groups, rows;
+  std::vector<int32_t> offsets;
   Tensor q, scales, row_q, row_scales;
 };
 
-// Groups of 0, 1, 127, 128, 129 and 257 rows (642 in all: q's rows padded to 656), empty first
-// and last, so that slots before, between and after the groups' tiles go unused; all rows in one
-// group (300, padded to 304); a group starting off the 128-row windows and rows a multiple of 16
-// (no padding); k with a partial last column tile (208) and k 2048; the tails' rows read through a
-// permutation (QuantizeColumnTiles' index); k not a multiple of 4 (read and stored element by
-// element) with groups starting 2 and 3 bytes past a 4-byte word of q's rows; 130 groups, so that
-// a block finds its slot's group in two rounds of its warp's search (32 groups a round): every
-// fifth empty, the others of 1 to 61 rows, several to a 128-row window (3296 rows).
+// Groups of 0, 1, 127, 128, 129 and 257 rows (642 in all), empty first and last, so that slots
+// before, between and after the groups' tiles go unused; all rows in one group (300); groups of
+// multiples of 32 rows (no zeros after them), one of them starting off a multiple of 128; k with a
+// partial last column tile (208) and k 2048; the tails' rows read through a permutation
+// (QuantizeColumnTiles' index); k not a multiple of 4 (read, and its row tiles stored, element by
+// element) with groups of 2, 129 and 169 rows; 130 groups, so that a block finds its slot's group
+// in two rounds of its warp's search (32 groups a round): every fifth empty, the others of 1 to 61
+// rows, several within 128 rows (3296 rows).
 std::vector<Fp8ColumnTileCase> Fp8ColumnTileCases() {
   const std::vector<int32_t> tails = {0, 0, 1, 128, 256, 385, 642, 642};
   std::vector<int32_t> many = {0};
@@ -317,7 +332,7 @@ Fp8GroupedColumnsOperand QuantizedColumnsOnCpu(OpRun& r, int64_t rows, int64_t c
   }
   const Device cpu = Device::CPU();
   const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
-  const Tensor q = Tensor::Empty({cols, Fp8PaddedRows(rows)}, DType::kE4M3, cpu);
+  const Tensor q = Tensor::Empty({cols, Fp8ColumnTokens(groups, rows)}, DType::kE4M3, cpu);
   const Tensor scales = Tensor::Empty({Fp8ColumnTileSlots(groups, rows), cols}, DType::kF32, cpu);
   ops::QuantizeColumnTiles(FromFloats(values, {rows, cols}, DType::kF32, cpu),
                            FromInts(offsets, {groups + 1}, cpu), q, scales);
@@ -1317,8 +1332,9 @@ void ForEachSwigluQuantizedCase(Test test) {
 
 // Fresh outputs for the FP8 forms of grouped rows (rows, k): q, scales, row_q, row_scales.
 std::vector<Tensor> Fp8FormOutputs(OpRun& r, int64_t groups, int64_t rows, int64_t k) {
-  return {r.OutE4M3({k, Fp8PaddedRows(rows)}), r.OutF32({Fp8ColumnTileSlots(groups, rows), k}),
-          r.OutE4M3({rows, k}), r.OutF32({rows, Fp8Tiles(k)})};
+  return {r.OutE4M3({k, Fp8ColumnTokens(groups, rows)}),
+          r.OutF32({Fp8ColumnTileSlots(groups, rows), k}), r.OutE4M3({rows, k}),
+          r.OutF32({rows, Fp8Tiles(k)})};
 }
 
 // SwigluForwardQuantized on the GPU has the bits of the GPU's SwigluForward, then

@@ -69,9 +69,11 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
     for (size_t p = 0; p < parts.size(); ++p) {
       const Fp8GroupedColumns& part = parts[p];
       const std::vector<float>&dy = dys[p], &x = xs[p];
-      const int64_t padded = part.dy_q.dim(1);
+      const int64_t tokens = part.dy_q.dim(1);
       const std::span<const int32_t> bounds = part.offsets.values<int32_t>();
       has_rows = has_rows || bounds[g] < bounds[g + 1];
+      // Row r of the group at token shift + r of the transposed rows.
+      const int64_t shift = Fp8ColumnStart(g, bounds[g]) - bounds[g];
       for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
         const int64_t slot = Fp8ColumnTileSlot(g, bounds[g], t);
@@ -80,7 +82,9 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < k; ++j) {
             float partial = 0.0f;  // exact products of e4m3 values, summed in f32
-            for (int64_t r = r0; r < r1; ++r) partial += dy[i * padded + r] * x[j * padded + r];
+            for (int64_t r = r0 + shift; r < r1 + shift; ++r) {
+              partial += dy[i * tokens + r] * x[j * tokens + r];
+            }
             acc[i * k + j] = std::fma(partial, dy_scales[i] * x_scales[j], acc[i * k + j]);
           }
         }

@@ -86,14 +86,16 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
     return QuantizeColumnTiles(gathered, offsets, q, scales, row_q, row_scales);
   }
   if (row_q.defined()) QuantizeRowTiles(x, row_q, row_scales);
-  const int64_t k = x.dim(1), padded = q.dim(1);
+  const int64_t k = x.dim(1), tokens = q.dim(1);
   const std::span<const int32_t> bounds = offsets.values<int32_t>();
-  std::fill_n(q.data<Float8E4M3>(), q.numel(), Float8E4M3{});
+  std::fill_n(q.data<Float8E4M3>(), q.numel(), Float8E4M3{});  // the padding's zeros
   std::fill_n(scales.data<float>(), scales.numel(), 0.0f);
   DispatchStorage(x.dtype(), [&]<typename T>(StorageTag<T>) {
     const T* in = x.data<T>();
     Float8E4M3* out = q.data<Float8E4M3>();
     for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+      // Row r of the group at token start + r - bounds[g] of the transposed rows.
+      Float8E4M3* const group_out = out + Fp8ColumnStart(g, bounds[g]) - bounds[g];
       for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
         float* tile_scales = scales.data<float>() + Fp8ColumnTileSlot(g, bounds[g], t) * k;
@@ -104,7 +106,7 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
           const Fp8TileScaling scaling = Fp8ScalingOf(amax);
           tile_scales[c] = scaling.scale;
           for (int64_t r = r0; r < r1; ++r) {
-            out[c * padded + r] = FloatToE4M3(ToFloat(in[r * k + c]) * scaling.multiplier);
+            group_out[c * tokens + r] = FloatToE4M3(ToFloat(in[r * k + c]) * scaling.multiplier);
           }
         }
       }

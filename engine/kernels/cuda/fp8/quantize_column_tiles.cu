@@ -1,8 +1,8 @@
 // CUDA QuantizeColumnTiles (contract: engine/kernels/op_declarations.inc; the layout's arithmetic
 // in engine/kernels/fp8_scaling.h): the weight gradients' operands, grouped rows x (rows, k)
-// transposed into q (k, Fp8PaddedRows(rows)) with one scale per 128-row tile of a group and
-// column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass; with
-// an index the grouped rows are x's rows index[r], read in place (a permutation's gather).
+// transposed into q (k, Fp8ColumnTokens(groups, rows)) with one scale per 128-row tile of a group
+// and column, and optionally x's 1 x 128 row tiles (QuantizeRowTiles' outputs) in the same pass;
+// with an index the grouped rows are x's rows index[r], read in place (a permutation's gather).
 // SwigluForwardQuantized and SwigluBackwardQuantized run the same kernel over SwiGLU's output or
 // its input gradient, computed as they are read.
 // One block of kTileThreads threads per (scale slot, 128 columns of k), a slot's column tiles in
@@ -19,9 +19,9 @@
 // loads in flight before any is used (LoadTile); its rows, each exactly one 1 x 128 row tile (the
 // block's columns start at a multiple of 128), are quantised by their warp's maxes and stored 4
 // bytes a lane; its columns' maxes meet in shared memory, and the tile quantised per column is
-// staged transposed in shared memory and stored as rows of q, 16-byte units wherever a row starts.
-// The block holding a matrix's last row also zeroes q's padding columns [rows,
-// Fp8PaddedRows(rows)). The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
+// staged transposed in shared memory and stored as rows of q from the tile's first token
+// (Fp8ColumnStart: a multiple of 32, so 16-byte units), a group's last tile with zeros up to a
+// multiple of 32 tokens. The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
 // any order, then the e4m3 rounding), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
@@ -205,25 +205,32 @@ struct GradientSlices {
   }
 };
 
-// What the column-tile kernels write for grouped rows (rows, k): q (k, Fp8PaddedRows(rows)) and
-// scales (slots, k), null without the column tiles; row_q (rows, k) and row_scales (rows,
-// tiles(k)), null without the row tiles; row_q's rows take 4-byte stores where `vector`.
+// What the column-tile kernels write for grouped rows (rows, k): q (k, tokens = Fp8ColumnTokens(
+// groups, rows), 16-byte aligned) and scales (slots, k), null without the column tiles; row_q
+// (rows, k) and row_scales (rows, tiles(k)), null without the row tiles; row_q's rows take 4-byte
+// stores where `vector`.
 struct ColumnTileOutputs {
   __nv_fp8_storage_t* q;
   float* scales;
   __nv_fp8_storage_t* row_q;
   float* row_scales;
-  int64_t rows, k;
+  int64_t rows, k, tokens;
   bool vector;
 };
 
-// The rows of scale slot `slot`'s tile: empty when no tile uses the slot.
-__device__ __forceinline__ Fp8RowRange SlotRows(const int32_t* offsets, int64_t groups,
-                                                int64_t rows, int64_t slot) {
+// Scale slot `slot`'s tile: its rows (empty when no tile uses the slot) and where its first row
+// lies in q's transposed rows.
+struct SlotTile {
+  Fp8RowRange rows;
+  int64_t token;
+};
+__device__ __forceinline__ SlotTile FindSlotTile(const int32_t* offsets, int64_t groups,
+                                                 int64_t rows, int64_t slot) {
   const int64_t group = GroupOfSlot(offsets, groups, slot);
   const int64_t begin = offsets[group], end = offsets[group + 1];
   MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
-  return Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
+  const Fp8RowRange tile = Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
+  return {tile, Fp8ColumnStart(group, begin) + tile.begin - begin};
 }
 
 // An unused slot's scales of column tile `column_tile`: zeros.
@@ -235,15 +242,16 @@ __device__ __forceinline__ void ZeroSlotScales(const ColumnTileOutputs& out, int
   }
 }
 
-// The loaded tile of slot `slot` (rows `tile`) and column tile `column_tile` into the outputs:
-// its rows, each exactly one 1 x 128 row tile, by their warp's maxes; its columns' maxes meet in
-// shared memory, and the tile quantised per column is staged transposed and stored as rows of q.
-// Every thread of the block calls it; a block may call it again for another tile (the barriers
-// inside keep the shared arrays' uses apart).
+// The loaded tile of slot `slot` and column tile `column_tile` into the outputs: its rows, each
+// exactly one 1 x 128 row tile, by their warp's maxes; its columns' maxes meet in shared memory,
+// and the tile quantised per column is staged transposed and stored as rows of q, with zeros up to
+// a multiple of kFp8ColumnAlignment tokens. Every thread of the block calls it; a block may call it
+// again for another tile (the barriers inside keep the shared arrays' uses apart).
 template <typename Slice>
-__device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const Fp8RowRange& tile,
+__device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const SlotTile& slot_tile,
                                                    int64_t slot, int64_t column_tile,
                                                    const ColumnTileOutputs& out) {
+  const Fp8RowRange tile = slot_tile.rows;
   const int64_t k = out.k, row_tiles = Fp8Tiles(k), r0 = tile.begin;
   const int64_t c0 = column_tile * kFp8TileSize;
   const int cols = static_cast<int>(min(k - c0, kFp8TileSize));
@@ -277,9 +285,9 @@ __device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const Fp8
   StageTransposed(
       slice, [&](int c) { return multipliers[c]; }, staged);
   __syncthreads();
-  const int64_t padded_rows = Fp8PaddedRows(out.rows);
-  const int width = static_cast<int>(r0 + tile_rows == out.rows ? padded_rows - r0 : tile_rows);
-  StoreTransposed(staged, cols, width, out.q + c0 * padded_rows + r0, padded_rows);
+  const int width = static_cast<int>((tile_rows + kFp8ColumnAlignment - 1) / kFp8ColumnAlignment *
+                                     kFp8ColumnAlignment);  // staged rows past the tile: zeros
+  StoreTransposed(staged, cols, width, out.q + c0 * out.tokens + slot_tile.token, out.tokens);
 }
 
 // Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the
@@ -290,14 +298,14 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<typename Source
                               ColumnTileOutputs out) {
   const int64_t row_tiles = Fp8Tiles(out.k);  // a row's tiles: the column tiles of a slot
   const int64_t slot = blockIdx.x / row_tiles, column_tile = blockIdx.x % row_tiles;
-  const Fp8RowRange tile = SlotRows(offsets, groups, out.rows, slot);
-  if (tile.begin >= tile.end) {  // block-uniform
+  const SlotTile tile = FindSlotTile(offsets, groups, out.rows, slot);
+  if (tile.rows.begin >= tile.rows.end) {  // block-uniform
     ZeroSlotScales(out, slot, column_tile);
     return;
   }
   const int64_t c0 = column_tile * kFp8TileSize;
   TileSlice<typename Source::Element> slice;
-  LoadTile(source, tile.begin, c0, static_cast<int>(tile.end - tile.begin),
+  LoadTile(source, tile.rows.begin, c0, static_cast<int>(tile.rows.end - tile.rows.begin),
            static_cast<int>(min(out.k - c0, kFp8TileSize)), slice);
   QuantizeLoadedTile(slice, tile, slot, column_tile, out);
 }
@@ -311,18 +319,19 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T> / 2)
                                       int64_t groups, ColumnTileOutputs out) {
   const int64_t pair_tiles = Fp8Tiles(out.k) / 2;
   const int64_t slot = blockIdx.x / pair_tiles, pair_tile = blockIdx.x % pair_tiles;
-  const Fp8RowRange tile = SlotRows(offsets, groups, out.rows, slot);
-  if (tile.begin >= tile.end) {  // block-uniform
+  const SlotTile tile = FindSlotTile(offsets, groups, out.rows, slot);
+  if (tile.rows.begin >= tile.rows.end) {  // block-uniform
     ZeroSlotScales(out, slot, pair_tile);
     ZeroSlotScales(out, slot, pair_tiles + pair_tile);
     return;
   }
   __shared__ typename GradientSlices<T>::DscaleTerms terms;
   GradientSlices<T> slices{.terms = terms};
-  const int tile_rows = static_cast<int>(tile.end - tile.begin);
-  LoadTile(source, tile.begin, pair_tile * kFp8TileSize, tile_rows, kFp8TileSize, slices);
+  const int tile_rows = static_cast<int>(tile.rows.end - tile.rows.begin);
+  LoadTile(source, tile.rows.begin, pair_tile * kFp8TileSize, tile_rows, kFp8TileSize, slices);
   if (source.dscale_partials != nullptr) {
-    slices.SumDscaleTerms(tile.begin, tile_rows, source.dscale_partials + pair_tile * out.rows);
+    slices.SumDscaleTerms(tile.rows.begin, tile_rows,
+                          source.dscale_partials + pair_tile * out.rows);
   }
   QuantizeLoadedTile(slices.dgate, tile, slot, pair_tile, out);
   QuantizeLoadedTile(slices.dup, tile, slot, pair_tiles + pair_tile, out);
@@ -342,12 +351,15 @@ void LaunchColumnTiles(Kernel kernel, const Source& source, int64_t slot_blocks,
   CHECK(slots * slot_blocks <= INT32_MAX) << "fp8 column-tile quantisation grid of " << slots
                                           << " slots x " << slot_blocks << " blocks";
   const auto row_q_data = Ptr<__nv_fp8_storage_t>(row_q);
-  const ColumnTileOutputs out{Ptr<__nv_fp8_storage_t>(q),
+  const auto q_data = Ptr<__nv_fp8_storage_t>(q);
+  CHECK(reinterpret_cast<uintptr_t>(q_data) % 16 == 0) << "fp8 column tiles need q 16-byte aligned";
+  const ColumnTileOutputs out{q_data,
                               Ptr<float>(scales),
                               row_q_data,
                               Ptr<float>(row_scales),
                               rows,
                               k,
+                              Fp8ColumnTokens(groups, rows),
                               source.vector && QuadRows(row_q_data, k)};
   kernel<<<static_cast<unsigned>(slots * slot_blocks), kTileThreads, 0, stream>>>(
       source, Ptr<const int32_t>(offsets), groups, out);

@@ -27,18 +27,19 @@
 //   p (Fp8WeightGradRows: QuantizeColumnTiles' forms of dy_p (rows_p, n) and x_p (rows_p, k), each
 //   with its own offsets) of dy_p[rows of g]^T · x_p[rows of g]; dw (groups, n, k) f32 or bf16.
 //   The operands are transposed, tokens contiguous: dy_q (n, stride_p), x_q (k, stride_p) e4m3,
-//   stride_p = Fp8PaddedRows(rows_p) (a multiple of 16); group g's tokens in part p are cut into
-//   tiles t by the 128-token windows of the part (fp8_scaling.h's Fp8ColumnTileRows), whose scales
-//   are row Fp8ColumnTileSlot(g, offsets_p[g], t) of dy_scales (slots_p, n) and x_scales (slots_p,
-//   k) f32. Per element (i, j) of dw_g, over the parts in order and in each over g's tiles in
-//   order, from acc = 0: acc = fma(partial_t, dy_scale[slot, i] * x_scale[slot, j], acc), partial_t
-//   the tile's products summed by the tensor cores (fresh accumulators per tile); then dw = acc
-//   rounded (=), or dw += acc (a TMA reduce-add: an f32 dw gets round(dw + acc), one rounding; a
-//   bf16 dw gets acc already rounded to bf16 added, two roundings; one add per element, so
-//   run-to-run identical). A group without tokens in any part: zeros (=) or unchanged (+=).
-//   Requirements (cudaErrorInvalidValue otherwise): n and k multiples of 16 (the scale rows'
-//   bulk copies take 16-byte pieces), every operand and dw 16-byte aligned, rows_p, n, k < 2^31,
-//   1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
+//   stride_p = Fp8ColumnTokens(groups, rows_p) (a multiple of 32); group g's tokens in part p
+//   start at token Fp8ColumnStart(g, offsets_p[g]) (a multiple of 32) and are followed by zeros up
+//   to a multiple of 32; they are cut into tiles t of 128 from the group's first (fp8_scaling.h's
+//   Fp8ColumnTileRows), whose scales are row Fp8ColumnTileSlot(g, offsets_p[g], t) of dy_scales
+//   (slots_p, n) and x_scales (slots_p, k) f32. Per element (i, j) of dw_g, over the parts in order
+//   and in each over g's tiles in order, from acc = 0: acc = fma(partial_t, dy_scale[slot, i] *
+//   x_scale[slot, j], acc), partial_t the tile's products summed by the tensor cores (fresh
+//   accumulators per tile); then dw = acc rounded (=), or dw += acc (a TMA reduce-add: an f32 dw
+//   gets round(dw + acc), one rounding; a bf16 dw gets acc already rounded to bf16 added, two
+//   roundings; one add per element, so run-to-run identical). A group without tokens in any part:
+//   zeros (=) or unchanged (+=). Requirements (cudaErrorInvalidValue otherwise): n and k multiples
+//   of 16 (the scale rows' bulk copies take 16-byte pieces), every operand and dw 16-byte aligned,
+//   rows_p, n, k < 2^31, 1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
 //
 // Design (one CTA per SM, persistent; the forward in clusters of two CTAs, the weight gradient
 // without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
@@ -69,22 +70,15 @@
 //   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
 //     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
 //     CTAs resident together read one group's operands from L2). K: the group's token tiles in
-//     each part in turn (ForEachTokenTile, which the three roles walk alike). Each element needs
-//     its own scale (its row's dy scale times its column's x scale): the producer bulk-copies the
-//     token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full barrier, counted
-//     in its bytes) beside the stage, and a consumer reads its 2 rows' and 32 columns' scales from
-//     there before it releases the stage. TMA loads a token tile's whole window (its first
-//     token a multiple of 128, as TMA needs its boxes' first bytes 16-byte aligned), which holds
-//     other groups' tokens (or zeros past the part's rows) outside the tile: the consumers
-//     multiply only the window's 32-token K slices with tokens of the tile (Fp8TokenTile), and
-//     where the first or last of them is partly outside, the producer lands the stage on
-//     landed[s] instead of full[s], and warps 1 and 2 of warpgroup 0 (MaskFp8WeightGradStages,
-//     walking the same stages) wait for it, zero those tokens of those slices in dy's 128 rows
-//     (each row's 16-byte chunks sit at chunk c ^ (row % 8) under the swizzle; a chunk holding
-//     the tile's first or last token keeps its bytes inside; x's finite values there then
-//     multiply zeros), fence them for the tensor cores (fence.proxy.async), meet at a named
-//     barrier and arrive on full[s]. The producer does not wait for the landing, so it keeps
-//     loading ahead.
+//     each part in turn (ForEachTokenTile, which the producer and the consumers walk alike). Each
+//     element needs its own scale (its row's dy scale times its column's x scale): the producer
+//     bulk-copies the token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full
+//     barrier, counted in its bytes) beside the stage, and a consumer reads its 2 rows' and 32
+//     columns' scales from there before it releases the stage. TMA loads 128 tokens from a token
+//     tile's first (a multiple of 32 in the transposed rows, as TMA needs its boxes' first bytes
+//     16-byte aligned), and the consumers multiply only the 32-token K slices that hold the tile's
+//     tokens (Fp8TokenTile): a group's last slice is completed by the zeros the quantiser writes
+//     after the group, so no token of another group enters a product.
 #pragma once
 
 #include <cuda.h>

@@ -177,7 +177,7 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
     // The next K tile into `next` from the next stage; returns that stage.
     const auto issue = [&](float(&next)[kFp8Accumulators]) {
       const int stage = state.stage;
-      IssueFp8Stage(next, ring, state, a_offset, active, 0, kFp8StageSlices);
+      IssueFp8Stage(next, ring, state, a_offset, active, kFp8StageSlices);
       state.Advance();
       return stage;
     };

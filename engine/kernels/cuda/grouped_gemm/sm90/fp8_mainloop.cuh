@@ -58,14 +58,13 @@ constexpr int kFp8StageSlices = kFp8BlockK / kFp8WgmmaK;
 static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
 
 // Waits until `state`'s stage is full, then, when `active`, issues part (64 x 128) = its 64 rows of
-// A (from byte a_offset) times B^T over the stage's `slices` 32-deep K slices from slice `first`
-// (wgmmas into fresh accumulators, one commit group), and returns without waiting for them.
+// A (from byte a_offset) times B^T over the stage's first `slices` 32-deep K slices (wgmmas into
+// fresh accumulators, one commit group), and returns without waiting for them.
 template <int kStages>
 __device__ __forceinline__ void IssueFp8Stage(float (&part)[kFp8Accumulators],
                                               const Fp8Ring<kStages>& ring,
                                               const PipelineState<kStages>& state,
-                                              uint32_t a_offset, bool active, int first,
-                                              int slices) {
+                                              uint32_t a_offset, bool active, int slices) {
   MbarrierWait(ring.template Barriers<1>().Full(state.stage), state.phase);
   if (!active) return;
   IssueSlices(slices, [&]<int kSlices>() {
@@ -73,8 +72,8 @@ __device__ __forceinline__ void IssueFp8Stage(float (&part)[kFp8Accumulators],
     WgmmaFence();
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
-      WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, first + i),
-                KMajorDescriptor(ring.B(state.stage), first + i), i > 0);
+      WgmmaE4m3(part, KMajorDescriptor(ring.A(state.stage) + a_offset, i),
+                KMajorDescriptor(ring.B(state.stage), i), i > 0);
     }
     WgmmaCommitGroup();
   });
@@ -89,17 +88,16 @@ __device__ __forceinline__ void ReleaseFp8Stage(const Fp8Ring<kStages>& ring, in
 }
 
 // One consumer warpgroup's pass over the next stage, waiting for its products: IssueFp8Stage
-// (warp-uniform arguments; 1 <= slices, first + slices <= kFp8StageSlices; part's old values are
-// dropped; the other slices are skipped, whatever they hold), then, once the wgmmas are done,
+// (warp-uniform arguments; 1 <= slices <= kFp8StageSlices; part's old values are dropped; the
+// other slices are skipped, whatever they hold), then, once the wgmmas are done,
 // use_stage(stage) (all threads, active or not) while the stage is still held (what a kernel
 // reads from it besides the operands), then ReleaseFp8Stage.
 template <int kCluster, int kStages, typename UseStage>
 __device__ __forceinline__ void MultiplyFp8Stage(float (&part)[kFp8Accumulators],
                                                  const Fp8Ring<kStages>& ring,
                                                  PipelineState<kStages>& state, uint32_t a_offset,
-                                                 bool active, int first, int slices,
-                                                 UseStage use_stage) {
-  IssueFp8Stage(part, ring, state, a_offset, active, first, slices);
+                                                 bool active, int slices, UseStage use_stage) {
+  IssueFp8Stage(part, ring, state, a_offset, active, slices);
   // Also when inactive (nothing in flight: returns at once), so that every path to the
   // accumulators' next use passes a wait.
   WgmmaWaitGroup<0>();

@@ -1,14 +1,12 @@
 // The Hopper FP8 grouped weight gradient's kernel (design: ../fp8_grouped_gemm_sm90.cuh): dw_g
 // (+)= the sum over parts of dy_p,g^T · x_p,g on QuantizeColumnTiles' forms (tokens contiguous,
-// so both operands are K-major, as FP8 wgmma needs), scaled per token tile (a group's tokens in
-// one 128-token window), dw row and dw column, with the promotion once per token tile. A
-// persistent launch of warp-specialised CTAs (no cluster): warpgroup 0's thread 0 TMA-loads each
-// token tile's window of both operands and bulk-copies its scales into a ring of stages
-// (ProduceFp8WeightGradStages), its warps 1 and 2 zero the other groups' tokens of dy in the
-// 32-token K slices the consumers read (MaskFp8WeightGradStages), and warpgroups 1 and 2 each
-// multiply 64 dw rows of the 128 x 128 tile over the slices with tokens of the tile, promote, and
-// write or add (TMA store or reduce-add, staged through shared memory: epilogue.cuh's WriteTile)
-// their rows of dw (ConsumeFp8WeightGradTiles).
+// so both operands are K-major, as FP8 wgmma needs), scaled per token tile (up to 128 of a group's
+// tokens), dw row and dw column, with the promotion once per token tile. A persistent launch of
+// warp-specialised CTAs (no cluster): warpgroup 0's thread 0 TMA-loads each token tile of both
+// operands and bulk-copies its scales into a ring of stages (ProduceFp8WeightGradStages), and
+// warpgroups 1 and 2 each multiply 64 dw rows of the 128 x 128 tile over the tile's 32-token K
+// slices, promote, and write or add (TMA store or reduce-add, staged through shared memory:
+// epilogue.cuh's WriteTile) their rows of dw (ConsumeFp8WeightGradTiles).
 #pragma once
 
 #include <cuda.h>
@@ -26,7 +24,8 @@
 namespace moe::cuda::sm90 {
 
 // One part of an FP8 weight gradient's token rows, as ops::Fp8GroupedColumns holds them: dy_q (n,
-// stride) and x_q (k, stride) e4m3, stride = Fp8PaddedRows(rows) (tokens contiguous); dy_scales
+// stride) and x_q (k, stride) e4m3, stride = Fp8ColumnTokens(groups, rows) (tokens contiguous,
+// group g's from Fp8ColumnStart(g, offsets[g]), zeros after them up to a multiple of 32); dy_scales
 // (slots, n) and x_scales (slots, k) f32, slots = Fp8ColumnTileSlots(groups, rows); offsets
 // (groups + 1) int32 in device memory.
 struct Fp8WeightGradRows {
@@ -48,8 +47,7 @@ struct Fp8WeightGradParts {
 };
 
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
-constexpr int kFp8MaskThreads = 64;  // warps 1 and 2 of warpgroup 0 (warp 0: the producer)
-constexpr int kFp8MaskBarrier = 3;   // their named barrier (the consumers' WriteTile: 1 and 2)
+static_assert(kFp8ColumnAlignment % kFp8WgmmaK == 0, "a group's last K slice ends in its zeros");
 // A consumer's output staging: two boxes, its whole bf16 result (one round) or half of f32's.
 constexpr int kFp8WeightGradStagingBytes = 2 * kBoxBytes;
 
@@ -86,45 +84,39 @@ __device__ __forceinline__ float* Fp8StageScales(const Fp8WeightGradRing& ring, 
   return reinterpret_cast<float*>(ring.base + kFp8ScalesOffset) + stage * kFp8ScaleFloats;
 }
 
-// A token tile: group g's tokens [lo, hi) of the 128-token window from token `window` (a
-// multiple of kFp8BlockK: where TMA loads it) of part `part`, its scales in row `slot`; the
-// consumers multiply its 32-token K slices [first, first + slices), the ones holding its tokens.
+// A token tile: `count` (1 to 128) tokens of a group from token `first` (a multiple of 32: where
+// TMA loads it) of part `part`'s transposed rows, its scales in row `slot`; the consumers multiply
+// its Slices() 32-token K slices (past the group's tokens the last one holds zeros).
 struct Fp8TokenTile {
-  int part, window, lo, hi, slot;
+  int part, first, count, slot;
 
-  __device__ int FirstSlice() const { return lo / kFp8WgmmaK; }
-  __device__ int Slices() const { return (hi + kFp8WgmmaK - 1) / kFp8WgmmaK - FirstSlice(); }
-  // Whether those slices hold tokens outside [lo, hi) (another group's, or zeros past the rows):
-  // the mask warps zero dy's before the consumers read the stage.
-  __device__ bool Masked() const { return lo % kFp8WgmmaK != 0 || hi % kFp8WgmmaK != 0; }
+  __device__ int Slices() const { return (count + kFp8WgmmaK - 1) / kFp8WgmmaK; }
 };
 
 // Calls visit(tile) for each token tile of `group` (one stage each): the parts in order, in
-// each the group's column tiles in order (fp8_scaling.h: Fp8ColumnTileRows, the group's tokens
-// in one 128-token window, and Fp8ColumnTileSlot, where its scales lie).
+// each the group's column tiles in order (fp8_scaling.h: Fp8ColumnTileRows, Fp8ColumnStart, and
+// Fp8ColumnTileSlot, where its scales lie).
 template <typename Visit>
 __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts, int group,
                                                  Visit visit) {
-  static_assert(kFp8BlockK == kFp8TileSize, "a token tile is a column tile's window");
+  static_assert(kFp8BlockK == kFp8TileSize, "a token tile is a column tile");
   for (int p = 0; p < parts.tokens.count; ++p) {
     const RowRange range = PartRows(parts.tokens, p, group);
-    const int tiles = static_cast<int>(Fp8ColumnTileCount(range.begin, range.end));
-    for (int t = 0; t < tiles; ++t) {
-      const Fp8RowRange rows = Fp8ColumnTileRows(range.begin, range.end, t);
-      const int window = static_cast<int>(rows.begin) / kFp8BlockK * kFp8BlockK;
-      visit(Fp8TokenTile{p, window, static_cast<int>(rows.begin) - window,
-                         static_cast<int>(rows.end) - window,
-                         static_cast<int>(Fp8ColumnTileSlot(group, range.begin, t))});
+    const int start = static_cast<int>(Fp8ColumnStart(group, range.begin));
+    const int slot = static_cast<int>(Fp8ColumnTileSlot(group, range.begin, 0));
+    // Tile t: the group's rows from 128 t (Fp8ColumnTileRows), the tile's slot + t.
+    for (int t = 0; t * kFp8BlockK < range.end - range.begin; ++t) {
+      visit(Fp8TokenTile{p, start + t * kFp8BlockK,
+                         min(kFp8BlockK, range.end - range.begin - t * kFp8BlockK), slot + t});
     }
   }
 }
 
 // The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each of its group's
 // token tiles, waits until the next stage is empty and loads into it dy_q's 128 rows and x_q's 128
-// rows of the tile over the token tile's window (TMA; rows past n or k and tokens past the stride
-// are zero-filled and count toward the bytes) and their scales (bulk copies of the valid rows'
-// and columns' floats). A masked token tile's stage lands on landed[s] (the mask warps mark it
-// full); any other on full[s].
+// rows of the tile over 128 tokens from the token tile's first (TMA; rows past n or k and tokens
+// past the stride are zero-filled and count toward the bytes) and their scales (bulk copies of
+// the valid rows' and columns' floats), all landing on full[s].
 __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradParts& parts,
                                                            const Fp8WeightGradRing& ring, int total,
                                                            int m_tiles, int n_tiles, int n, int k) {
@@ -142,12 +134,11 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       const int p = token_tile.part;
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-      const uint32_t landing =
-          token_tile.Masked() ? barriers.Landed(state.stage) : barriers.Full(state.stage);
+      const uint32_t landing = barriers.Full(state.stage);
       MbarrierArriveExpectTx(landing, kFp8StageBytes + dy_bytes + x_bytes);
-      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token_tile.window, tile.m0,
+      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token_tile.first, tile.m0,
                 L2EvictLast());
-      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token_tile.window, tile.n0,
+      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token_tile.first, tile.n0,
                 L2EvictLast());
       const uint32_t scales = SmemAddress(Fp8StageScales(ring, state.stage));
       const int64_t slot = token_tile.slot;
@@ -158,87 +149,14 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
   }
 }
 
-// The bytes of the 32-bit word holding tokens [first, first + 4) that hold tokens in [lo, hi)
-// (little-endian: token first + b is byte b).
-__device__ __forceinline__ uint32_t KeepMask(int lo, int hi, int first) {
-  uint32_t mask = 0;
-#pragma unroll
-  for (int b = 0; b < 4; ++b) {
-    if (lo <= first + b && first + b < hi) mask |= 0xFFu << (8 * b);
-  }
-  return mask;
-}
-
-// Zeroes the tokens outside [tile.lo, tile.hi) of the K slices the consumers read in the stage's
-// A (dy's 128 rows: 128-byte lines, each one row's token window). Every product of a token has a
-// factor from A, so B (x) needs no zeroing: its values there are finite e4m3 (the quantisers
-// saturate and zero their padding; TMA zero-fills past the stride), and finite times zero adds
-// nothing (a NaN among them comes only from a non-finite input, whose step is lost anyway).
-// TMA's 128-byte swizzle puts a line's 16-byte chunk c (tokens 16 c ..) at chunk c ^ (line % 8)
-// (the stage is 1024-byte aligned): of the read slices' chunks, those wholly outside are cleared,
-// those holding lo or hi keep their bytes inside, those wholly inside are left. The mask warps
-// call it, `thread` their thread index (a line per thread at a time, so 8 lanes fill the 32
-// banks).
-__device__ __forceinline__ void ZeroTokensOutside(uint32_t a, const Fp8TokenTile& tile,
-                                                  int thread) {
-  const int first_chunk = tile.FirstSlice() * kFp8WgmmaK / 16;
-  const int end_chunk = (tile.FirstSlice() + tile.Slices()) * kFp8WgmmaK / 16;
-  for (int line = thread; line < kFp8BlockM; line += kFp8MaskThreads) {
-    const uint32_t row = a + line * kSwizzleRowBytes;
-    for (int chunk = first_chunk; chunk < end_chunk; ++chunk) {
-      const int first = 16 * chunk;
-      if (tile.lo <= first && first + 16 <= tile.hi) continue;  // wholly inside
-      const uint32_t address = row + (chunk ^ (line % 8)) * 16;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (first < tile.hi && tile.lo < first + 16) {  // partly inside
-        v = LoadShared16(address);
-        v.x &= KeepMask(tile.lo, tile.hi, first);
-        v.y &= KeepMask(tile.lo, tile.hi, first + 4);
-        v.z &= KeepMask(tile.lo, tile.hi, first + 8);
-        v.w &= KeepMask(tile.lo, tile.hi, first + 12);
-      }
-      StoreShared16(address, v);
-    }
-  }
-}
-
-// The mask warps (warps 1 and 2 of warpgroup 0, `thread` 0..kFp8MaskThreads - 1): walk the stages
-// as the producer fills them; for each masked token tile's, wait until it has landed (landed[s]),
-// zero dy's tokens outside the tile in the slices the consumers read (so that another group's
-// tokens add nothing), fence them for the tensor cores (fence.proxy.async), meet at their named
-// barrier, and the first marks the stage full.
-__device__ __forceinline__ void MaskFp8WeightGradStages(const Fp8WeightGradParts& parts,
-                                                        const Fp8WeightGradRing& ring, int total,
-                                                        int m_tiles, int n_tiles, int thread) {
-  const auto barriers = ring.Barriers<1>();
-  PipelineState<kFp8WeightGradStages> state;
-  uint32_t landed_phases = 0;  // bit s: parity of landed[s]'s next phase
-  static_assert(kFp8WeightGradStages <= 32);
-  for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
-    const int group = FindFp8WeightGradTile(t, m_tiles, n_tiles).group;
-    ForEachTokenTile(parts, group, [&](const Fp8TokenTile& token_tile) {
-      if (token_tile.Masked()) {
-        MbarrierWait(barriers.Landed(state.stage), (landed_phases >> state.stage) & 1);
-        landed_phases ^= 1u << state.stage;
-        ZeroTokensOutside(ring.A(state.stage), token_tile, thread);
-        FenceProxyAsync();
-        NamedBarrierSync(kFp8MaskBarrier, kFp8MaskThreads);
-        if (thread == 0) MbarrierArrive(barriers.Full(state.stage));
-      }
-      state.Advance();
-    });
-  }
-}
-
 // Consumer warpgroup `consumer` (0 or 1): for each of this CTA's tiles, its 64 dw rows from m0 +
 // 64 consumer (none when they all lie past n: it only releases the stages). Per stage: part = the
-// token tile's e4m3 products over its 32-token slices with tokens of the tile (Fp8TokenTile: up
-// to 4 wgmmas, fresh), then acc = fma(part, dy_scale[row] * x_scale[column], acc) for its rows
-// Row() and Row() + 8 and its 32 columns (FragmentPosition), with the scales read from the stage
-// before it is released. Then its rows of dw_g = acc, or += acc with `accumulate` (TMA store or
-// reduce-add of the rows and columns inside dw, through its staging; waits for them before it
-// returns); a group without tokens in any part is skipped with `accumulate` and written as zeros
-// without.
+// token tile's e4m3 products over its 32-token slices (Fp8TokenTile: up to 4 wgmmas, fresh), then
+// acc = fma(part, dy_scale[row] * x_scale[column], acc) for its rows Row() and Row() + 8 and its 32
+// columns (FragmentPosition), with the scales read from the stage before it is released. Then its
+// rows of dw_g = acc, or += acc with `accumulate` (TMA store or reduce-add of the rows and columns
+// inside dw, through its staging; waits for them before it returns); a group without tokens in any
+// part is skipped with `accumulate` and written as zeros without.
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradParts& parts,
                                                           const CUtensorMap& dw_map,
@@ -264,9 +182,8 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
     bool any_tokens = false;
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       any_tokens = true;
-      const int first = WarpUniform(token_tile.FirstSlice());
       const int slices = WarpUniform(token_tile.Slices());
-      MultiplyFp8Stage<1>(part, ring, state, a_offset, active, first, slices, [&](int stage) {
+      MultiplyFp8Stage<1>(part, ring, state, a_offset, active, slices, [&](int stage) {
         if (!active) return;
         const float* const scales = Fp8StageScales(ring, stage);
         const float dy_scale[2] = {scales[row], scales[row + 8]};
@@ -315,13 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = WarpUniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
   if (warpgroup == 0) {
     DecreaseMaxRegisters<kProducerRegisters>();
-    const int warp = WarpUniform(static_cast<int>(threadIdx.x) / 32);
-    if (threadIdx.x == 0) {
-      ProduceFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles, n, k);
-    } else if (warp >= 1 && warp <= kFp8MaskThreads / 32) {
-      MaskFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles,
-                              static_cast<int>(threadIdx.x) - 32);
-    }
+    if (threadIdx.x == 0) ProduceFp8WeightGradStages(parts, ring, total, m_tiles, n_tiles, n, k);
   } else {
     IncreaseMaxRegisters<kConsumerRegisters>();
     ConsumeFp8WeightGradTiles<Out>(parts, dw_map, ring, total, m_tiles, n_tiles, n, warpgroup - 1,
