@@ -2,7 +2,7 @@
 // ../grouped_gemm_sm90.cuh): a group's token rows in up to kMaxWeightGradParts parts, walked in
 // 64-row K steps; which 16-row slices of a part's last step the consumers read, and the producer's
 // zeroing of the rows past the group's end in them; and a part as the launcher takes it. (The FP8
-// weight gradient walks its parts' rows in 128-token windows of its own: ForEachTokenTile.)
+// weight gradient walks its parts' rows in 128-token tiles of its own: ForEachTokenTile.)
 #pragma once
 
 #include <cuda.h>
