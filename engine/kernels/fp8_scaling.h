@@ -58,13 +58,17 @@ constexpr int64_t kFp8RowAlignment = 16;
 // and multiplies it in 32-token K slices (the e4m3 wgmma's K) without masking. The columns
 // between one group's zeros and the next group's start are unspecified.
 constexpr int64_t kFp8ColumnAlignment = 32;
+// `tokens` rounded up to a multiple of kFp8ColumnAlignment: where a group of that many tokens
+// ends with its zeros.
+constexpr int64_t Fp8ColumnAligned(int64_t tokens) {
+  return (tokens + kFp8ColumnAlignment - 1) / kFp8ColumnAlignment * kFp8ColumnAlignment;
+}
 // Where group `group`, whose rows start at row `group_begin`, starts in the transposed rows:
 // kFp8ColumnAlignment (ceil(group_begin / kFp8ColumnAlignment) + group). Computed from the
 // group's own offset, without a scan of the others: consecutive groups never overlap, since
 // ceil(end / a) >= ceil(begin / a) + ceil((end - begin) / a) - 1 for a group of rows [begin, end).
 constexpr int64_t Fp8ColumnStart(int64_t group, int64_t group_begin) {
-  return kFp8ColumnAlignment *
-         ((group_begin + kFp8ColumnAlignment - 1) / kFp8ColumnAlignment + group);
+  return Fp8ColumnAligned(group_begin) + kFp8ColumnAlignment * group;
 }
 // The transposed rows' length for `groups` groups of `rows` rows in all: the start a group past
 // the last would have (a multiple of 32, as TMA's row strides need 16 bytes).

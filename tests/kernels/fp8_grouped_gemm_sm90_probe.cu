@@ -484,8 +484,8 @@ class WeightGradPart {
         const int begin = static_cast<int>(range.begin), end = static_cast<int>(range.end);
         const int slot = static_cast<int>(moe::Fp8ColumnTileSlot(g, offsets_[g], t));
         const int token = start + begin - offsets_[g];
-        constexpr int kAlign = moe::kFp8ColumnAlignment;
-        tiles.push_back({begin, end, slot, token, (end - begin + kAlign - 1) / kAlign * kAlign});
+        tiles.push_back(
+            {begin, end, slot, token, static_cast<int>(moe::Fp8ColumnAligned(end - begin))});
         std::fill(row_slots.begin() + begin, row_slots.begin() + end, slot);
         for (int r = begin; r < end; ++r) row_tokens[r] = token + r - begin;
       }

@@ -271,8 +271,7 @@ struct Fp8ColumnTileOperands {
     for (int64_t c = 0; c < q.dim(0); ++c) {
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = c * q.dim(1) + Fp8ColumnStart(g, offsets[g]);
-        const int64_t count = (offsets[g + 1] - offsets[g] + kFp8ColumnAlignment - 1) /
-                              kFp8ColumnAlignment * kFp8ColumnAlignment;
+        const int64_t count = Fp8ColumnAligned(offsets[g + 1] - offsets[g]);
         specified.insert(specified.end(), all.begin() + first, all.begin() + first + count);
       }
     }

@@ -285,8 +285,7 @@ __device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const Slo
   StageTransposed(
       slice, [&](int c) { return multipliers[c]; }, staged);
   __syncthreads();
-  const int width = static_cast<int>((tile_rows + kFp8ColumnAlignment - 1) / kFp8ColumnAlignment *
-                                     kFp8ColumnAlignment);  // staged rows past the tile: zeros
+  const int width = static_cast<int>(Fp8ColumnAligned(tile_rows));  // staged rows past: zeros
   StoreTransposed(staged, cols, width, out.q + c0 * out.tokens + slot_tile.token, out.tokens);
 }
 

@@ -190,6 +190,27 @@ __device__ __forceinline__ void WriteRows(const float (&acc)[kAccumulatorCount],
   });
 }
 
+// This warpgroup's 64 x N accumulators as Out into y (rows, n), its rows [first_row, first_row +
+// valid_rows) from column `column`: TMA boxes (WriteTile; y_map: y as (n, rows, 1), clipped to n)
+// when all 64 rows are valid, else copied by the threads (WriteRows: no store past the group's
+// end). staging / staging_generic: the warpgroup's kStagingBytes as a shared and a generic address.
+template <typename Out, int kStagingBytes, int kAccumulatorCount>
+__device__ __forceinline__ void WriteOutputRows(const float (&acc)[kAccumulatorCount],
+                                                const CUtensorMap& y_map, Out* y, uint32_t staging,
+                                                const uint8_t* staging_generic, int barrier,
+                                                int first_row, int column, int valid_rows, int n) {
+  if (valid_rows == 64) {
+    WriteTile<Out, kStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
+      return BoxOrigin{column + c, first_row, 0};
+    });
+  } else {
+    WriteRows<Out, kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
+      const int64_t row = first_row + r;
+      return column + c < n ? y + row * n + column + c : nullptr;
+    });
+  }
+}
+
 }  // namespace detail
 
 }  // namespace moe::cuda::sm90

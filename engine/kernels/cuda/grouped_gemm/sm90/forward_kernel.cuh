@@ -96,16 +96,8 @@ __device__ __forceinline__ void WriteForwardTile(const Accumulators& acc, const 
                                                  const ConsumerTile& part, int n, int f) {
   const int first_row = part.first_row, column = part.column, valid_rows = part.valid_rows;
   if constexpr (kEpilogue == Epilogue::kStore) {
-    if (valid_rows == 64) {
-      WriteTile<bf16, kStagingBytes>(acc, y_map, staging, barrier, false, [&](int c) {
-        return BoxOrigin{column + c, first_row, 0};
-      });
-    } else {
-      WriteRows<bf16, kStagingBytes>(acc, staging_generic, barrier, valid_rows, [&](int r, int c) {
-        const int64_t row = first_row + r;
-        return column + c < n ? y + row * n + column + c : nullptr;
-      });
-    }
+    WriteOutputRows<bf16, kStagingBytes>(acc, y_map, y, staging, staging_generic, barrier,
+                                         first_row, column, valid_rows, n);
   } else if constexpr (kEpilogue == Epilogue::kSwiglu) {
     // Tile columns [0, kHalf) are y's gate columns from `gate`, [kHalf, kBlockN) its up
     // columns.

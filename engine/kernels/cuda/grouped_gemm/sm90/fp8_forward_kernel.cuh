@@ -208,16 +208,8 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
       }
     }
     if (!active) continue;
-    if (mine.valid_rows == 64) {
-      WriteTile<Out, kBoxBytes>(acc, y_map, SmemAddress(staging), barrier, false, [&](int c) {
-        return BoxOrigin{mine.column + c, mine.first_row, 0};
-      });
-    } else {
-      WriteRows<Out, kBoxBytes>(acc, staging, barrier, mine.valid_rows, [&](int r, int c) {
-        const int64_t row = mine.first_row + r;
-        return mine.column + c < n ? y + row * n + mine.column + c : nullptr;
-      });
-    }
+    WriteOutputRows<Out, kBoxBytes>(acc, y_map, y, SmemAddress(staging), staging, barrier,
+                                    mine.first_row, mine.column, mine.valid_rows, n);
   }
   if (threadIdx.x % kWarpgroupThreads == 0) BulkWaitAll();
 }

@@ -104,7 +104,8 @@ __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts
     const RowRange range = PartRows(parts.tokens, p, group);
     const int start = static_cast<int>(Fp8ColumnStart(group, range.begin));
     const int slot = static_cast<int>(Fp8ColumnTileSlot(group, range.begin, 0));
-    // Tile t: the group's rows from 128 t (Fp8ColumnTileRows), the tile's slot + t.
+    // Tile t: the group's rows from 128 t and slot + t (Fp8ColumnTileRows' and
+    // Fp8ColumnTileSlot's rule, inline: through them the consumers spilled a register).
     for (int t = 0; t * kFp8BlockK < range.end - range.begin; ++t) {
       visit(Fp8TokenTile{p, start + t * kFp8BlockK,
                          min(kFp8BlockK, range.end - range.begin - t * kFp8BlockK), slot + t});
@@ -134,16 +135,16 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       const int p = token_tile.part;
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
-      const uint32_t landing = barriers.Full(state.stage);
-      MbarrierArriveExpectTx(landing, kFp8StageBytes + dy_bytes + x_bytes);
-      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), landing, token_tile.first, tile.m0,
+      const uint32_t full = barriers.Full(state.stage);
+      MbarrierArriveExpectTx(full, kFp8StageBytes + dy_bytes + x_bytes);
+      TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), full, token_tile.first, tile.m0,
                 L2EvictLast());
-      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), landing, token_tile.first, tile.n0,
+      TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), full, token_tile.first, tile.n0,
                 L2EvictLast());
       const uint32_t scales = SmemAddress(Fp8StageScales(ring, state.stage));
       const int64_t slot = token_tile.slot;
-      BulkLoad(scales, parts.dy_scales[p] + slot * n + tile.m0, dy_bytes, landing);
-      BulkLoad(scales + kFp8BlockM * 4, parts.x_scales[p] + slot * k + tile.n0, x_bytes, landing);
+      BulkLoad(scales, parts.dy_scales[p] + slot * n + tile.m0, dy_bytes, full);
+      BulkLoad(scales + kFp8BlockM * 4, parts.x_scales[p] + slot * k + tile.n0, x_bytes, full);
       state.Advance();
     });
   }
