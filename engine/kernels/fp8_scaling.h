@@ -70,6 +70,10 @@ constexpr int64_t Fp8ColumnAligned(int64_t tokens) {
 constexpr int64_t Fp8ColumnStart(int64_t group, int64_t group_begin) {
   return Fp8ColumnAligned(group_begin) + kFp8ColumnAlignment * group;
 }
+// The token of that group's row `row` (>= group_begin) in the transposed rows.
+constexpr int64_t Fp8ColumnToken(int64_t group, int64_t group_begin, int64_t row) {
+  return Fp8ColumnStart(group, group_begin) + row - group_begin;
+}
 // The transposed rows' length for `groups` groups of `rows` rows in all: the start a group past
 // the last would have (a multiple of 32, as TMA's row strides need 16 bytes).
 constexpr int64_t Fp8ColumnTokens(int64_t groups, int64_t rows) {

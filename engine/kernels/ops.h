@@ -52,10 +52,10 @@ struct GroupedRows {
 // QuantizeColumnTiles' forms of dy (rows, n) and x (rows, k), both over `offsets` (groups + 1, on
 // the op's device).
 struct Fp8GroupedColumns {
-  Tensor dy_q,
-      dy_scales;  // (n, Fp8ColumnTokens(groups, rows)) e4m3, (Fp8ColumnTileSlots(groups, rows), n)
-  Tensor x_q,
-      x_scales;  // (k, Fp8ColumnTokens(groups, rows)) e4m3, (Fp8ColumnTileSlots(groups, rows), k)
+  // dy_q (n, Fp8ColumnTokens(groups, rows)) e4m3, dy_scales (Fp8ColumnTileSlots(groups, rows), n);
+  // x_q and x_scales the same with k.
+  Tensor dy_q, dy_scales;
+  Tensor x_q, x_scales;
   Tensor offsets;
   int64_t rows = 0;
 };

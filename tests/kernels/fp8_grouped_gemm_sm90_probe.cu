@@ -478,12 +478,11 @@ class WeightGradPart {
     std::vector<ColumnTile> tiles;
     std::vector<int32_t> row_slots(rows_), row_tokens(rows_);
     for (int g = 0; g < groups(); ++g) {
-      const int start = static_cast<int>(moe::Fp8ColumnStart(g, offsets_[g]));
       for (int t = 0; t < moe::Fp8ColumnTileCount(offsets_[g], offsets_[g + 1]); ++t) {
         const moe::Fp8RowRange range = moe::Fp8ColumnTileRows(offsets_[g], offsets_[g + 1], t);
         const int begin = static_cast<int>(range.begin), end = static_cast<int>(range.end);
         const int slot = static_cast<int>(moe::Fp8ColumnTileSlot(g, offsets_[g], t));
-        const int token = start + begin - offsets_[g];
+        const int token = static_cast<int>(moe::Fp8ColumnToken(g, offsets_[g], begin));
         tiles.push_back(
             {begin, end, slot, token, static_cast<int>(moe::Fp8ColumnAligned(end - begin))});
         std::fill(row_slots.begin() + begin, row_slots.begin() + end, slot);

@@ -585,11 +585,10 @@ TEST_F(Fp8WeightGradTest, IsTheDequantisedProductUpToF32Summation) {
         const std::vector<float> x = ToFloats(part.x_q), xs = ToFloats(part.x_scales);
         const int64_t tokens = part.dy_q.dim(1), begin = c.parts[p][g];
         const int64_t end = c.parts[p][g + 1];
-        const int64_t shift = Fp8ColumnStart(g, begin) - begin;  // row r at token r + shift
         tiles += (end - begin + kTile - 1) / kTile;
         for (int64_t r = begin; r < end; ++r) {  // row r's tile: 128 rows from begin's
           const int64_t slot = Fp8ColumnTileSlot(g, begin, (r - begin) / kTile);
-          const int64_t token = r + shift;
+          const int64_t token = Fp8ColumnToken(g, begin, r);
           for (int64_t i = 0; i < c.n; ++i) {
             for (int64_t j = 0; j < c.k; ++j) {
               const double term = static_cast<double>(dy[i * tokens + token]) *

@@ -72,8 +72,6 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
       const int64_t tokens = part.dy_q.dim(1);
       const std::span<const int32_t> bounds = part.offsets.values<int32_t>();
       has_rows = has_rows || bounds[g] < bounds[g + 1];
-      // Row r of the group at token shift + r of the transposed rows.
-      const int64_t shift = Fp8ColumnStart(g, bounds[g]) - bounds[g];
       for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
         const int64_t slot = Fp8ColumnTileSlot(g, bounds[g], t);
@@ -82,7 +80,8 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < k; ++j) {
             float partial = 0.0f;  // exact products of e4m3 values, summed in f32
-            for (int64_t r = r0 + shift; r < r1 + shift; ++r) {
+            const int64_t first = Fp8ColumnToken(g, bounds[g], r0);
+            for (int64_t r = first; r < first + r1 - r0; ++r) {
               partial += dy[i * tokens + r] * x[j * tokens + r];
             }
             acc[i * k + j] = std::fma(partial, dy_scales[i] * x_scales[j], acc[i * k + j]);

@@ -94,8 +94,6 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
     const T* in = x.data<T>();
     Float8E4M3* out = q.data<Float8E4M3>();
     for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-      // Row r of the group at token start + r - bounds[g] of the transposed rows.
-      Float8E4M3* const group_out = out + Fp8ColumnStart(g, bounds[g]) - bounds[g];
       for (int64_t t = 0; t < Fp8ColumnTileCount(bounds[g], bounds[g + 1]); ++t) {
         const auto [r0, r1] = Fp8ColumnTileRows(bounds[g], bounds[g + 1], t);
         float* tile_scales = scales.data<float>() + Fp8ColumnTileSlot(g, bounds[g], t) * k;
@@ -106,7 +104,8 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
           const Fp8TileScaling scaling = Fp8ScalingOf(amax);
           tile_scales[c] = scaling.scale;
           for (int64_t r = r0; r < r1; ++r) {
-            group_out[c * tokens + r] = FloatToE4M3(ToFloat(in[r * k + c]) * scaling.multiplier);
+            out[c * tokens + Fp8ColumnToken(g, bounds[g], r)] =
+                FloatToE4M3(ToFloat(in[r * k + c]) * scaling.multiplier);
           }
         }
       }

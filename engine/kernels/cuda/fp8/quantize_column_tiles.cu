@@ -230,7 +230,7 @@ __device__ __forceinline__ SlotTile FindSlotTile(const int32_t* offsets, int64_t
   const int64_t begin = offsets[group], end = offsets[group + 1];
   MOE_DEVICE_CHECK(0 <= begin && begin <= end && end <= rows);
   const Fp8RowRange tile = Fp8ColumnTileRows(begin, end, slot - Fp8ColumnTileSlot(group, begin, 0));
-  return {tile, Fp8ColumnStart(group, begin) + tile.begin - begin};
+  return {tile, Fp8ColumnToken(group, begin, tile.begin)};
 }
 
 // An unused slot's scales of column tile `column_tile`: zeros.

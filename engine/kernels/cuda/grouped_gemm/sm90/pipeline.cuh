@@ -15,7 +15,8 @@ template <int kStages>
 constexpr int kStageBarrierBytes = 3 * kStages * 8;
 
 // The mbarriers of the stage ring: full[s] (operands landed), empty[s] (consumers done), and
-// landed[s] (weight gradient only: the TMA bytes of a stage the producer still has to mask).
+// landed[s] (the bf16 weight gradient only: the TMA bytes of a stage the producer still has to
+// mask).
 // A stage is filled by every CTA of the cluster (multicast), so it is empty once the consumers
 // of all of them are done: each consumer warp releases it in every CTA.
 template <int kStages, int kCluster>
