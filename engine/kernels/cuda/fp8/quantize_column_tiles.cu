@@ -20,8 +20,8 @@
 // block's columns start at a multiple of 128), are quantised by their warp's maxes and stored 4
 // bytes a lane; its columns' maxes meet in shared memory, and the tile quantised per column is
 // staged transposed in shared memory and stored as rows of q from the tile's first token
-// (Fp8ColumnStart: a multiple of 32, so 16-byte units), a group's last tile with zeros up to a
-// multiple of 32 tokens. The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
+// (Fp8ColumnStart: a multiple of 32, so whole 16-byte units, StoreAlignedTransposed), a group's
+// last tile with zeros up to a multiple of 32 tokens. The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
 // any order, then the e4m3 rounding), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
@@ -286,7 +286,8 @@ __device__ __forceinline__ void QuantizeLoadedTile(const Slice& slice, const Slo
       slice, [&](int c) { return multipliers[c]; }, staged);
   __syncthreads();
   const int width = static_cast<int>(Fp8ColumnAligned(tile_rows));  // staged rows past: zeros
-  StoreTransposed(staged, cols, width, out.q + c0 * out.tokens + slot_tile.token, out.tokens);
+  StoreAlignedTransposed(staged, cols, width, out.q + c0 * out.tokens + slot_tile.token,
+                         out.tokens);
 }
 
 // Block b = (slot, column tile) = (b / tiles(k), b % tiles(k)), kTileThreads threads, over the

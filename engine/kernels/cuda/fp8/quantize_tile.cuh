@@ -15,7 +15,8 @@
 //     memory: a lane stages a column's 16 bytes of its warp's rows at once (16-byte chunks
 //     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and ten lanes store
 //     a transposed row as aligned 16-byte units wherever it starts (byte by byte at its two ends
-//     only, a thread each).
+//     only, a thread each); StoreAlignedTransposed where every row starts on a 16-byte boundary
+//     (the column tiles'), a chunk a store.
 // Quantisation is e4m3(x * multiplier): one f32 multiplication, then the device's
 // cvt.rn.satfinite e4m3 (what FloatToE4M3 emulates on the host; ToE4M3x4).
 #pragma once
@@ -425,6 +426,22 @@ __device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int co
     if (0 <= r && r < width) {
       out[c * ld + r] = static_cast<__nv_fp8_storage_t>(words[b / 4] >> 8 * (b % 4));
     }
+  }
+}
+
+// StoreTransposed where every column starts on a 16-byte boundary (out and ld multiples of 16)
+// and width is a multiple of 16 up to kFp8TileSize (no end units, no skew): each of the cols x
+// width / 16 units is one 16-byte store of its chunk, the block's threads taking them in turn, a
+// column's units by consecutive threads.
+__device__ __forceinline__ void StoreAlignedTransposed(const StagedTile& staged, int cols,
+                                                       int width, __nv_fp8_storage_t* out,
+                                                       int64_t ld) {
+  MOE_DEVICE_CHECK(width % 16 == 0 && width <= kFp8TileSize && ld % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0);
+  const int units = width / 16;
+  for (int unit = threadIdx.x; unit < cols * units; unit += kTileThreads) {
+    const int c = unit / units, u = unit % units;
+    *reinterpret_cast<uint4*>(out + c * ld + 16 * u) = staged.chunk[c][u ^ (c / 4 % 8)];
   }
 }
 
