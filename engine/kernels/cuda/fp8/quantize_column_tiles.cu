@@ -21,8 +21,8 @@
 // bytes a lane; its columns' maxes meet in shared memory, and the tile quantised per column is
 // staged transposed in shared memory and stored as rows of q from the tile's first token
 // (Fp8ColumnStart: a multiple of 32, so whole 16-byte units, StoreAlignedTransposed), a group's
-// last tile with zeros up to a multiple of 32 tokens. The same f32 operations as the CPU reference (Fp8ScalingOf, a max exact in
-// any order, then the e4m3 rounding), so the bits agree.
+// last tile with zeros up to a multiple of 32 tokens. The same f32 operations as the CPU reference
+// (Fp8ScalingOf, a max exact in any order, then the e4m3 rounding), so the bits agree.
 #include "engine/kernels/cuda/common/cuda_common.cuh"
 #include "engine/kernels/cuda/cuda_ops.h"
 #include "engine/kernels/cuda/fp8/quantize_tile.cuh"
