@@ -77,11 +77,12 @@ void Fp8GroupedMatmulWeightGrad(std::span<const Fp8GroupedColumns> parts, const 
         const int64_t slot = Fp8ColumnTileSlot(g, bounds[g], t);
         const float* dy_scales = part.dy_scales.data<float>() + slot * n;
         const float* x_scales = part.x_scales.data<float>() + slot * k;
+        // The tile's rows as tokens of the transposed rows.
+        const int64_t first = Fp8ColumnToken(g, bounds[g], r0), last = first + r1 - r0;
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < k; ++j) {
             float partial = 0.0f;  // exact products of e4m3 values, summed in f32
-            const int64_t first = Fp8ColumnToken(g, bounds[g], r0);
-            for (int64_t r = first; r < first + r1 - r0; ++r) {
+            for (int64_t r = first; r < last; ++r) {
               partial += dy[i * tokens + r] * x[j * tokens + r];
             }
             acc[i * k + j] = std::fma(partial, dy_scales[i] * x_scales[j], acc[i * k + j]);
