@@ -11,18 +11,19 @@
 // fp8_grouped_gemm_probe_cuda_test, label cuda (where the build has architecture 90).
 //
 // Forward cases: y (rows, n) = x (rows, k) · w_g^T per group; a tiny one (the first to debug), one
-// with tails (k 1008: a partial last K tile; n 344: a partial last column block; groups of 0, 1,
-// 37, 129 and 300 rows, empty first and last groups), and the MoE expert layers at 4096 tokens
-// with random top-k routing: Qwen3-30B-A3B (128 experts, top 8: fc1 k 2048 n 1536, fc2 k 768 n
-// 2048), Mixtral-8x7B (8, top 2: fc1 k 4096 n 28672, fc2 k 14336 n 4096), DeepSeek-V3-like (256,
-// top 8: fc1 k 7168 n 4096, fc2 k 2048 n 7168).
-// Operands: x and w uniform in [-1, 1) rounded to bf16 (the bf16 GEMM's operands), quantised here
-// as the engine does (fp8_scaling.h: 1 x 128 tiles of x, 128 x 128 blocks of w, scale = max(amax,
-// 2^-64) / 448, q = e4m3(v * 448 / max(amax, 2^-64)), satfinite, nearest even).
-// Checks (PASS/FAIL each; exit status 1 if any fails or none ran, 2 on a CUDA error, 3 on a kernel
-// that does not finish within 20 s, e.g. a pipeline deadlock), for y f32 and y bf16, against the
-// f32 reference (per group: the dequantised w_g, then cublasSgemm of the group's dequantised
-// rows), y and 64 guard rows after it poisoned first (all bytes 0xFF: NaN):
+// with tails (k 1008: a partial last K tile; n 344: a partial last column block, tiles starting
+// at both offsets into a scale block; groups of 0, 1, 37, 129 and 300 rows, empty first and last
+// groups), a narrow one (n 120: one partial tile and scale block), and the MoE expert layers at
+// 4096 tokens with random top-k routing: Qwen3-30B-A3B (128 experts, top 8: fc1 k 2048 n 1536, fc2
+// k 768 n 2048), Mixtral-8x7B (8, top 2: fc1 k 4096 n 28672, fc2 k 14336 n 4096), DeepSeek-V3-like
+// (256, top 8: fc1 k 7168 n 4096, fc2 k 2048 n 7168). Operands: x and w uniform in [-1, 1) rounded
+// to bf16 (the bf16 GEMM's operands), quantised here as the engine does (fp8_scaling.h: 1 x 128
+// tiles of x, 128 x 128 blocks of w, scale = max(amax, 2^-64) / 448, q = e4m3(v * 448 / max(amax,
+// 2^-64)), satfinite, nearest even). Checks (PASS/FAIL each; exit status 1 if any fails or none
+// ran, 2 on a CUDA error, 3 on a kernel that does not finish within 20 s, e.g. a pipeline
+// deadlock), for y f32 and y bf16, against the f32 reference (per group: the dequantised w_g, then
+// cublasSgemm of the group's dequantised rows), y and 64 guard rows after it poisoned first (all
+// bytes 0xFF: NaN):
 //   - every element finite and |ours - ref| <= tolerance * max|ref|: f32 y 2e-3, bf16 y 1e-2. The
 //     tensor cores sum each 128-long K tile's products with about 14 bits kept (DeepSeek-V3), an
 //     error below 2^-14 * 128 |product| per tile, about 1e-3 of a typical |ref| at most where
@@ -730,6 +731,7 @@ int main(int argc, char** argv) {
   const std::vector<Case> cases = {
       {"tiny", 256, 256, {120, 80}},
       {"tails", 1008, 344, {0, 129, 37, 0, 300, 1, 0}},
+      {"narrow", 384, 120, {70, 0, 200}},
       {"qwen3-30b-a3b fc1", 2048, 1536, RandomRouting(128, 8, kTokens, 1)},
       {"qwen3-30b-a3b fc2", 768, 2048, RandomRouting(128, 8, kTokens, 1)},
       {"mixtral-8x7b fc1", 4096, 28672, RandomRouting(8, 2, kTokens, 2)},
@@ -760,7 +762,7 @@ int main(int argc, char** argv) {
                   total_bytes >> 30);
       continue;
     }
-    if (c.name != "tiny" && c.name != "tails") {
+    if (c.name.find(" fc") != std::string::npos) {
       weight_grad_cases.push_back({"wgrad " + c.name, c.n, c.k, {c.rows_per_group}});
     }
   }

@@ -33,8 +33,8 @@ using cuda::sm90::TileUnit;
 using cuda::sm90::WeightGradClusterSchedule;
 using cuda::sm90::WeightGradClusterTile;
 
-// The FP8 forward's tiles (fp8_mainloop.cuh's kFp8BlockN; that header needs CUDA's).
-constexpr int kFp8TileN = 128;
+// The FP8 forward's tiles (fp8_mainloop.cuh's kFp8ForwardTileN; that header needs CUDA's).
+constexpr int kFp8TileN = 192;
 
 // Checks the schedule of groups with these row counts over n columns, in tiles kTileN wide.
 template <int kTileN>

@@ -44,29 +44,34 @@
 // Design (one CTA per SM, persistent; the forward in clusters of two CTAs, the weight gradient
 // without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
 // warpgroups 1 and 2 consume, 64 output rows each):
-//   - A stage holds one 128-deep K tile of both operands, each 128 rows of 128 e4m3 (one 128-byte
-//     swizzle row per operand row: 32 KiB; kFp8ForwardStages = 6 of them, kFp8WeightGradStages =
-//     5 beside the weight gradient's larger output staging). Per stage a consumer issues (up to) 4
-//     m64n128k32 wgmmas into fresh accumulators, waits for them, and promotes them into its f32
-//     accumulators with one fma each (64 + 64 registers a thread; the forward's K tiles alternate
-//     between two sets of 64, the next issued before this one is promoted), then releases the
-//     stage (MultiplyFp8Stage).
-//   - Epilogue: each consumer stages its 64 x 128 result through shared memory (epilogue.cuh's
+//   - A stage holds one 128-deep K tile of both operands, 128 rows of A and 192 (forward) or 128
+//     (weight gradient) of B, 128 e4m3 a row (one 128-byte swizzle row: 40 or 32 KiB;
+//     kFp8ForwardStages = 5 and kFp8WeightGradStages = 5 of them, beside the output staging). Per
+//     stage a consumer issues (up to) 4 m64n192k32 or m64n128k32 wgmmas into fresh accumulators,
+//     waits for them, releases the stage and promotes them into its f32 accumulators with one fma
+//     each (96 + 96 or 64 + 64 registers a thread); while one consumer promotes, the other's
+//     wgmmas run.
+//   - Epilogue: each consumer stages its 64 x 192 or 64 x 128 result through shared memory
+//   (epilogue.cuh's
 //     WriteTile, which the bf16 kernels use too: the forward one TMA box, the weight gradient two)
 //     and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips it to the
 //     tensor; the stores drain while the consumer multiplies its next tile. The forward's
 //     consumer whose 64 rows cross its group's end copies its valid rows from the staging
 //     instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the weight
 //     gradient's work.
-//   - Forward tiles: 128 x 128 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
-//     the bf16 forward's with 128-column tiles: a group's row pairs, which share w's tile, then
+//   - Forward tiles: 128 x 192 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
+//     the bf16 forward's with 192-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
-//     operand and half of the shared one, multicast to both, so a stage costs L2 24 KiB instead
-//     of 32 (L2's bandwidth is what bounds this kernel). A row tile never crosses its group's
-//     end: rows past it are loaded (the next group's, or TMA's zero fill past `rows`) but never
-//     stored; n and k tails are zero-filled by TMA (w is a 3-D map with the group outermost, so
-//     no read crosses into the next expert), and zeros add nothing. The scales of a stage are
-//     loaded from global memory before it is waited for (one per row and one per tile).
+//     operand and its part of the shared one (of w's three 64-row boxes, rank 0 two and rank 1
+//     one; half of x's rows), multicast to both, so a row pair's stage costs L2 28 KiB a CTA
+//     instead of 40 (L2's bandwidth is what bounds this kernel): 22% fewer bytes a product than
+//     128 x 128 tiles' 24 KiB. A tile's 192 columns start 0 or 64 columns into a 128-column weight
+//     scale block, so they take two blocks' scales, split at tile column 128 or 64. A row tile
+//     never crosses its group's end: rows past it are loaded (the next group's, or TMA's zero fill
+//     past `rows`) but never stored; n and k tails are zero-filled by TMA (w is a 3-D map with the
+//     group outermost, so no read crosses into the next expert), and zeros add nothing. The scales
+//     of a stage are loaded from global memory before it is waited for (one per row and one per
+//     tile).
 //   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
 //     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
 //     CTAs resident together read one group's operands from L2). K: the group's token tiles in
@@ -116,10 +121,10 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   CUtensorMap x_map, w_map, y_map;
   cudaError_t status = EncodeTensorMap<2>(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, xq, {uk, ur}, {uk},
-                                          {kFp8BlockK, kFp8BlockM / 2});
+                                          {kFp8BlockK, kFp8BoxRows});
   if (status != cudaSuccess) return status;
   status = EncodeTensorMap<3>(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, wq, {uk, un, g}, {uk, un * uk},
-                              {kFp8BlockK, kFp8BlockN / 2, 1});
+                              {kFp8BlockK, kFp8BoxRows, 1});
   if (status != cudaSuccess) return status;
   constexpr uint64_t kOutBytes = sizeof(Out);
   status = EncodeTensorMap<3>(&y_map,
@@ -130,7 +135,7 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   if (status != cudaSuccess) return status;
   // Tiles <= sum_g ceil(rows_g / kFp8BlockM) column tiles; cluster tiles fewer.
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kFp8BlockM - 1)) / kFp8BlockM *
-                        ((n + kFp8BlockN - 1) / kFp8BlockN);
+                        ((n + kFp8ForwardTileN - 1) / kFp8ForwardTileN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   constexpr auto kKernel = &Fp8GroupedMatmulKernel<Out>;
   cudaLaunchConfig_t config = {};

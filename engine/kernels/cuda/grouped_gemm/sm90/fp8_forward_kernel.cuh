@@ -1,12 +1,12 @@
 // The Hopper FP8 grouped GEMM's forward kernel (design: ../fp8_grouped_gemm_sm90.cuh): y (=) = xq ·
 // wq_g^T per group on e4m3 operands, both K-major, with DeepSeek-V3's blockwise scales applied
 // once per 128-wide K tile into f32 accumulators. A persistent launch of warp-specialised CTAs in
-// clusters of two, each cluster tile a pair of 128 x 128 tiles that share an operand
-// (grouped_gemm_tiles.h's ClusterTileScheduleOf<kFp8BlockN>): warpgroup 0's thread 0 TMA-loads
-// each K tile's operands into a ring of stages, its own and half of the shared one, which it
-// multicasts to both CTAs (ProduceFp8Stages); warpgroups 1 and 2 each multiply 64 rows of their
-// CTA's tile and promote the tile's partial sums (ConsumeFp8Tiles), then write their rows of y
-// through a TMA box of shared memory each (epilogue.cuh's WriteTile, or WriteRows for a group's
+// clusters of two, each cluster tile a pair of 128 x 192 tiles that share an operand
+// (grouped_gemm_tiles.h's ClusterTileScheduleOf<kFp8ForwardTileN>): warpgroup 0's thread 0
+// TMA-loads each K tile's operands into a ring of stages, its own and its part of the shared one,
+// which it multicasts to both CTAs (ProduceFp8Stages); warpgroups 1 and 2 each multiply 64 rows of
+// their CTA's tile and promote the tile's partial sums (ConsumeFp8Tiles), then write their rows of
+// y through a TMA box of shared memory each (epilogue.cuh's WriteTile, or WriteRows for a group's
 // last rows). The ring and a stage's multiplication are fp8_mainloop.cuh's, shared with the
 // weight gradient.
 #pragma once
@@ -26,7 +26,9 @@
 namespace moe::cuda::sm90 {
 
 namespace detail {
-using Fp8ForwardRing = Fp8Ring<kFp8ForwardStages>;
+using Fp8ForwardRing = Fp8Ring<kFp8ForwardStages, kFp8ForwardTileN>;
+// A consumer's f32 a thread: its 64 x 192 accumulators, and as many partial sums of a K tile.
+constexpr int kFp8ForwardAccumulators = Fp8ForwardRing::kAccumulators;
 }  // namespace detail
 
 // After the stage ring: the offsets and the tile prefix (kMaxGroups + 1 ints each), then each
@@ -42,8 +44,11 @@ constexpr int kFp8ForwardCluster = 2;  // CTAs sharing (multicasting) an operand
 namespace detail {
 
 static_assert(kFp8BlockM == kBlockM, "the cluster tile schedule's rows");
-using Fp8ClusterSchedule = ClusterTileScheduleOf<kFp8BlockN>;
-using Fp8ClusterTile = ClusterTileOf<kFp8BlockN>;
+using Fp8ClusterSchedule = ClusterTileScheduleOf<kFp8ForwardTileN>;
+using Fp8ClusterTile = ClusterTileOf<kFp8ForwardTileN>;
+// A tile's first column is a multiple of 192: at 0 or 64 into a 128-column weight scale block,
+// so its columns span two blocks, split at tile column 128 or 64.
+static_assert(kFp8ForwardTileN == 192 && kFp8BlockN == 128);
 
 // The forward's bytes after the stage ring (Fp8Ring::Extra): the offsets, then the tile prefix.
 __device__ __forceinline__ int* Fp8Offsets(const Fp8ForwardRing& ring) {
@@ -60,10 +65,11 @@ __device__ __forceinline__ uint8_t* Fp8ForwardStaging(const Fp8ForwardRing& ring
 // The producer (thread 0 of warpgroup 0): for each of its cluster's tiles (`tiles`) and each K
 // tile, waits until the next stage is empty (in both CTAs: their consumers release it in each)
 // and loads the K tile of its CTA's x rows and w rows into it, as 64-row boxes: a row pair's CTAs
-// each load their own 128 x rows and half `rank` of the shared 128 w rows into both CTAs; a column
-// pair's each load half `rank` of the shared x rows into both and their own w rows. Every stage
-// receives kFp8StageBytes, its own loads and its peer's multicast. Rows past the tensors and K
-// past k are zero-filled (they count toward the stage's bytes).
+// each load their own 128 x rows, and the shared 192 w rows' three boxes into both CTAs (rank 0
+// boxes 0 and 2, rank 1 box 1); a column pair's each load half `rank` of the shared x rows into
+// both and their own w rows. Every stage receives Fp8ForwardRing::kStageBytes, its own loads and
+// its peer's multicast. Rows past the tensors and K past k are zero-filled (they count toward the
+// stage's bytes).
 __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const CUtensorMap& w_map,
                                                  const Fp8ForwardRing& ring,
                                                  const Fp8ClusterSchedule& schedule,
@@ -78,7 +84,7 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
     for (int kt = 0; kt < k_tiles; ++kt) {
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
       const uint32_t full = barriers.Full(state.stage);
-      MbarrierArriveExpectTx(full, kFp8StageBytes);
+      MbarrierArriveExpectTx(full, Fp8ForwardRing::kStageBytes);
       const int k0 = kt * kFp8BlockK;
       const uint32_t a = ring.A(state.stage), b = ring.B(state.stage);
       // A 64-row box of x from row `row`, or of the group's w from row `column`, into `dst`,
@@ -97,30 +103,52 @@ __device__ __forceinline__ void ProduceFp8Stages(const CUtensorMap& x_map, const
           TmaLoad3d(w_map, dst, full, k0, column, tile.group, L2EvictLast());
         }
       };
+      constexpr int kWBoxes = kFp8ForwardTileN / kFp8BoxRows;
       if (tile.row_pair) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) x_box(a + h * kFp8HalfBytes, 0, tile.Row(rank) + 64 * h);
-        w_box(b + rank * kFp8HalfBytes, kBoth, tile.n0 + 64 * rank);
-      } else {
-        x_box(a + rank * kFp8HalfBytes, kBoth, tile.row0 + 64 * rank);
+        for (int h = 0; h < 2; ++h) {
+          x_box(a + h * kFp8BoxBytes, 0, tile.Row(rank) + kFp8BoxRows * h);
+        }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) w_box(b + h * kFp8HalfBytes, 0, tile.Column(rank) + 64 * h);
+        for (int h = rank; h < kWBoxes; h += kFp8ForwardCluster) {
+          w_box(b + h * kFp8BoxBytes, kBoth, tile.n0 + kFp8BoxRows * h);
+        }
+      } else {
+        x_box(a + rank * kFp8BoxBytes, kBoth, tile.row0 + kFp8BoxRows * rank);
+#pragma unroll
+        for (int h = 0; h < kWBoxes; ++h) {
+          w_box(b + h * kFp8BoxBytes, 0, tile.Column(rank) + kFp8BoxRows * h);
+        }
       }
       state.Advance();
     }
   }
 }
 
+// acc[i] += part[i] times its row's and column's scale: `scales` = {x0 w0, x0 w1, x1 w0, x1 w1}
+// for rows Row() (x0) and Row() + 8 (x1) and the tile's columns before kSplit (w0) and from it
+// (w1). Register 4 b + 2 h + j holds row Row() + 8 h, column 8 b + Column() + j (FragmentPosition).
+template <int kSplit, int kCount>
+__device__ __forceinline__ void PromoteFp8Split(float (&acc)[kCount], const float (&part)[kCount],
+                                                float4 scales) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const bool right = 8 * (i / 4) >= kSplit, lower = i % 4 >= 2;
+    const float scale = lower ? (right ? scales.w : scales.z) : (right ? scales.y : scales.x);
+    acc[i] = fmaf(part[i], scale, acc[i]);
+  }
+}
+
 // Consumer warpgroup `consumer` (0 or 1): for each of its cluster's tiles, its 64 rows of its
 // CTA's tile (ConsumerTile; none when they lie past the group's end or its columns past n: it only
-// releases the stages). K tile kt's e4m3 products go to part[kt % 2] (4 wgmmas, fresh), issued
-// before K tile kt - 1's are promoted, so that the tensor cores multiply while it promotes: once
-// kt - 1's wgmmas are done (at most kt's in flight), their stage is released and acc =
-// fma(part, x_scale[row, kt - 1] * w_scale[group, block, kt - 1], acc) for its rows Row() and
-// Row() + 8 (FragmentPosition). Then its valid rows and columns of y = acc, rounded to Out,
-// through its staging box (Fp8ForwardStaging): 64 valid rows by TMA stores to y_map (clipped to
-// n), fewer copied by its threads (WriteRows); the stores drain while it goes on, and it waits
-// for them before it returns.
+// releases the stages). Per K tile kt: its scales are loaded, the stage's e4m3 products issued
+// into `part` (4 wgmmas, fresh) and waited for, the stage released, and acc = fma(part,
+// x_scale[row, kt] * w_scale[group, block, kt], acc) for its rows Row() and Row() + 8
+// (FragmentPosition) and the tile's two weight scale blocks (PromoteFp8Split); while one consumer
+// promotes, the other's wgmmas keep the tensor cores busy. Then its valid rows and columns of y =
+// acc, rounded to Out, through its staging box (Fp8ForwardStaging): 64 valid rows by TMA stores to
+// y_map (clipped to n), fewer copied by its threads (WriteRows); the stores drain while it goes on,
+// and it waits for them before it returns.
 template <typename Out>
 __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
                                                 const CUtensorMap& y_map, const float* x_scales,
@@ -132,14 +160,12 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
   uint8_t* const staging = Fp8ForwardStaging(ring, consumer);
   const int barrier = 1 + consumer;  // its named barrier (WriteTile, WriteRows)
   const int n_blocks = (n + kFp8BlockN - 1) / kFp8BlockN;
-  const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
-  float acc[kFp8Accumulators], part0[kFp8Accumulators], part1[kFp8Accumulators];
+  const uint32_t a_offset = consumer * kFp8BoxBytes;  // its 64 rows of A
+  float acc[kFp8ForwardAccumulators], part[kFp8ForwardAccumulators];
+  // Zeros only to define them: each K tile's first wgmma drops them.
 #pragma unroll
-  for (int i = 0; i < kFp8Accumulators; ++i) {
-    part0[i] = 0.0f;  // each K tile's first wgmma drops them
-    part1[i] = 0.0f;
-  }
-  PipelineState<kFp8ForwardStages> state;  // the next stage to issue
+  for (int i = 0; i < kFp8ForwardAccumulators; ++i) part[i] = 0.0f;
+  PipelineState<kFp8ForwardStages> state;
   for (int t = tiles.first; t < tiles.end; t += tiles.step) {
     const Fp8ClusterTile tile = UniformTile(schedule.Find(t));
     const ConsumerTile mine(tile, rank, consumer, n);
@@ -148,63 +174,27 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
     // Rows past the group's end get scale 0 (their results are not stored).
     const float* const xs0 = row0 < tile.row_end ? x_scales + int64_t{row0} * k_tiles : nullptr;
     const float* const xs1 = row1 < tile.row_end ? x_scales + int64_t{row1} * k_tiles : nullptr;
-    const float* const ws =
-        w_scales + (int64_t{tile.group} * n_blocks + mine.column / kFp8BlockN) * k_tiles;
+    // The tile's two scale blocks (the second clamped to the last: past n its columns are zeros).
+    const int block = mine.column / kFp8BlockN;
+    const float* const ws0 = w_scales + (int64_t{tile.group} * n_blocks + block) * k_tiles;
+    const float* const ws1 = ws0 + (block + 1 < n_blocks ? k_tiles : 0);
+    const bool split_at_64 = mine.column % kFp8BlockN != 0;  // else at 128
 #pragma unroll
-    for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
-    // K tile kt's scales for rows Row() and Row() + 8 (0 for an inactive consumer).
-    const auto scales_of = [&](int kt) {
-      float2 scale = make_float2(0.0f, 0.0f);
+    for (int i = 0; i < kFp8ForwardAccumulators; ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      float4 scales = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // loaded before the stage's wait
       if (active) {
-        const float w_scale = ws[kt];
-        if (xs0 != nullptr) scale.x = xs0[kt] * w_scale;
-        if (xs1 != nullptr) scale.y = xs1[kt] * w_scale;
+        const float w0 = ws0[kt], w1 = ws1[kt];
+        const float x0 = xs0 != nullptr ? xs0[kt] : 0.0f, x1 = xs1 != nullptr ? xs1[kt] : 0.0f;
+        scales = make_float4(x0 * w0, x0 * w1, x1 * w0, x1 * w1);
       }
-      return scale;
-    };
-    // Once K tile kt's wgmmas (into `done`, from `stage`) are done: releases the stage and
-    // promotes them.
-    const auto finish = [&](float(&done)[kFp8Accumulators], int stage, float2 scale) {
-      FenceAccumulators(done);
-      ReleaseFp8Stage<kFp8ForwardCluster>(ring, stage);
-      if (!active) return;
-        // Register 4 i + 2 h + j holds row Row() + 8 h.
-#pragma unroll
-      for (int i = 0; i < kFp8Accumulators; ++i) {
-        acc[i] = fmaf(done[i], i % 4 < 2 ? scale.x : scale.y, acc[i]);
-      }
-    };
-    // The next K tile into `next` from the next stage; returns that stage.
-    const auto issue = [&](float(&next)[kFp8Accumulators]) {
-      const int stage = state.stage;
-      IssueFp8Stage(next, ring, state, a_offset, active, kFp8StageSlices);
-      state.Advance();
-      return stage;
-    };
-    // K tiles alternate between part0 and part1. Each branch issues the next K tile, waits for
-    // the one before it (at most one group in flight) and promotes that one, so that on every
-    // path into a branch exactly part0's wgmmas are in flight (and ptxas need not serialise them).
-    int stage0 = issue(part0), stage1 = 0;
-    for (int kt = 0;; kt += 2) {
-      const float2 scale0 = scales_of(kt);
-      if (kt + 1 < k_tiles) {
-        stage1 = issue(part1);
-        WgmmaWaitGroup<1>();
-        finish(part0, stage0, scale0);
+      MultiplyFp8Stage<kFp8ForwardCluster>(part, ring, state, a_offset, active, kFp8StageSlices,
+                                           [](int) {});
+      if (!active) continue;
+      if (split_at_64) {
+        PromoteFp8Split<64>(acc, part, scales);
       } else {
-        WgmmaWaitGroup<0>();
-        finish(part0, stage0, scale0);
-        break;
-      }
-      const float2 scale1 = scales_of(kt + 1);
-      if (kt + 2 < k_tiles) {
-        stage0 = issue(part0);
-        WgmmaWaitGroup<1>();
-        finish(part1, stage1, scale1);
-      } else {
-        WgmmaWaitGroup<0>();
-        finish(part1, stage1, scale1);
-        break;
+        PromoteFp8Split<128>(acc, part, scales);
       }
     }
     if (!active) continue;
@@ -232,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const Fp8ForwardRing ring(smem_raw);
   if (threadIdx.x == 0) ring.Barriers<kFp8ForwardCluster>().Init();
-  const int n_tiles = (n + kFp8BlockN - 1) / kFp8BlockN;
+  const int n_tiles = (n + kFp8ForwardTileN - 1) / kFp8ForwardTileN;
   int* const offsets = Fp8Offsets(ring);
   int* const tile_prefix = Fp8TilePrefix(ring);
   BuildClusterTileSchedule(device_offsets, groups, rows, n_tiles, offsets, tile_prefix);

@@ -53,6 +53,7 @@ constexpr int kFp8WeightGradStagingBytes = 2 * kBoxBytes;
 
 namespace detail {
 using Fp8WeightGradRing = Fp8Ring<kFp8WeightGradStages>;
+constexpr int kFp8WeightGradAccumulators = Fp8WeightGradRing::kAccumulators;  // f32 a thread
 }  // namespace detail
 
 // The kernel's bytes after the ring: each consumer's output staging (1024-byte aligned, as the
@@ -136,7 +137,7 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
       const int p = token_tile.part;
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
       const uint32_t full = barriers.Full(state.stage);
-      MbarrierArriveExpectTx(full, kFp8StageBytes + dy_bytes + x_bytes);
+      MbarrierArriveExpectTx(full, Fp8WeightGradRing::kStageBytes + dy_bytes + x_bytes);
       TmaLoad2d(parts.tokens.dy[p], ring.A(state.stage), full, token_tile.first, tile.m0,
                 L2EvictLast());
       TmaLoad2d(parts.tokens.x[p], ring.B(state.stage), full, token_tile.first, tile.n0,
@@ -168,9 +169,10 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
   const int row = 64 * consumer + at.Row();  // in the tile; and row + 8
   const uint32_t staging =
       SmemAddress(ring.base + kFp8StagingOffset + consumer * kFp8WeightGradStagingBytes);
-  float acc[kFp8Accumulators], part[kFp8Accumulators];
+  float acc[kFp8WeightGradAccumulators], part[kFp8WeightGradAccumulators];
 #pragma unroll
-  for (int i = 0; i < kFp8Accumulators; ++i) part[i] = 0.0f;  // each tile's first wgmma drops it
+  for (int i = 0; i < kFp8WeightGradAccumulators; ++i)
+    part[i] = 0.0f;  // each tile's first wgmma drops it
   PipelineState<kFp8WeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const Fp8WeightGradTile found = FindFp8WeightGradTile(t, m_tiles, n_tiles);
@@ -178,8 +180,8 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
                                     WarpUniform(found.n0)};
     const bool active = tile.m0 + 64 * consumer < n;  // warp-uniform
 #pragma unroll
-    for (int i = 0; i < kFp8Accumulators; ++i) acc[i] = 0.0f;
-    const uint32_t a_offset = consumer * kFp8HalfBytes;  // its 64 rows of A
+    for (int i = 0; i < kFp8WeightGradAccumulators; ++i) acc[i] = 0.0f;
+    const uint32_t a_offset = consumer * kFp8BoxBytes;  // its 64 rows of A
     bool any_tokens = false;
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       any_tokens = true;
@@ -190,7 +192,7 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
         const float dy_scale[2] = {scales[row], scales[row + 8]};
         // Register 4 i + 2 h + j holds row Row() + 8 h, column 8 i + Column() + j.
 #pragma unroll
-        for (int i = 0; i < kFp8Accumulators / 4; ++i) {
+        for (int i = 0; i < kFp8WeightGradAccumulators / 4; ++i) {
           const float2 x_scale =
               *reinterpret_cast<const float2*>(scales + kFp8BlockM + 8 * i + at.Column());
 #pragma unroll
