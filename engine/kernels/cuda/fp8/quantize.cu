@@ -36,23 +36,24 @@ __global__ void QuantizeRowTilesKernel(Fp8TiledMatrices m, const T* x, bool vect
                 vector && n >= kTileColsPerLane ? FetchQuad<true>(p, n) : FetchQuad<false>(p, n));
   const Fp8TileScaling scaling = Fp8ScalingOf(WarpReduce(row_slice.RowAmax(0), MaxOp{}));
   if (c == 0) scales[tile] = scaling.scale;
-  StoreQuantizedQuad(row_slice, 0, scaling.multiplier, n, vector, q + row * m.cols + c0 + c);
+  StoreQuantizedQuad<false>(row_slice, 0, scaling.multiplier, n, vector, q + row * m.cols + c0 + c);
 }
 
 // Block (tile, group) = (blockIdx.x, blockIdx.y) of m (tile_rows kFp8TileSize), kTileThreads
 // threads: q and scales, and q_t and scales_t (each matrix transposed) unless q_t is null
-// (`vector`: QuadRows of x and of q).
+// (row_bytes: m.cols sizeof(T); `vector`: QuadRows of x and of q).
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
-    QuantizeBlocksKernel(Fp8TiledMatrices m, const T* x, bool vector, __nv_fp8_storage_t* q,
-                         float* scales, __nv_fp8_storage_t* q_t, float* scales_t) {
+    QuantizeBlocksKernel(Fp8TiledMatrices m, const T* x, int row_bytes, bool vector,
+                         __nv_fp8_storage_t* q, float* scales, __nv_fp8_storage_t* q_t,
+                         float* scales_t) {
   const int64_t group = blockIdx.y, tile = blockIdx.x;
   const int64_t r0 = tile / m.col_tiles() * kFp8TileSize, c0 = tile % m.col_tiles() * kFp8TileSize;
   const int rows = static_cast<int>(min(m.rows - r0, kFp8TileSize));
   const int cols = static_cast<int>(min(m.cols - c0, kFp8TileSize));
   TileSlice<T> slice;
-  const MatrixRows<T> matrix{x + group * m.elements(), static_cast<int>(m.rows), nullptr,
-                             static_cast<int>(m.cols), vector};  // QuantizeBlocks checks they fit
+  const MatrixRows<T> matrix{x + group * m.elements(), static_cast<int>(m.rows), nullptr, row_bytes,
+                             vector};  // QuantizeBlocks checks that the rows fit an int
   LoadTile(matrix, r0, c0, rows, cols, slice);
   float amax = 0.0f;
 #pragma unroll
@@ -62,15 +63,9 @@ __global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<T>)
     scales[group * m.tiles() + tile] = scaling.scale;
     if (scales_t != nullptr) scales_t[group * m.tiles() + m.TransposedTile(tile)] = scaling.scale;
   }
-  const int warp = threadIdx.x / 32, c = threadIdx.x % 32 * kTileColsPerLane;
-#pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const int r = kTileRowsPerWarp * warp + i;
-    if (r < rows) {
-      StoreQuantizedQuad(slice, i, scaling.multiplier, cols - c, vector,
-                         q + group * m.elements() + (r0 + r) * m.cols + c0 + c);
-    }
-  }
+  StoreSliceRows(
+      slice, [&](int) { return scaling.multiplier; }, rows, cols, vector,
+      q + group * m.elements() + r0 * m.cols + c0, m.cols);
   if (q_t == nullptr) return;  // block-uniform
   __shared__ StagedTile staged;
   StageTransposed(
@@ -130,13 +125,13 @@ void QuantizeBlocks(const Tensor& w, const Tensor& q, const Tensor& scales, cons
   if (m.groups == 0 || m.tiles() == 0) return;
   CHECK(m.tiles() <= INT32_MAX && m.groups <= 65535)
       << "fp8 block quantisation grid of " << m.tiles() << " tiles x " << m.groups << " groups";
-  SourceInt(m.rows, "rows");  // a matrix's rows and columns as ints (MatrixRows)
-  SourceInt(m.cols, "columns");
+  SourceInt(m.rows, "rows");  // a matrix's rows and row bytes as ints (MatrixRows)
   DispatchFloat(w.dtype(), [&]<typename T>(TypeTag<T>) {
     const dim3 grid(static_cast<unsigned>(m.tiles()), static_cast<unsigned>(m.groups));
     QuantizeBlocksKernel<T><<<grid, kTileThreads, 0, StreamOf(w)>>>(
-        m, Ptr<const T>(w), QuadRowsOf<T>(w, q, m.cols), Ptr<__nv_fp8_storage_t>(q),
-        Ptr<float>(scales), Ptr<__nv_fp8_storage_t>(q_t), Ptr<float>(scales_t));
+        m, Ptr<const T>(w), SourceInt(m.cols * int64_t{sizeof(T)}, "row bytes"),
+        QuadRowsOf<T>(w, q, m.cols), Ptr<__nv_fp8_storage_t>(q), Ptr<float>(scales),
+        Ptr<__nv_fp8_storage_t>(q_t), Ptr<float>(scales_t));
     MOE_CUDA_CHECK_LAUNCH();
   });
 }

@@ -58,7 +58,8 @@ __device__ __forceinline__ int64_t GroupOfSlot(const int32_t* offsets, int64_t g
 template <typename T>
 struct SwigluRows {
   using Element = T;
-  static constexpr int kFetchRows = 2;  // 5 registers a row in flight (bf16)
+  static constexpr int kFetchRows = 2;       // 5 registers a row in flight (bf16)
+  static constexpr bool kUnclamped = false;  // LoadTile always clamped (unclamped: spills)
   struct Fetched {
     Quad<T> gate, up;
     float scale;
@@ -95,7 +96,8 @@ struct SwigluRows {
 template <typename T>
 struct SwigluGradientRows {
   using Element = T;
-  static constexpr int kFetchRows = 2;  // 7 registers a row in flight (bf16)
+  static constexpr int kFetchRows = 2;       // 7 registers a row in flight (bf16)
+  static constexpr bool kUnclamped = false;  // LoadTile always clamped (unclamped: spills)
   struct Fetched {
     Quad<T> gate, up, da;
     float scale;
@@ -373,9 +375,9 @@ void QuantizeColumnTiles(const Tensor& x, const Tensor& offsets, const Tensor& q
                          const Tensor& index) {
   const int64_t rows = index.defined() ? index.dim(0) : x.dim(0), k = x.dim(1);
   DispatchFloat(x.dtype(), [&]<typename T>(TypeTag<T>) {
-    const MatrixRows<T> source{Ptr<const T>(x), SourceInt(x.dim(0), "rows"),
-                               Ptr<const int32_t>(index), SourceInt(k, "columns"),
-                               QuadRows(Ptr<const T>(x), k)};
+    const MatrixRows<T> source{
+        Ptr<const T>(x), SourceInt(x.dim(0), "rows"), Ptr<const int32_t>(index),
+        SourceInt(k * int64_t{sizeof(T)}, "row bytes"), QuadRows(Ptr<const T>(x), k)};
     LaunchColumnTiles(QuantizeColumnTilesKernel<MatrixRows<T>>, source, Fp8Tiles(k), rows, k,
                       offsets, q, scales, row_q, row_scales, StreamOf(x));
   });

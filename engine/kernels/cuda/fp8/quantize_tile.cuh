@@ -6,11 +6,13 @@
 //     (QuadRows; otherwise element by element), wherever each row lies, or computed as it is read
 //     (a gather reads in place, SwiGLU's output is never stored); elements outside the tile read
 //     as 0 (no amax changes). A lane issues the loads of several rows before it uses any of their
-//     values (LoadTileRows: how a source splits the reading of a row). bf16 values are held
+//     values (LoadTileRows: how a source splits the reading of a row; a warp whose rows all lie
+//     in the tile reads them unclamped, with no per-row test). bf16 values are held
 //     two to a register, and their maxes taken two at a time, without unpacking them.
 //   QuantizeSliceRows: each row quantised as a 1 x 128 row tile: the rows' maxes by a butterfly
 //     that halves the warp's 16 rows at each of four shuffles, then a lane's quad as one 4-byte
-//     store (a warp stores a row's 128 bytes at once).
+//     store (a warp stores a row's 128 bytes at once; StoreSliceRows, which steps one pointer a
+//     row, the block kernels' rows too).
 //   StagedTile / StageTransposed / StoreTransposed: the quantised tile transposed through shared
 //     memory: a lane stages a column's 16 bytes of its warp's rows at once (16-byte chunks
 //     swizzled by the column, so that the 8 lanes of a phase hit all 32 banks), and ten lanes store
@@ -180,28 +182,35 @@ inline int SourceInt(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// The rows of a matrix (`rows` rows of k elements from x), or with an index its rows index[r]
-// (a permutation's gather, read in place): a source of LoadTile. Its rows and k are ints (the
-// launchers CHECK that they fit), so that a row's offset is one 32 x 32-bit product.
+// The rows of a matrix (`rows` rows of row_bytes bytes from x), or with an index its rows
+// index[r] (a permutation's gather, read in place): a source of LoadTile. Its rows and row bytes
+// are ints (the launchers CHECK that they fit, "row bytes": k sizeof(T)), so that a row's address
+// is one 32 x 32-bit product added to the quad's column (IMAD.WIDE), and a row's validity one
+// unsigned comparison.
 template <typename T>
 struct MatrixRows {
   using Element = T;
   static constexpr int kFetchRows = kTileRowsPerWarp;  // loaded into the slice itself
+  // LoadTile's unclamped form where it can: an index's loads from one address.
+  static constexpr bool kUnclamped = true;
   using Fetched = Quad<T>;
   using Finished = Quad<T>;
   const T* x;
   int rows;
   const int32_t* index;  // or null
-  int k;
-  bool vector;  // QuadRows(x, k)
+  int row_bytes;         // k sizeof(T)
+  bool vector;           // QuadRows(x, k)
 
   __device__ int Locate(int64_t r) const {
     return index == nullptr ? static_cast<int>(r) : index[r];
   }
-  __device__ bool Valid(int row) const { return 0 <= row && row < rows; }
+  __device__ bool Valid(int row) const {
+    return static_cast<unsigned>(row) < static_cast<unsigned>(rows);
+  }
   template <bool kVector>
   __device__ Fetched Fetch(int row, int64_t column, int n) const {
-    return FetchQuad<kVector>(x + int64_t{row} * k + column, n);
+    const char* const at = reinterpret_cast<const char*>(x + column);  // the same for every row
+    return FetchQuad<kVector>(reinterpret_cast<const T*>(at + int64_t{row} * row_bytes), n);
   }
   __device__ Quad<T> Finish(const Fetched& quad, int64_t, int) const { return quad; }
 };
@@ -210,9 +219,11 @@ struct MatrixRows {
 // FetchQuad's): kFetchRows rows at a time, first each row's location (source.Locate: an index's
 // loads in flight together), then each row's inputs (source.Fetch: their loads in flight
 // together), then its values (source.Finish: a Source::Finished, which slice.Set takes), so that
-// no load waits for a value loaded before it. A row past `rows` reads row rows - 1 and is set to
-// 0: no branch among the loads.
-template <bool kVector, typename Source, typename Slice>
+// no load waits for a value loaded before it. kClamped (the rows may pass `rows`): a row past
+// `rows` reads row rows - 1 and is set to 0, no branch among the loads; otherwise (LoadTile: the
+// warp's rows all lie in the tile) no row is clamped or tested, so that an index's loads share one
+// address (immediate offsets).
+template <bool kVector, bool kClamped, typename Source, typename Slice>
 __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, int64_t column,
                                              int rows, int n, Slice& slice) {
   constexpr int kBatch = Source::kFetchRows;
@@ -224,7 +235,8 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
     bool valid = true;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      located[i] = source.Locate(r0 + min(first + b + i, rows - 1));
+      const int row = kClamped ? min(first + b + i, rows - 1) : first + b + i;
+      located[i] = source.Locate(r0 + row);
       valid &= source.Valid(located[i]);  // no short circuit: no branch among the loads
     }
     MOE_DEVICE_CHECK(valid);  // one check (a call, which ptxas saves registers around) a batch
@@ -235,8 +247,8 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      slice.Set(b + i, first + b + i < rows ? source.Finish(fetched[i], column, n)
-                                            : typename Source::Finished{});
+      slice.Set(b + i, !kClamped || first + b + i < rows ? source.Finish(fetched[i], column, n)
+                                                         : typename Source::Finished{});
     }
   }
 }
@@ -244,15 +256,24 @@ __device__ __forceinline__ void LoadTileRows(const Source& source, int64_t r0, i
 // The tile of `rows` x `cols` elements (each in 1 .. kFp8TileSize) from row r0 and column c0 of
 // what `source` reads (a MatrixRows, or a source of that form computing its values as it reads
 // them), as f32 in the slice; rows past `rows` and columns past `cols` are 0. A lane's quads take
-// one load each where source.vector and the quad lies wholly inside the tile.
+// one load each where source.vector and the quad lies wholly inside the tile, unclamped where
+// Source::kUnclamped and the warp's rows all lie in the tile (warp-uniform; in a tile of 128 rows
+// every warp), each form its own straight-line code. Element by element (the tile's right edge,
+// or rows not quad-aligned) stays clamped: unclamped, the addresses of its 64 loads, computed at
+// once, spill.
 template <typename Source, typename Slice>
 __device__ __forceinline__ void LoadTile(const Source& source, int64_t r0, int64_t c0, int rows,
                                          int cols, Slice& slice) {
   const int c = static_cast<int>(threadIdx.x % 32) * kTileColsPerLane, n = cols - c;
+  const bool whole_rows = kTileRowsPerWarp * static_cast<int>(threadIdx.x / 32 + 1) <= rows;
   if (source.vector && n >= kTileColsPerLane) {
-    LoadTileRows<true>(source, r0, c0 + c, rows, n, slice);
+    if (Source::kUnclamped && whole_rows) {
+      LoadTileRows<true, false>(source, r0, c0 + c, rows, n, slice);
+    } else {
+      LoadTileRows<true, true>(source, r0, c0 + c, rows, n, slice);
+    }
   } else {
-    LoadTileRows<false>(source, r0, c0 + c, rows, n, slice);
+    LoadTileRows<false, true>(source, r0, c0 + c, rows, n, slice);
   }
 }
 
@@ -286,20 +307,55 @@ __device__ __forceinline__ Fp8TileScaling SliceRowScaling(const Slice& slice) {
   return Fp8ScalingOf(fmaxf(amax[0], __shfl_xor_sync(0xffffffffu, amax[0], 1)));
 }
 
-// Slice row i's quad quantised with `multiplier` to out[0..n): one 4-byte store where `vector`
-// (then n is 4 or <= 0 and out 4-byte aligned), else byte by byte.
-template <typename Slice>
+// Slice row i's quad quantised with `multiplier` to out[0..n): one 4-byte store where kWhole (then
+// n >= 4 and out 4-byte aligned) or where `vector` and n >= 4 (then out 4-byte aligned), else byte
+// by byte (nothing for n <= 0).
+template <bool kWhole, typename Slice>
 __device__ __forceinline__ void StoreQuantizedQuad(const Slice& slice, int i, float multiplier,
                                                    int n, bool vector, __nv_fp8_storage_t* out) {
   const uint32_t bytes = ToE4M3x4(slice.Get(i, 0) * multiplier, slice.Get(i, 1) * multiplier,
                                   slice.Get(i, 2) * multiplier, slice.Get(i, 3) * multiplier);
-  if (vector && n >= kTileColsPerLane) {
-    *reinterpret_cast<uint32_t*>(out) = bytes;
-    return;
-  }
+  if constexpr (!kWhole) {
+    if (!vector || n < kTileColsPerLane) {
 #pragma unroll
-  for (int j = 0; j < kTileColsPerLane; ++j) {
-    if (j < n) out[j] = static_cast<__nv_fp8_storage_t>(bytes >> 8 * j);
+      for (int j = 0; j < kTileColsPerLane; ++j) {
+        if (j < n) out[j] = static_cast<__nv_fp8_storage_t>(bytes >> 8 * j);
+      }
+      return;
+    }
+  }
+  *reinterpret_cast<uint32_t*>(out) = bytes;
+}
+
+// The slice's rows r < rows of the tile at q (its row r at q + r * ld, `cols` columns), row i of
+// warp w quantised with multiplier(i) (every lane calls it for every i, so it may shuffle): a
+// lane's quads from q + (kTileRowsPerWarp w) ld + its column on, one pointer stepped by ld a row.
+// kWhole: every quad of the tile whole (4-byte stores, no test); otherwise StoreQuantizedQuad's
+// choice by `vector` and the quad's columns.
+template <bool kWhole, typename Slice, typename Multiplier>
+__device__ __forceinline__ void StoreSliceRowsAs(const Slice& slice, Multiplier multiplier,
+                                                 int rows, int cols, bool vector,
+                                                 __nv_fp8_storage_t* q, int64_t ld) {
+  const int warp = threadIdx.x / 32, c = static_cast<int>(threadIdx.x % 32) * kTileColsPerLane;
+  const int warp_rows = rows - kTileRowsPerWarp * warp;  // of the warp's rows, those in the tile
+  __nv_fp8_storage_t* out = q + kTileRowsPerWarp * warp * ld + c;
+#pragma unroll
+  for (int i = 0; i < kTileRowsPerWarp; ++i, out += ld) {
+    const float m = multiplier(i);
+    if (i < warp_rows) StoreQuantizedQuad<kWhole>(slice, i, m, cols - c, vector, out);
+  }
+}
+
+// StoreSliceRowsAs, of the whole form where `vector` and the tile is kFp8TileSize columns wide
+// (block-uniform), each form its own straight-line code.
+template <typename Slice, typename Multiplier>
+__device__ __forceinline__ void StoreSliceRows(const Slice& slice, Multiplier multiplier, int rows,
+                                               int cols, bool vector, __nv_fp8_storage_t* q,
+                                               int64_t ld) {
+  if (vector && cols == kFp8TileSize) {
+    StoreSliceRowsAs<true>(slice, multiplier, rows, cols, vector, q, ld);
+  } else {
+    StoreSliceRowsAs<false>(slice, multiplier, rows, cols, vector, q, ld);
   }
 }
 
@@ -310,16 +366,13 @@ template <typename Slice>
 __device__ __forceinline__ void QuantizeSliceRows(const Slice& slice, int rows, int cols,
                                                   bool vector, __nv_fp8_storage_t* q, int64_t ld,
                                                   float* scales, int64_t scales_ld) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane * kTileColsPerLane;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Fp8TileScaling scaling = SliceRowScaling(slice);  // row lane / 2's
   const int own_row = kTileRowsPerWarp * warp + lane / 2;
   if (lane % 2 == 0 && own_row < rows) scales[own_row * scales_ld] = scaling.scale;
-#pragma unroll
-  for (int i = 0; i < kTileRowsPerWarp; ++i) {
-    const float multiplier = __shfl_sync(0xffffffffu, scaling.multiplier, 2 * i);
-    const int r = kTileRowsPerWarp * warp + i;
-    if (r < rows) StoreQuantizedQuad(slice, i, multiplier, cols - c, vector, q + r * ld + c);
-  }
+  StoreSliceRows(
+      slice, [&](int i) { return __shfl_sync(0xffffffffu, scaling.multiplier, 2 * i); }, rows, cols,
+      vector, q, ld);
 }
 
 // A quantised tile transposed: column c's bytes of rows 16 w .. 16 w + 15 (the rows of warp w)
@@ -431,17 +484,27 @@ __device__ __forceinline__ void StoreTransposed(const StagedTile& staged, int co
 
 // StoreTransposed where every column starts on a 16-byte boundary (out and ld multiples of 16)
 // and width is a multiple of 16 up to kFp8TileSize (no end units, no skew): each of the cols x
-// width / 16 units is one 16-byte store of its chunk, the block's threads taking them in turn, a
-// column's units by consecutive threads.
+// width / 16 units is one 16-byte store of its chunk. Thread t takes unit t % 8 of columns t / 8 +
+// 32 j (j < 4), so that no unit's column comes from a division by width / 16 (a column's units by
+// consecutive threads; a thread whose unit passes width stores none), and its swizzle is the same
+// in each of its columns (c / 4 % 8, c stepped by 32): one pointer stepped by 32 ld, and the
+// shared chunks at constant offsets.
 __device__ __forceinline__ void StoreAlignedTransposed(const StagedTile& staged, int cols,
                                                        int width, __nv_fp8_storage_t* out,
                                                        int64_t ld) {
   MOE_DEVICE_CHECK(width % 16 == 0 && width <= kFp8TileSize && ld % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out) % 16 == 0);
-  const int units = width / 16;
-  for (int unit = threadIdx.x; unit < cols * units; unit += kTileThreads) {
-    const int c = unit / units, u = unit % units;
-    *reinterpret_cast<uint4*>(out + c * ld + 16 * u) = staged.chunk[c][u ^ (c / 4 % 8)];
+  constexpr int kUnits = kFp8TileSize / 16, kColumnStep = kTileThreads / kUnits;
+  static_assert(kUnits == kTileWarps, "a column's units are its staged chunks");
+  static_assert(kColumnStep % 32 == 0, "a thread's columns share the swizzle");
+  const int u = threadIdx.x % kUnits, first = threadIdx.x / kUnits;
+  if (16 * u >= width) return;
+  const int swizzle = first / 4 % 8;
+  __nv_fp8_storage_t* unit = out + first * ld + 16 * u;
+#pragma unroll
+  for (int j = 0; j < kFp8TileSize / kColumnStep; ++j, unit += kColumnStep * ld) {
+    const int c = first + kColumnStep * j;
+    if (c < cols) *reinterpret_cast<uint4*>(unit) = staged.chunk[c][u ^ swizzle];
   }
 }
 
