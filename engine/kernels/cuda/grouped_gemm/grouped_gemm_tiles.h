@@ -4,7 +4,7 @@
 //
 // Forward (and data gradient):
 // Groups own the token rows [offsets[g], offsets[g + 1]) of y (rows, n). y is cut into kBlockM x
-// N tiles (N: the kernel's tile width, kTileN; the bf16 kernels' kBlockN, the FP8 forward's 128)
+// N tiles (N: the kernel's tile width, kTileN; the bf16 kernels' kBlockN, the FP8 forward's 192)
 // that never cross a group's end, and a cluster tile is two of them, one per CTA rank r. A row
 // pair stacks them along M (rows row0 + kBlockM r, columns n0): the CTAs share w's tile of those
 // N output columns, each loads half and multicasts it. A column pair puts them side by side
