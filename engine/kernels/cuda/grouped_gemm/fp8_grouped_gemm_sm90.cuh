@@ -52,20 +52,19 @@
 //     each (96 + 96 or 64 + 64 registers a thread); while one consumer promotes, the other's
 //     wgmmas run.
 //   - Epilogue: each consumer stages its 64 x 192 or 64 x 128 result through shared memory
-//   (epilogue.cuh's
-//     WriteTile, which the bf16 kernels use too: the forward one TMA box, the weight gradient two)
-//     and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips it to the
-//     tensor; the stores drain while the consumer multiplies its next tile. The forward's
-//     consumer whose 64 rows cross its group's end copies its valid rows from the staging
-//     instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the weight
-//     gradient's work.
+//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: the forward one TMA box, the
+//     weight gradient two) and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA,
+//     which clips it to the tensor; the stores drain while the consumer multiplies its next tile.
+//     The forward's consumer whose 64 rows cross its group's end copies its valid rows from the
+//     staging instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the
+//     weight gradient's work.
 //   - Forward tiles: 128 x 192 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
 //     the bf16 forward's with 192-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
 //     operand and its part of the shared one (of w's three 64-row boxes, rank 0 two and rank 1
 //     one; half of x's rows), multicast to both, so a row pair's stage costs L2 28 KiB a CTA
-//     instead of 40 (L2's bandwidth is what bounds this kernel): 22% fewer bytes a product than
-//     128 x 128 tiles' 24 KiB. A tile's 192 columns start 0 or 64 columns into a 128-column weight
+//     instead of 40: 22% fewer bytes a product than 128 x 128 tiles' 24 KiB (whose kernel ran L2
+//     at 89% of its peak). A tile's 192 columns start 0 or 64 columns into a 128-column weight
 //     scale block, so they take two blocks' scales, split at tile column 128 or 64. A row tile
 //     never crosses its group's end: rows past it are loaded (the next group's, or TMA's zero fill
 //     past `rows`) but never stored; n and k tails are zero-filled by TMA (w is a 3-D map with the

@@ -170,9 +170,9 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
   const uint32_t staging =
       SmemAddress(ring.base + kFp8StagingOffset + consumer * kFp8WeightGradStagingBytes);
   float acc[kFp8WeightGradAccumulators], part[kFp8WeightGradAccumulators];
+  // Zeros only to define them: each tile's first wgmma drops them.
 #pragma unroll
-  for (int i = 0; i < kFp8WeightGradAccumulators; ++i)
-    part[i] = 0.0f;  // each tile's first wgmma drops it
+  for (int i = 0; i < kFp8WeightGradAccumulators; ++i) part[i] = 0.0f;
   PipelineState<kFp8WeightGradStages> state;
   for (int t = static_cast<int>(blockIdx.x); t < total; t += static_cast<int>(gridDim.x)) {
     const Fp8WeightGradTile found = FindFp8WeightGradTile(t, m_tiles, n_tiles);
