@@ -34,7 +34,9 @@
 # same three compute-sanitizer tools on its tiny and tails cases and on op_parity_cuda_test's FP8
 # cases (the quantisers), and (fp8_stalls) ncu's warp-stall breakdown (the average warps stalled
 # per issued instruction, by reason) of each FP8 quantising kernel, one launch each at Qwen3's
-# 4096 tokens, and (ab) the preset's step built from a base revision's files
+# 4096 tokens, and (fp8_gap) the preset's step with and without the FP8 recipe phase by phase
+# from traces, and the Qwen3 block adding its weight gradients once per 8 micro-batches with each,
+# and (ab) the preset's step built from a base revision's files
 # (.device-deps/base) and from the tree, alternately in one call, phase by phase from their
 # traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
 # from a base revision's kernels (.device-deps/gemm_base) and from the tree, alternately,
@@ -48,7 +50,7 @@
 # Logs and JSON go to $OUT; a short summary is printed last.
 #   usage: tests/gpu_benchmarks.sh [sections]   (any of bench offload presets timeline recompute budget
 #   sweep step profile attention moments grads wgrad probe fp8 fp8_train fp8_curves fp8_lag
-#   fp8_stalls ab gemm_versus leave_out sustained real_shape base_build before_after; default the first three)
+#   fp8_stalls fp8_gap ab gemm_versus leave_out sustained real_shape base_build before_after; default the first three)
 # The PyTorch peer scripts are the repository's own, tests/peers/ (what each measures: its README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -341,6 +343,28 @@ offloaded="--offload_modules=fused_group_mlp --offload_fraction=1"
 for recipe in none blockwise; do
   preset_gb_run 1 "fp8_${recipe}_offload" "$offloaded --fp8_recipe=$recipe"
 done
+fi
+
+if [[ $sections == *fp8_gap* ]]; then
+echo "== where the preset's FP8 step loses what its blocks gain: both recipes' phases, the 8-part weight gradients"
+# The preset (FP8_GAP_LAYERS layers, default 6: an 80 GB H100 holds them) at global batch 8 with the
+# fp8_train section's flags, bf16 then FP8 twice, traces of steps 8-12 side by side
+# (tests/trace_span_times.py); then the Qwen3 block at 4096 tokens adding its bf16 weight
+# gradients once per 8 micro-batches (the preset's grouping), both recipes.
+for round in 1 2; do
+  for recipe in none blockwise; do
+    log="$out/fp8_gap_${recipe}_$round"
+    timeout 150 "$bin/moe_train" $preset --num_layers=${FP8_GAP_LAYERS:-6} --global_batch_size=8 \
+      --train_steps=12 --log_interval=6 $bf16_state --moe_wgrad_micro_batches=8 \
+      --fp8_recipe=$recipe --trace_file="$log.json" --trace_steps=8:12 > "$log.log" 2>&1
+    echo "$recipe, round $round (rc $?): $(grep '^step' "$log.log" | tail -1 | cut -c60-)"
+  done
+done
+python3 tests/trace_span_times.py "$out"/fp8_gap_none_1.json "$out"/fp8_gap_blockwise_1.json \
+  "$out"/fp8_gap_none_2.json "$out"/fp8_gap_blockwise_2.json
+timeout 120 "$bin/moe_bench" --shapes=qwen3 --tokens=4096 --paths=fused,fused_fp8 --grads=bf16 \
+  --wgrad_micro_batches=8 > "$out/fp8_gap_bench.log" 2>&1
+echo "moe_bench (rc $?):"; grep -vE '^[IWE][0-9]{8} ' "$out/fp8_gap_bench.log"
 fi
 
 if [[ $sections == *fp8_curves* ]]; then
