@@ -24,8 +24,7 @@ constexpr int kFp8BoxRows = 64;          // a TMA box of an operand, and a consu
 constexpr int kFp8BoxBytes = kFp8BoxRows * kFp8BlockK;     // 8 KiB
 constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;  // A of a stage: 16 KiB
 
-static_assert(kFp8BlockK == kSwizzleRowBytes && kFp8BlockM == 2 * kFp8BoxRows &&
-              kFp8BoxRows * kConsumers == kFp8BlockM);
+static_assert(kFp8BlockK == kSwizzleRowBytes && kFp8BoxRows * kConsumers == kFp8BlockM);
 static_assert(kFp8WgmmaK == kKMajorSliceBytes, "KMajorDescriptor's slices are 32 bytes");
 
 namespace detail {
