@@ -6,6 +6,7 @@
 
 #include "engine/kernels/fp8_scaling.h"
 #include "engine/kernels/ops.h"
+#include "engine/runtime/step_timeline.h"
 
 namespace moe {
 
@@ -73,6 +74,7 @@ void AddFp8WeightGrads(std::span<const Fp8WeightGradPart> parts, const Tensor& d
 
 void Fp8ExpertWeights::Refresh(const Tensor& w, uint64_t values_version) {
   if (version_ == values_version) return;
+  const TraceSpan span(w.device(), "fp8 weight quantisation");
   if (!w_.q.defined()) {
     const int64_t experts = w.dim(0), n = w.dim(1), k = w.dim(2);
     w_ = {Tensor::Empty({experts, n, k}, DType::kE4M3, w.device()),

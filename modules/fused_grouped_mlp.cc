@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/kernels/ops.h"
+#include "engine/runtime/step_timeline.h"
 #include "modules/offload_groups.h"
 
 namespace moe {
@@ -146,6 +147,7 @@ void FusedGroupedMlp::EndBackward(bool last_of_step) {
 
 void FusedGroupedMlp::AddWeightGrads() {
   pending_micro_batches_ = 0;
+  const TraceSpan span(fc1_.value.device(), "moe weight gradients", layer_);
   // Every pending part in one pass per weight, or with source slots one pass per source.
   const int passes = UsesGradSlots() ? shard_.sources : 1;
   for (int source = 0; source < passes; ++source) {

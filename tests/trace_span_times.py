@@ -5,7 +5,9 @@ from the names ("layer 3 attention forward" -> "attention forward", "forward m2 
 "forward"); a span's time is its device time, so the forward and backward actions include any
 wait on the host inside them. Two "(edge)" rows give the time from each step's start to its
 first forward and from its optimizer's end to the step's end (where the device can only wait for
-the host: the breakdown's "other").
+the host: the breakdown's "other"). Spans inside others are rows of their own and also count in
+their parents' ("moe weight gradients" in "moe backward", "fp8 weight quantisation" in "moe
+forward").
 
 usage: trace_span_times.py TRACE.json [TRACE.json ...]
 """
