@@ -35,7 +35,8 @@
 # cases (the quantisers), and (fp8_stalls) ncu's warp-stall breakdown (the average warps stalled
 # per issued instruction, by reason) of each FP8 quantising kernel, one launch each at Qwen3's
 # 4096 tokens, and (fp8_gap) the preset's step with and without the FP8 recipe phase by phase
-# from traces, and the Qwen3 block adding its weight gradients once per 8 micro-batches with each,
+# from traces, and the Qwen3 block adding its weight gradients once per 8 micro-batches with each
+# (and its weight-gradient launches under ncu: time, DRAM bytes read, L2 hit rate, tensor pipe),
 # and (ab) the preset's step built from a base revision's files
 # (.device-deps/base) and from the tree, alternately in one call, phase by phase from their
 # traces, and (gemm_versus) a GEMM probe (GEMM_VERSUS_PROBE, default the grouped GEMM's) built
@@ -365,6 +366,21 @@ python3 tests/trace_span_times.py "$out"/fp8_gap_none_1.json "$out"/fp8_gap_bloc
 timeout 120 "$bin/moe_bench" --shapes=qwen3 --tokens=4096 --paths=fused,fused_fp8 --grads=bf16 \
   --wgrad_micro_batches=8 > "$out/fp8_gap_bench.log" 2>&1
 echo "moe_bench (rc $?):"; grep -vE '^[IWE][0-9]{8} ' "$out/fp8_gap_bench.log"
+# The weight-gradient launches of one pass of that block under ncu (one part, then 8): time, DRAM
+# bytes read, L2 hit rate, tensor pipe.
+timeout 120 ncu --clock-control none --csv -k regex:WeightGrad --metrics gpu__time_duration.sum,\
+dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
+  "$bin/moe_bench" --shapes=qwen3 --tokens=4096 --paths=fused,fused_fp8 --grads=bf16 \
+  --wgrad_micro_batches=8 --warmup=0 --iters=1 > "$out/fp8_gap_wgrad_ncu.csv" 2> /dev/null
+echo "ncu of the weight gradients (rc $?): $out/fp8_gap_wgrad_ncu.csv"
+python3 - "$out/fp8_gap_wgrad_ncu.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+name, metric, unit, value = (head.index(k) for k in ("Kernel Name", "Metric Name", "Metric Unit", "Metric Value"))
+for r in rows[1:]:
+    print(f"{r[name].split('(')[0][-48:]:48s} {r[metric][:40]:40s} {r[value]:>14s} {r[unit]}")
+PY
 fi
 
 if [[ $sections == *fp8_curves* ]]; then
