@@ -1,7 +1,7 @@
 // What the Hopper FP8 grouped GEMM's kernels share (design: ../fp8_grouped_gemm_sm90.cuh): the
 // tile and stage sizes, the stage ring in shared memory, a consumer's multiplication of one stage
-// (one 128-deep K tile: up to four m64nNk32 e4m3 wgmmas into fresh accumulators, N the stage's B
-// rows: the weight gradient's 128, the forward's 192).
+// (one 128-deep K tile: up to four m64n192k32 e4m3 wgmmas into fresh accumulators, N the stage's
+// B rows).
 #pragma once
 
 #include <cstdint>
@@ -13,13 +13,14 @@
 
 namespace moe::cuda::sm90 {
 
-constexpr int kFp8BlockM = 128;          // output rows per tile: 64 per consumer warpgroup
-constexpr int kFp8BlockN = 128;          // a weight scale block's columns; weight-gradient tiles'
-constexpr int kFp8ForwardTileN = 192;    // forward output columns per tile: 1.5 scale blocks
+constexpr int kFp8BlockM = 128;           // output rows per tile: 64 per consumer warpgroup
+constexpr int kFp8BlockN = 128;           // a weight scale block's columns
+constexpr int kFp8ForwardTileN = 192;     // forward output columns per tile: 1.5 scale blocks
+constexpr int kFp8WeightGradTileN = 192;  // weight-gradient dw columns per tile
 constexpr int kFp8BlockK = 128;          // e4m3 per stage: one 128-byte swizzle row, one scale tile
 constexpr int kFp8WgmmaK = 32;           // m64nNk32: 4 K slices per stage
 constexpr int kFp8ForwardStages = 5;     // of 40 KiB, beside the offsets and the output staging
-constexpr int kFp8WeightGradStages = 5;  // beside two output boxes a consumer and the scales
+constexpr int kFp8WeightGradStages = 5;  // of 40 KiB, beside an output box a consumer
 constexpr int kFp8BoxRows = 64;          // a TMA box of an operand, and a consumer's rows of A
 constexpr int kFp8BoxBytes = kFp8BoxRows * kFp8BlockK;     // 8 KiB
 constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;  // A of a stage: 16 KiB
@@ -34,12 +35,12 @@ namespace detail {
 // a cluster of kCluster); then the kernel's own bytes (Extra(), 16-byte aligned, kExtraOffset from
 // the base; a kernel that needs them 1024-byte aligned starts at kExtraOffset rounded up, and its
 // dynamic shared memory adds the base's alignment slack, 1023 bytes).
-template <int kStages, int kBRows = kFp8BlockN>
+template <int kStages, int kBRows>
 struct Fp8Ring {
   static constexpr int kStageBytes = (kFp8BlockM + kBRows) * kFp8BlockK;
-  // A consumer's f32 of one 64 x kBRows product (WgmmaE4m3's m64nNk32 forms: N 128 or 192).
+  // A consumer's f32 of one 64 x kBRows product (WgmmaE4m3's m64n192k32 form).
   static constexpr int kAccumulators = 64 * kBRows / kWarpgroupThreads;
-  static_assert(kStageBytes % 1024 == 0 && (kBRows == 128 || kBRows == 192));
+  static_assert(kStageBytes % 1024 == 0 && kBRows == 192);
   static constexpr int kExtraOffset =
       kStages * kStageBytes + (kStageBarrierBytes<kStages> + 15) / 16 * 16;
   uint8_t* base;
