@@ -131,6 +131,16 @@ __device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts
   }
 }
 
+// How many token tiles ForEachTokenTile visits for `group`.
+__device__ __forceinline__ int TokenTileCount(const Fp8WeightGradParts& parts, int group) {
+  int count = 0;
+  for (int p = 0; p < parts.tokens.count; ++p) {
+    const RowRange range = PartRows(parts.tokens, p, group);
+    count += (range.end - range.begin + kFp8BlockK - 1) / kFp8BlockK;
+  }
+  return count;
+}
+
 // The producer (thread 0 of warpgroup 0): for each of its cluster's tiles and each of its group's
 // token tiles, waits until the next stage is empty (in both CTAs: their consumers release it in
 // each) and loads into it, over 128 tokens from the token tile's first, dy_q's 128 rows of its
@@ -160,11 +170,7 @@ __device__ __forceinline__ void ProduceFp8WeightGradStages(const Fp8WeightGradPa
     // n, k multiples of 4: whole 16-byte chunks; none past n (the last pair's second tile).
     const uint32_t dy_bytes = max(0, min(kFp8BlockM, n - m0)) * 4;
     const uint32_t x_bytes = min(kFp8WeightGradTileN, k - tile.n0) * 4;
-    int stages = 0;  // the group's token tiles in all parts
-    for (int p = 0; p < parts.tokens.count; ++p) {
-      const RowRange range = PartRows(parts.tokens, p, tile.group);
-      stages += (range.end - range.begin + kFp8BlockK - 1) / kFp8BlockK;
-    }
+    int stages = TokenTileCount(parts, tile.group);  // left to load, this one included
     if (stages == 0) {
       MbarrierWait(barriers.Empty(state.stage), state.phase ^ 1);
       *Fp8StageInfoOf(ring, state.stage) = {0, 1};
@@ -226,19 +232,23 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
 #pragma unroll
     for (int i = 0; i < kFp8WeightGradAccumulators; ++i) acc[i] = 0.0f;
     const uint32_t a_offset = consumer * kFp8BoxBytes;  // its 64 rows of A
-    // Its stages, until the tile's last (each stage's Fp8StageInfo, read once it is full:
-    // MultiplyFp8Stage's own wait then passes at once). One flat loop: beside 192 accumulators,
-    // ptxas spilled hundreds of bytes where the consumers walked the parts' token tiles themselves.
-    bool any_tokens = false;
-    for (bool last = false; !last;) {
-      MbarrierWait(ring.Barriers<1>().Full(state.stage), state.phase);
-      const Fp8StageInfo info = *Fp8StageInfoOf(ring, state.stage);
-      const int slices = WarpUniform(info.slices);
-      last = WarpUniform(info.last) != 0;
-      any_tokens = any_tokens || slices > 0;
-      const bool multiply = active && slices > 0;  // warp-uniform
+    // Its stages, until the tile's last (each stage's Fp8StageInfo, read once it is full). One
+    // flat loop: beside 192 accumulators, ptxas spilled hundreds of bytes where the consumers
+    // walked the parts' token tiles themselves.
+    bool last = false, any_tokens = false;
+    while (!last) {
+      bool multiply = false;  // this stage's products are scaled into acc (warp-uniform)
       MultiplyFp8Stage<kFp8WeightGradCluster>(
-          part, ring, state, a_offset, multiply, slices, [&](int stage) {
+          part, ring, state, a_offset,
+          [&](int stage) {
+            const Fp8StageInfo info = *Fp8StageInfoOf(ring, stage);
+            const int slices = WarpUniform(info.slices);
+            last = WarpUniform(info.last) != 0;
+            any_tokens = any_tokens || slices > 0;
+            multiply = active && slices > 0;
+            return multiply ? slices : 0;
+          },
+          [&](int stage) {
             if (!multiply) return;
             const float* const scales = Fp8StageScales(ring, stage);
             const float dy_scale[2] = {scales[row], scales[row + 8]};
