@@ -411,9 +411,23 @@ __device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], 
         "n"(kTransposeB));
 }
 
-// m64n192k32, f32 accumulators, e4m3 operands (both K-major: FP8 wgmma has no transpose): d (64 x
-// 192) = a (64 x 32) . b (32 x 192), + d when `accumulate`; the same accumulator layout as the
-// bf16 forms above, 96 accumulators a thread. a and b are shared-memory descriptors.
+// m64n128k32, f32 accumulators, e4m3 operands (both K-major: FP8 wgmma has no transpose): d (64 x
+// 128) = a (64 x 32) . b (32 x 128), + d when `accumulate`; the same accumulator layout as the
+// bf16 forms above. a and b are shared-memory descriptors.
+__device__ __forceinline__ void WgmmaE4m3(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : MOE_WGMMA_ACC64(0)
+      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// m64n192k32: as above with d 64 x 192 (b 32 x 192), 96 accumulators a thread.
 __device__ __forceinline__ void WgmmaE4m3(float (&d)[96], uint64_t a, uint64_t b, bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
