@@ -17,12 +17,12 @@ import sys
 
 KERNEL = "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
 SOURCES = ["engine/kernels", "engine/core", "tests/kernels"]
-PROMOTION = "          [&](int stage) {\n            if (!multiply) return;"
+PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, slices, [&](int stage) {\n"
 EDITS = {
-    "no_promote": [(PROMOTION, PROMOTION.replace("!multiply", "true"))],
-    "no_write": [("    WriteTile<Out, Shape::kStagingBytes>(",
+    "no_promote": [(PROMOTION + "        if (!active) return;", PROMOTION + "        return;")],
+    "no_write": [("    WriteTile<Out, kFp8WeightGradStagingBytes>(",
                   "    FenceAccumulators(acc);  // acc stays computed\n"
-                  "    if (false) WriteTile<Out, Shape::kStagingBytes>(")],
+                  "    if (false) WriteTile<Out, kFp8WeightGradStagingBytes>(")],
 }
 EDITS["none"] = EDITS["no_promote"] + EDITS["no_write"]
 

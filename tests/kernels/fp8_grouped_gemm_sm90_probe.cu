@@ -40,9 +40,7 @@
 // slot, row or column errs by a factor of 2 or more. A tiny case; tails (n 336, k 1008: partial row
 // and column tiles; groups of 0, 1, 127, 128, 129, 300, 96 and 37 rows, 818 in all; an empty first
 // and last group; groups whose last 32-token slice ends in zeros, or at their last token); two
-// parts; both again with over 8 token tiles a group on average (the kernel's wide tiles; the
-// others take narrow ones: fp8_grouped_gemm_sm90.cuh); and the MoE shapes above (dw of the
-// forward case's w, one part). Checks for dw f32 and
+// parts; and the MoE shapes above (dw of the forward case's w, one part). Checks for dw f32 and
 // bf16, = (dw and 64 guard rows of k poisoned) and += (onto random dw, the guard rows poisoned),
 // against the f32 reference (per part and group cublasSgemm of the dequantised operands, summed; +=
 // adds the initial dw): the forward's tolerances on max|expected|, every element finite, the guard
@@ -715,19 +713,6 @@ void ProbeWeightGradCase(Tally& tally, cublasHandle_t cublas, const WeightGradCa
 
 }  // namespace
 
-// The weight gradient's kernel in tile shape Shape (dw f32): its registers, local bytes (spills)
-// and shared memory.
-template <typename Shape>
-void PrintWeightGradKernel(const char* name) {
-  cudaFuncAttributes attributes;
-  MOE_CHECK_CUDA(cudaFuncGetAttributes(
-      &attributes, moe::cuda::sm90::detail::Fp8GroupedWeightGradKernel<Shape, float>));
-  std::printf(
-      "fp8 weight-gradient kernel, %s tiles: %d registers, %zu bytes local, %d bytes of dynamic "
-      "shared memory\n",
-      name, attributes.numRegs, attributes.localSizeBytes, Shape::kSmemBytes);
-}
-
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   PrintSm90DeviceOrExit();
@@ -736,8 +721,12 @@ int main(int argc, char** argv) {
       cudaFuncGetAttributes(&attributes, moe::cuda::sm90::detail::Fp8GroupedMatmulKernel<bf16>));
   std::printf("fp8 kernel: %d registers, %zu bytes local, %d bytes of dynamic shared memory\n",
               attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8SmemBytes);
-  PrintWeightGradKernel<moe::cuda::sm90::Fp8WeightGradNarrow>("narrow");
-  PrintWeightGradKernel<moe::cuda::sm90::Fp8WeightGradWide>("wide");
+  MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes,
+                                       moe::cuda::sm90::detail::Fp8GroupedWeightGradKernel<float>));
+  std::printf(
+      "fp8 weight-gradient kernel: %d registers, %zu bytes local, %d bytes of dynamic shared "
+      "memory\n",
+      attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8WeightGradSmemBytes);
   constexpr int kTokens = 4096;
   const std::vector<Case> cases = {
       {"tiny", 256, 256, {120, 80}},
@@ -760,9 +749,6 @@ int main(int argc, char** argv) {
        336,
        1008,
        {{0, 128, 0, 256, 128, 0, 128, 0}, {0, 128, 128, 0, 256, 0, 37, 0}}},
-      // Over 8 token tiles a group on average: wide tiles (the cases above take narrow ones).
-      {"wgrad wide tails", 336, 1008, {{1300, 0, 2500, 1, 1500, 1129}}},
-      {"wgrad wide two parts", 336, 1008, {{0, 1280, 0, 1408, 1280}, {1280, 1280, 0, 1280, 37}}},
   };
   // The MoE shapes' weight gradients; DeepSeek-like's only on a device of more than 100 GiB: its
   // dw (256 x 4096 x 7168) is 30 GB in f32, and with its reference and the += case's copy it

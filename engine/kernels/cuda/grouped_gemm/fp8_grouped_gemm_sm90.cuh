@@ -41,19 +41,20 @@
 //   of 16 (the scale rows' bulk copies take 16-byte pieces), every operand and dw 16-byte aligned,
 //   rows_p, n, k < 2^31, 1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
 //
-// Design (one CTA per SM, persistent, in clusters of two CTAs but the weight gradient's narrow
-// tiles; cluster tiles round-robin over the clusters; CTA = 3 warpgroups: warpgroup 0 produces,
+// Design (one CTA per SM, persistent; the forward in clusters of two CTAs, the weight gradient
+// without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
 // warpgroups 1 and 2 consume, 64 output rows each):
-//   - A stage holds one 128-deep K tile of both operands, 128 rows of A and 192 of B (128 for
-//     narrow tiles), 128 e4m3 a row (one 128-byte swizzle row: 40 or 32 KiB; kFp8ForwardStages =
-//     5 and kFp8WeightGradStages = 5 of them, beside the output staging). Per stage a consumer
-//     issues (up to) 4 m64n192k32 (m64n128k32) wgmmas into fresh accumulators, waits for them,
-//     releases the stage and promotes them into its f32 accumulators with one fma each (96 + 96
-//     or 64 + 64 registers a thread); while one consumer promotes, the other's wgmmas run.
-//   - Epilogue: each consumer stages its 64 x 192 result through shared memory, one TMA box at a
-//     time (narrow tiles: 64 x 128, two boxes; epilogue.cuh's WriteTile, which the bf16 kernels
-//     use too) and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA, which clips
-//     it to the tensor; the stores drain while the consumer multiplies its next tile.
+//   - A stage holds one 128-deep K tile of both operands, 128 rows of A and 192 (forward) or 128
+//     (weight gradient) of B, 128 e4m3 a row (one 128-byte swizzle row: 40 or 32 KiB;
+//     kFp8ForwardStages = 5 and kFp8WeightGradStages = 5 of them, beside the output staging). Per
+//     stage a consumer issues (up to) 4 m64n192k32 or m64n128k32 wgmmas into fresh accumulators,
+//     waits for them, releases the stage and promotes them into its f32 accumulators with one fma
+//     each (96 + 96 or 64 + 64 registers a thread); while one consumer promotes, the other's
+//     wgmmas run.
+//   - Epilogue: each consumer stages its 64 x 192 or 64 x 128 result through shared memory
+//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: the forward one TMA box, the
+//     weight gradient two) and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA,
+//     which clips it to the tensor; the stores drain while the consumer multiplies its next tile.
 //     The forward's consumer whose 64 rows cross its group's end copies its valid rows from the
 //     staging instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the
 //     weight gradient's work.
@@ -70,28 +71,18 @@
 //     group outermost, so no read crosses into the next expert), and zeros add nothing. The scales
 //     of a stage are loaded from global memory before it is waited for (one per row and one per
 //     tile).
-//   - Weight-gradient tiles, in one of two shapes (fp8_weight_grad_kernel.cuh's
-//     Fp8WeightGradShape), by the average group's token tiles (Fp8WeightGradUsesWideTiles): wide,
-//     128 dw rows (of n) x 192 dw columns (of k) of one group, two to a cluster tile stacked along
-//     dw's rows (grouped_gemm_tiles.h's WeightGradClusterScheduleOf: group-major, so the clusters
-//     resident together read one group's operands from L2; in bands of row pairs where a group's
-//     dy outgrows L2): the pair shares x's 192 columns, of whose three 64-row boxes rank 0 loads
-//     two and rank 1 one, multicast to both, so a stage costs L2 28 KiB a CTA for 128 x 192
-//     products where a narrow tile's costs 32 KiB for 128 x 128; narrow, 128 x 128, a CTA alone
-//     taking both of a cluster tile's in turn, whose consumers stage their whole bf16 result at
-//     once (with a group's few token tiles its writes count; with many, the operands' traffic
-//     through L2, which wide tiles cut, bounds it). K: the group's token tiles in each part in
-//     turn (ForEachTokenTile, which the producer walks; it writes each stage's K slices and
-//     whether it is the tile's last beside the stage, and the consumers read them there, one flat
-//     loop). Each element needs its own scale (its row's dy
-//     scale times its column's x scale): the producer bulk-copies its tile's token tile's 128 dy
-//     and 192 or 128 x scales (cp.async.bulk, on the stage's full barrier, counted in its bytes)
-//     beside the stage, and a consumer reads its 2 rows' and 48 or 32 columns' scales from there
-//     before it releases the stage. TMA loads 128 tokens from a token tile's first (a multiple of
-//     32 in the transposed rows, as TMA needs its boxes' first bytes 16-byte aligned), and the
-//     consumers multiply only the 32-token K slices that hold the tile's tokens (Fp8TokenTile): a
-//     group's last slice is completed by the zeros the quantiser writes after the group, so no
-//     token of another group enters a product.
+//   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
+//     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
+//     CTAs resident together read one group's operands from L2). K: the group's token tiles in
+//     each part in turn (ForEachTokenTile, which the producer and the consumers walk alike). Each
+//     element needs its own scale (its row's dy scale times its column's x scale): the producer
+//     bulk-copies the token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full
+//     barrier, counted in its bytes) beside the stage, and a consumer reads its 2 rows' and 32
+//     columns' scales from there before it releases the stage. TMA loads 128 tokens from a token
+//     tile's first (a multiple of 32 in the transposed rows, as TMA needs its boxes' first bytes
+//     16-byte aligned), and the consumers multiply only the 32-token K slices that hold the tile's
+//     tokens (Fp8TokenTile): a group's last slice is completed by the zeros the quantiser writes
+//     after the group, so no token of another group enters a product.
 #pragma once
 
 #include <cuda.h>
@@ -157,36 +148,6 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 
-namespace detail {
-
-// The weight gradient's tile shape for `rows` token rows in all parts over `groups` groups: wide
-// where the average group holds more than 8 token tiles (a tile's operand traffic outweighs its
-// output writes), else narrow.
-inline bool Fp8WeightGradUsesWideTiles(int64_t rows, int groups) {
-  return rows > int64_t{8} * kFp8BlockK * groups;
-}
-
-// Launches Fp8GroupedWeightGradKernel<Shape, Out> over dw (groups, n, k) for the encoded parts.
-template <typename Shape, typename Out>
-cudaError_t LaunchFp8WeightGrad(const Fp8WeightGradParts& parts, const CUtensorMap& dw_map,
-                                int64_t rows, int groups, int64_t n, int64_t k, bool accumulate,
-                                cudaStream_t stream) {
-  const typename Shape::Schedule schedule = Shape::Schedule::Of(n, k, rows, groups);
-  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Shape, Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  cudaError_t status = PersistentClusterLaunch<kKernel>(Shape::kSmemBytes, Shape::kCluster, tiles,
-                                                        stream, &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
-                              static_cast<int>(n), static_cast<int>(k), accumulate);
-  return status != cudaSuccess ? status : cudaGetLastError();
-}
-
-}  // namespace detail
-
 // See the file comment: dw_g (+)= the sum over the `count` parts (count <= kMaxWeightGradParts)
 // of dy_p,g^T · x_p,g in one launch; dw (groups, n, k), Out float or bf16. Asynchronous on
 // `stream`; returns the first error of argument checks, tensor-map encoding or the launch.
@@ -202,7 +163,6 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
   }
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   Fp8WeightGradParts parts = {};
-  int64_t rows = 0;  // of all parts
   for (int i = 0; i < count; ++i) {
     const Fp8WeightGradRows& part = rows_parts[i];
     if (!FitsInt(part.rows) || !FitsInt(part.stride) || part.stride < part.rows ||
@@ -218,13 +178,12 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
                            {stride, un}, {stride}, {kFp8BlockK, kFp8BlockM});
     if (status != cudaSuccess) return status;
     status = EncodeTensorMap<2>(&parts.tokens.x[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.x_q,
-                                {stride, uk}, {stride}, {kFp8BlockK, kFp8BoxRows});
+                                {stride, uk}, {stride}, {kFp8BlockK, kFp8BlockN});
     if (status != cudaSuccess) return status;
     parts.tokens.offsets[p] = part.offsets;
     parts.tokens.rows[p] = static_cast<int>(part.rows);
     parts.dy_scales[p] = part.dy_scales;
     parts.x_scales[p] = part.x_scales;
-    rows += part.rows;
   }
   if (n == 0 || k == 0) return cudaSuccess;
   if (parts.tokens.count == 0) {
@@ -232,14 +191,21 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
                ? cudaSuccess
                : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * sizeof(Out), stream);
   }
+  const int64_t tiles =
+      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
   CUtensorMap dw_map;
-  const cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
+  cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
   if (status != cudaSuccess) return status;
-  return Fp8WeightGradUsesWideTiles(rows, groups)
-             ? LaunchFp8WeightGrad<Fp8WeightGradWide, Out>(parts, dw_map, rows, groups, n, k,
-                                                           accumulate, stream)
-             : LaunchFp8WeightGrad<Fp8WeightGradNarrow, Out>(parts, dw_map, rows, groups, n, k,
-                                                             accumulate, stream);
+  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream, &config,
+                                            &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, groups, static_cast<int>(n),
+                              static_cast<int>(k), accumulate);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace moe::cuda::sm90

@@ -1,7 +1,8 @@
 // The store epilogue of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): a consumer
 // warpgroup's 64 x N accumulators (the bf16 kernels' 64 x 256, the FP8 kernels' 64 x 192 and 64 x
-// 128) staged as TMA boxes in its shared memory and written by TMA (store, or reduce-add for dw
-// +=), or for a group's last rows copied by the threads.
+// 128)
+// staged as TMA boxes in its shared memory and written by TMA (store, or reduce-add for dw +=), or
+// for a group's last rows copied by the threads.
 #pragma once
 
 #include <cuda.h>
@@ -31,10 +32,8 @@ namespace moe::cuda::sm90 {
 //   - FP8 forward (64 x 192, f32 or bf16): one box, 6 f32 or 3 bf16 rounds, beside 5 stages of
 //     40 KiB (with 128-column tiles, two boxes beside 5 stages were slower than one beside 6);
 //     stores from registers made it slower too.
-//   - FP8 weight gradient, narrow tiles (64 x 128): two boxes, 2 f32 rounds or 1 bf16, beside 5
-//     stages (faster than one box beside 6); wide tiles (64 x 192): as the FP8 forward (three
-//     boxes, the whole bf16 result, beside 4 stages made ptxas spill the store addresses beside
-//     the products).
+//   - FP8 weight gradient (64 x 128): two boxes, 2 f32 rounds or 1 bf16, beside 5 stages (faster
+//     than one box beside 6).
 template <typename Out>
 constexpr int kWriteColumns = kSwizzleRowBytes / sizeof(Out);
 constexpr int kForwardStagingBytes = 64 * kBlockN * sizeof(bf16);  // per consumer: 32 KiB
