@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Timing-only variants of the FP8 weight-gradient kernel, each leaving one stage of its work out,
-so that the time a stage costs is the difference against the whole kernel (no counters needed).
+"""Timing-only variants of the unclustered FP8 weight-gradient kernel, each leaving one stage of
+its work out, so that the time a stage costs is the difference against the whole kernel (no
+counters needed).
 Their results are wrong (the FP8 probe's checks fail; its timings stand):
   no_promote  the consumers issue and wait for each stage's wgmmas but do not scale them into acc
   no_write    acc is computed but not written (no staging, no TMA stores)
@@ -17,9 +18,9 @@ import sys
 
 KERNEL = "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
 SOURCES = ["engine/kernels", "engine/core", "tests/kernels"]
-PROMOTION = "MultiplyFp8Stage<1>(part, ring, state, a_offset, active, slices, [&](int stage) {\n"
+PROMOTION = "if (active) PromoteFp8WeightGradStage("
 EDITS = {
-    "no_promote": [(PROMOTION + "        if (!active) return;", PROMOTION + "        return;")],
+    "no_promote": [(PROMOTION, "if (false) PromoteFp8WeightGradStage(")],
     "no_write": [("    WriteTile<Out, kFp8WeightGradStagingBytes>(",
                   "    FenceAccumulators(acc);  // acc stays computed\n"
                   "    if (false) WriteTile<Out, kFp8WeightGradStagingBytes>(")],

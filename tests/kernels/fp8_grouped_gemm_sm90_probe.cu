@@ -40,7 +40,9 @@
 // slot, row or column errs by a factor of 2 or more. A tiny case; tails (n 336, k 1008: partial row
 // and column tiles; groups of 0, 1, 127, 128, 129, 300, 96 and 37 rows, 818 in all; an empty first
 // and last group; groups whose last 32-token slice ends in zeros, or at their last token); two
-// parts; and the MoE shapes above (dw of the forward case's w, one part). Checks for dw f32 and
+// parts; both again with over 8 token tiles a group on average (the clustered kernel; the others
+// take the unclustered one: fp8_weight_grad_common.cuh); and the MoE shapes above (dw of the
+// forward case's w, one part). Checks for dw f32 and
 // bf16, = (dw and 64 guard rows of k poisoned) and += (onto random dw, the guard rows poisoned),
 // against the f32 reference (per part and group cublasSgemm of the dequantised operands, summed; +=
 // adds the initial dw): the forward's tolerances on max|expected|, every element finite, the guard
@@ -713,6 +715,16 @@ void ProbeWeightGradCase(Tally& tally, cublasHandle_t cublas, const WeightGradCa
 
 }  // namespace
 
+// A weight-gradient kernel (dw f32): its registers, local bytes (spills) and shared memory.
+void PrintWeightGradKernel(const char* name, const void* kernel, int smem_bytes) {
+  cudaFuncAttributes attributes;
+  MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
+  std::printf(
+      "fp8 weight-gradient kernel, %s: %d registers, %zu bytes local, %d bytes of dynamic shared "
+      "memory\n",
+      name, attributes.numRegs, attributes.localSizeBytes, smem_bytes);
+}
+
 int main(int argc, char** argv) {
   const std::string filter = argc > 1 ? argv[1] : "";
   PrintSm90DeviceOrExit();
@@ -721,12 +733,14 @@ int main(int argc, char** argv) {
       cudaFuncGetAttributes(&attributes, moe::cuda::sm90::detail::Fp8GroupedMatmulKernel<bf16>));
   std::printf("fp8 kernel: %d registers, %zu bytes local, %d bytes of dynamic shared memory\n",
               attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8SmemBytes);
-  MOE_CHECK_CUDA(cudaFuncGetAttributes(&attributes,
-                                       moe::cuda::sm90::detail::Fp8GroupedWeightGradKernel<float>));
-  std::printf(
-      "fp8 weight-gradient kernel: %d registers, %zu bytes local, %d bytes of dynamic shared "
-      "memory\n",
-      attributes.numRegs, attributes.localSizeBytes, moe::cuda::sm90::kFp8WeightGradSmemBytes);
+  PrintWeightGradKernel(
+      "unclustered",
+      reinterpret_cast<const void*>(moe::cuda::sm90::detail::Fp8GroupedWeightGradKernel<float>),
+      moe::cuda::sm90::kFp8WeightGradSmemBytes);
+  PrintWeightGradKernel("clustered",
+                        reinterpret_cast<const void*>(
+                            moe::cuda::sm90::detail::Fp8GroupedWeightGradClusterKernel<float>),
+                        moe::cuda::sm90::kFp8ClusterWeightGradSmemBytes);
   constexpr int kTokens = 4096;
   const std::vector<Case> cases = {
       {"tiny", 256, 256, {120, 80}},
@@ -749,6 +763,13 @@ int main(int argc, char** argv) {
        336,
        1008,
        {{0, 128, 0, 256, 128, 0, 128, 0}, {0, 128, 128, 0, 256, 0, 37, 0}}},
+      // Over 8 token tiles a group on average: the clustered kernel (the cases above take the
+      // unclustered one).
+      {"wgrad clustered tails", 336, 1008, {{1300, 0, 2500, 1, 1500, 1129}}},
+      {"wgrad clustered two parts",
+       336,
+       1008,
+       {{0, 1280, 0, 1408, 1280}, {1280, 1280, 0, 1280, 37}}},
   };
   // The MoE shapes' weight gradients; DeepSeek-like's only on a device of more than 100 GiB: its
   // dw (256 x 4096 x 7168) is 30 GB in f32, and with its reference and the += case's copy it

@@ -2,12 +2,13 @@
 // on the host. Forward: over group sizes that hit every case (empty groups, one row, a tile's
 // edges, odd and even row-tile counts) and column counts (one column tile, odd and even counts, a
 // tail), the cluster tiles cover every kBlockM x N tile of y that holds rows exactly once (N the
-// bf16 kernels' kBlockN and the FP8 forward's 128), by a tile that lies inside its group's rows,
+// bf16 kernels' kBlockN and the FP8 forward's 192), by a tile that lies inside its group's rows,
 // and only a column pair's tile past n is left idle.
-// Weight gradient: over dw sizes with odd and even row-tile counts, bands that divide the row pairs
-// or leave a partial band, and tails, the cluster tiles cover every tile of every group's dw
-// exactly once, and only the second tile of a group's last pair, past n when the row tiles are odd,
-// idles; bands are chosen only where a group's dy outgrows L2.
+// Weight gradient (the bf16 kernel's kBlockN columns of 2 bytes and the FP8 kernel's 192 of 1):
+// over dw sizes with odd and even row-tile counts, bands that divide the row pairs or leave a
+// partial band, and tails, the cluster tiles cover every tile of every group's dw exactly once, and
+// only the second tile of a group's last pair, past n when the row tiles are odd, idles; bands are
+// chosen only where a group's dy outgrows L2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,10 +32,13 @@ using cuda::sm90::kBlockN;
 using cuda::sm90::TailSplit;
 using cuda::sm90::TileUnit;
 using cuda::sm90::WeightGradClusterSchedule;
+using cuda::sm90::WeightGradClusterScheduleOf;
 using cuda::sm90::WeightGradClusterTile;
 
-// The FP8 forward's tiles (fp8_mainloop.cuh's kFp8ForwardTileN; that header needs CUDA's).
+// The FP8 forward's and weight gradient's tiles (fp8_mainloop.cuh's kFp8ForwardTileN and
+// kFp8WeightGradTileN; that header needs CUDA's).
 constexpr int kFp8TileN = 192;
+using Fp8WeightGradSchedule = WeightGradClusterScheduleOf<kFp8TileN, 1>;
 
 // Checks the schedule of groups with these row counts over n columns, in tiles kTileN wide.
 template <int kTileN>
@@ -191,10 +195,12 @@ TEST(GroupedGemmTilesTest, TailSplitEveryKBlockOnce) {
   }
 }
 
-// Checks the weight-gradient schedule of `groups` dw matrices (n, k) in bands of band_pairs.
+// Checks the weight-gradient schedule (Schedule: tiles kTileN wide) of `groups` dw matrices (n, k)
+// in bands of band_pairs.
+template <typename Schedule, int kTileN>
 void ExpectEveryWeightGradTileOnce(int groups, int n, int k, int band_pairs) {
-  const int m_tiles = (n + kBlockM - 1) / kBlockM, n_tiles = (k + kBlockN - 1) / kBlockN;
-  const WeightGradClusterSchedule schedule = WeightGradClusterSchedule::WithBands(n, k, band_pairs);
+  const int m_tiles = (n + kBlockM - 1) / kBlockM, n_tiles = (k + kTileN - 1) / kTileN;
+  const Schedule schedule = Schedule::WithBands(n, k, band_pairs);
   ASSERT_EQ(schedule.m_pairs, (m_tiles + 1) / 2);
   ASSERT_EQ(schedule.n_tiles, n_tiles);
   ASSERT_EQ(schedule.band_pairs, band_pairs);
@@ -203,7 +209,7 @@ void ExpectEveryWeightGradTileOnce(int groups, int n, int k, int band_pairs) {
   for (int t = 0; t < groups * schedule.PerGroup(); ++t) {
     const WeightGradClusterTile tile = schedule.Find(t);
     ASSERT_EQ(tile.group, t / schedule.PerGroup()) << "tile " << t << ": group-major";
-    ASSERT_EQ(tile.n0 % kBlockN, 0) << "tile " << t;
+    ASSERT_EQ(tile.n0 % kTileN, 0) << "tile " << t;
     ASSERT_GE(tile.n0, 0) << "tile " << t;
     ASSERT_LT(tile.n0, k) << "tile " << t;
     for (int rank = 0; rank < 2; ++rank) {
@@ -216,7 +222,7 @@ void ExpectEveryWeightGradTileOnce(int groups, int n, int k, int band_pairs) {
         ++idle;
         continue;
       }
-      ++count[{tile.group, row / kBlockM * n_tiles + tile.n0 / kBlockN}];
+      ++count[{tile.group, row / kBlockM * n_tiles + tile.n0 / kTileN}];
     }
   }
   EXPECT_EQ(static_cast<int>(count.size()), groups * m_tiles * n_tiles) << "tiles never computed";
@@ -237,7 +243,8 @@ TEST(GroupedGemmTilesTest, WeightGradEveryTileOnce) {
         if (band > m_pairs) continue;
         SCOPED_TRACE(std::to_string(n) + " x " + std::to_string(k) + ", bands of " +
                      std::to_string(band));
-        ExpectEveryWeightGradTileOnce(3, n, k, band);
+        ExpectEveryWeightGradTileOnce<WeightGradClusterSchedule, kBlockN>(3, n, k, band);
+        ExpectEveryWeightGradTileOnce<Fp8WeightGradSchedule, kFp8TileN>(3, n, k, band);
       }
     }
   }
@@ -251,6 +258,34 @@ TEST(GroupedGemmTilesTest, WeightGradBandsOnlyWhereTheAverageDyOutgrowsL2) {
   EXPECT_EQ(WeightGradClusterSchedule::Of(4096, 14336, 8192, 8).band_pairs, 16);
   // Fewer row pairs than a band: one band of them all.
   EXPECT_EQ(WeightGradClusterSchedule::Of(1024, 1 << 20, 1 << 20, 1).band_pairs, 4);
+  // FP8 operands, a byte an element: Mixtral's fc1 dy_g (1024 x 28672, 28 MiB) is banded; with 8
+  // micro-batches' parts Qwen3-30B-A3B's fc1 (32768 x 8 rows over 128 experts: 2048 x 1536, 3
+  // MiB) is one band; bf16's dy_g of 16 MiB is one band, FP8's of 16 MiB too.
+  EXPECT_EQ(Fp8WeightGradSchedule::Of(28672, 4096, 8192, 8).band_pairs,
+            cuda::sm90::kWeightGradBandPairs);
+  EXPECT_EQ(Fp8WeightGradSchedule::Of(1536, 2048, 262144, 128).band_pairs, 6);
+  EXPECT_EQ(WeightGradClusterSchedule::Of(8192, 4096, 1024, 1).band_pairs, 32);
+  EXPECT_EQ(Fp8WeightGradSchedule::Of(16384, 4096, 1024, 1).band_pairs, 64);
+  EXPECT_EQ(Fp8WeightGradSchedule::Of(16384, 4096, 1025, 1).band_pairs,
+            cuda::sm90::kWeightGradBandPairs);
+}
+
+TEST(GroupedGemmTilesTest, Fp8WeightGradClustersWhereGroupsAverageOver8TokenTiles) {
+  using cuda::sm90::Fp8WeightGradUsesClusters;
+  // Qwen3-30B-A3B at 4096 tokens (top 8 of 128 experts): 2 token tiles a group in one part, 16
+  // with 8 micro-batches' parts.
+  EXPECT_FALSE(Fp8WeightGradUsesClusters(32768, 128));
+  EXPECT_TRUE(Fp8WeightGradUsesClusters(262144, 128));
+  // Mixtral-8x7B at 4096 tokens (top 2 of 8): exactly 8 a group stays unclustered.
+  EXPECT_FALSE(Fp8WeightGradUsesClusters(8192, 8));
+  EXPECT_TRUE(Fp8WeightGradUsesClusters(8193, 8));
+  // The FP8 probe's cases: its tails (818 rows, 9 groups) unclustered, its clustered tails (6430
+  // rows, 6 groups) and two parts (7845 rows, 5 groups) clustered.
+  EXPECT_FALSE(Fp8WeightGradUsesClusters(818, 9));
+  EXPECT_TRUE(Fp8WeightGradUsesClusters(6430, 6));
+  EXPECT_TRUE(Fp8WeightGradUsesClusters(7845, 5));
+  // Rows past 2^31 in all parts (8 parts of up to 2^31 - 1 each) do not overflow.
+  EXPECT_TRUE(Fp8WeightGradUsesClusters(int64_t{8} * ((int64_t{1} << 31) - 1), 1024));
 }
 
 TEST(GroupedGemmTilesTest, WeightGradScheduleAtTheLargestSizes) {
@@ -262,6 +297,8 @@ TEST(GroupedGemmTilesTest, WeightGradScheduleAtTheLargestSizes) {
   EXPECT_EQ(schedule.n_tiles, 8388608);  // ceil((2^31 - 8) / 256) = 2^23
   EXPECT_EQ(WeightGradClusterSchedule::WithBands(1, 1, 8).m_pairs, 1);
   EXPECT_EQ(WeightGradClusterSchedule::WithBands(129, 257, 8).n_tiles, 2);
+  EXPECT_EQ(Fp8WeightGradSchedule::WithBands(largest, largest, 8).n_tiles, 11184811);
+  EXPECT_EQ(Fp8WeightGradSchedule::WithBands(129, 193, 8).n_tiles, 2);
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 // headers and that one) so that tests/kernels/fp8_grouped_gemm_sm90_probe.cu builds it with one
 // nvcc command; the engine's CUDA Fp8GroupedMatmul and Fp8GroupedMatmulWeightGrad reach it through
 // fp8_grouped_matmul_sm90.cu (contracts: op_declarations.inc). The kernels lie in
-// sm90/fp8_forward_kernel.cuh and sm90/fp8_weight_grad_kernel.cuh, what they share in
-// sm90/fp8_mainloop.cuh, and they share the bf16 kernels' pieces (grouped_gemm_sm90.cuh's design
-// note: the mbarrier stage protocol, TMA with the 128-byte swizzle, the K-major wgmma
-// descriptors, the accumulator layout, the offsets' scan, the weight gradient's parts).
+// sm90/fp8_forward_kernel.cuh, sm90/fp8_weight_grad_kernel.cuh and
+// sm90/fp8_weight_grad_cluster_kernel.cuh, what they share in sm90/fp8_mainloop.cuh and (the
+// weight gradient's two) sm90/fp8_weight_grad_common.cuh, and they share the bf16 kernels' pieces
+// (grouped_gemm_sm90.cuh's design note: the mbarrier stage protocol, TMA with the 128-byte swizzle,
+// the K-major wgmma descriptors, the accumulator layout, the offsets' scan, the weight gradient's
+// parts).
 //
 // Operations: group g owns the rows [offsets[g], offsets[g + 1]) (offsets (groups + 1) int32 in
 // DEVICE memory; the kernels trap unless 0 = offsets[0] <= ... <= offsets[groups] = rows).
@@ -42,22 +44,22 @@
 //   rows_p, n, k < 2^31, 1 <= groups <= kMaxGroups, 1 <= parts <= kMaxWeightGradParts.
 //
 // Design (one CTA per SM, persistent; the forward in clusters of two CTAs, the weight gradient
-// without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0 produces,
-// warpgroups 1 and 2 consume, 64 output rows each):
-//   - A stage holds one 128-deep K tile of both operands, 128 rows of A and 192 (forward) or 128
-//     (weight gradient) of B, 128 e4m3 a row (one 128-byte swizzle row: 40 or 32 KiB;
-//     kFp8ForwardStages = 5 and kFp8WeightGradStages = 5 of them, beside the output staging). Per
-//     stage a consumer issues (up to) 4 m64n192k32 or m64n128k32 wgmmas into fresh accumulators,
-//     waits for them, releases the stage and promotes them into its f32 accumulators with one fma
-//     each (96 + 96 or 64 + 64 registers a thread); while one consumer promotes, the other's
-//     wgmmas run.
+// with or without; tiles round-robin over the clusters or CTAs; CTA = 3 warpgroups: warpgroup 0
+// produces, warpgroups 1 and 2 consume, 64 output rows each):
+//   - A stage holds one 128-deep K tile of both operands, 128 rows of A and 192 (forward,
+//     clustered weight gradient) or 128 of B, 128 e4m3 a row (one 128-byte swizzle row: 40 or 32
+//     KiB; kFp8ForwardStages = 5 and kFp8WeightGradStages = 5 of them, beside the output staging).
+//     Per stage a consumer issues (up to) 4 m64n192k32 or m64n128k32 wgmmas into fresh
+//     accumulators, waits for them, releases the stage and promotes them into its f32 accumulators
+//     with one fma each (96 + 96 or 64 + 64 registers a thread); while one consumer promotes, the
+//     other's wgmmas run.
 //   - Epilogue: each consumer stages its 64 x 192 or 64 x 128 result through shared memory
-//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: the forward one TMA box, the
-//     weight gradient two) and stores (or, the weight gradient's dw +=, reduce-adds) it with TMA,
-//     which clips it to the tensor; the stores drain while the consumer multiplies its next tile.
-//     The forward's consumer whose 64 rows cross its group's end copies its valid rows from the
-//     staging instead (WriteRows). With a few hundred tokens per expert, writing dw is most of the
-//     weight gradient's work.
+//     (epilogue.cuh's WriteTile, which the bf16 kernels use too: the forward and the clustered
+//     weight gradient one TMA box, the unclustered two) and stores (or, the weight gradient's dw
+//     +=, reduce-adds) it with TMA, which clips it to the tensor; the stores drain while the
+//     consumer multiplies its next tile. The forward's consumer whose 64 rows cross its group's end
+//     copies its valid rows from the staging instead (WriteRows). With a few hundred tokens per
+//     expert, writing dw is most of the weight gradient's work.
 //   - Forward tiles: 128 x 192 of y, two to a cluster tile (grouped_gemm_tiles.h's schedule, as
 //     the bf16 forward's with 192-column tiles: a group's row pairs, which share w's tile, then
 //     for an odd last row tile column pairs, which share x's rows): each CTA loads its own
@@ -71,14 +73,24 @@
 //     group outermost, so no read crosses into the next expert), and zeros add nothing. The scales
 //     of a stage are loaded from global memory before it is waited for (one per row and one per
 //     tile).
-//   - Weight-gradient tiles: 128 dw rows (of n) x 128 dw columns (of k) of one group,
+//   - Weight-gradient tiles, by the average group's token tiles (Fp8WeightGradUsesClusters):
+//     up to 8, 128 dw rows (of n) x 128 dw columns (of k) of one group, a CTA alone,
 //     groups x ceil(n / 128) x ceil(k / 128) of them (FindFp8WeightGradTile: group-major, so the
-//     CTAs resident together read one group's operands from L2). K: the group's token tiles in
-//     each part in turn (ForEachTokenTile, which the producer and the consumers walk alike). Each
-//     element needs its own scale (its row's dy scale times its column's x scale): the producer
-//     bulk-copies the token tile's 128 dy and 128 x scales (cp.async.bulk, on the stage's full
-//     barrier, counted in its bytes) beside the stage, and a consumer reads its 2 rows' and 32
-//     columns' scales from there before it releases the stage. TMA loads 128 tokens from a token
+//     CTAs resident together read one group's operands from L2), each consumer staging its whole
+//     bf16 result at once (with few token tiles a tile's writes count); beyond, 128 x 192, two to
+//     a cluster tile stacked along dw's rows (grouped_gemm_tiles.h's WeightGradClusterScheduleOf,
+//     group-major, in bands of row pairs where a group's dy outgrows L2), which share x's 192
+//     columns: rank 0 loads two of its three 64-row boxes and rank 1 one, multicast to both, so a
+//     stage costs L2 28 KiB a CTA for 1.5 times a 128 x 128 tile's products (32 KiB), and the
+//     operands' traffic, which bounds the kernel with many token tiles, falls. K: the group's
+//     token tiles in each part in turn (ForEachTokenTile; the unclustered kernel's producer and
+//     consumers walk it alike, the clustered kernel's producer writes each stage's K slices and
+//     whether it is its tile's last beside the stage, and its consumers read them there: one flat
+//     loop, as ptxas needs beside 96 + 96 f32). Each element needs its own scale (its row's dy
+//     scale times its column's x scale): the producer bulk-copies the token tile's 128 dy and 128
+//     or 192 x scales (cp.async.bulk, on the stage's full barrier, counted in its bytes) beside
+//     the stage, and a consumer reads its 2 rows' and 32 or 48 columns' scales from there before
+//     it releases the stage (PromoteFp8WeightGradStage). TMA loads 128 tokens from a token
 //     tile's first (a multiple of 32 in the transposed rows, as TMA needs its boxes' first bytes
 //     16-byte aligned), and the consumers multiply only the 32-token K slices that hold the tile's
 //     tokens (Fp8TokenTile): a group's last slice is completed by the zeros the quantiser writes
@@ -95,6 +107,7 @@
 #include "engine/kernels/cuda/common/sm90_ptx.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_forward_kernel.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_cluster_kernel.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_kernel.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/persistent_launch.cuh"
 
@@ -148,6 +161,50 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 
+namespace detail {
+
+// Launches the unclustered weight-gradient kernel over dw (groups, n, k): 128 x 128 tiles.
+template <typename Out>
+cudaError_t LaunchFp8WeightGrad(const Fp8WeightGradParts& parts, const CUtensorMap& dw_map,
+                                int groups, int64_t n, int64_t k, bool accumulate,
+                                cudaStream_t stream) {
+  const int64_t tiles =
+      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cudaError_t status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream,
+                                                        &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, groups, static_cast<int>(n),
+                              static_cast<int>(k), accumulate);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+// Launches the clustered weight-gradient kernel over dw (groups, n, k) for `rows` token rows in
+// all parts: pairs of 128 x 192 tiles in clusters of two.
+template <typename Out>
+cudaError_t LaunchFp8ClusterWeightGrad(const Fp8WeightGradParts& parts, const CUtensorMap& dw_map,
+                                       int64_t rows, int groups, int64_t n, int64_t k,
+                                       bool accumulate, cudaStream_t stream) {
+  const Fp8ClusterWeightGradSchedule schedule =
+      Fp8ClusterWeightGradSchedule::Of(n, k, rows, groups);
+  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  constexpr auto kKernel = &Fp8GroupedWeightGradClusterKernel<Out>;
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cudaError_t status = PersistentClusterLaunch<kKernel>(
+      kFp8ClusterWeightGradSmemBytes, kFp8WeightGradCluster, tiles, stream, &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
+                              static_cast<int>(n), static_cast<int>(k), accumulate);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+}  // namespace detail
+
 // See the file comment: dw_g (+)= the sum over the `count` parts (count <= kMaxWeightGradParts)
 // of dy_p,g^T · x_p,g in one launch; dw (groups, n, k), Out float or bf16. Asynchronous on
 // `stream`; returns the first error of argument checks, tensor-map encoding or the launch.
@@ -163,6 +220,8 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
   }
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
   Fp8WeightGradParts parts = {};
+  const Fp8WeightGradRows* used[kMaxWeightGradParts];  // the parts with rows, in order
+  int64_t rows = 0;                                    // of all parts
   for (int i = 0; i < count; ++i) {
     const Fp8WeightGradRows& part = rows_parts[i];
     if (!FitsInt(part.rows) || !FitsInt(part.stride) || part.stride < part.rows ||
@@ -171,19 +230,8 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
       return cudaErrorInvalidValue;
     }
     if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
-    const int p = parts.tokens.count++;
-    const uint64_t stride = static_cast<uint64_t>(part.stride);
-    cudaError_t status =
-        EncodeTensorMap<2>(&parts.tokens.dy[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.dy_q,
-                           {stride, un}, {stride}, {kFp8BlockK, kFp8BlockM});
-    if (status != cudaSuccess) return status;
-    status = EncodeTensorMap<2>(&parts.tokens.x[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.x_q,
-                                {stride, uk}, {stride}, {kFp8BlockK, kFp8BlockN});
-    if (status != cudaSuccess) return status;
-    parts.tokens.offsets[p] = part.offsets;
-    parts.tokens.rows[p] = static_cast<int>(part.rows);
-    parts.dy_scales[p] = part.dy_scales;
-    parts.x_scales[p] = part.x_scales;
+    used[parts.tokens.count++] = &part;
+    rows += part.rows;
   }
   if (n == 0 || k == 0) return cudaSuccess;
   if (parts.tokens.count == 0) {
@@ -191,21 +239,29 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
                ? cudaSuccess
                : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * sizeof(Out), stream);
   }
-  const int64_t tiles =
-      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  const bool clustered = Fp8WeightGradUsesClusters(rows, groups);
+  for (int p = 0; p < parts.tokens.count; ++p) {
+    const Fp8WeightGradRows& part = *used[p];
+    const uint64_t stride = static_cast<uint64_t>(part.stride);
+    cudaError_t status =
+        EncodeTensorMap<2>(&parts.tokens.dy[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.dy_q,
+                           {stride, un}, {stride}, {kFp8BlockK, kFp8BlockM});
+    if (status != cudaSuccess) return status;
+    const uint32_t x_box_rows = static_cast<uint32_t>(Fp8WeightGradXBoxRows(clustered));
+    status = EncodeTensorMap<2>(&parts.tokens.x[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.x_q,
+                                {stride, uk}, {stride}, {kFp8BlockK, x_box_rows});
+    if (status != cudaSuccess) return status;
+    parts.tokens.offsets[p] = part.offsets;
+    parts.tokens.rows[p] = static_cast<int>(part.rows);
+    parts.dy_scales[p] = part.dy_scales;
+    parts.x_scales[p] = part.x_scales;
+  }
   CUtensorMap dw_map;
-  cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
+  const cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
   if (status != cudaSuccess) return status;
-  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream, &config,
-                                            &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, groups, static_cast<int>(n),
-                              static_cast<int>(k), accumulate);
-  return status != cudaSuccess ? status : cudaGetLastError();
+  return clustered ? LaunchFp8ClusterWeightGrad<Out>(parts, dw_map, rows, groups, n, k, accumulate,
+                                                     stream)
+                   : LaunchFp8WeightGrad<Out>(parts, dw_map, groups, n, k, accumulate, stream);
 }
 
 }  // namespace moe::cuda::sm90

@@ -16,14 +16,14 @@
 // row pairs of its two column tiles instead, so that it reads their weight tiles from L2, was no
 // faster overall: not kept.)
 //
-// Weight gradient: dw_g (n, k) = dy_g^T x_g is cut into kBlockM x kBlockN tiles, and a cluster tile
-// is two of them stacked along M (dw rows m0 + kBlockM r, columns n0): the CTAs share x_g's kBlockN
-// columns, each loads half and multicasts it. With an odd number of row tiles the last pair's
-// second tile lies past n (its CTA's consumers idle). Order: group-major; within a group, bands of
-// band_pairs row pairs, and within a band column-major (a band's row pairs over one column tile
-// consecutive). Where dy_g outgrows L2, one band (all row pairs) would sweep all of dy_g once per
-// column tile, reading it from DRAM again each time (many times the operands' bytes); bands of
-// kWeightGradBandPairs keep the clusters
+// Weight gradient: dw_g (n, k) = dy_g^T x_g is cut into kBlockM x N tiles (N: the bf16 kernel's
+// kBlockN, the FP8 kernel's 192), and a cluster tile is two of them stacked along M (dw rows m0 +
+// kBlockM r, columns n0): the CTAs share x_g's N columns, each loads its part and multicasts it.
+// With an odd number of row tiles the last pair's second tile lies past n (its CTA's consumers
+// idle). Order: group-major; within a group, bands of band_pairs row pairs, and within a band
+// column-major (a band's row pairs over one column tile consecutive). Where dy_g outgrows L2, one
+// band (all row pairs) would sweep all of dy_g once per column tile, reading it from DRAM again
+// each time (many times the operands' bytes); bands of kWeightGradBandPairs keep the clusters
 // resident together on a few of dy_g's columns and a few of x_g's column tiles, which stay in L2
 // while the band sweeps x_g's columns. Where dy_g fits, one band reads each operand once. The
 // launcher decides by the average group's dy_g (a skewed routing's largest group may outgrow L2
@@ -31,6 +31,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "engine/kernels/fp8_scaling.h"
 
 #if defined(__CUDACC__)
 #define MOE_HOST_DEVICE __host__ __device__
@@ -176,7 +178,7 @@ struct TailSplit {
 };
 
 constexpr int kWeightGradBandPairs = 8;
-// Bands above this many bytes of the average group's dy_g (rows_g x n bf16).
+// Bands above this many bytes of the average group's dy_g (rows_g x n).
 constexpr int64_t kWeightGradBandDyBytes = int64_t{16} << 20;
 
 struct WeightGradClusterTile {
@@ -188,24 +190,29 @@ struct WeightGradClusterTile {
   MOE_HOST_DEVICE int Row(int rank) const { return m0 + kBlockM * rank; }
 };
 
-// Over groups of dw (n, k) each: m_pairs row pairs and n_tiles column tiles per group.
-struct WeightGradClusterSchedule {
+// Over groups of dw (n, k) each: m_pairs row pairs and n_tiles column tiles of kTileN columns per
+// group, the operands kElementBytes an element (the bf16 kernel's 256 columns of 2 bytes, the FP8
+// kernel's 192 of 1).
+template <int kTileN, int kElementBytes>
+struct WeightGradClusterScheduleOf {
   int m_pairs;     // ceil(ceil(n / kBlockM) / 2)
-  int n_tiles;     // ceil(k / kBlockN)
+  int n_tiles;     // ceil(k / kTileN)
   int band_pairs;  // 1 <= band_pairs <= m_pairs
 
   // dw (n, k), n and k in [1, 2^31), in bands of band_pairs (clamped to [1, m_pairs]).
-  static WeightGradClusterSchedule WithBands(int64_t n, int64_t k, int band_pairs) {
+  static WeightGradClusterScheduleOf WithBands(int64_t n, int64_t k, int band_pairs) {
     const int m_pairs = static_cast<int>(((n - 1) / kBlockM + 2) / 2);
     const int clamped = band_pairs < 1 ? 1 : (band_pairs > m_pairs ? m_pairs : band_pairs);
-    return {m_pairs, static_cast<int>((k - 1) / kBlockN + 1), clamped};
+    return {m_pairs, static_cast<int>((k - 1) / kTileN + 1), clamped};
   }
 
   // The schedule of `groups` >= 1 groups that hold `rows` token rows in all: bands of
   // kWeightGradBandPairs where the average group's dy_g outgrows kWeightGradBandDyBytes, else one.
-  static WeightGradClusterSchedule Of(int64_t n, int64_t k, int64_t rows, int groups) {
-    WeightGradClusterSchedule schedule = WithBands(n, k, kWeightGradBandPairs);
-    if (rows / groups * n * 2 <= kWeightGradBandDyBytes) schedule.band_pairs = schedule.m_pairs;
+  static WeightGradClusterScheduleOf Of(int64_t n, int64_t k, int64_t rows, int groups) {
+    WeightGradClusterScheduleOf schedule = WithBands(n, k, kWeightGradBandPairs);
+    if (rows / groups * n * kElementBytes <= kWeightGradBandDyBytes) {
+      schedule.band_pairs = schedule.m_pairs;
+    }
     return schedule;
   }
   MOE_HOST_DEVICE int PerGroup() const { return m_pairs * n_tiles; }
@@ -218,8 +225,18 @@ struct WeightGradClusterSchedule {
     const int first_pair = local / band_tiles * band_pairs;
     const int pairs = m_pairs - first_pair < band_pairs ? m_pairs - first_pair : band_pairs;
     const int in_band = local % band_tiles;
-    return {group, (first_pair + in_band % pairs) * 2 * kBlockM, in_band / pairs * kBlockN};
+    return {group, (first_pair + in_band % pairs) * 2 * kBlockM, in_band / pairs * kTileN};
   }
 };
+using WeightGradClusterSchedule = WeightGradClusterScheduleOf<kBlockN, 2>;
+
+// Whether the FP8 weight gradient of `rows` token rows in all parts over `groups` groups takes its
+// clustered kernel (128 x 192 tiles in pairs sharing x's columns) rather than the unclustered one
+// (128 x 128): where the average group holds more than 8 token tiles (of kFp8TileSize tokens),
+// whose operand traffic through L2, which the clustered tiles cut, outweighs a tile's output
+// writes, which the unclustered kernel stages at once.
+inline bool Fp8WeightGradUsesClusters(int64_t rows, int groups) {
+  return rows > 8 * kFp8TileSize * groups;
+}
 
 }  // namespace moe::cuda::sm90

@@ -188,8 +188,9 @@ __device__ __forceinline__ void ConsumeFp8Tiles(const Fp8ForwardRing& ring,
         const float x0 = xs0 != nullptr ? xs0[kt] : 0.0f, x1 = xs1 != nullptr ? xs1[kt] : 0.0f;
         scales = make_float4(x0 * w0, x0 * w1, x1 * w0, x1 * w1);
       }
-      MultiplyFp8Stage<kFp8ForwardCluster>(part, ring, state, a_offset, active, kFp8StageSlices,
-                                           [](int) {});
+      MultiplyFp8Stage<kFp8ForwardCluster>(
+          part, ring, state, a_offset, [&](int) { return active ? kFp8StageSlices : 0; },
+          [](int) {});
       if (!active) continue;
       if (split_at_64) {
         PromoteFp8Split<64>(acc, part, scales);

@@ -1,7 +1,7 @@
 // What the Hopper FP8 grouped GEMM's kernels share (design: ../fp8_grouped_gemm_sm90.cuh): the
 // tile and stage sizes, the stage ring in shared memory, a consumer's multiplication of one stage
 // (one 128-deep K tile: up to four m64nNk32 e4m3 wgmmas into fresh accumulators, N the stage's B
-// rows: the weight gradient's 128, the forward's 192).
+// rows: the forward's and the clustered weight gradient's 192, the unclustered one's 128).
 #pragma once
 
 #include <cstdint>
@@ -13,14 +13,15 @@
 
 namespace moe::cuda::sm90 {
 
-constexpr int kFp8BlockM = 128;          // output rows per tile: 64 per consumer warpgroup
-constexpr int kFp8BlockN = 128;          // a weight scale block's columns; weight-gradient tiles'
-constexpr int kFp8ForwardTileN = 192;    // forward output columns per tile: 1.5 scale blocks
-constexpr int kFp8BlockK = 128;          // e4m3 per stage: one 128-byte swizzle row, one scale tile
-constexpr int kFp8WgmmaK = 32;           // m64nNk32: 4 K slices per stage
-constexpr int kFp8ForwardStages = 5;     // of 40 KiB, beside the offsets and the output staging
-constexpr int kFp8WeightGradStages = 5;  // beside two output boxes a consumer and the scales
-constexpr int kFp8BoxRows = 64;          // a TMA box of an operand, and a consumer's rows of A
+constexpr int kFp8BlockM = 128;        // output rows per tile: 64 per consumer warpgroup
+constexpr int kFp8BlockN = 128;        // a weight scale block's columns; weight-gradient tiles'
+constexpr int kFp8ForwardTileN = 192;  // forward output columns per tile: 1.5 scale blocks
+constexpr int kFp8BlockK = 128;        // e4m3 per stage: one 128-byte swizzle row, one scale tile
+constexpr int kFp8WgmmaK = 32;         // m64nNk32: 4 K slices per stage
+constexpr int kFp8ForwardStages = 5;   // of 40 KiB, beside the offsets and the output staging
+constexpr int kFp8WeightGradTileN = 192;  // the clustered weight gradient's dw columns per tile
+constexpr int kFp8WeightGradStages = 5;   // of 32 or 40 KiB, beside the output staging and scales
+constexpr int kFp8BoxRows = 64;           // a TMA box of an operand, and a consumer's rows of A
 constexpr int kFp8BoxBytes = kFp8BoxRows * kFp8BlockK;     // 8 KiB
 constexpr int kFp8OperandBytes = kFp8BlockM * kFp8BlockK;  // A of a stage: 16 KiB
 
@@ -61,15 +62,18 @@ struct Fp8Ring {
 constexpr int kFp8StageSlices = kFp8BlockK / kFp8WgmmaK;
 static_assert(kFp8StageSlices == 4, "IssueSlices issues up to 4 slices");
 
-// Waits until `state`'s stage is full, then, when `active`, issues part (64 x kBRows) = its 64
-// rows of A (from byte a_offset) times B^T over the stage's first `slices` 32-deep K slices
-// (wgmmas into fresh accumulators, one commit group), and returns without waiting for them.
-template <int kStages, int kBRows>
+// Waits until `state`'s stage is full, then issues part (64 x kBRows) = its 64 rows of A (from
+// byte a_offset) times B^T over the stage's first stage_slices(stage) 32-deep K slices (called
+// once the stage is full, so it may read what the producer wrote beside the operands;
+// warp-uniform, 0 to kFp8StageSlices: 0 issues nothing) as wgmmas into fresh accumulators, one
+// commit group, and returns without waiting for them.
+template <int kStages, int kBRows, typename StageSlices>
 __device__ __forceinline__ void IssueFp8Stage(
     float (&part)[Fp8Ring<kStages, kBRows>::kAccumulators], const Fp8Ring<kStages, kBRows>& ring,
-    const PipelineState<kStages>& state, uint32_t a_offset, bool active, int slices) {
+    const PipelineState<kStages>& state, uint32_t a_offset, StageSlices stage_slices) {
   MbarrierWait(ring.template Barriers<1>().Full(state.stage), state.phase);
-  if (!active) return;
+  const int slices = stage_slices(state.stage);
+  if (slices == 0) return;
   IssueSlices(slices, [&]<int kSlices>() {
     FenceAccumulators(part);
     WgmmaFence();
@@ -91,17 +95,18 @@ __device__ __forceinline__ void ReleaseFp8Stage(const Fp8Ring<kStages, kBRows>& 
 }
 
 // One consumer warpgroup's pass over the next stage, waiting for its products: IssueFp8Stage
-// (warp-uniform arguments; 1 <= slices <= kFp8StageSlices; part's old values are dropped; the
-// other slices are skipped, whatever they hold), then, once the wgmmas are done,
-// use_stage(stage) (all threads, active or not) while the stage is still held (what a kernel
-// reads from it besides the operands), then ReleaseFp8Stage.
-template <int kCluster, int kStages, int kBRows, typename UseStage>
+// (part's old values are dropped; the slices after the issued ones are skipped, whatever they
+// hold), then, once the wgmmas are done, use_stage(stage) (all threads, whether they issued or
+// not) while the stage is still held (what a kernel reads from it besides the operands), then
+// ReleaseFp8Stage.
+template <int kCluster, int kStages, int kBRows, typename StageSlices, typename UseStage>
 __device__ __forceinline__ void MultiplyFp8Stage(
     float (&part)[Fp8Ring<kStages, kBRows>::kAccumulators], const Fp8Ring<kStages, kBRows>& ring,
-    PipelineState<kStages>& state, uint32_t a_offset, bool active, int slices, UseStage use_stage) {
-  IssueFp8Stage(part, ring, state, a_offset, active, slices);
-  // Also when inactive (nothing in flight: returns at once), so that every path to the
-  // accumulators' next use passes a wait.
+    PipelineState<kStages>& state, uint32_t a_offset, StageSlices stage_slices,
+    UseStage use_stage) {
+  IssueFp8Stage(part, ring, state, a_offset, stage_slices);
+  // Also when nothing was issued (returns at once), so that every path to the accumulators' next
+  // use passes a wait.
   WgmmaWaitGroup<0>();
   FenceAccumulators(part);
   use_stage(state.stage);

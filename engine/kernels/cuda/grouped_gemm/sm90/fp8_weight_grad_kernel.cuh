@@ -1,4 +1,5 @@
-// The Hopper FP8 grouped weight gradient's kernel (design: ../fp8_grouped_gemm_sm90.cuh): dw_g
+// The Hopper FP8 grouped weight gradient's unclustered kernel, for few token tiles a group
+// (fp8_weight_grad_common.cuh; design: ../fp8_grouped_gemm_sm90.cuh): dw_g
 // (+)= the sum over parts of dy_p,g^T · x_p,g on QuantizeColumnTiles' forms (tokens contiguous,
 // so both operands are K-major, as FP8 wgmma needs), scaled per token tile (up to 128 of a group's
 // tokens), dw row and dw column, with the promotion once per token tile. A persistent launch of
@@ -17,37 +18,12 @@
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/epilogue.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/fp8_mainloop.cuh"
+#include "engine/kernels/cuda/grouped_gemm/sm90/fp8_weight_grad_common.cuh"
 #include "engine/kernels/cuda/grouped_gemm/sm90/mainloop.cuh"
-#include "engine/kernels/cuda/grouped_gemm/sm90/weight_grad_parts.cuh"
-#include "engine/kernels/fp8_scaling.h"
 
 namespace moe::cuda::sm90 {
 
-// One part of an FP8 weight gradient's token rows, as ops::Fp8GroupedColumns holds them: dy_q (n,
-// stride) and x_q (k, stride) e4m3, stride = Fp8ColumnTokens(groups, rows) (tokens contiguous,
-// group g's from Fp8ColumnStart(g, offsets[g]), zeros after them up to a multiple of 32); dy_scales
-// (slots, n) and x_scales (slots, k) f32, slots = Fp8ColumnTileSlots(groups, rows); offsets
-// (groups + 1) int32 in device memory.
-struct Fp8WeightGradRows {
-  const uint8_t* dy_q;
-  const float* dy_scales;
-  const uint8_t* x_q;
-  const float* x_scales;
-  const int32_t* offsets;
-  int64_t rows, stride;
-};
-
-// The parts of one launch, a kernel parameter (__grid_constant__: TMA reads the maps there).
-// tokens: the bf16 kernel's parts (weight_grad_parts.cuh) with FP8 maps: dy_q as (stride, n) and
-// x_q as (stride, k) uint8, box (kFp8BlockK, 128); the scales of each part beside them.
-struct Fp8WeightGradParts {
-  WeightGradParts tokens;
-  const float* dy_scales[kMaxWeightGradParts];
-  const float* x_scales[kMaxWeightGradParts];
-};
-
 constexpr int kFp8ScaleFloats = kFp8BlockM + kFp8BlockN;  // a stage's dy and x scales
-static_assert(kFp8ColumnAlignment % kFp8WgmmaK == 0, "a group's last K slice ends in its zeros");
 // A consumer's output staging: two boxes, its whole bf16 result (one round) or half of f32's.
 constexpr int kFp8WeightGradStagingBytes = 2 * kBoxBytes;
 
@@ -83,35 +59,6 @@ __device__ __forceinline__ Fp8WeightGradTile FindFp8WeightGradTile(int t, int m_
 // A stage's scales: kFp8BlockM of dy (the tile's dw rows), then kFp8BlockN of x (its columns).
 __device__ __forceinline__ float* Fp8StageScales(const Fp8WeightGradRing& ring, int stage) {
   return reinterpret_cast<float*>(ring.base + kFp8ScalesOffset) + stage * kFp8ScaleFloats;
-}
-
-// A token tile: `count` (1 to 128) tokens of a group from token `first` (a multiple of 32: where
-// TMA loads it) of part `part`'s transposed rows, its scales in row `slot`; the consumers multiply
-// its Slices() 32-token K slices (past the group's tokens the last one holds zeros).
-struct Fp8TokenTile {
-  int part, first, count, slot;
-
-  __device__ int Slices() const { return (count + kFp8WgmmaK - 1) / kFp8WgmmaK; }
-};
-
-// Calls visit(tile) for each token tile of `group` (one stage each): the parts in order, in
-// each the group's column tiles in order (fp8_scaling.h: Fp8ColumnTileRows, Fp8ColumnStart, and
-// Fp8ColumnTileSlot, where its scales lie).
-template <typename Visit>
-__device__ __forceinline__ void ForEachTokenTile(const Fp8WeightGradParts& parts, int group,
-                                                 Visit visit) {
-  static_assert(kFp8BlockK == kFp8TileSize, "a token tile is a column tile");
-  for (int p = 0; p < parts.tokens.count; ++p) {
-    const RowRange range = PartRows(parts.tokens, p, group);
-    const int start = static_cast<int>(Fp8ColumnStart(group, range.begin));
-    const int slot = static_cast<int>(Fp8ColumnTileSlot(group, range.begin, 0));
-    // Tile t: the group's rows from 128 t and slot + t (Fp8ColumnTileRows' and
-    // Fp8ColumnTileSlot's rule, inline: through them the consumers spilled a register).
-    for (int t = 0; t * kFp8BlockK < range.end - range.begin; ++t) {
-      visit(Fp8TokenTile{p, start + t * kFp8BlockK,
-                         min(kFp8BlockK, range.end - range.begin - t * kFp8BlockK), slot + t});
-    }
-  }
 }
 
 // The producer (thread 0 of warpgroup 0): for each of this CTA's tiles and each of its group's
@@ -186,24 +133,11 @@ __device__ __forceinline__ void ConsumeFp8WeightGradTiles(const Fp8WeightGradPar
     ForEachTokenTile(parts, tile.group, [&](const Fp8TokenTile& token_tile) {
       any_tokens = true;
       const int slices = WarpUniform(token_tile.Slices());
-      MultiplyFp8Stage<1>(part, ring, state, a_offset, active, slices, [&](int stage) {
-        if (!active) return;
-        const float* const scales = Fp8StageScales(ring, stage);
-        const float dy_scale[2] = {scales[row], scales[row + 8]};
-        // Register 4 i + 2 h + j holds row Row() + 8 h, column 8 i + Column() + j.
-#pragma unroll
-        for (int i = 0; i < kFp8WeightGradAccumulators / 4; ++i) {
-          const float2 x_scale =
-              *reinterpret_cast<const float2*>(scales + kFp8BlockM + 8 * i + at.Column());
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            acc[4 * i + 2 * h] =
-                fmaf(part[4 * i + 2 * h], dy_scale[h] * x_scale.x, acc[4 * i + 2 * h]);
-            acc[4 * i + 2 * h + 1] =
-                fmaf(part[4 * i + 2 * h + 1], dy_scale[h] * x_scale.y, acc[4 * i + 2 * h + 1]);
-          }
-        }
-      });
+      MultiplyFp8Stage<1>(
+          part, ring, state, a_offset, [&](int) { return active ? slices : 0; },
+          [&](int stage) {
+            if (active) PromoteFp8WeightGradStage(acc, part, Fp8StageScales(ring, stage), row, at);
+          });
     });
     // No tokens: dw_g stays as it is (+=), or gets acc's zeros (=).
     if (!active || (!WarpUniform(any_tokens) && accumulate)) continue;
