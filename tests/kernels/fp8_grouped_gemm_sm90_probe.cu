@@ -40,9 +40,11 @@
 // slot, row or column errs by a factor of 2 or more. A tiny case; tails (n 336, k 1008: partial row
 // and column tiles; groups of 0, 1, 127, 128, 129, 300, 96 and 37 rows, 818 in all; an empty first
 // and last group; groups whose last 32-token slice ends in zeros, or at their last token); two
-// parts; both again with over 8 token tiles a group on average (the clustered kernel; the others
-// take the unclustered one: fp8_weight_grad_common.cuh); and the MoE shapes above (dw of the
-// forward case's w, one part). Checks for dw f32 and
+// parts; a group of 6 token tiles among small ones (one tile's stages wrap the unclustered
+// kernel's ring of 5); tails and two parts again with over 8 token tiles a group on average (the
+// clustered kernel; the others take the unclustered one: grouped_gemm_tiles.h's
+// Fp8WeightGradUsesClusters); and the MoE shapes above (dw of the forward case's w, one part).
+// Checks for dw f32 and
 // bf16, = (dw and 64 guard rows of k poisoned) and += (onto random dw, the guard rows poisoned),
 // against the f32 reference (per part and group cublasSgemm of the dequantised operands, summed; +=
 // adds the initial dw): the forward's tolerances on max|expected|, every element finite, the guard
@@ -763,6 +765,8 @@ int main(int argc, char** argv) {
        336,
        1008,
        {{0, 128, 0, 256, 128, 0, 128, 0}, {0, 128, 128, 0, 256, 0, 37, 0}}},
+      // A group of 6 token tiles: each of its tiles' stages wrap the unclustered kernel's ring.
+      {"wgrad ring wraps", 336, 1008, {{700, 0, 37, 129}}},
       // Over 8 token tiles a group on average: the clustered kernel (the cases above take the
       // unclustered one).
       {"wgrad clustered tails", 336, 1008, {{1300, 0, 2500, 1, 1500, 1129}}},
