@@ -50,10 +50,6 @@ StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& 
   const double grad = D(o.dtypes.grad_bytes());
   StateBytes s;
   s.weights = p.total() * ComputeBytes(o.cuda);
-  // The FP8 recipe's quantised expert weights, both orientations, with their block scales.
-  if (o.model.fp8_recipe != Fp8Recipe::kNone) {
-    s.weights += p.expert * 2 * (1 + 4.0 / D(kFp8TileSize * kFp8TileSize));
-  }
   // The CPU backend's per-source gradient slots of the rank's experts (grouped_mlp.h).
   const double slots = !o.cuda && e > 1 ? D(e) : 0;
   s.gradients = (p.total() + slots * p.expert) * grad;
@@ -61,6 +57,11 @@ StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& 
                 p.expert * StateBytesPerParameter(o.cuda, std::max<int64_t>(1, o.state_shards / e),
                                                   o.dtypes) -
                 s.weights - p.total() * grad;
+  // The FP8 recipe's quantised expert weights, both orientations, with their block scales: held
+  // beside the state StateBytesPerParameter counts.
+  if (o.model.fp8_recipe != Fp8Recipe::kNone) {
+    s.weights += p.expert * 2 * (1 + 4.0 / D(kFp8TileSize * kFp8TileSize));
+  }
   return s;
 }
 

@@ -120,7 +120,8 @@ RankParameters LayerParameters(const MemoryEstimateOptions& options, bool moe_la
 // A rank's weights (the copy compute reads), gradients and optimizer state (AdamW moments, on
 // CUDA also the f32 master weights): StateBytesPerParameter per dense parameter with
 // options.state_shards, per expert parameter with max(1, state_shards / expert_parallel), plus the
-// CPU's gradient slots per source rank (the top).
+// CPU's gradient slots per source rank (the top). Under the FP8 recipe the weights also count the
+// experts' quantised forms (2 bytes a parameter, both orientations, and their block scales).
 struct StateBytes {
   double weights = 0, gradients = 0, optimizer = 0;
   double total() const { return weights + gradients + optimizer; }

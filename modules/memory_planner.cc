@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine/core/byte_units.h"
+#include "engine/kernels/fp8_scaling.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
@@ -337,10 +338,13 @@ class RankModel {
     }
     const double rows = ExpertRows(m, request_.run.micro_batch_size, request_.run.expert_parallel);
     const double f = D(m.moe_ffn_hidden_size);
-    // FP8: da, dh (the CPU op's temporary; CUDA never stores it) and dx, and dy (read in place,
-    // not gathered) and dh quantised twice (row and column tiles).
+    // FP8: dy (read in place, not gathered) and dh quantised twice (row and column tiles, a byte
+    // an element and an f32 scale per tile) and the rows' weight gradient (f32), beside first da
+    // and dh (the CPU op's temporary; CUDA never stores it), then dx.
+    const double fp8_forms = 2 * (h + 2 * f) * (1 + 4.0 / D(kFp8TileSize)) + 4;
+    const double fp8_wide = std::max(request_.run.cuda ? f : 3 * f, h);
     const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? 2 * h + 4 * f
-                           : m.fp8_recipe != Fp8Recipe::kNone ? h + 4 * f + 2 * (h + 2 * f) / b
+                           : m.fp8_recipe != Fp8Recipe::kNone            ? fp8_wide + fp8_forms / b
                                                               : std::max(h + 3 * f, 2 * h + 2 * f);
     return Rounded(std::max(attention, rows * per_row * b + tokens * h * b));
   }

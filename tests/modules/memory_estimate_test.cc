@@ -124,6 +124,26 @@ TEST(MemoryEstimateTest, Bf16MomentsAndGradientsCountTwoBytesEach) {
             6.0 * o.model.total_parameters());
 }
 
+// The FP8 recipe adds its quantised expert weights, both orientations (1 byte each) with one f32
+// scale per 128 x 128 block, to the state, and takes nothing from the optimizer's.
+TEST(MemoryEstimateTest, Fp8RecipeAddsTheQuantisedExpertWeights) {
+  MemoryEstimateOptions o;
+  o.model = testing::DefaultRunModel();
+  o.model.moe_grouped_mlp = GroupedMlpKind::kFused;
+  o.cuda = true;
+  const RankParameters p = LayerParameters(o, /*moe_layer=*/true);
+  const StateBytes bf16 = RankStateBytes(o, p);
+  const double bf16_total = EstimateTrainingMemory(o).state_bytes;
+  o.model.fp8_recipe = Fp8Recipe::kBlockwise;
+  const StateBytes fp8 = RankStateBytes(o, p);
+  const double quantised = p.expert * (2.0 + 2.0 * 4 / (128 * 128));
+  EXPECT_DOUBLE_EQ(fp8.weights - bf16.weights, quantised);
+  EXPECT_EQ(fp8.gradients, bf16.gradients);
+  EXPECT_EQ(fp8.optimizer, bf16.optimizer);
+  EXPECT_DOUBLE_EQ(EstimateTrainingMemory(o).state_bytes - bf16_total,
+                   o.model.num_moe_layers() * quantised);
+}
+
 TEST(MemoryEstimateTest, GrowsWithTheRunAndShrinksPerRankWithAPipeline) {
   MemoryEstimateOptions o;
   o.model = testing::DefaultRunModel();
@@ -178,9 +198,14 @@ TEST(MemoryEstimateTest, BoundsTheMeasuredCpuPeak) {
   GptConfig fused_moe_act = testing::DefaultRunModel();
   fused_moe_act.moe_grouped_mlp = GroupedMlpKind::kFused;
   fused_moe_act.recompute.moe_act = true;
-  for (const Case& c : {Case{testing::TinyModel(), 4, 8}, Case{testing::DefaultRunModel(), 8, 16},
-                        Case{testing::DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
-                        Case{fused_moe_act, 64, 64}, Case{QkNormModel(), 64, 64}}) {
+  GptConfig fp8_held = testing::DefaultRunModel();
+  fp8_held.moe_grouped_mlp = GroupedMlpKind::kFused;
+  fp8_held.fp8_recipe = Fp8Recipe::kBlockwise;
+  fp8_held.moe_wgrad_micro_batches = 4;
+  for (const Case& c :
+       {Case{testing::TinyModel(), 4, 8}, Case{testing::DefaultRunModel(), 8, 16},
+        Case{testing::DefaultRunModel(), 64, 64}, Case{recomputed, 64, 64},
+        Case{fused_moe_act, 64, 64}, Case{QkNormModel(), 64, 64}, Case{fp8_held, 1, 4}}) {
     TrainerOptions options;
     options.micro_batch_size = c.micro;
     options.global_batch_size = c.global;
