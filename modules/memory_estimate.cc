@@ -22,6 +22,11 @@ Fp8ColumnTileSizes ExpertColumnTileBytes(const GptConfig& m, int64_t expert_para
 
 }  // namespace
 
+double Fp8TileFormsBytes(const GptConfig& m, int64_t expert_parallel, double rows, int64_t k) {
+  const Fp8ColumnTileSizes columns = ExpertColumnTileBytes(m, expert_parallel, rows, k);
+  return D(columns.values + columns.scales) + rows * D(k + 4 * Fp8Tiles(k));
+}
+
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
 
 double StateBytesPerParameter(bool cuda, int64_t state_shards, const OptimizerDTypes& dtypes) {

@@ -97,6 +97,9 @@ double ComputeBytes(bool cuda);
 // The rows one rank's experts run per micro-batch in one MoE layer: tokens x top-k, times
 // kExpertRowsMargin under expert parallelism (E > 1), rounded up to whole rows.
 double ExpertRows(const GptConfig& model, int64_t micro_batch_size, int64_t expert_parallel);
+// The bytes of `rows` rows of width k in both tile forms of the FP8 recipe (column tiles over the
+// experts a rank holds, with their alignment, and row tiles; e4m3 values and f32 scales).
+double Fp8TileFormsBytes(const GptConfig& model, int64_t expert_parallel, double rows, int64_t k);
 // Bytes of weights, gradient and optimizer state per parameter on a rank whose master weights and
 // moments are one of `state_shards` shards (the rest is whole on every rank), gradient and moments
 // in `dtypes`: CUDA 2 + grad + (4 + moments) / shards (bf16 value; f32 master and the moments),

@@ -8,7 +8,6 @@
 #include <set>
 
 #include "engine/core/byte_units.h"
-#include "engine/kernels/fp8_scaling.h"
 #include "engine/memory/caching_allocator.h"
 #include "engine/memory/pinned_host_pool.h"
 #include "engine/pipeline/partition.h"
@@ -338,14 +337,19 @@ class RankModel {
     }
     const double rows = ExpertRows(m, request_.run.micro_batch_size, request_.run.expert_parallel);
     const double f = D(m.moe_ffn_hidden_size);
-    // FP8: dy (read in place, not gathered) and dh quantised twice (row and column tiles, a byte
-    // an element and an f32 scale per tile) and the rows' weight gradient (f32), beside first da
-    // and dh (the CPU op's temporary; CUDA never stores it), then dx.
-    const double fp8_forms = 2 * (h + 2 * f) * (1 + 4.0 / D(kFp8TileSize)) + 4;
-    const double fp8_wide = std::max(request_.run.cuda ? f : 3 * f, h);
-    const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused ? 2 * h + 4 * f
-                           : m.fp8_recipe != Fp8Recipe::kNone            ? fp8_wide + fp8_forms / b
-                                                              : std::max(h + 3 * f, 2 * h + 2 * f);
+    if (m.moe_grouped_mlp == GroupedMlpKind::kFused && m.fp8_recipe != Fp8Recipe::kNone) {
+      // FP8: dy (read in place, not gathered) and dh in both tile forms and the rows' weight
+      // gradient (f32), beside first da and dh (the CPU op's temporary; CUDA never stores it),
+      // then dx.
+      const int64_t e = request_.run.expert_parallel;
+      const double forms = Fp8TileFormsBytes(m, e, rows, m.hidden_size) +
+                           Fp8TileFormsBytes(m, e, rows, 2 * m.moe_ffn_hidden_size) + rows * 4;
+      const double wide = std::max(request_.run.cuda ? f : 3 * f, h);
+      return Rounded(std::max(attention, forms + rows * wide * b + tokens * h * b));
+    }
+    const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused
+                               ? 2 * h + 4 * f
+                               : std::max(h + 3 * f, 2 * h + 2 * f);
     return Rounded(std::max(attention, rows * per_row * b + tokens * h * b));
   }
   double LayerForwardMs(int layer) const {
