@@ -149,61 +149,10 @@ cudaError_t Fp8GroupedMatmulSm90(const uint8_t* xq, const float* x_scales, const
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kFp8BlockM - 1)) / kFp8BlockM *
                         ((n + kFp8ForwardTileN - 1) / kFp8ForwardTileN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &Fp8GroupedMatmulKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kFp8SmemBytes, kFp8ForwardCluster, tiles, stream,
-                                            &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status =
-      cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, x_scales, w_scales, offsets, groups,
-                         static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
-  return status != cudaSuccess ? status : cudaGetLastError();
+  return LaunchPersistent<&Fp8GroupedMatmulKernel<Out>>(
+      kFp8SmemBytes, kFp8ForwardCluster, tiles, stream, x_map, w_map, y_map, x_scales, w_scales,
+      offsets, groups, static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y);
 }
-
-namespace detail {
-
-// Launches the unclustered weight-gradient kernel over dw (groups, n, k): 128 x 128 tiles.
-template <typename Out>
-cudaError_t LaunchFp8WeightGrad(const Fp8WeightGradParts& parts, const CUtensorMap& dw_map,
-                                int groups, int64_t n, int64_t k, bool accumulate,
-                                cudaStream_t stream) {
-  const int64_t tiles =
-      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &Fp8GroupedWeightGradKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  cudaError_t status = PersistentClusterLaunch<kKernel>(kFp8WeightGradSmemBytes, 1, tiles, stream,
-                                                        &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, groups, static_cast<int>(n),
-                              static_cast<int>(k), accumulate);
-  return status != cudaSuccess ? status : cudaGetLastError();
-}
-
-// Launches the clustered weight-gradient kernel over dw (groups, n, k) for `rows` token rows in
-// all parts: pairs of 128 x 192 tiles in clusters of two.
-template <typename Out>
-cudaError_t LaunchFp8ClusterWeightGrad(const Fp8WeightGradParts& parts, const CUtensorMap& dw_map,
-                                       int64_t rows, int groups, int64_t n, int64_t k,
-                                       bool accumulate, cudaStream_t stream) {
-  const Fp8ClusterWeightGradSchedule schedule =
-      Fp8ClusterWeightGradSchedule::Of(n, k, rows, groups);
-  const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
-  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &Fp8GroupedWeightGradClusterKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  cudaError_t status = PersistentClusterLaunch<kKernel>(
-      kFp8ClusterWeightGradSmemBytes, kFp8WeightGradCluster, tiles, stream, &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
-                              static_cast<int>(n), static_cast<int>(k), accumulate);
-  return status != cudaSuccess ? status : cudaGetLastError();
-}
-
-}  // namespace detail
 
 // See the file comment: dw_g (+)= the sum over the `count` parts (count <= kMaxWeightGradParts)
 // of dy_p,g^T · x_p,g in one launch; dw (groups, n, k), Out float or bf16. Asynchronous on
@@ -219,9 +168,7 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
     return cudaErrorInvalidValue;
   }
   const uint64_t un = static_cast<uint64_t>(n), uk = static_cast<uint64_t>(k);
-  Fp8WeightGradParts parts = {};
-  const Fp8WeightGradRows* used[kMaxWeightGradParts];  // the parts with rows, in order
-  int64_t rows = 0;                                    // of all parts
+  int64_t rows = 0;  // of all parts
   for (int i = 0; i < count; ++i) {
     const Fp8WeightGradRows& part = rows_parts[i];
     if (!FitsInt(part.rows) || !FitsInt(part.stride) || part.stride < part.rows ||
@@ -229,25 +176,28 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
         !Aligned16(part.x_q) || !Aligned16(part.dy_scales) || !Aligned16(part.x_scales)) {
       return cudaErrorInvalidValue;
     }
-    if (part.rows == 0 || n == 0 || k == 0) continue;  // nothing to add (its offsets are all 0)
-    used[parts.tokens.count++] = &part;
     rows += part.rows;
   }
   if (n == 0 || k == 0) return cudaSuccess;
-  if (parts.tokens.count == 0) {
+  if (rows == 0) {
     return accumulate
                ? cudaSuccess
                : cudaMemsetAsync(dw, 0, static_cast<size_t>(groups * n * k) * sizeof(Out), stream);
   }
+  // The parts with rows (the others add nothing: their offsets are all 0), their maps' x boxes
+  // as the chosen kernel loads them.
   const bool clustered = Fp8WeightGradUsesClusters(rows, groups);
-  for (int p = 0; p < parts.tokens.count; ++p) {
-    const Fp8WeightGradRows& part = *used[p];
+  const uint32_t x_box_rows = static_cast<uint32_t>(Fp8WeightGradXBoxRows(clustered));
+  Fp8WeightGradParts parts = {};
+  for (int i = 0; i < count; ++i) {
+    const Fp8WeightGradRows& part = rows_parts[i];
+    if (part.rows == 0) continue;
+    const int p = parts.tokens.count++;
     const uint64_t stride = static_cast<uint64_t>(part.stride);
     cudaError_t status =
         EncodeTensorMap<2>(&parts.tokens.dy[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.dy_q,
                            {stride, un}, {stride}, {kFp8BlockK, kFp8BlockM});
     if (status != cudaSuccess) return status;
-    const uint32_t x_box_rows = static_cast<uint32_t>(Fp8WeightGradXBoxRows(clustered));
     status = EncodeTensorMap<2>(&parts.tokens.x[p], CU_TENSOR_MAP_DATA_TYPE_UINT8, part.x_q,
                                 {stride, uk}, {stride}, {kFp8BlockK, x_box_rows});
     if (status != cudaSuccess) return status;
@@ -259,9 +209,22 @@ cudaError_t Fp8GroupedMatmulWeightGradSm90(const Fp8WeightGradRows* rows_parts, 
   CUtensorMap dw_map;
   const cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
   if (status != cudaSuccess) return status;
-  return clustered ? LaunchFp8ClusterWeightGrad<Out>(parts, dw_map, rows, groups, n, k, accumulate,
-                                                     stream)
-                   : LaunchFp8WeightGrad<Out>(parts, dw_map, groups, n, k, accumulate, stream);
+  if (clustered) {  // pairs of 128 x 192 tiles in clusters of two
+    const Fp8ClusterWeightGradSchedule schedule =
+        Fp8ClusterWeightGradSchedule::Of(n, k, rows, groups);
+    const int64_t tiles = static_cast<int64_t>(groups) * schedule.m_pairs * schedule.n_tiles;
+    if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+    return LaunchPersistent<&Fp8GroupedWeightGradClusterKernel<Out>>(
+        kFp8ClusterWeightGradSmemBytes, kFp8WeightGradCluster, tiles, stream, parts, dw_map,
+        schedule, groups, static_cast<int>(n), static_cast<int>(k), accumulate);
+  }
+  // 128 x 128 tiles, a CTA alone.
+  const int64_t tiles =
+      groups * ((n + kFp8BlockM - 1) / kFp8BlockM) * ((k + kFp8BlockN - 1) / kFp8BlockN);
+  if (!FitsInt(tiles)) return cudaErrorInvalidValue;
+  return LaunchPersistent<&Fp8GroupedWeightGradKernel<Out>>(
+      kFp8WeightGradSmemBytes, 1, tiles, stream, parts, dw_map, groups, static_cast<int>(n),
+      static_cast<int>(k), accumulate);
 }
 
 }  // namespace moe::cuda::sm90

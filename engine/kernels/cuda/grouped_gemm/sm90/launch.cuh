@@ -72,16 +72,10 @@ cudaError_t LaunchGroupedMatmul(const bf16* x, const bf16* w, const int32_t* off
   const int64_t tiles = (rows + static_cast<int64_t>(groups) * (kBlockM - 1)) / kBlockM *
                         ((n + kBlockN - 1) / kBlockN);
   if (!FitsInt(tiles)) return cudaErrorInvalidValue;
-  constexpr auto kKernel = &GroupedMatmulKernel<kTransposeW, kEpilogue>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes,
-                                            kForwardCluster, tiles, stream, &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, x_map, w_map, y_map, offsets, groups,
-                              static_cast<int>(rows), static_cast<int>(n), static_cast<int>(k), y,
-                              swiglu, split);
-  return status != cudaSuccess ? status : cudaGetLastError();
+  return LaunchPersistent<&GroupedMatmulKernel<kTransposeW, kEpilogue>>(
+      ForwardPipeline<kTransposeW, kEpilogue>::kSmemBytes, kForwardCluster, tiles, stream, x_map,
+      w_map, y_map, offsets, groups, static_cast<int>(rows), static_cast<int>(n),
+      static_cast<int>(k), y, swiglu, split);
 }
 
 // Checks the `count` parts of a weight gradient's rows (dy (rows, n), x (rows, k)) and encodes
@@ -124,16 +118,9 @@ cudaError_t LaunchGroupedWeightGrad(const WeightGradParts& parts, int64_t rows, 
   CUtensorMap dw_map;
   cudaError_t status = EncodeWeightGradOutputMap(&dw_map, dw, groups, n, k);
   if (status != cudaSuccess) return status;
-  constexpr auto kKernel = &GroupedWeightGradKernel<Out>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster;
-  status = PersistentClusterLaunch<kKernel>(kWeightGradSmemBytes, kWeightGradCluster, tiles, stream,
-                                            &config, &cluster);
-  if (status != cudaSuccess) return status;
-  status = cudaLaunchKernelEx(&config, kKernel, parts, dw_map, schedule, groups,
-                              static_cast<int>(n), accumulate);
-  if (status != cudaSuccess) return status;
-  return cudaGetLastError();
+  return LaunchPersistent<&GroupedWeightGradKernel<Out>>(kWeightGradSmemBytes, kWeightGradCluster,
+                                                         tiles, stream, parts, dw_map, schedule,
+                                                         groups, static_cast<int>(n), accumulate);
 }
 
 }  // namespace moe::cuda::sm90::detail

@@ -1,6 +1,7 @@
 // Persistent cluster launches of the Hopper grouped GEMMs (design: ../grouped_gemm_sm90.cuh): as
-// many clusters as can be resident, asked once per kernel and device; and the launchers' size
-// check. Apart from launch.cuh so that a launcher includes it without the other kernels.
+// many clusters as can be resident, asked once per kernel and device (LaunchPersistent); and the
+// launchers' size check. Apart from launch.cuh so that a launcher includes it without the other
+// kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "engine/kernels/cuda/grouped_gemm/sm90/config.cuh"
 
@@ -71,6 +73,20 @@ cudaError_t PersistentClusterLaunch(int smem_bytes, int cluster_size, int64_t ti
       std::max<int64_t>(1, std::min<int64_t>(resident_clusters[device], tiles));
   config->gridDim = dim3(static_cast<unsigned>(clusters * cluster_size));
   return cudaSuccess;
+}
+
+// kKernel(args...) launched persistently as PersistentClusterLaunch says: the launch's error, else
+// the first error after it.
+template <auto kKernel, typename... Args>
+cudaError_t LaunchPersistent(int smem_bytes, int cluster_size, int64_t tiles, cudaStream_t stream,
+                             Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cudaError_t status =
+      PersistentClusterLaunch<kKernel>(smem_bytes, cluster_size, tiles, stream, &config, &cluster);
+  if (status != cudaSuccess) return status;
+  status = cudaLaunchKernelEx(&config, kKernel, std::forward<Args>(args)...);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace moe::cuda::sm90::detail
