@@ -52,7 +52,7 @@ struct Fp8Ring {
   __device__ uint32_t A(int stage) const { return SmemAddress(base + stage * kStageBytes); }
   __device__ uint32_t B(int stage) const { return A(stage) + kFp8OperandBytes; }
   template <int kCluster>
-  __device__ StageBarriers<kStages, kCluster> Barriers() const {
+  __device__ StageBarriers<kStages, kCluster, 32> Barriers() const {
     return {SmemAddress(base + kStages * kStageBytes)};
   }
   __device__ uint8_t* Extra() const { return base + kExtraOffset; }
@@ -86,12 +86,14 @@ __device__ __forceinline__ void IssueFp8Stage(
   });
 }
 
-// This warp's release of `stage` once its wgmmas have read it (each warp arrives once on empty, in
-// every CTA of its cluster of kCluster); the warp's reads of the stage precede it.
+// This thread's release of `stage` once its wgmmas have read it (every consumer thread arrives on
+// empty, in every CTA of its cluster of kCluster); the thread's reads of the stage precede it.
+// Every thread arrives because each reads the stage's scales with loads of its own (bf16's
+// consumers read a stage only through their wgmmas): an arrival orders only its own thread's
+// reads before the producer's next write of the stage.
 template <int kCluster, int kStages, int kBRows>
 __device__ __forceinline__ void ReleaseFp8Stage(const Fp8Ring<kStages, kBRows>& ring, int stage) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) ring.template Barriers<kCluster>().Release(stage);
+  ring.template Barriers<kCluster>().Release(stage);
 }
 
 // One consumer warpgroup's pass over the next stage, waiting for its products: IssueFp8Stage

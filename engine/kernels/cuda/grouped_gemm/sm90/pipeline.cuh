@@ -18,8 +18,9 @@ constexpr int kStageBarrierBytes = 3 * kStages * 8;
 // landed[s] (the bf16 weight gradient only: the TMA bytes of a stage the producer still has to
 // mask).
 // A stage is filled by every CTA of the cluster (multicast), so it is empty once the consumers
-// of all of them are done: each consumer warp releases it in every CTA.
-template <int kStages, int kCluster>
+// of all of them are done: each consumer warp releases it in every CTA, in kArrivalsPerWarp
+// arrivals (1: its leader's; 32: every lane's).
+template <int kStages, int kCluster, int kArrivalsPerWarp = 1>
 struct StageBarriers {
   uint32_t base;  // shared address of full[0]; empty and landed follow, kStages each
 
@@ -30,14 +31,14 @@ struct StageBarriers {
   __device__ void Init() const {
     for (int s = 0; s < kStages; ++s) {
       MbarrierInit(Full(s), 1);
-      MbarrierInit(Empty(s), kConsumerWarps * kCluster);
+      MbarrierInit(Empty(s), kConsumerWarps * kArrivalsPerWarp * kCluster);
       MbarrierInit(Landed(s), 1);
     }
     FenceBarrierInit();
   }
 
-  // One consumer warp's arrival on empty[stage] (in every CTA of the cluster; without a cluster, a
-  // local arrival).
+  // One arrival on empty[stage] (a warp's leader's, or a lane's where kArrivalsPerWarp is 32), in
+  // every CTA of the cluster; without a cluster, a local arrival.
   __device__ void Release(int stage) const {
     if constexpr (kCluster == 1) {
       MbarrierArrive(Empty(stage));
