@@ -54,8 +54,9 @@
 // they lie within [1, 2]x) without recompute; with --recompute_modules=moe they fell below it on
 // the CPU (0.94-0.95x: 2 layers, hidden 256, 16 experts, sequence 1024), where a recomputed
 // layer's backward holds its re-run's dropped tensors beside the gradients the workspace counts;
-// on the GPU recompute's counts were 1.003-1.037x (tests/results/memory_and_offload.md). It is meant to refuse runs that cannot fit, not to predict peaks to
-// the megabyte; CUDA peaks are not checked by a test here.
+// on the GPU recompute's counts were 1.003-1.037x (tests/results/memory_and_offload.md). It is
+// meant to refuse runs that cannot fit, not to predict peaks to the megabyte; CUDA peaks are not
+// checked by a test here.
 #pragma once
 
 #include <cstdint>
