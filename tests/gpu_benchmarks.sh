@@ -74,12 +74,17 @@ build_probe() {  # source tree, binary, log[, probe source]: a GEMM probe (defau
     "${4:-tests/kernels/grouped_gemm_sm90_probe.cu}" \
     -lcublas -o "$2") > "$3" 2>&1
 }
-sanitize_probe() {  # probe binary, log prefix, timeout: memcheck, racecheck, synccheck on its
-  # tiny and tails cases (checks only); racecheck's reports counted by the kernel they lie in
-  for case in tiny tails; do
+sanitize_probe() {  # probe binary, log prefix, timeout[, case...]: memcheck, racecheck, synccheck
+  # on the cases (default its tiny and tails; checks only); racecheck's reports counted by the
+  # kernel they lie in
+  local binary=$1 prefix=$2 limit=$3
+  shift 3
+  local cases=("$@")
+  [ ${#cases[@]} -gt 0 ] || cases=(tiny tails)
+  for case in "${cases[@]}"; do
     for tool in memcheck racecheck synccheck; do
-      local log="$out/$2_${tool}_$case.log"
-      PROBE_CHECKS_ONLY=1 timeout "$3" compute-sanitizer --tool $tool "$1" $case > "$log" 2>&1
+      local log="$out/${prefix}_${tool}_${case// /_}.log"
+      PROBE_CHECKS_ONLY=1 timeout "$limit" compute-sanitizer --tool $tool "$binary" "$case" > "$log" 2>&1
       echo "$tool $case (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
       grep -oE 'Race reported between .* at [A-Za-z_0-9]+' "$log" | awk '{print $NF}' | sort |
         uniq -c
@@ -311,7 +316,9 @@ timeout 150 $fp8_probe > "$out/fp8_probe.log" 2>&1
 echo "fp8 probe (rc $?): $(grep -c FAIL "$out/fp8_probe.log") failed; $(grep 'passed, ' \
   "$out/fp8_probe.log")"
 grep -E '^(FAIL|fp8 kernel)|^  fp8|^[a-z].*: rows' "$out/fp8_probe.log"
-sanitize_probe $fp8_probe fp8_sanitizer 120
+# (a case runs every case whose name holds it: "tails" the weight gradients' tails too; "two parts"
+# and "ring wraps" wrap the weight gradients' stage rings)
+sanitize_probe $fp8_probe fp8_sanitizer 120 tiny tails "two parts" "ring wraps"
 for tool in memcheck racecheck synccheck; do  # the FP8 op-parity cases: the quantisers' kernels
   log="$out/fp8_op_parity_$tool.log"
   timeout 240 compute-sanitizer --tool $tool /tmp/moe-build/tests/op_parity_cuda_test \
