@@ -20,11 +20,16 @@ Fp8ColumnTileSizes ExpertColumnTileBytes(const GptConfig& m, int64_t expert_para
   return Fp8ColumnTileBytes(experts, static_cast<int64_t>(rows), k);
 }
 
+// Their sum.
+double ExpertColumnTilesTotal(const GptConfig& m, int64_t expert_parallel, double rows, int64_t k) {
+  const Fp8ColumnTileSizes sizes = ExpertColumnTileBytes(m, expert_parallel, rows, k);
+  return D(sizes.values + sizes.scales);
+}
+
 }  // namespace
 
 double Fp8TileFormsBytes(const GptConfig& m, int64_t expert_parallel, double rows, int64_t k) {
-  const Fp8ColumnTileSizes columns = ExpertColumnTileBytes(m, expert_parallel, rows, k);
-  return D(columns.values + columns.scales) + rows * D(k + 4 * Fp8Tiles(k));
+  return ExpertColumnTilesTotal(m, expert_parallel, rows, k) + rows * D(k + 4 * Fp8Tiles(k));
 }
 
 double ComputeBytes(bool cuda) { return cuda ? 2.0 : 4.0; }
@@ -53,20 +58,21 @@ RankParameters LayerParameters(const MemoryEstimateOptions& o, bool moe_layer) {
 StateBytes RankStateBytes(const MemoryEstimateOptions& o, const RankParameters& p) {
   const int64_t e = std::max<int64_t>(1, o.expert_parallel);
   const double grad = D(o.dtypes.grad_bytes());
+  // The copy compute reads, which StateBytesPerParameter counts, and the FP8 recipe's quantised
+  // expert weights (both orientations, with their block scales), which it does not.
+  const double compute_copy = p.total() * ComputeBytes(o.cuda);
+  const double quantised = o.model.fp8_recipe != Fp8Recipe::kNone
+                               ? p.expert * 2 * (1 + 4.0 / D(kFp8TileSize * kFp8TileSize))
+                               : 0;
   StateBytes s;
-  s.weights = p.total() * ComputeBytes(o.cuda);
+  s.weights = compute_copy + quantised;
   // The CPU backend's per-source gradient slots of the rank's experts (grouped_mlp.h).
   const double slots = !o.cuda && e > 1 ? D(e) : 0;
   s.gradients = (p.total() + slots * p.expert) * grad;
   s.optimizer = p.dense * StateBytesPerParameter(o.cuda, o.state_shards, o.dtypes) +
                 p.expert * StateBytesPerParameter(o.cuda, std::max<int64_t>(1, o.state_shards / e),
                                                   o.dtypes) -
-                s.weights - p.total() * grad;
-  // The FP8 recipe's quantised expert weights, both orientations, with their block scales: held
-  // beside the state StateBytesPerParameter counts.
-  if (o.model.fp8_recipe != Fp8Recipe::kNone) {
-    s.weights += p.expert * 2 * (1 + 4.0 / D(kFp8TileSize * kFp8TileSize));
-  }
+                compute_copy - p.total() * grad;
   return s;
 }
 
@@ -192,8 +198,7 @@ double PendingWeightGradBytes(const GptConfig& m, int64_t micro_batch_size, int6
   // dy and dh, x and a (under the recipe their FP8 column tiles).
   if (m.fp8_recipe == Fp8Recipe::kNone) return moe_layers * held * rows * (2 * h + 3 * f) * b;
   const auto columns = [&](int64_t k) {
-    const Fp8ColumnTileSizes sizes = ExpertColumnTileBytes(m, expert_parallel, rows, k);
-    return D(sizes.values + sizes.scales);
+    return ExpertColumnTilesTotal(m, expert_parallel, rows, k);
   };
   const int64_t hidden = m.hidden_size, ffn = m.moe_ffn_hidden_size;
   return moe_layers * held * (2 * columns(hidden) + columns(2 * ffn) + columns(ffn));

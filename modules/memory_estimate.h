@@ -51,12 +51,11 @@
 //   dim 128), which the memory planner counts.
 // The counted bytes were 1.03-1.25x the allocator's measured peak on CPU runs
 // of the tiny shapes (micro-batches 4 to 64; tests/modules/memory_estimate_test.cc checks that
-// they lie within [1, 2]x) without recompute; with --recompute_modules=moe they fell below it on
-// the CPU (0.94-0.95x: 2 layers, hidden 256, 16 experts, sequence 1024), where a recomputed
-// layer's backward holds its re-run's dropped tensors beside the gradients the workspace counts;
-// on the GPU recompute's counts were 1.003-1.037x (tests/results/memory_and_offload.md). It is
-// meant to refuse runs that cannot fit, not to predict peaks to the megabyte; CUDA peaks are not
-// checked by a test here.
+// they lie within [1, 2]x) without recompute. With recompute it can fall below the CPU's peak: a
+// recomputed layer's backward holds its re-run's dropped tensors beside the gradients the
+// workspace counts (tests/results/memory_and_offload.md has the figures, CPU and GPU). It is meant
+// to refuse runs that cannot fit, not to predict peaks to the megabyte; CUDA peaks are not checked
+// by a test here.
 #pragma once
 
 #include <cstdint>

@@ -337,20 +337,21 @@ class RankModel {
     }
     const double rows = ExpertRows(m, request_.run.micro_batch_size, request_.run.expert_parallel);
     const double f = D(m.moe_ffn_hidden_size);
-    if (m.moe_grouped_mlp == GroupedMlpKind::kFused && m.fp8_recipe != Fp8Recipe::kNone) {
+    double rows_bytes;  // the gradients of the rows
+    if (m.moe_grouped_mlp == GroupedMlpKind::kUnfused) {
+      rows_bytes = rows * (2 * h + 4 * f) * b;
+    } else if (m.fp8_recipe == Fp8Recipe::kNone) {
+      rows_bytes = rows * std::max(h + 3 * f, 2 * h + 2 * f) * b;
+    } else {
       // FP8: dy (read in place, not gathered) and dh in both tile forms and the rows' weight
       // gradient (f32), beside first da and dh (the CPU op's temporary; CUDA never stores it),
       // then dx.
       const int64_t e = request_.run.expert_parallel;
-      const double forms = Fp8TileFormsBytes(m, e, rows, m.hidden_size) +
-                           Fp8TileFormsBytes(m, e, rows, 2 * m.moe_ffn_hidden_size) + rows * 4;
-      const double wide = std::max(request_.run.cuda ? f : 3 * f, h);
-      return Rounded(std::max(attention, forms + rows * wide * b + tokens * h * b));
+      rows_bytes = Fp8TileFormsBytes(m, e, rows, m.hidden_size) +
+                   Fp8TileFormsBytes(m, e, rows, 2 * m.moe_ffn_hidden_size) + rows * 4 +
+                   rows * std::max(request_.run.cuda ? f : 3 * f, h) * b;
     }
-    const double per_row = m.moe_grouped_mlp == GroupedMlpKind::kUnfused
-                               ? 2 * h + 4 * f
-                               : std::max(h + 3 * f, 2 * h + 2 * f);
-    return Rounded(std::max(attention, rows * per_row * b + tokens * h * b));
+    return Rounded(std::max(attention, rows_bytes + tokens * h * b));
   }
   double LayerForwardMs(int layer) const {
     const GptConfig& m = request_.run.model;
